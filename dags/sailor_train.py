@@ -1,0 +1,105 @@
+"""
+### sailor_train — one SAILOR training run
+
+Trigger with params (the form groups them by section). Stages, each a task calling one function of
+`sailor_tasks.stages`:
+
+`validate → plan → place_data → provision → train → finalize`, and `teardown` (always runs once
+capacity was reserved: releases the reservation and the cluster).
+
+- **validate**: params → a frozen `JobRequest`; bad values fail here, nothing is reserved or copied.
+- **plan**: picks region / zone / GPU type / market from the catalog and reserves the capacity.
+- **place_data**: copies the dataset into the region's bucket (checksummed manifest written last).
+- **provision**: creates the cluster (local: a record + torchrun; gke: a spot GPU node pool).
+- **train**: `python -m sailor_tasks.train` under torchrun; resumes from the newest checkpoint.
+- **finalize**: records the result and writes the run summary (markdown) next to the checkpoints.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from sailor_tasks.params import train_param_schemas
+
+
+def _param(spec: dict) -> Param:
+    spec = dict(spec)
+    return Param(spec.pop("default"), description=spec.pop("description"), **spec)
+
+
+@dag(
+    dag_id=Path(__file__).stem,
+    doc_md=__doc__,
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=8,
+    tags=["sailor", "training"],
+    default_args={
+        "retries": 2,
+        "retry_delay": timedelta(seconds=5),
+        "retry_exponential_backoff": True,
+        "owner": "sailor",
+    },
+    params={name: _param(spec) for name, spec in train_param_schemas().items()},
+)
+def sailor_train():
+    @task(retries=0)
+    def validate() -> dict:
+        from sailor_tasks import stages
+        from sailor_tasks.operators import run_stage
+
+        ctx = get_current_context()
+        return run_stage(stages.validate, dict(ctx["params"]), ctx["run_id"])
+
+    @task
+    def plan(request: dict) -> dict:
+        from sailor_tasks import stages
+        from sailor_tasks.operators import run_stage
+
+        return run_stage(stages.plan, request, get_current_context()["run_id"])
+
+    @task
+    def place_data(request: dict, placement: dict) -> dict:
+        from sailor_tasks import stages
+
+        return stages.place_data(request, placement, get_current_context()["run_id"])
+
+    @task
+    def provision(request: dict, placement: dict) -> dict:
+        from sailor_tasks import stages
+
+        return stages.provision(request, placement, get_current_context()["run_id"])
+
+    @task
+    def train(request: dict, placement: dict, data: dict) -> dict:
+        from sailor_tasks import stages
+
+        return stages.train(request, placement, data, get_current_context()["run_id"])
+
+    @task
+    def finalize(request: dict, placement: dict, data: dict, result: dict) -> dict:
+        from sailor_tasks import stages
+
+        return stages.finalize(request, placement, data, result, get_current_context()["run_id"])
+
+    @task(task_id="teardown")
+    def release_capacity() -> dict:
+        from sailor_tasks import stages
+
+        return stages.teardown(get_current_context()["run_id"])
+
+    request = validate()
+    placement = plan(request)
+    data = place_data(request, placement)
+    cluster = provision(request, placement)
+    result = train(request, placement, data)
+    data >> cluster >> result
+    done = finalize(request, placement, data, result)
+    done >> release_capacity().as_teardown(setups=placement)
+
+
+sailor_train()

@@ -1,0 +1,95 @@
+"""The cloud catalog: GPU offers (region, zone, GPU type, VM shape, on-demand and spot prices).
+
+Loaded from the packaged ``data/gcp_gpu_offers.csv`` (derived from real GCP prices, see
+``derive.py`` and the provenance line at the top of the file) or from another file with the same
+columns. Loading is cheap (stdlib ``csv``, no pandas) so DAG files may ask for the choices.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+
+from sailor_tasks.model import Offer
+
+DEFAULT_OFFERS_FILE = "gcp_gpu_offers.csv"
+
+
+def _packaged(name: str) -> str:
+    return str(resources.files("sailor_tasks.catalog").joinpath("data", name))
+
+
+def read_offers(path: str | None = None) -> list[Offer]:
+    """Read offers from a CSV with the columns of ``derive.OFFER_COLUMNS`` (``#`` lines skipped)."""
+    path = path or _packaged(DEFAULT_OFFERS_FILE)
+    with open(path, newline="") as f:
+        rows = csv.DictReader(line for line in f if not line.startswith("#"))
+        return [
+            Offer(
+                cloud=r["cloud"],
+                region=r["region"],
+                zone=r["zone"],
+                gpu_type=r["gpu_type"],
+                gpus_per_node=int(r["gpus_per_node"]),
+                instance_type=r["instance_type"],
+                ondemand_usd_per_hour=float(r["ondemand_usd_per_hour"]),
+                spot_usd_per_hour=float(r["spot_usd_per_hour"]),
+                spot_above_ondemand=r["spot_above_ondemand"] == "1",
+            )
+            for r in rows
+        ]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """An immutable set of offers with the indexes the planner needs."""
+
+    offers: tuple[Offer, ...]
+
+    @functools.cached_property
+    def regions(self) -> tuple[str, ...]:
+        return tuple(sorted({o.region for o in self.offers}))
+
+    @functools.cached_property
+    def zones(self) -> tuple[str, ...]:
+        return tuple(sorted({o.zone for o in self.offers}))
+
+    @functools.cached_property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({o.gpu_type for o in self.offers}))
+
+    def region_of(self, zone: str) -> str:
+        for o in self.offers:
+            if o.zone == zone:
+                return o.region
+        raise KeyError(zone)
+
+    def select(
+        self,
+        gpu_types: Iterable[str] | None = None,
+        regions: Iterable[str] | None = None,
+    ) -> list[Offer]:
+        gpu_set = set(gpu_types) if gpu_types is not None else None
+        region_set = set(regions) if regions is not None else None
+        return [
+            o
+            for o in self.offers
+            if (gpu_set is None or o.gpu_type in gpu_set) and (region_set is None or o.region in region_set)
+        ]
+
+
+@functools.lru_cache(maxsize=8)
+def load_catalog(path: str | None = None) -> Catalog:
+    """Load (and cache) the catalog from ``path`` or ``$SAILOR_CATALOG_FILE`` or the packaged file."""
+    return Catalog(offers=tuple(read_offers(path or os.environ.get("SAILOR_CATALOG_FILE") or None)))
+
+
+@functools.lru_cache(maxsize=1)
+def packaged_choices() -> tuple[Sequence[str], Sequence[str]]:
+    """(regions, gpu_types) of the packaged catalog, for Param enums at DAG parse time."""
+    cat = load_catalog(_packaged(DEFAULT_OFFERS_FILE))
+    return cat.regions, cat.gpu_types

@@ -1,0 +1,286 @@
+"""The ``sailor`` command: inspect runs and the catalog, plan a request, run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from sailor_tasks.settings import SOURCE_BUCKET, Settings
+
+
+def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from sailor_tasks.ledger import Ledger
+    from sailor_tasks.ledger.store import RUN_LIST_FIELDS
+
+    ledger = Ledger(Settings.from_env().ledger_url)
+    runs = ledger.list_runs(limit=args.limit)
+    rows = [{k: r[k] for k in RUN_LIST_FIELDS} for r in runs]
+    if args.json:
+        print(json.dumps(rows, indent=2, default=_json_default))
+    else:
+        _print_table(rows, RUN_LIST_FIELDS)
+    return 0
+
+
+# --- catalog -------------------------------------------------------------------------------------
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.model import to_dict
+
+    catalog = load_catalog()
+    offers = catalog.select(gpu_types=[args.gpu] if args.gpu else None, regions=args.region or None)
+    if args.gpu and args.gpu not in catalog.gpu_types:
+        print(
+            f"error: --gpu {args.gpu!r} is not in the catalog; valid: {', '.join(catalog.gpu_types)}",
+            file=sys.stderr,
+        )
+        return 2
+    bad = [r for r in args.region or () if r not in catalog.regions]
+    if bad:
+        print(
+            f"error: --region {', '.join(bad)} not in the catalog; valid: {', '.join(catalog.regions)}",
+            file=sys.stderr,
+        )
+        return 2
+    rows = [to_dict(o) for o in sorted(offers, key=lambda o: (o.gpu_type, o.spot_usd_per_hour))]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_table(
+            rows,
+            (
+                "region",
+                "zone",
+                "gpu_type",
+                "gpus_per_node",
+                "instance_type",
+                "ondemand_usd_per_hour",
+                "spot_usd_per_hour",
+            ),
+        )
+    return 0
+
+
+def cmd_catalog_derive(args: argparse.Namespace) -> int:
+    from importlib import resources
+
+    from sailor_tasks.catalog.derive import derive_file
+    from sailor_tasks.catalog.offers import DEFAULT_OFFERS_FILE
+
+    dest = args.dest or str(resources.files("sailor_tasks.catalog").joinpath("data", DEFAULT_OFFERS_FILE))
+    n = derive_file(args.source, dest)
+    print(f"wrote {n} offers to {dest}")
+    return 0
+
+
+# --- plan ----------------------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.errors import SailorError
+    from sailor_tasks.ledger import Ledger
+    from sailor_tasks.model import ClusterState, to_dict
+    from sailor_tasks.placement import plan
+    from sailor_tasks.request import from_params
+
+    params: dict[str, Any] = {}
+    if args.request:
+        with open(args.request) as f:
+            params = json.load(f)
+    for item in args.set or ():
+        key, _, value = item.partition("=")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    catalog = load_catalog()
+    try:
+        request = from_params(params, catalog)
+        ledger = Ledger(Settings.from_env().ledger_url)
+        state = ClusterState(
+            reservations=tuple(ledger.live_reservations()),
+            assignment=ledger.latest_assignment(),
+            replicas=ledger.replicas([request.dataset_uri]),
+        )
+        placement = plan(request, catalog, state, run_id="cli-plan")
+    except SailorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(to_dict(placement), indent=2))
+    else:
+        print("\n".join(placement.explanation))
+    return 0
+
+
+# --- demo ----------------------------------------------------------------------------------------
+
+DEMO_PARAMS = {
+    "job_name": "demo-lm",
+    "team": "research",
+    "model": "tiny_gpt",
+    "num_workers": 2,
+    "total_steps": 300,
+    "checkpoint_every_steps": 50,
+    "market": "auto",
+    "max_usd_per_hour": 20.0,
+    "seed": 0,
+}
+
+
+def ensure_demo_dataset(settings: Settings) -> str:
+    """Create the demo corpus in the source bucket unless a sealed copy is already there."""
+    from sailor_tasks import storage
+    from sailor_tasks.data.demo import DEMO_DATASET, write_demo_dataset
+    from sailor_tasks.data.manifest import read_manifest
+
+    root = storage.resolve(DEMO_DATASET, settings)
+    manifest = read_manifest(root)
+    if manifest is None:
+        manifest = write_demo_dataset(root)
+        print(
+            f"generated demo dataset: {len(manifest.files)} files, {manifest.total_bytes / 1e6:.1f} MB at {root}"
+        )
+    return root
+
+
+def cmd_demo_data(args: argparse.Namespace) -> int:
+    ensure_demo_dataset(Settings.from_env())
+    return 0
+
+
+def _airflow(*argv: str) -> int:
+    airflow = os.path.join(os.path.dirname(sys.executable), "airflow")
+    print(f"$ airflow {' '.join(argv)}", flush=True)
+    return subprocess.call([airflow, *argv])
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sailor_tasks.ledger import Ledger
+
+    settings = Settings.from_env()
+    ensure_demo_dataset(settings)
+    params = {**DEMO_PARAMS, **(json.loads(args.conf) if args.conf else {})}
+    if _airflow("dags", "test", "sailor_train", "-c", json.dumps(params)) != 0:
+        print("sailor_train failed; see the log above", file=sys.stderr)
+        return 1
+    if _airflow("dags", "test", "sailor_rebalance") != 0:
+        print("sailor_rebalance failed; see the log above", file=sys.stderr)
+        return 1
+    ledger = Ledger(settings.ledger_url)
+    runs = [r for r in ledger.list_runs(limit=20) if r["job_name"] == params["job_name"]]
+    if not runs or runs[0]["status"] != "success":
+        print(
+            f"the demo run did not succeed: {runs[0]['status'] if runs else 'no run recorded'}",
+            file=sys.stderr,
+        )
+        return 1
+    print()
+    print(demo_summary(ledger, runs[0]["run_id"], settings))
+    return 0
+
+
+def demo_summary(ledger: Any, run_id: str, settings: Settings) -> str:
+    run = ledger.get_run(run_id)
+    placement = ledger.placements(run_id, limit=1)[0]
+    assignment = ledger.latest_assignment()
+    replicas = ledger.replicas([run["dataset_uri"]])
+    lines = [
+        "=" * 78,
+        f"SAILOR demo: run {run_id} — {run['status'].upper()}",
+        "=" * 78,
+        f"Placed in    {run['region']} / {run['zone']}: {run['num_gpus']}x {run['gpu_type']} ({run['market']}) "
+        f"at ${run['usd_per_hour']:.2f}/h",
+        *(f"  why        {line}" for line in placement["explanation"]),
+        f"Data placed  {run['dataset_uri']} -> regions {', '.join(replicas.get(run['dataset_uri'], ()))}",
+        f"Training     {run['steps']} steps of {run['model']}; eval loss {run['initial_loss']:.3f} -> "
+        f"{run['final_loss']:.3f}",
+        f"Checkpoint   {run['checkpoint_uri']}",
+        f"Est. cost    ${run['usd_estimate']:.4f} (price x training wall time on the local backend)",
+        f"Rebalance    assignment v{assignment.version if assignment else '-'} published "
+        f"({len(assignment.shares) if assignment else 0} teams)",
+        f"State        {settings.state_dir} (ledger {settings.ledger_url})",
+        "",
+        "Next: `make airflow` starts the Airflow UI on http://localhost:8080 (user admin, password admin);",
+        "      `.venv/bin/sailor runs` lists runs from the ledger.",
+    ]
+    return "\n".join(lines)
+
+
+# --- entrypoint ----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sailor", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("runs", help="list runs recorded in the ledger")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("catalog", help="print GPU offers (real GCP prices)")
+    p.add_argument("--gpu", help="only this GPU type")
+    p.add_argument("--region", action="append", help="only this region (repeatable)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_catalog)
+    csub = p.add_subparsers(dest="catalog_command")
+    d = csub.add_parser("derive", help="re-derive the packaged offers from a SkyPilot-format GCP catalog CSV")
+    d.add_argument("--source", required=True)
+    d.add_argument("--dest")
+    d.set_defaults(func=cmd_catalog_derive)
+
+    p = sub.add_parser("plan", help="place a request (JSON file of sailor_train params and/or --set k=v)")
+    p.add_argument("request", nargs="?", help="JSON file with sailor_train params")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one param (JSON value)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("demo-data", help=f"generate the demo dataset in the '{SOURCE_BUCKET}' bucket")
+    p.set_defaults(func=cmd_demo_data)
+
+    p = sub.add_parser("demo", help="run sailor_train and sailor_rebalance through Airflow, then summarise")
+    p.add_argument("--conf", help="JSON object overriding the demo params")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Datasets: URIs, checksummed copies between buckets (placement and replication), the demo corpus."""

@@ -1,0 +1,95 @@
+"""Domain errors with structured fields; messages name the bad value, the valid choices and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class SailorError(Exception):
+    """Base of SAILOR's errors."""
+
+    retryable = False
+    """Whether an orchestrator should retry the stage that raised it (transient conditions)."""
+
+
+def _choices(valid: Iterable[object], limit: int = 60) -> str:
+    items = [str(v) for v in valid]
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+
+class InvalidRequestError(SailorError, ValueError):
+    """A run's parameters are invalid. Configuration error: retrying does not help."""
+
+    def __init__(self, field: str, value: object, reason: str, valid: Sequence[object] | None = None):
+        self.field = field
+        self.value = value
+        self.reason = reason
+        self.valid = list(valid) if valid is not None else None
+        msg = f"{field}={value!r}: {reason}"
+        if self.valid is not None:
+            msg += f"; valid choices: {_choices(self.valid)}"
+        super().__init__(msg)
+
+
+class InvalidRequestErrors(InvalidRequestError):
+    """Several invalid parameters, reported together (each is an InvalidRequestError)."""
+
+    def __init__(self, errors: Sequence[InvalidRequestError]):
+        self.errors = list(errors)
+        first = self.errors[0]
+        SailorError.__init__(self, "; ".join(str(e) for e in self.errors))
+        self.field, self.value, self.reason, self.valid = first.field, first.value, first.reason, first.valid
+
+
+class NoFeasibleOfferError(SailorError):
+    """No catalog offer satisfies the request; ``rejections`` counts offers per validator."""
+
+    def __init__(self, request_summary: str, rejections: dict[str, int], hint: str = ""):
+        self.rejections = dict(rejections)
+        detail = ", ".join(f"{rule}: {n}" for rule, n in sorted(rejections.items(), key=lambda kv: -kv[1]))
+        super().__init__(
+            f"no offer satisfies {request_summary} (offers rejected by rule: {detail or 'none'})"
+            + (f"; {hint}" if hint else "")
+        )
+
+
+class CapacityUnavailableError(SailorError):
+    """Capacity was taken by another planner or the cloud has none now. Transient: retry."""
+
+    retryable = True
+
+    def __init__(self, region: str, gpu_type: str, gpus: int, history: Sequence[str] = ()):
+        self.region, self.gpu_type, self.gpus, self.history = region, gpu_type, gpus, list(history)
+        super().__init__(
+            f"no capacity for {gpus}x {gpu_type} in {region}"
+            + (f" after {len(self.history)} attempts: {'; '.join(self.history)}" if self.history else "")
+        )
+
+
+class DataIntegrityError(SailorError):
+    """A copied file or a checkpoint does not match its recorded checksum."""
+
+    def __init__(self, uri: str, expected: str, actual: str):
+        self.uri, self.expected, self.actual = uri, expected, actual
+        super().__init__(f"checksum mismatch for {uri}: expected {expected}, got {actual}")
+
+
+class TrainingFailedError(SailorError):
+    """The training process group exited with a failure (not a preemption)."""
+
+    def __init__(self, run_id: str, returncode: int, log_tail: str = ""):
+        self.run_id, self.returncode, self.log_tail = run_id, returncode, log_tail
+        super().__init__(f"training of run {run_id} failed with exit code {returncode}\n{log_tail}")
+
+
+class PreemptedError(SailorError):
+    """The run's capacity was preempted; the recovery strategy decides what happens next."""
+
+    retryable = True
+
+    def __init__(self, run_id: str, zone: str, step: int, noticed: bool):
+        self.run_id, self.zone, self.step, self.noticed = run_id, zone, step, noticed
+        super().__init__(
+            f"run {run_id} preempted in {zone} at step {step} ({'with' if noticed else 'without'} notice)"
+        )

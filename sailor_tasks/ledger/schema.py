@@ -1,0 +1,154 @@
+"""Ledger tables (SQLAlchemy Core). Times are timezone-aware UTC datetimes."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", String(250), primary_key=True),
+    Column("job_name", String(200), nullable=False),
+    Column("team", String(100), nullable=False),
+    Column("status", String(20), nullable=False),  # validated | planned | running | success | failed
+    Column("backend", String(20), nullable=False),
+    Column("model", String(50), nullable=False),
+    Column("dataset_uri", Text, nullable=False),
+    Column("request", JSON, nullable=False),
+    Column("region", String(50)),
+    Column("zone", String(50)),
+    Column("gpu_type", String(30)),
+    Column("market", String(20)),
+    Column("num_gpus", Integer),
+    Column("steps", Integer),
+    Column("total_steps", Integer),
+    Column("initial_loss", Float),
+    Column("final_loss", Float),
+    Column("checkpoint_uri", Text),
+    Column("usd_per_hour", Float),
+    Column("usd_estimate", Float),
+    Column("error", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+placements = Table(
+    "placements",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(250), ForeignKey("runs.run_id"), nullable=False, index=True),
+    Column("attempt", Integer, nullable=False),
+    Column("region", String(50), nullable=False),
+    Column("zone", String(50), nullable=False),
+    Column("gpu_type", String(30), nullable=False),
+    Column("market", String(20), nullable=False),
+    Column("num_gpus", Integer, nullable=False),
+    Column("usd_per_hour", Float, nullable=False),
+    Column("assignment_version", Integer),
+    Column("explanation", JSON, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("run_id", String(250), primary_key=True),
+    Column("region", String(50), nullable=False),
+    Column("zone", String(50), nullable=False),
+    Column("gpu_type", String(30), nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("market", String(20), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("released_at", DateTime(timezone=True)),
+    Index("ix_reservations_live", "released_at", "zone", "gpu_type"),
+)
+
+stage_timings = Table(
+    "stage_timings",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(250), nullable=False, index=True),
+    Column("stage", String(50), nullable=False),
+    Column("try_number", Integer, nullable=False, default=1),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True), nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("ok", Boolean, nullable=False),
+    Column("detail", Text),
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(250), nullable=False, index=True),
+    Column("step", Integer, nullable=False),
+    Column("uri", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+utilization = Table(
+    "utilization",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(250), nullable=False, index=True),
+    Column("team", String(100), nullable=False),
+    Column("region", String(50), nullable=False),
+    Column("gpu_type", String(30), nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("gpu_hours", Float, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True), nullable=False),
+    Index("ix_utilization_window", "ended_at", "team"),
+)
+
+preemptions = Table(
+    "preemptions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(250), nullable=False, index=True),
+    Column("attempt", Integer, nullable=False),
+    Column("region", String(50), nullable=False),
+    Column("zone", String(50), nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("noticed", Boolean, nullable=False),
+    Column("step", Integer),
+    Column("steps_lost", Integer),
+    Column("recovery_s", Float),
+)
+
+assignments = Table(
+    "assignments",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("source", Text, nullable=False),
+    Column("shares", JSON, nullable=False),
+)
+
+replicas = Table(
+    "replicas",
+    metadata,
+    Column("dataset_uri", String(500), primary_key=True),
+    Column("region", String(50), primary_key=True),
+    Column("uri", Text, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("files", Integer, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)

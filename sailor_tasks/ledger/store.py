@@ -1,0 +1,302 @@
+"""Ledger queries. One ``Ledger`` per process; every method is one short transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import create_engine, delete, event, func, insert, select, update
+from sqlalchemy.engine import Engine
+
+from sailor_tasks.ledger import schema as t
+from sailor_tasks.model import Assignment, Placement, Reservation
+
+RUN_LIST_FIELDS = (
+    "run_id",
+    "status",
+    "region",
+    "zone",
+    "gpu_type",
+    "market",
+    "steps",
+    "initial_loss",
+    "final_loss",
+    "checkpoint_uri",
+    "usd_estimate",
+)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        import os
+
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(conn, _record):  # WAL lets readers (the UI) run beside the writer
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+class Ledger:
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = _engine(url)
+        t.metadata.create_all(self.engine)
+
+    # --- runs ------------------------------------------------------------------------------
+    def upsert_run(self, run_id: str, **fields: Any) -> None:
+        """Create the run row or update the given fields (idempotent for task retries)."""
+        now = utcnow()
+        with self.engine.begin() as c:
+            updated = c.execute(
+                update(t.runs).where(t.runs.c.run_id == run_id).values(updated_at=now, **fields)
+            )
+            if updated.rowcount == 0:
+                c.execute(insert(t.runs).values(run_id=run_id, created_at=now, updated_at=now, **fields))
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(t.runs).where(t.runs.c.run_id == run_id)).mappings().first()
+            return dict(row) if row else None
+
+    def list_runs(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self.engine.connect() as c:
+            rows = c.execute(select(t.runs).order_by(t.runs.c.created_at.desc()).limit(limit)).mappings()
+            return [dict(r) for r in rows]
+
+    # --- placements and reservations ---------------------------------------------------------
+    def record_placement(self, placement: Placement, attempt: int = 1) -> None:
+        with self.engine.begin() as c:
+            c.execute(
+                insert(t.placements).values(
+                    run_id=placement.run_id,
+                    attempt=attempt,
+                    region=placement.region,
+                    zone=placement.zone,
+                    gpu_type=placement.gpu_type,
+                    market=placement.market,
+                    num_gpus=placement.num_gpus,
+                    usd_per_hour=placement.usd_per_hour,
+                    assignment_version=placement.assignment_version,
+                    explanation=list(placement.explanation),
+                    created_at=utcnow(),
+                )
+            )
+
+    def placements(self, run_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        q = select(t.placements).order_by(t.placements.c.id.desc()).limit(limit)
+        if run_id is not None:
+            q = q.where(t.placements.c.run_id == run_id)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def reserve(self, reservation: Reservation) -> None:
+        """Hold capacity for a run; re-reserving the same run replaces its live reservation."""
+        with self.engine.begin() as c:
+            c.execute(delete(t.reservations).where(t.reservations.c.run_id == reservation.run_id))
+            c.execute(
+                insert(t.reservations).values(
+                    run_id=reservation.run_id,
+                    region=reservation.region,
+                    zone=reservation.zone,
+                    gpu_type=reservation.gpu_type,
+                    gpus=reservation.gpus,
+                    market=reservation.market,
+                    created_at=utcnow(),
+                )
+            )
+
+    def release(self, run_id: str) -> bool:
+        """Release a run's reservation; True when one was live."""
+        with self.engine.begin() as c:
+            res = c.execute(
+                update(t.reservations)
+                .where(t.reservations.c.run_id == run_id, t.reservations.c.released_at.is_(None))
+                .values(released_at=utcnow())
+            )
+            return res.rowcount > 0
+
+    def live_reservations(self) -> list[Reservation]:
+        cols = t.reservations.c
+        with self.engine.connect() as c:
+            rows = c.execute(
+                select(cols.run_id, cols.region, cols.zone, cols.gpu_type, cols.gpus, cols.market).where(
+                    cols.released_at.is_(None)
+                )
+            ).all()
+        return [Reservation(*r) for r in rows]
+
+    # --- stage timings, checkpoints, utilization, preemptions -------------------------------
+    def record_stage(
+        self,
+        run_id: str,
+        stage: str,
+        started_at: dt.datetime,
+        ended_at: dt.datetime,
+        ok: bool,
+        try_number: int = 1,
+        detail: str | None = None,
+    ) -> None:
+        with self.engine.begin() as c:
+            c.execute(
+                insert(t.stage_timings).values(
+                    run_id=run_id,
+                    stage=stage,
+                    try_number=try_number,
+                    started_at=started_at,
+                    ended_at=ended_at,
+                    seconds=(ended_at - started_at).total_seconds(),
+                    ok=ok,
+                    detail=detail,
+                )
+            )
+
+    def stage_timings(self, run_id: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as c:
+            q = (
+                select(t.stage_timings)
+                .where(t.stage_timings.c.run_id == run_id)
+                .order_by(t.stage_timings.c.id)
+            )
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def record_checkpoint(self, run_id: str, step: int, uri: str) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(t.checkpoints).values(run_id=run_id, step=step, uri=uri, created_at=utcnow()))
+
+    def record_utilization(
+        self,
+        run_id: str,
+        team: str,
+        region: str,
+        gpu_type: str,
+        gpus: int,
+        started_at: dt.datetime,
+        ended_at: dt.datetime,
+    ) -> float:
+        gpu_hours = gpus * (ended_at - started_at).total_seconds() / 3600.0
+        with self.engine.begin() as c:
+            c.execute(
+                insert(t.utilization).values(
+                    run_id=run_id,
+                    team=team,
+                    region=region,
+                    gpu_type=gpu_type,
+                    gpus=gpus,
+                    gpu_hours=gpu_hours,
+                    started_at=started_at,
+                    ended_at=ended_at,
+                )
+            )
+        return gpu_hours
+
+    def utilization_by_team_region(
+        self, since: dt.datetime | None = None
+    ) -> dict[tuple[str, str, str], float]:
+        """(team, region, gpu_type) → GPU-hours ended since ``since`` (all time when None)."""
+        u = t.utilization.c
+        q = select(u.team, u.region, u.gpu_type, func.sum(u.gpu_hours)).group_by(u.team, u.region, u.gpu_type)
+        if since is not None:
+            q = q.where(u.ended_at >= since)
+        with self.engine.connect() as c:
+            return {(team, region, gpu): float(h) for team, region, gpu, h in c.execute(q)}
+
+    def record_preemption(
+        self,
+        run_id: str,
+        attempt: int,
+        region: str,
+        zone: str,
+        noticed: bool,
+        step: int | None,
+        steps_lost: int | None,
+        recovery_s: float | None,
+        at: dt.datetime | None = None,
+    ) -> None:
+        with self.engine.begin() as c:
+            c.execute(
+                insert(t.preemptions).values(
+                    run_id=run_id,
+                    attempt=attempt,
+                    region=region,
+                    zone=zone,
+                    at=at or utcnow(),
+                    noticed=noticed,
+                    step=step,
+                    steps_lost=steps_lost,
+                    recovery_s=recovery_s,
+                )
+            )
+
+    def preemptions(self, run_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        q = select(t.preemptions).order_by(t.preemptions.c.id.desc()).limit(limit)
+        if run_id is not None:
+            q = q.where(t.preemptions.c.run_id == run_id)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    # --- assignments and replicas -------------------------------------------------------------
+    def publish_assignment(self, shares: Mapping[str, Mapping[str, float]], source: str) -> Assignment:
+        now = utcnow()
+        plain = {team: dict(regions) for team, regions in shares.items()}
+        with self.engine.begin() as c:
+            res = c.execute(insert(t.assignments).values(created_at=now, source=source, shares=plain))
+            version = int(res.inserted_primary_key[0])
+        return Assignment(version=version, shares=plain, created_at=now.isoformat(), source=source)
+
+    def latest_assignment(self) -> Assignment | None:
+        a = t.assignments.c
+        with self.engine.connect() as c:
+            row = c.execute(select(t.assignments).order_by(a.version.desc()).limit(1)).mappings().first()
+        if row is None:
+            return None
+        return Assignment(
+            version=row["version"],
+            shares=row["shares"],
+            created_at=row["created_at"].isoformat(),
+            source=row["source"],
+        )
+
+    def record_replica(self, dataset_uri: str, region: str, uri: str, nbytes: int, files: int) -> None:
+        with self.engine.begin() as c:
+            c.execute(
+                delete(t.replicas).where(
+                    t.replicas.c.dataset_uri == dataset_uri, t.replicas.c.region == region
+                )
+            )
+            c.execute(
+                insert(t.replicas).values(
+                    dataset_uri=dataset_uri,
+                    region=region,
+                    uri=uri,
+                    bytes=nbytes,
+                    files=files,
+                    created_at=utcnow(),
+                )
+            )
+
+    def replicas(self, dataset_uris: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
+        """dataset URI → regions holding a complete replica."""
+        q = select(t.replicas.c.dataset_uri, t.replicas.c.region)
+        if dataset_uris is not None:
+            q = q.where(t.replicas.c.dataset_uri.in_(list(dataset_uris)))
+        out: dict[str, list[str]] = {}
+        with self.engine.connect() as c:
+            for uri, region in c.execute(q):
+                out.setdefault(uri, []).append(region)
+        return {k: tuple(sorted(v)) for k, v in out.items()}
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,199 @@
+"""Frozen dataclasses shared by every part of SAILOR: offers, requests, placements, assignments.
+
+They carry no behaviour beyond cheap derived values and (de)serialisation to small JSON, which is
+what crosses Airflow task boundaries (XCom) and what the ledger stores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+Market = Literal["spot", "on_demand"]
+MarketChoice = Literal["spot", "on_demand", "auto"]
+MARKETS: tuple[str, ...] = ("spot", "on_demand")
+MARKET_CHOICES: tuple[str, ...] = ("spot", "on_demand", "auto")
+ANY_GPU = "any"
+
+T = TypeVar("T")
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """Dataclass → plain JSON-able dict (tuples become lists)."""
+    return dataclasses.asdict(obj)
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+    """Plain dict → dataclass, turning lists back into tuples and ignoring unknown keys."""
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            value = data[f.name]
+            kwargs[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One way to buy GPUs: a VM shape in a zone, with on-demand and spot prices per VM-hour."""
+
+    cloud: str
+    region: str
+    zone: str
+    gpu_type: str
+    gpus_per_node: int
+    instance_type: str
+    ondemand_usd_per_hour: float
+    """Price of one VM (host + GPUs) per hour, on-demand."""
+    spot_usd_per_hour: float
+    """Price of one VM per hour on the spot market."""
+    spot_above_ondemand: bool = False
+    """Source data quirk: the catalog's spot price exceeds on-demand (kept, but never preferred)."""
+    capacity_gpus: int | None = None
+    """GPUs of this type the organisation may use in this zone (None: not limited by the supply file)."""
+    preemption_rate_per_hour: float = 0.0
+    """Expected spot preemptions per VM-hour in this zone."""
+
+    def usd_per_hour(self, market: str) -> float:
+        return self.spot_usd_per_hour if market == "spot" else self.ondemand_usd_per_hour
+
+    def usd_per_gpu_hour(self, market: str) -> float:
+        return self.usd_per_hour(market) / self.gpus_per_node
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.zone, self.gpu_type, self.gpus_per_node)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """A training run as the user asked for it (Airflow params converted once, validated)."""
+
+    job_name: str
+    team: str
+    dataset_uri: str
+    model: str
+    num_workers: int
+    gpu_type: str = ANY_GPU
+    regions: tuple[str, ...] = ()
+    """Allowed regions; empty means every region in the catalog."""
+    market: str = "auto"
+    max_usd_per_hour: float | None = None
+    """Cap on the whole run's price per hour (all workers); None: no cap."""
+    total_steps: int = 200
+    checkpoint_every_steps: int = 50
+    seed: int = 0
+    backend: str = "local"
+    gpus_per_worker: int = 1
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    deadline_hours: float | None = None
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_workers * self.gpus_per_worker
+
+    def summary(self) -> str:
+        cap = f" under ${self.max_usd_per_hour:g}/h" if self.max_usd_per_hour is not None else ""
+        if not self.regions:
+            where = "any region"
+        elif len(self.regions) <= 3:
+            where = ",".join(self.regions)
+        else:
+            where = f"{len(self.regions)} allowed regions"
+        return f"{self.num_gpus}x {self.gpu_type} GPU ({self.market}) in {where}{cap}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Capacity held for a run between ``plan`` and ``teardown``."""
+
+    run_id: str
+    region: str
+    zone: str
+    gpu_type: str
+    gpus: int
+    market: str
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Versioned region shares per team, written by the nightly rebalance and read by ``plan``."""
+
+    version: int
+    shares: Mapping[str, Mapping[str, float]]
+    """team → region → share of that team's demand (each team's shares sum to 1)."""
+    created_at: str = ""
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """What the planner sees besides the catalog: a snapshot, possibly stale (ParSync)."""
+
+    reservations: tuple[Reservation, ...] = ()
+    assignment: Assignment | None = None
+    replicas: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """dataset URI → regions holding a complete replica."""
+    blocked_zones: frozenset[str] = frozenset()
+    """Zones the planner must not use (e.g. just preempted there)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a run goes, what it costs, and why."""
+
+    run_id: str
+    cloud: str
+    region: str
+    zone: str
+    gpu_type: str
+    gpus_per_node: int
+    num_nodes: int
+    num_gpus: int
+    market: str
+    instance_type: str
+    usd_per_hour: float
+    """Price of the whole placement per hour (all nodes)."""
+    explanation: tuple[str, ...] = ()
+    assignment_version: int | None = None
+    score: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    path: str
+    """Path relative to the dataset root."""
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetManifest:
+    """Checksummed list of a dataset's files, written last when a copy completes."""
+
+    dataset_uri: str
+    files: tuple[ManifestEntry, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dataset_uri": self.dataset_uri, "files": [to_dict(f) for f in self.files]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DatasetManifest:
+        return cls(
+            dataset_uri=data["dataset_uri"],
+            files=tuple(ManifestEntry(**f) for f in data["files"]),
+        )
+
+
+def run_key(run_id: str) -> str:
+    """Path- and label-safe form of an Airflow run_id (``manual__2026-...+00:00`` → ``manual__2026-..._00_00``)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)[:200]

@@ -1,0 +1,123 @@
+"""Turn a run's params (Airflow conf, CLI JSON) into a validated ``JobRequest``, or explain why not.
+
+Checks, in order, all reported together: unknown params; each param against its JSON schema
+(``params.train_param_schemas``); cross-field rules; then the catalog (regions, GPU types, and a
+price cap that no offer meets, naming the cheapest offer). Nothing here has side effects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jsonschema
+
+from sailor_tasks.catalog import Catalog
+from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
+from sailor_tasks.model import ANY_GPU, JobRequest
+from sailor_tasks.params import train_param_schemas
+from sailor_tasks.settings import SOURCE_BUCKET
+
+_NON_SCHEMA_KEYS = ("default", "description", "title", "section", "values_display")
+
+
+def _schema_of(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k not in _NON_SCHEMA_KEYS}
+
+
+def _check_schema(name: str, value: Any, spec: Mapping[str, Any]) -> InvalidRequestError | None:
+    try:
+        jsonschema.validate(value, _schema_of(spec))
+    except jsonschema.ValidationError as exc:
+        valid = spec.get("enum") or spec.get("items", {}).get("enum")
+        shown = value if not isinstance(value, str) or len(value) <= 80 else value[:77] + "..."
+        return InvalidRequestError(
+            name, shown, exc.message if len(exc.message) < 300 else exc.message[:297] + "...", valid
+        )
+    return None
+
+
+def check_dataset_uri(uri: str, regions: tuple[str, ...]) -> InvalidRequestError | None:
+    """Reject traversal and unknown buckets; schemes are already limited by the schema pattern."""
+    scheme, _, rest = uri.partition("://")
+    segments = rest.split("/")
+    if any(seg in ("..", ".") for seg in segments):
+        return InvalidRequestError("dataset_uri", uri, "path segments '.' and '..' are not allowed")
+    if scheme == "file" and not rest.startswith("/"):
+        return InvalidRequestError("dataset_uri", uri, "file:// URIs must be absolute (file:///path)")
+    if scheme == "sailor":
+        bucket = segments[0]
+        valid = (SOURCE_BUCKET, *regions)
+        if bucket not in valid:
+            return InvalidRequestError("dataset_uri", uri, f"unknown SAILOR bucket {bucket!r}", valid)
+        if len(segments) < 2 or not segments[1]:
+            return InvalidRequestError("dataset_uri", uri, "name a folder inside the bucket")
+    return None
+
+
+def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> JobRequest:
+    """Validate ``params`` (missing ones take their defaults) and build the ``JobRequest``.
+
+    Raises:
+        InvalidRequestErrors: every problem found, each naming the field, value and valid choices.
+    """
+    schemas = train_param_schemas()
+    errors: list[InvalidRequestError] = []
+    unknown = sorted(set(params) - set(schemas))
+    for name in unknown:
+        errors.append(InvalidRequestError(name, params[name], "unknown parameter", sorted(schemas)))
+    values = {name: params.get(name, spec["default"]) for name, spec in schemas.items()}
+    for name, spec in schemas.items():
+        err = _check_schema(name, values[name], spec)
+        if err:
+            errors.append(err)
+    if errors:
+        raise InvalidRequestErrors(errors)
+
+    if values["checkpoint_every_steps"] > values["total_steps"]:
+        errors.append(
+            InvalidRequestError(
+                "checkpoint_every_steps",
+                values["checkpoint_every_steps"],
+                f"must not exceed total_steps={values['total_steps']}",
+            )
+        )
+    regions = tuple(values["regions"])
+    if catalog is not None:
+        errors.extend(_check_catalog(values, catalog))
+    uri_err = check_dataset_uri(values["dataset_uri"], catalog.regions if catalog else regions)
+    if uri_err:
+        errors.append(uri_err)
+    if errors:
+        raise InvalidRequestErrors(errors)
+    return JobRequest(
+        job_name=values["job_name"],
+        team=values["team"],
+        dataset_uri=values["dataset_uri"],
+        model=values["model"],
+        num_workers=values["num_workers"],
+        gpu_type=values["gpu_type"],
+        regions=regions,
+        market=values["market"],
+        max_usd_per_hour=float(values["max_usd_per_hour"]),
+        total_steps=values["total_steps"],
+        checkpoint_every_steps=values["checkpoint_every_steps"],
+        seed=values["seed"],
+        backend=values["backend"],
+        batch_size=values["batch_size"],
+        learning_rate=float(values["learning_rate"]),
+    )
+
+
+def _check_catalog(values: Mapping[str, Any], catalog: Catalog) -> list[InvalidRequestError]:
+    errors = []
+    bad_regions = [r for r in values["regions"] if r not in catalog.regions]
+    if bad_regions:
+        errors.append(InvalidRequestError("regions", bad_regions, "not in the catalog", catalog.regions))
+    if values["gpu_type"] != ANY_GPU and values["gpu_type"] not in catalog.gpu_types:
+        errors.append(
+            InvalidRequestError(
+                "gpu_type", values["gpu_type"], "not in the catalog", (ANY_GPU, *catalog.gpu_types)
+            )
+        )
+    return errors

@@ -1,0 +1,1 @@
+"""Training: the ``python -m sailor_tasks.train`` entrypoint, trainer, checkpoints, models, data."""

@@ -1,0 +1,61 @@
+"""Entrypoint of one training worker: ``python -m sailor_tasks.train --config URI``.
+
+Launched by ``torchrun`` (one process per worker) on every backend. Reads RANK/WORLD_SIZE here
+and nowhere else. A SIGTERM (the cloud's preemption notice) asks the trainer to finish its step,
+checkpoint, and exit with ``PREEMPTED_EXIT_CODE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from sailor_tasks import storage
+from sailor_tasks.train.config import TrainConfig
+from sailor_tasks.train.trainer import PREEMPTED_EXIT_CODE, Trainer
+
+
+def _setup_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [rank {rank}] %(name)s: %(message)s",
+        stream=sys.stdout,
+        force=True,
+    )
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sailor_tasks.train")
+    parser.add_argument("--config", required=True, help="URI of a TrainConfig JSON file (file:// or gs://)")
+    args = parser.parse_args(argv)
+
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    _setup_logging(rank)
+    torch.set_num_threads(max(1, int(os.environ.get("SAILOR_THREADS_PER_WORKER", "1"))))
+    config = TrainConfig.from_json(storage.read_bytes(args.config).decode())
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    if world_size > 1:
+        dist.init_process_group(backend="gloo")
+    trainer = Trainer(config, rank=rank, world_size=world_size, stop_event=stop)
+    try:
+        result = trainer.train()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return PREEMPTED_EXIT_CODE if result.status == "preempted" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

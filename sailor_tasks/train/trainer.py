@@ -1,0 +1,234 @@
+"""The training loop: resume first, deterministic steps, checkpoints, preemption notice handling.
+
+The Trainer is driven by ``__main__`` (which owns the environment and the process group) and by
+tests directly on one CPU process. Everything that must survive a restart is in ``state()``:
+model and optimizer (through DCP's state_dict helpers, so DDP wrapping does not matter), LR
+schedule, step, tokens seen, the loss measured before training, and this rank's RNG state.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from sailor_tasks import storage
+from sailor_tasks.train.checkpoint import CheckpointManager
+from sailor_tasks.train.config import TrainConfig
+from sailor_tasks.train.data import ByteCorpus
+from sailor_tasks.train.models import build_model
+from sailor_tasks.train.specs import MODEL_SPECS
+
+logger = logging.getLogger(__name__)
+
+PREEMPTED_EXIT_CODE = 75
+"""Exit status of a worker that stopped on a preemption notice after saving (EX_TEMPFAIL)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainResult:
+    run_id: str
+    status: str
+    """``completed`` or ``preempted``."""
+    step: int
+    total_steps: int
+    resumed_from_step: int | None
+    initial_loss: float
+    final_loss: float | None
+    checkpoint_uri: str | None
+    samples_per_s: float
+    wall_s: float
+    world_size: int
+
+
+class _ModelOptimState(Stateful):
+    """DCP Stateful for model + optimizer; handles DDP-wrapped modules transparently."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+        )
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        stop_event: threading.Event | None = None,
+    ):
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.distributed = world_size > 1 or (dist.is_available() and dist.is_initialized())
+        self.stop_event = stop_event or threading.Event()
+        spec = MODEL_SPECS[config.model]
+        torch.manual_seed(config.seed)  # identical init on every rank
+        model = build_model(spec)
+        if self.distributed:
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        torch.manual_seed(config.seed * 7_919 + rank)  # per-rank dropout stream
+        self.corpus = ByteCorpus.load(config.data_uri, spec.seq_len, config.seed)
+        self.checkpoints = CheckpointManager(
+            config.checkpoint_uri, rank=rank, keep_latest_k=config.keep_latest_k, distributed=self.distributed
+        )
+        self.step = 0
+        self.tokens_seen = 0
+        self.initial_loss = float("nan")
+        self.last_checkpoint_step: int | None = None
+
+    # --- state -------------------------------------------------------------------------------
+    def _lr_factor(self, step: int) -> float:
+        warm = max(1, self.config.warmup_steps)
+        if step < warm:
+            return (step + 1) / warm
+        progress = (step - warm) / max(1, self.config.total_steps - warm)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "app": _ModelOptimState(self.model, self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+            "trainer": {
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "initial_loss": self.initial_loss,
+            },
+            f"rng_rank{self.rank}": torch.get_rng_state(),
+        }
+
+    def _apply(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        meta = state["trainer"]
+        self.step, self.tokens_seen = int(meta["step"]), int(meta["tokens_seen"])
+        self.initial_loss = float(meta["initial_loss"])
+        torch.set_rng_state(state[f"rng_rank{self.rank}"])
+
+    def resume(self) -> int | None:
+        """Load the newest verified checkpoint, if any; return its step. Rank 0 picks, all load."""
+        step = self.checkpoints.latest_valid_step() if self.rank == 0 else None
+        if self.distributed:
+            box = [step]
+            dist.broadcast_object_list(box, src=0)
+            step = box[0]
+        if step is None:
+            return None
+        state = self.state()
+        self.checkpoints.load(step, state)
+        self._apply(state)
+        self.last_checkpoint_step = step
+        return step
+
+    # --- loop --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        losses = [
+            float(self.model(x, y))
+            for x, y in self.corpus.eval_batches(self.config.num_eval_batches, self.config.batch_size)
+        ]
+        self.model.train()
+        return sum(losses) / len(losses)
+
+    def _stop_requested(self) -> bool:
+        flag = torch.tensor([1 if self.stop_event.is_set() else 0])
+        if self.distributed:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def save(self) -> None:
+        info = self.checkpoints.save(self.step, self.state())
+        self.last_checkpoint_step = info.step
+
+    def train(self) -> TrainResult:
+        cfg = self.config
+        start = time.monotonic()
+        resumed = self.resume()
+        if resumed is None:
+            self.initial_loss = self.evaluate()
+            if self.rank == 0:
+                logger.info(
+                    "initial eval loss %.4f (%s, %d workers)", self.initial_loss, cfg.model, self.world_size
+                )
+        elif self.rank == 0:
+            logger.info("resumed from step %d of %d", resumed, cfg.total_steps)
+        first_step = self.step
+        status = "completed"
+        while self.step < cfg.total_steps:
+            x, y = self.corpus.train_batch(self.step, self.rank, self.world_size, cfg.batch_size)
+            loss_t = self.model(x, y)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_t.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
+            self.tokens_seen += x.numel() * self.world_size
+            loss = loss_t.item()
+            if self.rank == 0 and (self.step % cfg.log_every_steps == 0 or self.step == cfg.total_steps):
+                now = time.monotonic()
+                done = self.step - first_step
+                rate = done * cfg.batch_size * self.world_size / max(now - start, 1e-9)
+                eta = (cfg.total_steps - self.step) * (now - start) / max(done, 1)
+                logger.info(
+                    "step %d/%d loss %.4f samples/s %.1f lr %.2e eta %.0fs",
+                    self.step,
+                    cfg.total_steps,
+                    loss,
+                    rate,
+                    self.scheduler.get_last_lr()[0],
+                    eta,
+                )
+            if self.step % cfg.checkpoint_every_steps == 0 or self.step == cfg.total_steps:
+                self.save()
+            if self.step < cfg.total_steps and self._stop_requested():
+                if self.last_checkpoint_step != self.step:
+                    self.save()
+                status = "preempted"
+                if self.rank == 0:
+                    logger.warning("preemption notice: saved step %d, stopping", self.step)
+                break
+        final_loss = self.evaluate() if status == "completed" else None
+        wall = time.monotonic() - start
+        done = self.step - first_step
+        result = TrainResult(
+            run_id=cfg.run_id,
+            status=status,
+            step=self.step,
+            total_steps=cfg.total_steps,
+            resumed_from_step=resumed,
+            initial_loss=self.initial_loss,
+            final_loss=final_loss,
+            checkpoint_uri=self.checkpoints.step_uri(self.last_checkpoint_step)
+            if self.last_checkpoint_step is not None
+            else None,
+            samples_per_s=done * cfg.batch_size * self.world_size / max(wall, 1e-9),
+            wall_s=wall,
+            world_size=self.world_size,
+        )
+        if self.rank == 0:
+            storage.write_json(cfg.result_uri, asdict(result))
+            if final_loss is not None:
+                logger.info("done: step %d, eval loss %.4f -> %.4f", self.step, self.initial_loss, final_loss)
+        return result

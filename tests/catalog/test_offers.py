@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import csv
+import io
+
+from sailor_tasks.catalog import load_catalog
+from sailor_tasks.catalog.derive import derive_offers, host_instance_type, write_offers_csv
+
+HEADER = "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,AvailabilityZone,Price,SpotPrice"
+
+
+def _rows(text: str):
+    return list(csv.DictReader(io.StringIO(HEADER + "\n" + text)))
+
+
+def test_vm_price_is_host_plus_accelerator():
+    rows = _rows(
+        "n1-standard-8,8,30,,,,us-east1,us-east1-b,0.38,0.08\n,,,V100,1,{},us-east1,us-east1-b,2.48,0.74\n"
+    )
+    (offer,) = derive_offers(rows)
+    assert offer.instance_type == "n1-standard-8"
+    assert offer.ondemand_usd_per_hour == 2.86
+    assert offer.spot_usd_per_hour == 0.82
+    assert not offer.spot_above_ondemand
+
+
+def test_placeholder_and_zero_prices_are_dropped_and_dirty_spot_flagged():
+    rows = _rows(
+        "a2-ultragpu-1g,12,170,,,,us-central1,us-central1-a,0.5,0.2\n"
+        "a2-highgpu-1g,12,85,,,,us-central1,us-central1-a,0.9,0.4\n"
+        "g2-standard-4,4,16,,,,us-central1,us-central1-a,0.2,0.1\n"
+        ",,,A100-80GB,1,{},us-central1,us-central1-a,1.0,2.0\n"
+        ",,,A100,1,{},us-central1,us-central1-a,700.0,0.5\n"
+        ",,,L4,1,{},us-central1,us-central1-a,0.0,0.2\n"
+    )
+    offers = list(derive_offers(rows))
+    assert [o.gpu_type for o in offers] == ["A100-80GB"]
+    assert offers[0].spot_above_ondemand
+
+
+def test_accelerator_without_its_host_in_the_zone_is_skipped():
+    rows = _rows(",,,H100,8,{},us-west1,us-west1-a,80.0,30.0\n")
+    assert list(derive_offers(rows)) == []
+    assert host_instance_type("H100", 8) == "a3-highgpu-8g"
+    assert host_instance_type("TPU", 1) is None
+
+
+def test_written_csv_starts_with_provenance():
+    rows = _rows(
+        "n1-standard-8,8,30,,,,us-east1,us-east1-b,0.38,0.08\n,,,T4,1,{},us-east1,us-east1-b,0.35,0.1\n"
+    )
+    out = io.StringIO()
+    assert write_offers_csv(derive_offers(rows), out, "provenance: test") == 1
+    assert out.getvalue().startswith("# provenance: test\n")
+
+
+def test_packaged_catalog_is_real_gcp_data():
+    cat = load_catalog()
+    assert len(cat.offers) > 500
+    assert {"us-central1", "europe-west4", "asia-east1"} <= set(cat.regions)
+    assert {"H100", "A100", "L4", "T4", "V100"} <= set(cat.gpu_types)
+    for o in cat.offers:
+        assert 0 < o.spot_usd_per_hour and 0 < o.ondemand_usd_per_hour < 700
+        assert o.zone.startswith(o.region)
+
+
+def test_packaged_catalog_matches_a_fresh_derivation(shared_data, tmp_path):
+    from sailor_tasks.catalog.derive import derive_file
+    from sailor_tasks.catalog.offers import read_offers
+
+    out = tmp_path / "offers.csv"
+    derive_file(str(shared_data / "catalog" / "gcp_vms_2026-05-20.csv"), str(out))
+    assert read_offers(str(out)) == list(load_catalog().offers)

@@ -1,0 +1,56 @@
+"""Shared fixtures. Airflow's environment is set before anything imports Airflow, with the same
+values the Makefile exports, so `pytest` works alone as well as under `make test`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".airflow"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
+os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(ROOT / "plugins"))
+os.environ.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch):
+    """Settings rooted at a fresh state folder; exported so stages and subprocesses see it too."""
+    from sailor_tasks.settings import Settings
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("SAILOR_STATE_DIR", str(state))
+    monkeypatch.delenv("SAILOR_LEDGER_URL", raising=False)
+    monkeypatch.delenv("SAILOR_BUCKET_TEMPLATE", raising=False)
+    return Settings.from_env()
+
+
+@pytest.fixture
+def ctx(settings):
+    from sailor_tasks.stages import StageContext
+
+    return StageContext(settings)
+
+
+@pytest.fixture
+def demo_dataset(settings):
+    """A small sealed demo corpus in the source bucket; returns its sailor:// URI."""
+    from sailor_tasks import storage
+    from sailor_tasks.data.demo import DEMO_DATASET, write_demo_dataset
+
+    write_demo_dataset(storage.resolve(DEMO_DATASET, settings), num_shards=2, shard_bytes=64_000)
+    return DEMO_DATASET
+
+
+@pytest.fixture
+def shared_data():
+    """../shared/data when present; tests that need it skip cleanly without it."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"reference data folder {SHARED_DATA} is not present")
+    return SHARED_DATA

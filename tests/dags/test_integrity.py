@@ -1,0 +1,108 @@
+"""Every DAG file imports cleanly, is tagged, retries, and parses fast (Airflow best practices)."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DAGS_DIR = Path(__file__).resolve().parents[2] / "dags"
+DAG_FILES = sorted(p for p in DAGS_DIR.glob("*.py") if not p.name.startswith("_"))
+PARSE_BUDGET_S = 0.3
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS_DIR))
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=[p.stem for p in DAG_FILES])
+def test_dag_file_imports_without_errors(dagbag, path):
+    assert str(path) not in dagbag.import_errors, dagbag.import_errors.get(str(path))
+    assert path.stem in dagbag.dags, f"{path.name} must define a DAG with dag_id={path.stem!r}"
+
+
+@pytest.mark.parametrize("dag_id", [p.stem for p in DAG_FILES])
+def test_dag_has_tags_and_retries(dagbag, dag_id):
+    dag = dagbag.dags[dag_id]
+    assert dag.tags, f"{dag_id} has no tags"
+    assert dag.catchup is False
+    for t in dag.tasks:
+        if t.task_id == "validate":  # config errors never improve with a retry
+            continue
+        assert (t.retries or 0) >= 2, f"{dag_id}.{t.task_id} retries={t.retries}"
+        assert t.retry_exponential_backoff
+
+
+def test_sailor_train_stages_and_teardown(dagbag):
+    dag = dagbag.dags["sailor_train"]
+    chain = ["validate", "plan", "place_data", "provision", "train", "finalize"]
+    for upstream, downstream in zip(chain, chain[1:], strict=False):
+        assert upstream in dag.get_task(downstream).upstream_task_ids or any(
+            upstream in dag.get_task(u).upstream_task_ids for u in dag.get_task(downstream).upstream_task_ids
+        ), f"{upstream} must run before {downstream}"
+    teardown = dag.get_task("teardown")
+    assert teardown.is_teardown
+    assert dag.get_task("plan").is_setup
+
+
+def test_dag_params_are_typed_and_described(dagbag):
+    params = dagbag.dags["sailor_train"].params
+    expected = {
+        "job_name",
+        "team",
+        "dataset_uri",
+        "model",
+        "num_workers",
+        "gpu_type",
+        "regions",
+        "market",
+        "max_usd_per_hour",
+        "total_steps",
+        "checkpoint_every_steps",
+        "seed",
+        "backend",
+    }
+    assert expected <= set(params.keys())
+    for name in params.keys():
+        schema = params.get_param(name).schema
+        assert schema.get("type"), f"param {name} has no type"
+        assert params.get_param(name).description, f"param {name} has no description"
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=[p.stem for p in DAG_FILES])
+def test_dag_parses_within_budget(path):
+    """Median of 5 fresh-interpreter parses of the file alone, minus the interpreter's Airflow import."""
+    code = (
+        "import time, runpy, airflow.sdk; t = time.perf_counter(); "
+        f"runpy.run_path({str(path)!r}); print(time.perf_counter() - t)"
+    )
+    samples = [
+        float(subprocess.check_output([sys.executable, "-c", code], text=True).strip().splitlines()[-1])
+        for _ in range(5)
+    ]
+    assert statistics.median(samples) < PARSE_BUDGET_S, samples
+
+
+def test_dag_files_do_not_import_heavy_libraries():
+    heavy = (
+        "torch",
+        "scipy",
+        "highspy",
+        "kubernetes",
+        "google",
+        "gcsfs",
+        "pandas",
+        "matplotlib",
+        "sqlalchemy",
+    )
+    for path in DAG_FILES:
+        for line in path.read_text().splitlines():
+            if line.startswith(("import ", "from ")):
+                module = line.split()[1].split(".")[0]
+                assert module not in heavy, f"{path.name} imports {module} at module level"

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import datetime as dt
+
+from sailor_tasks.ledger import Ledger
+from sailor_tasks.model import Reservation
+
+
+def test_runs_upsert_and_list(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path}/l.db")
+    base = dict(
+        job_name="j",
+        team="t",
+        status="validated",
+        backend="local",
+        model="tiny_gpt",
+        dataset_uri="sailor://source/d",
+        request={"a": 1},
+    )
+    ledger.upsert_run("r1", **base)
+    ledger.upsert_run("r1", status="success", final_loss=1.5)
+    (run,) = ledger.list_runs()
+    assert run["status"] == "success" and run["final_loss"] == 1.5 and run["request"] == {"a": 1}
+
+
+def test_reservations_are_keyed_by_run_and_released_once(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path}/l.db")
+    ledger.reserve(Reservation("r1", "us-east1", "us-east1-b", "T4", 2, "spot"))
+    ledger.reserve(Reservation("r1", "us-east1", "us-east1-c", "T4", 2, "spot"))  # a retried plan
+    assert [r.zone for r in ledger.live_reservations()] == ["us-east1-c"]
+    assert ledger.release("r1") is True
+    assert ledger.release("r1") is False
+    assert ledger.live_reservations() == []
+
+
+def test_utilization_window_and_assignment_versions(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path}/l.db")
+    now = dt.datetime.now(dt.UTC)
+    ledger.record_utilization("r1", "t", "us-east1", "T4", 2, now - dt.timedelta(hours=1), now)
+    ledger.record_utilization(
+        "r0", "t", "us-east1", "T4", 1, now - dt.timedelta(days=30, hours=2), now - dt.timedelta(days=30)
+    )
+    recent = ledger.utilization_by_team_region(now - dt.timedelta(days=7))
+    assert recent == {("t", "us-east1", "T4"): 2.0}
+    assert ledger.latest_assignment() is None
+    ledger.publish_assignment({"t": {"us-east1": 1.0}}, source="test")
+    v2 = ledger.publish_assignment({"t": {"us-east1": 0.5, "asia-east1": 0.5}}, source="test")
+    latest = ledger.latest_assignment()
+    assert latest.version == v2.version == 2 and latest.shares["t"]["asia-east1"] == 0.5

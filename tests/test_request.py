@@ -1,0 +1,51 @@
+"""Bad params fail with a message naming the value and the valid choices."""
+
+from __future__ import annotations
+
+import pytest
+
+from sailor_tasks.catalog import load_catalog
+from sailor_tasks.errors import InvalidRequestErrors
+from sailor_tasks.request import from_params
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+def test_defaults_make_a_valid_request(catalog):
+    req = from_params({}, catalog)
+    assert req.model == "tiny_gpt" and req.num_workers >= 1
+    assert set(req.regions) == set(catalog.regions)
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "fragment"),
+    [
+        ({"regions": ["mars-north1"]}, "regions", "us-central1"),
+        ({"max_usd_per_hour": -1}, "max_usd_per_hour", "minimum"),
+        ({"num_workers": 0}, "num_workers", "minimum"),
+        ({"model": "gpt5"}, "model", "tiny_gpt"),
+        ({"gpu_type": "TPU9"}, "gpu_type", "H100"),
+        ({"market": "cheap"}, "market", "on_demand"),
+        ({"num_workers": "two"}, "num_workers", "integer"),
+        ({"dataset_uri": "s3://bucket/x"}, "dataset_uri", "does not match"),
+        ({"dataset_uri": "sailor://source/../etc"}, "dataset_uri", "'..'"),
+        ({"dataset_uri": "sailor://nowhere/data"}, "dataset_uri", "source"),
+        ({"job_name": "Bad Name!"}, "job_name", "does not match"),
+        ({"checkpoint_every_steps": 500, "total_steps": 100}, "checkpoint_every_steps", "total_steps=100"),
+        ({"colour": "blue"}, "colour", "unknown parameter"),
+    ],
+)
+def test_bad_param_names_field_value_and_choices(catalog, params, field, fragment):
+    with pytest.raises(InvalidRequestErrors) as info:
+        from_params(params, catalog)
+    assert any(e.field == field for e in info.value.errors), str(info.value)
+    assert field in str(info.value) and fragment in str(info.value)
+
+
+def test_all_errors_are_reported_together(catalog):
+    with pytest.raises(InvalidRequestErrors) as info:
+        from_params({"num_workers": 0, "model": "nope", "market": "x"}, catalog)
+    assert {e.field for e in info.value.errors} == {"num_workers", "model", "market"}

@@ -1,0 +1,116 @@
+"""CPU trainer: resume continues the step count and reproduces the uninterrupted run bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sailor_tasks import storage
+from sailor_tasks.data.demo import write_demo_dataset
+from sailor_tasks.train.checkpoint import MARKER, CheckpointManager
+from sailor_tasks.train.config import TrainConfig
+from sailor_tasks.train.trainer import Trainer
+
+
+class StopAfter:
+    """A stop_event stand-in that fires once the trainer reaches ``step`` (a preemption notice)."""
+
+    def __init__(self, step: int):
+        self.step, self.trainer = step, None
+
+    def is_set(self) -> bool:
+        return self.trainer is not None and self.trainer.step >= self.step
+
+
+@pytest.fixture
+def data_uri(tmp_path):
+    uri = f"file://{tmp_path}/data"
+    write_demo_dataset(uri, num_shards=1, shard_bytes=40_000)
+    return uri
+
+
+def config(data_uri, out, **kw):
+    base = dict(
+        run_id="r",
+        model="tiny_gpt",
+        data_uri=data_uri,
+        output_uri=out,
+        total_steps=8,
+        checkpoint_every_steps=3,
+        batch_size=4,
+        log_every_steps=100,
+    )
+    return TrainConfig(**{**base, **kw})
+
+
+def params_of(trainer):
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_resume_continues_step_count_and_matches_uninterrupted_run(data_uri, tmp_path):
+    reference = Trainer(config(data_uri, f"file://{tmp_path}/ref"))
+    ref_result = reference.train()
+    assert ref_result.status == "completed" and ref_result.step == 8
+
+    out = f"file://{tmp_path}/interrupted"
+    stop = StopAfter(2)
+    first = Trainer(config(data_uri, out), stop_event=stop)
+    stop.trainer = first
+    r1 = first.train()
+    assert (r1.status, r1.step) == ("preempted", 2)
+
+    second = Trainer(config(data_uri, out))
+    r2 = second.train()
+    assert r2.resumed_from_step == 2 and r2.step == 8
+    assert r2.initial_loss == ref_result.initial_loss
+    assert r2.final_loss == ref_result.final_loss
+    for name, tensor in params_of(reference).items():
+        assert torch.equal(tensor, params_of(second)[name]), name
+
+
+def test_loss_falls_and_result_is_written(data_uri, tmp_path):
+    cfg = config(data_uri, f"file://{tmp_path}/o", total_steps=40, checkpoint_every_steps=20, batch_size=8)
+    result = Trainer(cfg).train()
+    assert result.final_loss < result.initial_loss - 0.5
+    assert storage.read_json(cfg.result_uri)["final_loss"] == result.final_loss
+
+
+def test_uncommitted_or_corrupt_checkpoint_falls_back_to_previous(data_uri, tmp_path):
+    cfg = config(data_uri, f"file://{tmp_path}/o", total_steps=6, checkpoint_every_steps=2, keep_latest_k=3)
+    Trainer(cfg).train()
+    mgr = CheckpointManager(cfg.checkpoint_uri, keep_latest_k=3)
+    assert mgr.committed_steps() == [2, 4, 6]
+
+    # Newest loses its marker (killed before the commit) → step 4 is the newest loadable.
+    storage.remove(storage.join(mgr.step_uri(6), MARKER))
+    assert mgr.latest_valid_step() == 4
+
+    # A flipped byte in step 4's data → rejected by its checksum; step 2 is used.
+    shard = next(
+        p for p in (tmp_path / "o" / "checkpoints" / "step-00000004").iterdir() if p.suffix == ".distcp"
+    )
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert mgr.latest_valid_step() == 2
+    resumed = Trainer(cfg)
+    assert resumed.resume() == 2 and resumed.step == 2
+
+
+def test_retention_keeps_newest_k(data_uri, tmp_path):
+    cfg = config(data_uri, f"file://{tmp_path}/o", total_steps=8, checkpoint_every_steps=2, keep_latest_k=2)
+    Trainer(cfg).train()
+    assert CheckpointManager(cfg.checkpoint_uri).committed_steps() == [6, 8]
+
+
+def test_config_rejects_keep_below_two():
+    with pytest.raises(ValueError, match="keep_latest_k=1"):
+        TrainConfig(
+            run_id="r",
+            model="tiny_gpt",
+            data_uri="file:///x",
+            output_uri="file:///y",
+            total_steps=1,
+            checkpoint_every_steps=1,
+            keep_latest_k=1,
+        )
