@@ -125,6 +125,8 @@ class Assignment:
     version: int
     shares: Mapping[str, Mapping[str, float]]
     """team → region → share of that team's demand (each team's shares sum to 1)."""
+    region_load: Mapping[str, float] = field(default_factory=dict)
+    """region → projected demand/supply ratio under these shares (> 1 means overloaded)."""
     created_at: str = ""
     source: str = ""
 

@@ -140,6 +140,7 @@ assignments = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("source", Text, nullable=False),
     Column("shares", JSON, nullable=False),
+    Column("region_load", JSON, nullable=False, default=dict),
 )
 
 replicas = Table(

@@ -248,13 +248,23 @@ class Ledger:
             return [dict(r) for r in c.execute(q).mappings()]
 
     # --- assignments and replicas -------------------------------------------------------------
-    def publish_assignment(self, shares: Mapping[str, Mapping[str, float]], source: str) -> Assignment:
+    def publish_assignment(
+        self,
+        shares: Mapping[str, Mapping[str, float]],
+        source: str,
+        region_load: Mapping[str, float] | None = None,
+    ) -> Assignment:
         now = utcnow()
         plain = {team: dict(regions) for team, regions in shares.items()}
+        load = dict(region_load or {})
         with self.engine.begin() as c:
-            res = c.execute(insert(t.assignments).values(created_at=now, source=source, shares=plain))
+            res = c.execute(
+                insert(t.assignments).values(created_at=now, source=source, shares=plain, region_load=load)
+            )
             version = int(res.inserted_primary_key[0])
-        return Assignment(version=version, shares=plain, created_at=now.isoformat(), source=source)
+        return Assignment(
+            version=version, shares=plain, region_load=load, created_at=now.isoformat(), source=source
+        )
 
     def latest_assignment(self) -> Assignment | None:
         a = t.assignments.c

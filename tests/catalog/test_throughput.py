@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+
+from sailor_tasks.catalog.throughput import (
+    MODEL_JOB_TYPES,
+    RELATIVE_TO_V100,
+    ThroughputTable,
+    load_gavel,
+    load_packaged,
+    model_speed,
+)
+
+JOB = ("ResNet-50 (batch size 64)", 1)
+
+
+def test_packaged_table_has_gavel_gpus_and_newer_ones():
+    t = load_packaged()
+    assert {"K80", "P100", "V100", "A100", "H100", "L4", "T4"} <= set(t.gpu_types)
+    assert len(t.job_types) == 83
+    # Gavel's measurement for ResNet-50 (bs 64): V100 ≈ 4.39 steps/s, K80 ≈ 0.62.
+    assert t.throughput(JOB, "V100") == pytest.approx(4.39, abs=0.01)
+    assert t.throughput(JOB, "K80") == pytest.approx(0.62, abs=0.01)
+    assert t.speedup(JOB, "A100") == pytest.approx(RELATIVE_TO_V100["A100"])
+
+
+def test_every_builtin_model_has_a_speed_on_every_catalog_gpu():
+    from sailor_tasks.catalog import load_catalog
+
+    t = load_packaged()
+    for model in MODEL_JOB_TYPES:
+        speeds = model_speed(t, model, load_catalog().gpu_types)
+        assert all(v > 0 for v in speeds.values()), (model, speeds)
+
+
+def test_measurement_feedback_blends_and_validates():
+    t = ThroughputTable(alone={JOB: {"V100": 4.0}})
+    assert t.with_measurement(JOB, "V100", 6.0, weight=0.5).throughput(JOB, "V100") == 5.0
+    assert t.with_measurement(JOB, "T4", 1.5).throughput(JOB, "T4") == 1.5
+    with pytest.raises(ValueError, match="weight"):
+        t.with_measurement(JOB, "V100", 1.0, weight=0)
+
+
+def test_full_gavel_file_has_space_sharing_pairs(shared_data):
+    t = load_gavel(str(shared_data / "gavel" / "simulation_throughputs.json"))
+    a, b = ("ResNet-18 (batch size 16)", 1), ("ResNet-18 (batch size 64)", 1)
+    ta, tb = t.pair(a, b, "V100")
+    assert ta < t.throughput(a, "V100") + 1e-9 and tb > 0
+    assert t.pair(b, a, "V100") == (tb, ta)
+    assert t.throughput(JOB, "V100", consolidated=False) > 0
