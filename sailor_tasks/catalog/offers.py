@@ -83,13 +83,17 @@ class Catalog:
 
 
 @functools.lru_cache(maxsize=8)
-def load_catalog(path: str | None = None) -> Catalog:
-    """Load (and cache) the catalog from ``path`` or ``$SAILOR_CATALOG_FILE`` or the packaged file."""
-    return Catalog(offers=tuple(read_offers(path or os.environ.get("SAILOR_CATALOG_FILE") or None)))
+def load_catalog(path: str | None = None, supply_path: str | None = None) -> Catalog:
+    """Load (and cache) the catalog: offers from ``path`` / ``$SAILOR_CATALOG_FILE`` / the packaged
+    file, with capacity and preemption rates from the supply file (see ``supply.py``)."""
+    from sailor_tasks.catalog.supply import apply_supply, load_supply
+
+    offers = tuple(read_offers(path or os.environ.get("SAILOR_CATALOG_FILE") or None))
+    return Catalog(offers=apply_supply(offers, load_supply(supply_path)))
 
 
 @functools.lru_cache(maxsize=1)
 def packaged_choices() -> tuple[Sequence[str], Sequence[str]]:
     """(regions, gpu_types) of the packaged catalog, for Param enums at DAG parse time."""
-    cat = load_catalog(_packaged(DEFAULT_OFFERS_FILE))
-    return cat.regions, cat.gpu_types
+    offers = read_offers(_packaged(DEFAULT_OFFERS_FILE))
+    return tuple(sorted({o.region for o in offers})), tuple(sorted({o.gpu_type for o in offers}))

@@ -1,0 +1,101 @@
+"""Supply: GPUs the organisation may use per (zone, GPU type), and spot preemption rates.
+
+Read from a YAML file the organisation edits (packaged default: ``data/supply.yaml``, format
+documented at its top; override with ``$SAILOR_SUPPLY_FILE``). ``apply_supply`` fills
+``Offer.capacity_gpus`` and ``Offer.preemption_rate_per_hour``; capacity is per (zone, GPU type),
+shared by every VM shape of that type in the zone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from sailor_tasks.model import Offer
+
+PACKAGED_SUPPLY = "supply.yaml"
+
+
+@dataclass(frozen=True)
+class Supply:
+    default_capacity: Mapping[str, int]
+    default_preemption_rate: Mapping[str, float]
+    region_multiplier: Mapping[str, float] = field(default_factory=dict)
+    zone_overrides: Mapping[str, Mapping[str, Mapping[str, float]]] = field(default_factory=dict)
+    """zone → gpu_type → {"capacity_gpus": n, "preemption_rate_per_hour": r} (either key optional)."""
+
+    def capacity(self, region: str, zone: str, gpu_type: str) -> int:
+        override = self.zone_overrides.get(zone, {}).get(gpu_type, {})
+        if "capacity_gpus" in override:
+            return int(override["capacity_gpus"])
+        return int(round(self.default_capacity.get(gpu_type, 0) * self.region_multiplier.get(region, 1.0)))
+
+    def preemption_rate(self, zone: str, gpu_type: str) -> float:
+        override = self.zone_overrides.get(zone, {}).get(gpu_type, {})
+        return float(
+            override.get("preemption_rate_per_hour", self.default_preemption_rate.get(gpu_type, 0.0))
+        )
+
+
+def parse_supply(doc: Mapping[str, Any]) -> Supply:
+    """Build a ``Supply`` from the YAML document; ValueError names the bad entry."""
+    if doc.get("version") != 1:
+        raise ValueError(f"supply file version={doc.get('version')!r}; valid: 1")
+    defaults = doc.get("defaults") or {}
+    caps, rates = defaults.get("capacity_gpus") or {}, defaults.get("preemption_rate_per_hour") or {}
+    for gpu, n in caps.items():
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"defaults.capacity_gpus.{gpu}={n!r}: need an integer >= 0")
+    for gpu, r in rates.items():
+        if not isinstance(r, int | float) or r < 0:
+            raise ValueError(f"defaults.preemption_rate_per_hour.{gpu}={r!r}: need a number >= 0")
+    multipliers = {}
+    for region, spec in (doc.get("regions") or {}).items():
+        m = (spec or {}).get("capacity_multiplier", 1.0)
+        if not isinstance(m, int | float) or m < 0:
+            raise ValueError(f"regions.{region}.capacity_multiplier={m!r}: need a number >= 0")
+        multipliers[region] = float(m)
+    zones = {
+        zone: {gpu: dict(v) for gpu, v in (spec or {}).items()}
+        for zone, spec in (doc.get("zones") or {}).items()
+    }
+    return Supply(dict(caps), {k: float(v) for k, v in rates.items()}, multipliers, zones)
+
+
+def load_supply(path: str | None = None) -> Supply:
+    path = path or os.environ.get("SAILOR_SUPPLY_FILE") or None
+    if path is None:
+        text = resources.files("sailor_tasks.catalog").joinpath("data", PACKAGED_SUPPLY).read_text()
+    else:
+        with open(path) as f:
+            text = f.read()
+    return parse_supply(yaml.safe_load(text))
+
+
+def apply_supply(offers: tuple[Offer, ...], supply: Supply) -> tuple[Offer, ...]:
+    """Offers with capacity and preemption rate filled from ``supply``."""
+    return tuple(
+        replace(
+            o,
+            capacity_gpus=supply.capacity(o.region, o.zone, o.gpu_type),
+            preemption_rate_per_hour=supply.preemption_rate(o.zone, o.gpu_type),
+        )
+        for o in offers
+    )
+
+
+def region_supply(offers: tuple[Offer, ...]) -> dict[tuple[str, str], int]:
+    """(region, gpu_type) → GPUs, counting each (zone, GPU type) once whatever its VM shapes."""
+    per_zone: dict[tuple[str, str, str], int] = {}
+    for o in offers:
+        per_zone[(o.region, o.zone, o.gpu_type)] = o.capacity_gpus or 0
+    out: dict[tuple[str, str], int] = defaultdict(int)
+    for (region, _zone, gpu), n in per_zone.items():
+        out[(region, gpu)] += n
+    return dict(out)

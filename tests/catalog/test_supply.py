@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+
+from sailor_tasks.catalog import load_catalog
+from sailor_tasks.catalog.supply import apply_supply, parse_supply, region_supply
+from sailor_tasks.model import Offer
+
+DOC = {
+    "version": 1,
+    "defaults": {"capacity_gpus": {"T4": 8}, "preemption_rate_per_hour": {"T4": 0.1}},
+    "regions": {"us-east1": {"capacity_multiplier": 2.0}},
+    "zones": {"us-east1-c": {"T4": {"capacity_gpus": 1, "preemption_rate_per_hour": 0.5}}},
+}
+
+
+def offer(zone, per_node=1):
+    return Offer("gcp", zone.rsplit("-", 1)[0], zone, "T4", per_node, "vm", 1.0, 0.3)
+
+
+def test_zone_override_beats_region_multiplier_beats_default():
+    supply = parse_supply(DOC)
+    offers = apply_supply((offer("us-east1-b"), offer("us-east1-c"), offer("asia-east1-a")), supply)
+    assert [(o.capacity_gpus, o.preemption_rate_per_hour) for o in offers] == [(16, 0.1), (1, 0.5), (8, 0.1)]
+
+
+def test_region_supply_counts_each_zone_once_across_vm_shapes():
+    offers = apply_supply(
+        (offer("us-east1-b", 1), offer("us-east1-b", 4), offer("us-east1-c")), parse_supply(DOC)
+    )
+    assert region_supply(offers) == {("us-east1", "T4"): 17}
+
+
+@pytest.mark.parametrize(
+    ("patch", "fragment"),
+    [
+        ({"version": 2}, "version=2"),
+        ({"defaults": {"capacity_gpus": {"T4": -1}}}, "capacity_gpus.T4=-1"),
+        ({"regions": {"x": {"capacity_multiplier": "big"}}}, "regions.x.capacity_multiplier"),
+    ],
+)
+def test_bad_supply_file_names_the_entry(patch, fragment):
+    with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
+        parse_supply({**DOC, **patch})
+
+
+def test_packaged_catalog_has_supply_for_every_offer():
+    for o in load_catalog().offers:
+        assert o.capacity_gpus and o.capacity_gpus > 0, o
+        assert 0 < o.preemption_rate_per_hour < 1, o
