@@ -1,0 +1,163 @@
+"""What the rules need to know about one request on every candidate: nodes, expected duration,
+preemption overhead, data transfer cost and time, and the snapshot's free capacity.
+
+All arrays are per candidate row of the ``CatalogIndex`` (see ``index.py``) unless named ``r_*``
+(per region). Pure numpy; built once per request and shared by validators and preferences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sailor_tasks.model import ClusterState, JobRequest
+from sailor_tasks.placement.index import CatalogIndex, region_load_array
+
+RESTART_HOURS = 0.1
+"""Time to get a replacement spot VM running and the checkpoint loaded after a preemption (6 min;
+planning value: GCE VM start plus image/ checkpoint pull, of the order SkyPilot and Can't-Be-Late
+(NSDI'24, "changeover delay") use)."""
+SECONDS_PER_HOUR = 3600.0
+BITS_PER_BYTE = 8.0
+
+
+@dataclass
+class PlanningView:
+    """The mutable part of a snapshot the engine plans against: GPUs held per capacity group,
+    blocked zones, and the assignment's region loads as an array. ``plan_many`` updates ``used``
+    as it places a queue, so later requests see earlier ones."""
+
+    used: np.ndarray
+    blocked_zones: frozenset[str]
+    blocked_mask: np.ndarray
+    """Per zone index: True when blocked."""
+    r_load: np.ndarray
+    """Per region: projected demand/supply from the assignment (NaN: unknown)."""
+
+    @classmethod
+    def from_state(cls, index: CatalogIndex, state: ClusterState) -> PlanningView:
+        blocked = np.zeros(len(index.zones), dtype=bool)
+        for z in state.blocked_zones:
+            i = index.zone_idx.get(z)
+            if i is not None:
+                blocked[i] = True
+        load = state.assignment.region_load if state.assignment is not None else {}
+        return cls(
+            used=index.used_gpus(state),
+            blocked_zones=frozenset(state.blocked_zones),
+            blocked_mask=blocked,
+            r_load=region_load_array(index, load or {}),
+        )
+
+    def copy(self) -> PlanningView:
+        return PlanningView(self.used.copy(), self.blocked_zones, self.blocked_mask, self.r_load)
+
+
+def dataset_sources(request: JobRequest, state: ClusterState, index: CatalogIndex) -> tuple[str, ...]:
+    """Regions that hold a complete copy of the dataset: recorded replicas, plus the region named
+    by a ``sailor://<region>/...`` URI. Empty when unknown (``sailor://source``, ``gs://``, ``file://``)."""
+    regions = set(state.replicas.get(request.dataset_uri, ()))
+    scheme, _, rest = request.dataset_uri.partition("://")
+    if scheme == "sailor":
+        bucket = rest.split("/", 1)[0]
+        if bucket in index.region_idx:
+            regions.add(bucket)
+    return tuple(sorted(r for r in regions if r in index.region_idx))
+
+
+@dataclass
+class RequestContext:
+    """Derived per-candidate quantities for one request against one view."""
+
+    index: CatalogIndex
+    request: JobRequest
+    state: ClusterState
+    view: PlanningView
+    num_gpus: int
+    divisible: np.ndarray
+    nodes: np.ndarray
+    speed: np.ndarray
+    """Steps/s of the model on the row's GPU type (multi-node rows use unconsolidated throughput)."""
+    hours: np.ndarray
+    """Expected training hours without preemptions (inf where the model cannot run)."""
+    usd_per_hour: np.ndarray
+    """Price of the whole placement per hour on the row's market."""
+    expected_preemptions: np.ndarray
+    lost_hours_per_preemption: np.ndarray
+    overhead_hours: np.ndarray
+    """Expected hours lost to preemptions (0 on-demand)."""
+    dataset_gb: float
+    sources: tuple[str, ...]
+    r_data_usd_per_gb: np.ndarray
+    r_data_hours: np.ndarray
+    r_data_source: np.ndarray
+    """Per region: index of the nearest source region (-1: no known source)."""
+
+    @property
+    def data_hours(self) -> np.ndarray:
+        return self.r_data_hours[self.index.c_region]
+
+    @property
+    def free_gpus(self) -> np.ndarray:
+        return (self.index.g_capacity - self.view.used)[self.index.c_group]
+
+
+def build_context(
+    index: CatalogIndex, request: JobRequest, state: ClusterState, view: PlanningView
+) -> RequestContext:
+    num_gpus = request.num_gpus
+    gpn = index.c_gpn
+    divisible = num_gpus % gpn == 0
+    nodes = np.maximum(num_gpus // gpn, 1)
+    speed = np.where(
+        nodes > 1,
+        index.speed(request.model, consolidated=False),
+        index.speed(request.model, consolidated=True),
+    )
+    with np.errstate(divide="ignore"):
+        step_hours = np.where(speed > 0, 1.0 / (np.where(speed > 0, speed, 1.0) * SECONDS_PER_HOUR), np.inf)
+    hours = request.total_steps * step_hours
+    usd_per_hour = nodes * index.c_price
+    expected_preemptions = index.c_rate * nodes * hours
+    # Work lost per preemption: half a checkpoint interval on average (an unnoticed preemption loses
+    # everything since the last checkpoint) plus the restart.
+    lost = 0.5 * request.checkpoint_every_steps * step_hours + RESTART_HOURS
+    overhead = np.where(index.c_rate > 0, expected_preemptions * lost, 0.0)
+
+    sources = dataset_sources(request, state, index)
+    nbytes = state.dataset_bytes.get(request.dataset_uri, 0)
+    gb = nbytes / 1e9
+    n_r = len(index.regions)
+    if sources and gb > 0:
+        src = np.array([index.region_idx[r] for r in sources])
+        per_src = index.bucket_usd_per_gb[src]  # [source, dst region]
+        nearest = np.argmin(per_src, axis=0)
+        r_usd = per_src[nearest, np.arange(n_r)]
+        r_gbps = index.bucket_gbps[src][nearest, np.arange(n_r)]
+        r_hours = gb * BITS_PER_BYTE / r_gbps / SECONDS_PER_HOUR
+        r_source = src[nearest]
+    else:
+        r_usd = np.zeros(n_r)
+        r_hours = np.zeros(n_r)
+        r_source = np.full(n_r, -1)
+    return RequestContext(
+        index=index,
+        request=request,
+        state=state,
+        view=view,
+        num_gpus=num_gpus,
+        divisible=divisible,
+        nodes=nodes,
+        speed=speed,
+        hours=hours,
+        usd_per_hour=usd_per_hour,
+        expected_preemptions=expected_preemptions,
+        lost_hours_per_preemption=lost,
+        overhead_hours=overhead,
+        dataset_gb=gb,
+        sources=sources,
+        r_data_usd_per_gb=r_usd,
+        r_data_hours=r_hours,
+        r_data_source=r_source,
+    )

@@ -1,0 +1,125 @@
+"""Hard rules (Protean validators): each drops candidates and is named in the explanation.
+
+A validator maps a ``RequestContext`` to a boolean array (True = the candidate passes). They run
+in ``VALIDATORS`` order; a rejected candidate is attributed to the first validator it fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sailor_tasks.model import ANY_GPU
+from sailor_tasks.placement.context import RequestContext
+from sailor_tasks.placement.index import ON_DEMAND, SPOT
+from sailor_tasks.placement.market import spot_preferred
+
+PRICE_EPSILON_USD = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Validator:
+    name: str
+    description: str
+    passes: Callable[[RequestContext], np.ndarray]
+
+
+def _gpu_type(ctx: RequestContext) -> np.ndarray:
+    wanted = ctx.request.gpu_type
+    if wanted == ANY_GPU:
+        return np.ones(ctx.index.num_candidates, dtype=bool)
+    g = ctx.index.gpu_idx.get(wanted, -1)
+    return ctx.index.c_gpu == g
+
+
+def _gpu_count(ctx: RequestContext) -> np.ndarray:
+    return ctx.divisible
+
+
+def _region_allowed(ctx: RequestContext) -> np.ndarray:
+    if not ctx.request.regions:
+        return np.ones(ctx.index.num_candidates, dtype=bool)
+    return ctx.index.region_mask(tuple(ctx.request.regions))[ctx.index.c_region]
+
+
+def _region_denied(ctx: RequestContext) -> np.ndarray:
+    if not ctx.request.exclude_regions:
+        return np.ones(ctx.index.num_candidates, dtype=bool)
+    return ~ctx.index.region_mask(tuple(ctx.request.exclude_regions))[ctx.index.c_region]
+
+
+def _data_residency(ctx: RequestContext) -> np.ndarray:
+    allowed = set(ctx.request.data_residency)
+    if not allowed:
+        return np.ones(ctx.index.num_candidates, dtype=bool)
+    ok_region = np.array([c in allowed for c in ctx.index.region_continent], dtype=bool)
+    return ok_region[ctx.index.c_region]
+
+
+def _blocked_zone(ctx: RequestContext) -> np.ndarray:
+    if not ctx.view.blocked_zones:
+        return np.ones(ctx.index.num_candidates, dtype=bool)
+    return ~ctx.view.blocked_mask[ctx.index.c_zone]
+
+
+def _market(ctx: RequestContext) -> np.ndarray:
+    market = ctx.request.market
+    if market == "spot":
+        return ctx.index.c_market == SPOT
+    if market == "on_demand":
+        return ctx.index.c_market == ON_DEMAND
+    spot = spot_preferred(ctx)
+    return np.concatenate([spot, ~spot])
+
+
+def _throughput(ctx: RequestContext) -> np.ndarray:
+    return ctx.speed > 0
+
+
+def _deadline(ctx: RequestContext) -> np.ndarray:
+    deadline = ctx.request.deadline_hours
+    if deadline is None:
+        return np.ones(ctx.index.num_candidates, dtype=bool)
+    return ctx.hours + ctx.overhead_hours + ctx.data_hours <= deadline
+
+
+def _price_cap(ctx: RequestContext) -> np.ndarray:
+    cap = ctx.request.max_usd_per_hour
+    if cap is None:
+        return np.ones(ctx.index.num_candidates, dtype=bool)
+    return ctx.usd_per_hour <= cap + PRICE_EPSILON_USD
+
+
+def _capacity(ctx: RequestContext) -> np.ndarray:
+    return ctx.free_gpus >= ctx.num_gpus
+
+
+VALIDATORS: tuple[Validator, ...] = (
+    Validator("gpu_type", "the requested GPU type", _gpu_type),
+    Validator("gpu_count", "num_gpus is a whole number of this VM shape's GPUs", _gpu_count),
+    Validator("region_allowed", "region is in the request's allowed regions", _region_allowed),
+    Validator("region_denied", "region is not in the request's excluded regions", _region_denied),
+    Validator("data_residency", "region is on a continent the dataset may be copied to", _data_residency),
+    Validator("blocked_zone", "zone is not blocked (e.g. just preempted)", _blocked_zone),
+    Validator("market", "the requested market (auto: the market rule's choice for this offer)", _market),
+    Validator("throughput", "the model has a known throughput on this GPU type", _throughput),
+    Validator("deadline", "expected hours (incl. preemptions and data transfer) fit the deadline", _deadline),
+    Validator("price_cap", "price of the whole placement ≤ max_usd_per_hour", _price_cap),
+    Validator("capacity", "free GPUs of this type in the zone, after live reservations", _capacity),
+)
+VALIDATOR_NAMES: tuple[str, ...] = tuple(v.name for v in VALIDATORS)
+CAPACITY = VALIDATOR_NAMES.index("capacity")
+PRICE_CAP = VALIDATOR_NAMES.index("price_cap")
+BLOCKED_ZONE = VALIDATOR_NAMES.index("blocked_zone")
+
+
+def first_failure(ctx: RequestContext, ignore: frozenset[int] = frozenset()) -> np.ndarray:
+    """Per candidate: index in ``VALIDATORS`` of the first failed validator, or -1 when feasible."""
+    fail = np.full(ctx.index.num_candidates, -1, dtype=np.int16)
+    for i in range(len(VALIDATORS) - 1, -1, -1):
+        if i in ignore:
+            continue
+        fail[~VALIDATORS[i].passes(ctx)] = i
+    return fail
