@@ -165,7 +165,11 @@ def plan(request: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
         manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
         nbytes = manifest.total_bytes if manifest is not None else None
         reserved = plan_and_reserve(
-            req, ctx.catalog, ctx.ledger, run_id, snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes)
+            req,
+            ctx.catalog,
+            ctx.ledger,
+            run_id,
+            snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes),
         )
         placement = reserved.placement
         ctx.ledger.record_placement(placement, attempt=reserved.attempts)
