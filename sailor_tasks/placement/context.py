@@ -7,6 +7,7 @@ All arrays are per candidate row of the ``CatalogIndex`` (see ``index.py``) unle
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,10 @@ class PlanningView:
     """Per zone index: True when blocked."""
     r_load: np.ndarray
     """Per region: projected demand/supply from the assignment (NaN: unknown)."""
+    r_over: np.ndarray
+    """Per region: max(load - 1, 0), 0 where unknown."""
+    r_under: np.ndarray
+    """Per region: max(1 - load, 0), 0 where unknown."""
 
     @classmethod
     def from_state(cls, index: CatalogIndex, state: ClusterState) -> PlanningView:
@@ -43,15 +48,19 @@ class PlanningView:
             if i is not None:
                 blocked[i] = True
         load = state.assignment.region_load if state.assignment is not None else {}
+        r_load = region_load_array(index, load or {})
+        known = ~np.isnan(r_load)
         return cls(
             used=index.used_gpus(state),
             blocked_zones=frozenset(state.blocked_zones),
             blocked_mask=blocked,
-            r_load=region_load_array(index, load or {}),
+            r_load=r_load,
+            r_over=np.where(known, np.maximum(np.nan_to_num(r_load) - 1.0, 0.0), 0.0),
+            r_under=np.where(known, np.maximum(1.0 - np.nan_to_num(r_load, nan=1.0), 0.0), 0.0),
         )
 
     def copy(self) -> PlanningView:
-        return PlanningView(self.used.copy(), self.blocked_zones, self.blocked_mask, self.r_load)
+        return dataclasses.replace(self, used=self.used.copy())
 
 
 def dataset_sources(request: JobRequest, state: ClusterState, index: CatalogIndex) -> tuple[str, ...]:
@@ -66,16 +75,60 @@ def dataset_sources(request: JobRequest, state: ClusterState, index: CatalogInde
     return tuple(sorted(r for r in regions if r in index.region_idx))
 
 
+@dataclass(frozen=True)
+class Columns:
+    """The index's per-candidate arrays restricted to the rows a request evaluates."""
+
+    offer: np.ndarray
+    market: np.ndarray
+    region: np.ndarray
+    zone: np.ndarray
+    gpu: np.ndarray
+    group: np.ndarray
+    gpn: np.ndarray
+    price: np.ndarray
+    rate: np.ndarray
+    spot_price: np.ndarray
+    od_price: np.ndarray
+    spot_rate: np.ndarray
+    spot_dirty: np.ndarray
+
+    @classmethod
+    def take(cls, index: CatalogIndex, rows: np.ndarray) -> Columns:
+        return cls(
+            offer=index.c_offer[rows],
+            market=index.c_market[rows],
+            region=index.c_region[rows],
+            zone=index.c_zone[rows],
+            gpu=index.c_gpu[rows],
+            group=index.c_group[rows],
+            gpn=index.c_gpn[rows],
+            price=index.c_price[rows],
+            rate=index.c_rate[rows],
+            spot_price=index.c_spot_price[rows],
+            od_price=index.c_od_price[rows],
+            spot_rate=index.c_spot_rate[rows],
+            spot_dirty=index.c_spot_dirty[rows],
+        )
+
+
 @dataclass
 class RequestContext:
-    """Derived per-candidate quantities for one request against one view."""
+    """Derived per-candidate quantities for one request against one view.
+
+    Only the rows that pass the GPU type and GPU count rules are evaluated (``rows``, indices into
+    the catalog index); every per-candidate array here is aligned with ``rows``.
+    """
 
     index: CatalogIndex
     request: JobRequest
     state: ClusterState
     view: PlanningView
+    rows: np.ndarray
+    base_fail: np.ndarray
+    """First failure over the whole index for the GPU type/count rules (-1: evaluated row)."""
+    c: Columns
     num_gpus: int
-    divisible: np.ndarray
     nodes: np.ndarray
     speed: np.ndarray
     """Steps/s of the model on the row's GPU type (multi-node rows use unconsolidated throughput)."""
@@ -84,9 +137,12 @@ class RequestContext:
     usd_per_hour: np.ndarray
     """Price of the whole placement per hour on the row's market."""
     expected_preemptions: np.ndarray
+    """Expected spot preemptions of the row's offer over ``hours`` (also on on-demand rows)."""
     lost_hours_per_preemption: np.ndarray
+    spot_overhead_hours: np.ndarray
+    """Expected hours a spot placement of this offer loses to preemptions."""
     overhead_hours: np.ndarray
-    """Expected hours lost to preemptions (0 on-demand)."""
+    """The same on the row's market (0 on-demand)."""
     dataset_gb: float
     sources: tuple[str, ...]
     r_data_usd_per_gb: np.ndarray
@@ -95,35 +151,41 @@ class RequestContext:
     """Per region: index of the nearest source region (-1: no known source)."""
 
     @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    @property
     def data_hours(self) -> np.ndarray:
-        return self.r_data_hours[self.index.c_region]
+        return self.r_data_hours[self.c.region]
 
     @property
     def free_gpus(self) -> np.ndarray:
-        return (self.index.g_capacity - self.view.used)[self.index.c_group]
+        return (self.index.g_capacity - self.view.used)[self.c.group]
 
 
 def build_context(
     index: CatalogIndex, request: JobRequest, state: ClusterState, view: PlanningView
 ) -> RequestContext:
     num_gpus = request.num_gpus
-    gpn = index.c_gpn
-    divisible = num_gpus % gpn == 0
-    nodes = np.maximum(num_gpus // gpn, 1)
+    rows, base_fail = index.rows_for(request.gpu_type, num_gpus)
+    c = Columns.take(index, rows)
+    nodes = np.maximum(num_gpus // c.gpn, 1)
     speed = np.where(
         nodes > 1,
-        index.speed(request.model, consolidated=False),
-        index.speed(request.model, consolidated=True),
+        index.speed(request.model, consolidated=False)[rows],
+        index.speed(request.model, consolidated=True)[rows],
     )
     with np.errstate(divide="ignore"):
         step_hours = np.where(speed > 0, 1.0 / (np.where(speed > 0, speed, 1.0) * SECONDS_PER_HOUR), np.inf)
     hours = request.total_steps * step_hours
-    usd_per_hour = nodes * index.c_price
-    expected_preemptions = index.c_rate * nodes * hours
-    # Work lost per preemption: half a checkpoint interval on average (an unnoticed preemption loses
-    # everything since the last checkpoint) plus the restart.
-    lost = 0.5 * request.checkpoint_every_steps * step_hours + RESTART_HOURS
-    overhead = np.where(index.c_rate > 0, expected_preemptions * lost, 0.0)
+    usd_per_hour = nodes * c.price
+    with np.errstate(invalid="ignore"):
+        expected_preemptions = c.spot_rate * nodes * hours
+        # Work lost per preemption: half a checkpoint interval on average (an unnoticed preemption
+        # loses everything since the last checkpoint) plus the restart.
+        lost = 0.5 * request.checkpoint_every_steps * step_hours + RESTART_HOURS
+        spot_overhead = np.where(c.spot_rate > 0, expected_preemptions * lost, 0.0)
+    overhead = np.where(c.rate > 0, spot_overhead, 0.0)
 
     sources = dataset_sources(request, state, index)
     nbytes = state.dataset_bytes.get(request.dataset_uri, 0)
@@ -146,14 +208,17 @@ def build_context(
         request=request,
         state=state,
         view=view,
+        rows=rows,
+        base_fail=base_fail,
+        c=c,
         num_gpus=num_gpus,
-        divisible=divisible,
         nodes=nodes,
         speed=speed,
         hours=hours,
         usd_per_hour=usd_per_hour,
         expected_preemptions=expected_preemptions,
         lost_hours_per_preemption=lost,
+        spot_overhead_hours=spot_overhead,
         overhead_hours=overhead,
         dataset_gb=gb,
         sources=sources,

@@ -105,11 +105,11 @@ def evaluate(
 ) -> Evaluation:
     ctx = build_context(index, request, state, view)
     fail = first_failure(ctx)
+    # Infeasible rows may hold inf/NaN (no throughput); they are masked to +inf below.
     with np.errstate(invalid="ignore", over="ignore"):
         contrib = prefs.contributions(ctx)
         w = prefs.weight_vector(weights)
-        score = w @ np.nan_to_num(contrib, nan=0.0, posinf=1e300)
-    score = np.where(fail < 0, score, np.inf)
+        score = np.where(fail < 0, w @ contrib, np.inf)
     ev = Evaluation(ctx, fail, contrib, w, score)
     feasible = np.flatnonzero(fail < 0)
     if feasible.size:
@@ -121,24 +121,24 @@ def evaluate(
 
 
 def _tiebreak(ev: Evaluation, i: int) -> tuple[Any, ...]:
-    idx = ev.index
+    idx, c = ev.index, ev.ctx.c
     return (
         round(float(ev.score[i]), 9),
         int(ev.ctx.nodes[i]),
-        idx.zones[idx.c_zone[i]],
-        idx.gpu_types[idx.c_gpu[i]],
-        int(idx.c_market[i]),
-        int(idx.c_gpn[i]),
+        idx.zones[c.zone[i]],
+        idx.gpu_types[c.gpu[i]],
+        int(c.market[i]),
+        int(c.gpn[i]),
     )
 
 
 def _describe(ev: Evaluation, i: int) -> str:
     idx, ctx = ev.index, ev.ctx
-    o = idx.offers[idx.c_offer[i]]
+    o = idx.offers[ctx.c.offer[i]]
     n = int(ctx.nodes[i])
     return (
         f"{o.zone} {n}x {o.instance_type} ({n * o.gpus_per_node}x {o.gpu_type}, "
-        f"{MARKET_NAMES[idx.c_market[i]]}) ${ctx.usd_per_hour[i]:.2f}/h"
+        f"{MARKET_NAMES[ctx.c.market[i]]}) ${ctx.usd_per_hour[i]:.2f}/h"
     )
 
 
@@ -159,13 +159,16 @@ def region_ranking(ev: Evaluation) -> list[tuple[str, float]]:
     """Tier 1: regions with a feasible candidate, by their best candidate's score."""
     idx = ev.index
     best = np.full(len(idx.regions), np.inf)
-    np.minimum.at(best, idx.c_region, ev.score)
+    np.minimum.at(best, ev.ctx.c.region, ev.score)
     ranked = np.argsort(best, kind="stable")
     return [(idx.regions[r], float(best[r])) for r in ranked if np.isfinite(best[r])]
 
 
 def _rejection_counts(ev: Evaluation) -> dict[str, int]:
-    counts = np.bincount(ev.fail[ev.fail >= 0], minlength=len(VALIDATOR_NAMES))
+    base = ev.ctx.base_fail
+    counts = np.bincount(ev.fail[ev.fail >= 0], minlength=len(VALIDATOR_NAMES)) + np.bincount(
+        base[base >= 0], minlength=len(VALIDATOR_NAMES)
+    )
     return {VALIDATOR_NAMES[i]: int(n) for i, n in enumerate(counts) if n}
 
 
@@ -178,10 +181,10 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
         i = capacity_only[np.argmin(ctx.usd_per_hour[capacity_only])]
         free = int(ctx.free_gpus[i])
         raise CapacityUnavailableError(
-            idx.regions[idx.c_region[i]],
-            idx.gpu_types[idx.c_gpu[i]],
+            idx.regions[ctx.c.region[i]],
+            idx.gpu_types[ctx.c.gpu[i]],
             request.num_gpus,
-            [f"best blocked offer {_describe(ev, int(i))}: {free} GPUs free in {idx.zones[idx.c_zone[i]]}"],
+            [f"best blocked offer {_describe(ev, int(i))}: {free} GPUs free in {idx.zones[ctx.c.zone[i]]}"],
         )
     hint = ""
     over_cap = np.flatnonzero(ev.fail == PRICE_CAP)
@@ -191,11 +194,22 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
     raise NoFeasibleOfferError(request.summary(), counts, hint)
 
 
-def _placement(ev: Evaluation, run_id: str, request: JobRequest, state: ClusterState) -> Placement:
+def _placement(
+    ev: Evaluation, run_id: str, request: JobRequest, state: ClusterState, full: bool = True
+) -> Placement:
+    """The winner as a ``Placement``; ``full=False`` keeps only the winner's lines (batch planning)."""
     idx, ctx = ev.index, ev.ctx
     w = int(ev.order[0])
-    o = idx.offers[idx.c_offer[w]]
+    o = idx.offers[ctx.c.offer[w]]
+    source = ctx.r_data_source[ctx.c.region[w]]
     n_feasible = int(np.count_nonzero(ev.feasible))
+    if not full:
+        lines = [
+            f"chose {_describe(ev, w)}: score {ev.score[w]:.4g} USD-eq, best of {n_feasible} feasible "
+            f"candidates ({idx.num_candidates} searched)",
+            f"winner contributions: {_contrib_text(ev, w)}",
+        ]
+        return _as_placement(ev, w, run_id, request, state, lines)
     regions = region_ranking(ev)
     lines = [
         f"chose {_describe(ev, w)}: score {ev.score[w]:.4g} USD-eq, best of {n_feasible} feasible "
@@ -203,8 +217,8 @@ def _placement(ev: Evaluation, run_id: str, request: JobRequest, state: ClusterS
         f"winner contributions: {_contrib_text(ev, w)}",
         f"expected {ctx.hours[w]:.3g} h at {ctx.speed[w]:.3g} steps/s"
         + (
-            f"; dataset {ctx.dataset_gb:.3g} GB from {idx.regions[ctx.r_data_source[idx.c_region[w]]]}"
-            if ctx.r_data_source[idx.c_region[w]] >= 0
+            f"; dataset {ctx.dataset_gb:.3g} GB from {idx.regions[source]}"
+            if source >= 0
             else ("; dataset location unknown (no transfer charged)" if not ctx.sources else "")
         ),
         "regions ranked: " + ", ".join(f"{r} {s:.4g}" for r, s in regions[:4]),
@@ -234,6 +248,14 @@ def _placement(ev: Evaluation, run_id: str, request: JobRequest, state: ClusterS
             f"assignment v{state.assignment.version}: team {request.team} share in {o.region} = "
             f"{shares.get(o.region, 0.0):.2f}" + (f", region load {load:.2f}" if load is not None else "")
         )
+    return _as_placement(ev, w, run_id, request, state, lines)
+
+
+def _as_placement(
+    ev: Evaluation, w: int, run_id: str, request: JobRequest, state: ClusterState, lines: list[str]
+) -> Placement:
+    idx, ctx = ev.index, ev.ctx
+    o = idx.offers[ctx.c.offer[w]]
     return Placement(
         run_id=run_id,
         cloud=o.cloud,
@@ -243,7 +265,7 @@ def _placement(ev: Evaluation, run_id: str, request: JobRequest, state: ClusterS
         gpus_per_node=o.gpus_per_node,
         num_nodes=int(ctx.nodes[w]),
         num_gpus=request.num_gpus,
-        market=MARKET_NAMES[idx.c_market[w]],
+        market=MARKET_NAMES[ctx.c.market[w]],
         instance_type=o.instance_type,
         usd_per_hour=round(float(ctx.usd_per_hour[w]), 5),
         explanation=tuple(lines),
@@ -279,11 +301,12 @@ def _plan_on_view(
     view: PlanningView,
     run_id: str,
     weights: Mapping[str, float] | None,
+    full: bool = True,
 ) -> Placement:
     ev = evaluate(request, index, state, view, weights)
     if ev.order.size == 0:
         _raise_infeasible(ev, request)
-    return _placement(ev, run_id, request, state)
+    return _placement(ev, run_id, request, state, full)
 
 
 def explain(
@@ -300,22 +323,24 @@ def explain(
     ev = evaluate(request, index, state, view_for(index, state), weights)
     idx, ctx = ev.index, ev.ctx
 
-    def candidate(i: int) -> dict[str, Any]:
-        o = idx.offers[idx.c_offer[i]]
+    def candidate(row: int) -> dict[str, Any]:
+        """A candidate by its row in the whole index (evaluated or not)."""
+        o = idx.offers[idx.c_offer[row]]
+        nodes = max(request.num_gpus // o.gpus_per_node, 1)
         return {
             "region": o.region,
             "zone": o.zone,
             "gpu_type": o.gpu_type,
             "instance_type": o.instance_type,
             "gpus_per_node": o.gpus_per_node,
-            "num_nodes": int(ctx.nodes[i]),
-            "market": MARKET_NAMES[idx.c_market[i]],
-            "usd_per_hour": round(float(ctx.usd_per_hour[i]), 5),
+            "num_nodes": nodes,
+            "market": MARKET_NAMES[idx.c_market[row]],
+            "usd_per_hour": round(float(nodes * idx.c_price[row]), 5),
         }
 
     def scored(i: int) -> dict[str, Any]:
         return {
-            **candidate(i),
+            **candidate(int(ctx.rows[i])),
             "score": float(ev.score[i]),
             "expected_hours": float(ctx.hours[i]),
             "contributions": {
@@ -323,6 +348,8 @@ def explain(
             },
         }
 
+    full_fail = ctx.base_fail.copy()
+    full_fail[ctx.rows] = ev.fail
     out: dict[str, Any] = {
         "request": request.summary(),
         "weights": dict(zip(prefs.PREFERENCE_NAMES, map(float, ev.weights), strict=True)),
@@ -330,8 +357,8 @@ def explain(
         "feasible": int(np.count_nonzero(ev.feasible)),
         "rejected_by_rule": _rejection_counts(ev),
         "rejected": [
-            {**candidate(int(i)), "validator": VALIDATOR_NAMES[ev.fail[i]]}
-            for i in np.flatnonzero(ev.fail >= 0)
+            {**candidate(int(row)), "validator": VALIDATOR_NAMES[full_fail[row]]}
+            for row in np.flatnonzero(full_fail >= 0)
         ],
     }
     if ev.order.size:
@@ -410,12 +437,14 @@ def plan_many(
     catalog: Catalog,
     state: ClusterState,
     weights: Mapping[str, float] | None = None,
+    full_explanations: bool = False,
 ) -> list[PlanOutcome]:
     """Plan a queue in priority order (then arrival, then queue position) against one snapshot.
 
     Each placement's GPUs are held in the view before the next request is planned, so the batch
     never overcommits a (zone, GPU type). Requests that cannot be placed get an ``error`` (the
     batch goes on). Returns outcomes in planning order. Nothing is written to the ledger.
+    Explanations keep the winner's lines only unless ``full_explanations``.
     """
     index = index_for(catalog)
     view = view_for(index, state).copy()
@@ -425,7 +454,7 @@ def plan_many(
         q = queue[i]
         try:
             check_request(q.request, catalog)
-            p = _plan_on_view(q.request, index, state, view, q.run_id, weights)
+            p = _plan_on_view(q.request, index, state, view, q.run_id, weights, full_explanations)
         except (InvalidRequestError, NoFeasibleOfferError, CapacityUnavailableError) as exc:
             outcomes.append(PlanOutcome(q.run_id, None, f"{type(exc).__name__}: {exc}"))
             continue

@@ -62,7 +62,14 @@ class CatalogIndex:
     bucket_usd_per_gb: np.ndarray
     """[src region, dst region] price of copying from a regional bucket."""
     bucket_gbps: np.ndarray
+    c_spot_price: np.ndarray
+    """The row's offer's spot price per VM-hour (same on both rows of an offer)."""
+    c_od_price: np.ndarray
+    c_spot_rate: np.ndarray
+    """The row's offer's spot preemption rate (same on both rows of an offer)."""
+    c_spot_dirty: np.ndarray
     _speed_cache: dict[tuple[str, bool], np.ndarray] = field(default_factory=dict)
+    _rows_cache: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     _regions_cache: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)
 
     @property
@@ -78,6 +85,25 @@ class CatalogIndex:
             per_gpu = np.array([self.throughput.throughput(job, g, consolidated) for g in self.gpu_types])
             cached = per_gpu[self.c_gpu]
             self._speed_cache[key] = cached
+        return cached
+
+    def rows_for(self, gpu_type: str, num_gpus: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows passing the first two validators, first-failure per row of the whole index).
+
+        The gpu_type and gpu_count validators depend only on (GPU type, GPU count), so the rows
+        they reject are computed once per pair; the engine evaluates the remaining rows only.
+        The second array holds 0 (gpu_type), 1 (gpu_count) or -1 (evaluated) per row.
+        """
+        key = (gpu_type, num_gpus)
+        cached = self._rows_cache.get(key)
+        if cached is None:
+            base = np.full(self.num_candidates, -1, dtype=np.int16)
+            base[num_gpus % self.c_gpn != 0] = 1
+            if gpu_type != "any":
+                base[self.c_gpu != self.gpu_idx.get(gpu_type, -1)] = 0
+            cached = (np.flatnonzero(base < 0), base)
+            if len(self._rows_cache) < 4096:
+                self._rows_cache[key] = cached
         return cached
 
     def region_mask(self, regions: tuple[str, ...]) -> np.ndarray:
@@ -156,6 +182,10 @@ def build_index(catalog: Catalog, throughput: ThroughputTable | None = None) -> 
         ),
         c_rate=np.array([o.preemption_rate_per_hour for o in offers] + [0.0] * m, dtype=float),
         c_dirty=np.array([o.spot_above_ondemand for o in offers] + [False] * m, dtype=bool),
+        c_spot_price=both([o.spot_usd_per_hour for o in offers], float),
+        c_od_price=both([o.ondemand_usd_per_hour for o in offers], float),
+        c_spot_rate=both([o.preemption_rate_per_hour for o in offers], float),
+        c_spot_dirty=both([o.spot_above_ondemand for o in offers], bool),
         g_capacity=np.array(capacity, dtype=np.int64),
         region_continent=tuple(transfer.continent(r) for r in regions),
         bucket_usd_per_gb=usd,

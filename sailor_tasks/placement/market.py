@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from sailor_tasks.placement.context import RESTART_HOURS, RequestContext
+from sailor_tasks.placement.index import MARKET_NAMES
 
 SHORT_JOB_HOURS = 1.0
 """Jobs at most this long run on spot whenever the slack covers their expected overhead."""
@@ -25,18 +26,17 @@ SLACK_SAFETY = 2.0
 
 
 def spot_preferred(ctx: RequestContext) -> np.ndarray:
-    """Per offer (length M = candidates / 2): True when market=auto picks spot for it."""
-    idx = ctx.index
-    m = len(idx.offers)
-    hours = ctx.hours[:m]
-    overhead = ctx.overhead_hours[:m]
-    spot_price, od_price = idx.c_price[:m], idx.c_price[m:]
-    ok = ~idx.c_dirty[:m]
+    """Per candidate row: True when market=auto picks spot for the row's offer."""
+    c = ctx.c
+    hours = ctx.hours
+    overhead = ctx.spot_overhead_hours
+    ok = ~c.spot_dirty
     # Spot must stay cheaper once the work it loses is paid for again.
-    ok &= spot_price * (hours + overhead) < od_price * hours
+    with np.errstate(invalid="ignore"):
+        ok &= c.spot_price * (hours + overhead) < c.od_price * hours
     deadline = ctx.request.deadline_hours
     if deadline is not None:
-        slack = deadline - hours - ctx.data_hours[:m]
+        slack = deadline - hours - ctx.data_hours
         slack_rich = slack >= SLACK_SAFETY * overhead + RESTART_HOURS
         short = (hours <= SHORT_JOB_HOURS) & (slack >= overhead)
         ok &= slack_rich | short
@@ -44,21 +44,19 @@ def spot_preferred(ctx: RequestContext) -> np.ndarray:
 
 
 def describe_choice(ctx: RequestContext, row: int) -> str:
-    """One line saying why auto picked the market of candidate ``row``."""
-    idx = ctx.index
-    m = len(idx.offers)
-    o = row % m
-    market = "spot" if row < m else "on_demand"
-    hours, overhead = ctx.hours[o], ctx.overhead_hours[o]
-    prem = ctx.expected_preemptions[o]
+    """One line saying why auto picked the market of candidate ``row`` (a position in ``ctx.rows``)."""
+    c = ctx.c
+    market = MARKET_NAMES[c.market[row]]
+    hours, overhead = ctx.hours[row], ctx.spot_overhead_hours[row]
+    prem = ctx.expected_preemptions[row]
     deadline = ctx.request.deadline_hours
     parts = [f"expected {hours:.3g} h on this offer, {prem:.3g} spot preemptions costing {overhead:.3g} h"]
-    if idx.c_dirty[o]:
+    if c.spot_dirty[row]:
         parts.append("spot price above on-demand in the catalog")
     if deadline is None:
         parts.append("no deadline (slack unbounded)")
     else:
-        slack = deadline - hours - ctx.data_hours[o]
+        slack = deadline - hours - ctx.data_hours[row]
         parts.append(f"deadline {deadline:g} h leaves {slack:.3g} h slack")
     why = "short or slack-rich job" if market == "spot" else "long job with little slack or spot not cheaper"
     return f"market auto → {market} ({why}): " + "; ".join(parts)

@@ -44,8 +44,7 @@ def compute_cost(ctx: RequestContext) -> np.ndarray:
 def data_transfer(ctx: RequestContext) -> np.ndarray:
     """USD of copying the dataset from its nearest replica, plus the copy time valued at the
     placement's hourly price (the run waits for its data)."""
-    idx = ctx.index
-    usd = ctx.dataset_gb * ctx.r_data_usd_per_gb[idx.c_region]
+    usd = ctx.dataset_gb * ctx.r_data_usd_per_gb[ctx.c.region]
     return usd + ctx.data_hours * ctx.usd_per_hour
 
 
@@ -57,10 +56,9 @@ def preemption_loss(ctx: RequestContext) -> np.ndarray:
 def overload(ctx: RequestContext) -> np.ndarray:
     """Penalty for adding load to a region the assignment projects overloaded, a smaller credit
     for an underloaded one (0 where the assignment has no load figure)."""
-    load = ctx.view.r_load[ctx.index.c_region]
-    over = np.nan_to_num(np.maximum(load - 1.0, 0.0))
-    under = np.nan_to_num(np.maximum(1.0 - load, 0.0))
-    return compute_cost(ctx) * (OVERLOAD_WEIGHT * over - UNDERLOAD_CREDIT * under)
+    view = ctx.view
+    r_penalty = OVERLOAD_WEIGHT * view.r_over - UNDERLOAD_CREDIT * view.r_under
+    return compute_cost(ctx) * r_penalty[ctx.c.region]
 
 
 def assignment(ctx: RequestContext) -> np.ndarray:
@@ -68,10 +66,10 @@ def assignment(ctx: RequestContext) -> np.ndarray:
     a = ctx.state.assignment
     shares: Mapping[str, float] = a.shares.get(ctx.request.team, {}) if a is not None else {}
     if not shares:
-        return np.zeros(ctx.index.num_candidates)
+        return np.zeros(ctx.n)
     top = max(shares.values()) or 1.0
     r_share = np.array([shares.get(r, 0.0) for r in ctx.index.regions])
-    gap = (top - r_share[ctx.index.c_region]) / top
+    gap = (top - r_share[ctx.c.region]) / top
     return compute_cost(ctx) * ASSIGNMENT_WEIGHT * gap
 
 
@@ -97,7 +95,12 @@ def contributions(ctx: RequestContext) -> np.ndarray:
     return np.vstack([p.contribution(ctx) for p in PREFERENCES])
 
 
+_DEFAULT_VECTOR = np.ones(len(PREFERENCES))
+
+
 def weight_vector(weights: Mapping[str, float] | None) -> np.ndarray:
+    if not weights:
+        return _DEFAULT_VECTOR
     merged = {**DEFAULT_WEIGHTS, **(weights or {})}
     unknown = sorted(set(merged) - set(PREFERENCE_NAMES))
     if unknown:

@@ -29,49 +29,49 @@ class Validator:
 def _gpu_type(ctx: RequestContext) -> np.ndarray:
     wanted = ctx.request.gpu_type
     if wanted == ANY_GPU:
-        return np.ones(ctx.index.num_candidates, dtype=bool)
+        return np.ones(ctx.n, dtype=bool)
     g = ctx.index.gpu_idx.get(wanted, -1)
-    return ctx.index.c_gpu == g
+    return ctx.c.gpu == g
 
 
 def _gpu_count(ctx: RequestContext) -> np.ndarray:
-    return ctx.divisible
+    return ctx.request.num_gpus % ctx.c.gpn == 0
 
 
 def _region_allowed(ctx: RequestContext) -> np.ndarray:
     if not ctx.request.regions:
-        return np.ones(ctx.index.num_candidates, dtype=bool)
-    return ctx.index.region_mask(tuple(ctx.request.regions))[ctx.index.c_region]
+        return np.ones(ctx.n, dtype=bool)
+    return ctx.index.region_mask(tuple(ctx.request.regions))[ctx.c.region]
 
 
 def _region_denied(ctx: RequestContext) -> np.ndarray:
     if not ctx.request.exclude_regions:
-        return np.ones(ctx.index.num_candidates, dtype=bool)
-    return ~ctx.index.region_mask(tuple(ctx.request.exclude_regions))[ctx.index.c_region]
+        return np.ones(ctx.n, dtype=bool)
+    return ~ctx.index.region_mask(tuple(ctx.request.exclude_regions))[ctx.c.region]
 
 
 def _data_residency(ctx: RequestContext) -> np.ndarray:
     allowed = set(ctx.request.data_residency)
     if not allowed:
-        return np.ones(ctx.index.num_candidates, dtype=bool)
+        return np.ones(ctx.n, dtype=bool)
     ok_region = np.array([c in allowed for c in ctx.index.region_continent], dtype=bool)
-    return ok_region[ctx.index.c_region]
+    return ok_region[ctx.c.region]
 
 
 def _blocked_zone(ctx: RequestContext) -> np.ndarray:
     if not ctx.view.blocked_zones:
-        return np.ones(ctx.index.num_candidates, dtype=bool)
-    return ~ctx.view.blocked_mask[ctx.index.c_zone]
+        return np.ones(ctx.n, dtype=bool)
+    return ~ctx.view.blocked_mask[ctx.c.zone]
 
 
 def _market(ctx: RequestContext) -> np.ndarray:
     market = ctx.request.market
     if market == "spot":
-        return ctx.index.c_market == SPOT
+        return ctx.c.market == SPOT
     if market == "on_demand":
-        return ctx.index.c_market == ON_DEMAND
+        return ctx.c.market == ON_DEMAND
     spot = spot_preferred(ctx)
-    return np.concatenate([spot, ~spot])
+    return np.where(ctx.c.market == SPOT, spot, ~spot)
 
 
 def _throughput(ctx: RequestContext) -> np.ndarray:
@@ -81,14 +81,14 @@ def _throughput(ctx: RequestContext) -> np.ndarray:
 def _deadline(ctx: RequestContext) -> np.ndarray:
     deadline = ctx.request.deadline_hours
     if deadline is None:
-        return np.ones(ctx.index.num_candidates, dtype=bool)
+        return np.ones(ctx.n, dtype=bool)
     return ctx.hours + ctx.overhead_hours + ctx.data_hours <= deadline
 
 
 def _price_cap(ctx: RequestContext) -> np.ndarray:
     cap = ctx.request.max_usd_per_hour
     if cap is None:
-        return np.ones(ctx.index.num_candidates, dtype=bool)
+        return np.ones(ctx.n, dtype=bool)
     return ctx.usd_per_hour <= cap + PRICE_EPSILON_USD
 
 
@@ -115,10 +115,14 @@ PRICE_CAP = VALIDATOR_NAMES.index("price_cap")
 BLOCKED_ZONE = VALIDATOR_NAMES.index("blocked_zone")
 
 
+_FIRST_EVALUATED = 2
+"""gpu_type and gpu_count are decided per (GPU type, count) by ``CatalogIndex.rows_for``."""
+
+
 def first_failure(ctx: RequestContext, ignore: frozenset[int] = frozenset()) -> np.ndarray:
-    """Per candidate: index in ``VALIDATORS`` of the first failed validator, or -1 when feasible."""
-    fail = np.full(ctx.index.num_candidates, -1, dtype=np.int16)
-    for i in range(len(VALIDATORS) - 1, -1, -1):
+    """Per evaluated row (``ctx.rows``): index in ``VALIDATORS`` of the first failed validator, or -1."""
+    fail = np.full(ctx.n, -1, dtype=np.int16)
+    for i in range(len(VALIDATORS) - 1, _FIRST_EVALUATED - 1, -1):
         if i in ignore:
             continue
         fail[~VALIDATORS[i].passes(ctx)] = i
