@@ -356,10 +356,6 @@ def explain(
         "candidates": idx.num_candidates,
         "feasible": int(np.count_nonzero(ev.feasible)),
         "rejected_by_rule": _rejection_counts(ev),
-        "rejected": [
-            {**candidate(int(row)), "validator": VALIDATOR_NAMES[full_fail[row]]}
-            for row in np.flatnonzero(full_fail >= 0)
-        ],
     }
     if ev.order.size:
         w = int(ev.order[0])
@@ -368,13 +364,20 @@ def explain(
         out["runners_up"] = []
         for other in ev.order[1:]:
             rule, delta = deciding_rule(ev, w, int(other))
-            out["runners_up"].append({**scored(int(other)), "decided_by": rule, "decided_by_usd": delta})
+            decided_by = rule if delta > 1e-12 else "tie (fewer VMs, then zone name)"
+            out["runners_up"].append(
+                {**scored(int(other)), "decided_by": decided_by, "decided_by_usd": delta}
+            )
         out["regions"] = [{"region": r, "best_score": s} for r, s in region_ranking(ev)]
     else:
         try:
             _raise_infeasible(ev, request)
         except (CapacityUnavailableError, NoFeasibleOfferError) as exc:
             out["error"] = f"{type(exc).__name__}: {exc}"
+    out["rejected"] = [
+        {**candidate(int(row)), "validator": VALIDATOR_NAMES[full_fail[row]]}
+        for row in np.flatnonzero(full_fail >= 0)
+    ]
     return out
 
 
