@@ -87,3 +87,34 @@ def test_ledger_state_carries_dataset_size_and_assignment_load(ledger):
     assert state.dataset_bytes == {"sailor://source/d": 5_000_000}
     assert state.replicas == {"sailor://source/d": ("us-east1",)}
     assert state.assignment.region_load == {"us-east1": 1.5}
+
+
+def _race(i, url, barrier, results):
+    ledger = Ledger(url)
+    barrier.wait()
+    try:
+        results.put(("placed", plan_and_reserve(req(), CATALOG, ledger, f"p{i}").placement.zone))
+    except CapacityUnavailableError:
+        results.put(("failed_clean", None))
+    finally:
+        ledger.dispose()
+
+
+def test_parallel_planners_in_processes_never_overcommit(tmp_path):
+    import multiprocessing as mp
+
+    url = f"sqlite:///{tmp_path}/race.db"
+    Ledger(url).dispose()
+    ctx = mp.get_context("fork")
+    barrier, results = ctx.Barrier(6), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(i, url, barrier, results)) for i in range(6)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    # Two zones with room for one 4-GPU run each: exactly two planners win, four fail cleanly.
+    assert sorted(zone for status, zone in outcomes if status == "placed") == ["us-east1-b", "us-east1-c"]
+    assert sum(status == "failed_clean" for status, _ in outcomes) == 4
+    live = Ledger(url).live_reservations()
+    assert sorted(r.zone for r in live) == ["us-east1-b", "us-east1-c"]
