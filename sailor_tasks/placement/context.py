@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sailor_tasks.model import ClusterState, JobRequest
-from sailor_tasks.placement.index import CatalogIndex, region_load_array
+from sailor_tasks.placement.index import CatalogIndex, Columns, region_load_array
 
 RESTART_HOURS = 0.1
 """Time to get a replacement spot VM running and the checkpoint loaded after a preemption (6 min;
@@ -75,43 +75,6 @@ def dataset_sources(request: JobRequest, state: ClusterState, index: CatalogInde
     return tuple(sorted(r for r in regions if r in index.region_idx))
 
 
-@dataclass(frozen=True)
-class Columns:
-    """The index's per-candidate arrays restricted to the rows a request evaluates."""
-
-    offer: np.ndarray
-    market: np.ndarray
-    region: np.ndarray
-    zone: np.ndarray
-    gpu: np.ndarray
-    group: np.ndarray
-    gpn: np.ndarray
-    price: np.ndarray
-    rate: np.ndarray
-    spot_price: np.ndarray
-    od_price: np.ndarray
-    spot_rate: np.ndarray
-    spot_dirty: np.ndarray
-
-    @classmethod
-    def take(cls, index: CatalogIndex, rows: np.ndarray) -> Columns:
-        return cls(
-            offer=index.c_offer[rows],
-            market=index.c_market[rows],
-            region=index.c_region[rows],
-            zone=index.c_zone[rows],
-            gpu=index.c_gpu[rows],
-            group=index.c_group[rows],
-            gpn=index.c_gpn[rows],
-            price=index.c_price[rows],
-            rate=index.c_rate[rows],
-            spot_price=index.c_spot_price[rows],
-            od_price=index.c_od_price[rows],
-            spot_rate=index.c_spot_rate[rows],
-            spot_dirty=index.c_spot_dirty[rows],
-        )
-
-
 @dataclass
 class RequestContext:
     """Derived per-candidate quantities for one request against one view.
@@ -167,14 +130,9 @@ def build_context(
     index: CatalogIndex, request: JobRequest, state: ClusterState, view: PlanningView
 ) -> RequestContext:
     num_gpus = request.num_gpus
-    rows, base_fail = index.rows_for(request.gpu_type, num_gpus)
-    c = Columns.take(index, rows)
-    nodes = np.maximum(num_gpus // c.gpn, 1)
-    speed = np.where(
-        nodes > 1,
-        index.speed(request.model, consolidated=False)[rows],
-        index.speed(request.model, consolidated=True)[rows],
-    )
+    sub = index.subset(request.gpu_type, num_gpus)
+    rows, base_fail, c, nodes = sub.rows, sub.base_fail, sub.columns, sub.nodes
+    speed = index.subset_speed(request.model, sub)
     with np.errstate(divide="ignore"):
         step_hours = np.where(speed > 0, 1.0 / (np.where(speed > 0, speed, 1.0) * SECONDS_PER_HOUR), np.inf)
     hours = request.total_steps * step_hours

@@ -26,6 +26,54 @@ SPOT, ON_DEMAND = 0, 1
 MARKET_NAMES = ("spot", "on_demand")
 
 
+@dataclass(frozen=True)
+class Columns:
+    """The index's per-candidate arrays restricted to the rows a request evaluates."""
+
+    offer: np.ndarray
+    market: np.ndarray
+    region: np.ndarray
+    zone: np.ndarray
+    gpu: np.ndarray
+    group: np.ndarray
+    gpn: np.ndarray
+    price: np.ndarray
+    rate: np.ndarray
+    spot_price: np.ndarray
+    od_price: np.ndarray
+    spot_rate: np.ndarray
+    spot_dirty: np.ndarray
+
+    @classmethod
+    def take(cls, index: CatalogIndex, rows: np.ndarray) -> Columns:
+        return cls(
+            offer=index.c_offer[rows],
+            market=index.c_market[rows],
+            region=index.c_region[rows],
+            zone=index.c_zone[rows],
+            gpu=index.c_gpu[rows],
+            group=index.c_group[rows],
+            gpn=index.c_gpn[rows],
+            price=index.c_price[rows],
+            rate=index.c_rate[rows],
+            spot_price=index.c_spot_price[rows],
+            od_price=index.c_od_price[rows],
+            spot_rate=index.c_spot_rate[rows],
+            spot_dirty=index.c_spot_dirty[rows],
+        )
+
+
+@dataclass(frozen=True)
+class Subset:
+    """The rows a (GPU type, GPU count) request evaluates, cached per index."""
+
+    key: tuple[str, int]
+    rows: np.ndarray
+    base_fail: np.ndarray
+    columns: Columns
+    nodes: np.ndarray
+
+
 @dataclass
 class CatalogIndex:
     """Numpy arrays over the catalog's candidates plus name ↔ index maps."""
@@ -69,7 +117,8 @@ class CatalogIndex:
     """The row's offer's spot preemption rate (same on both rows of an offer)."""
     c_spot_dirty: np.ndarray
     _speed_cache: dict[tuple[str, bool], np.ndarray] = field(default_factory=dict)
-    _rows_cache: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _subset_cache: dict[tuple[str, int], Subset] = field(default_factory=dict)
+    _subset_speed_cache: dict[tuple[str, str, int], np.ndarray] = field(default_factory=dict)
     _regions_cache: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)
 
     @property
@@ -87,23 +136,39 @@ class CatalogIndex:
             self._speed_cache[key] = cached
         return cached
 
-    def rows_for(self, gpu_type: str, num_gpus: int) -> tuple[np.ndarray, np.ndarray]:
-        """(rows passing the first two validators, first-failure per row of the whole index).
+    def subset(self, gpu_type: str, num_gpus: int) -> Subset:
+        """The rows passing the first two validators, with their columns and VM counts.
 
         The gpu_type and gpu_count validators depend only on (GPU type, GPU count), so the rows
         they reject are computed once per pair; the engine evaluates the remaining rows only.
-        The second array holds 0 (gpu_type), 1 (gpu_count) or -1 (evaluated) per row.
+        ``base_fail`` holds 0 (gpu_type), 1 (gpu_count) or -1 (evaluated) for every row.
         """
         key = (gpu_type, num_gpus)
-        cached = self._rows_cache.get(key)
+        cached = self._subset_cache.get(key)
         if cached is None:
             base = np.full(self.num_candidates, -1, dtype=np.int16)
             base[num_gpus % self.c_gpn != 0] = 1
             if gpu_type != "any":
                 base[self.c_gpu != self.gpu_idx.get(gpu_type, -1)] = 0
-            cached = (np.flatnonzero(base < 0), base)
-            if len(self._rows_cache) < 4096:
-                self._rows_cache[key] = cached
+            rows = np.flatnonzero(base < 0)
+            columns = Columns.take(self, rows)
+            cached = Subset(key, rows, base, columns, np.maximum(num_gpus // columns.gpn, 1))
+            if len(self._subset_cache) < 4096:
+                self._subset_cache[key] = cached
+        return cached
+
+    def subset_speed(self, model: str, sub: Subset) -> np.ndarray:
+        """Steps/s of ``model`` on each row of ``sub`` (unconsolidated throughput for multi-VM rows)."""
+        key = (model, *sub.key)
+        cached = self._subset_speed_cache.get(key)
+        if cached is None:
+            cached = np.where(
+                sub.nodes > 1,
+                self.speed(model, consolidated=False)[sub.rows],
+                self.speed(model, consolidated=True)[sub.rows],
+            )
+            if len(self._subset_speed_cache) < 16384:
+                self._subset_speed_cache[key] = cached
         return cached
 
     def region_mask(self, regions: tuple[str, ...]) -> np.ndarray:

@@ -23,48 +23,49 @@ PRICE_EPSILON_USD = 1e-9
 class Validator:
     name: str
     description: str
-    passes: Callable[[RequestContext], np.ndarray]
+    passes: Callable[[RequestContext], np.ndarray | None]
+    """Boolean per evaluated row (True = passes), or None when the rule cannot reject anything."""
 
 
-def _gpu_type(ctx: RequestContext) -> np.ndarray:
+def _gpu_type(ctx: RequestContext) -> np.ndarray | None:
     wanted = ctx.request.gpu_type
     if wanted == ANY_GPU:
-        return np.ones(ctx.n, dtype=bool)
+        return None
     g = ctx.index.gpu_idx.get(wanted, -1)
     return ctx.c.gpu == g
 
 
-def _gpu_count(ctx: RequestContext) -> np.ndarray:
+def _gpu_count(ctx: RequestContext) -> np.ndarray | None:
     return ctx.request.num_gpus % ctx.c.gpn == 0
 
 
-def _region_allowed(ctx: RequestContext) -> np.ndarray:
+def _region_allowed(ctx: RequestContext) -> np.ndarray | None:
     if not ctx.request.regions:
-        return np.ones(ctx.n, dtype=bool)
+        return None
     return ctx.index.region_mask(tuple(ctx.request.regions))[ctx.c.region]
 
 
-def _region_denied(ctx: RequestContext) -> np.ndarray:
+def _region_denied(ctx: RequestContext) -> np.ndarray | None:
     if not ctx.request.exclude_regions:
-        return np.ones(ctx.n, dtype=bool)
+        return None
     return ~ctx.index.region_mask(tuple(ctx.request.exclude_regions))[ctx.c.region]
 
 
-def _data_residency(ctx: RequestContext) -> np.ndarray:
+def _data_residency(ctx: RequestContext) -> np.ndarray | None:
     allowed = set(ctx.request.data_residency)
     if not allowed:
-        return np.ones(ctx.n, dtype=bool)
+        return None
     ok_region = np.array([c in allowed for c in ctx.index.region_continent], dtype=bool)
     return ok_region[ctx.c.region]
 
 
-def _blocked_zone(ctx: RequestContext) -> np.ndarray:
+def _blocked_zone(ctx: RequestContext) -> np.ndarray | None:
     if not ctx.view.blocked_zones:
-        return np.ones(ctx.n, dtype=bool)
+        return None
     return ~ctx.view.blocked_mask[ctx.c.zone]
 
 
-def _market(ctx: RequestContext) -> np.ndarray:
+def _market(ctx: RequestContext) -> np.ndarray | None:
     market = ctx.request.market
     if market == "spot":
         return ctx.c.market == SPOT
@@ -74,25 +75,25 @@ def _market(ctx: RequestContext) -> np.ndarray:
     return np.where(ctx.c.market == SPOT, spot, ~spot)
 
 
-def _throughput(ctx: RequestContext) -> np.ndarray:
+def _throughput(ctx: RequestContext) -> np.ndarray | None:
     return ctx.speed > 0
 
 
-def _deadline(ctx: RequestContext) -> np.ndarray:
+def _deadline(ctx: RequestContext) -> np.ndarray | None:
     deadline = ctx.request.deadline_hours
     if deadline is None:
-        return np.ones(ctx.n, dtype=bool)
+        return None
     return ctx.hours + ctx.overhead_hours + ctx.data_hours <= deadline
 
 
-def _price_cap(ctx: RequestContext) -> np.ndarray:
+def _price_cap(ctx: RequestContext) -> np.ndarray | None:
     cap = ctx.request.max_usd_per_hour
     if cap is None:
-        return np.ones(ctx.n, dtype=bool)
+        return None
     return ctx.usd_per_hour <= cap + PRICE_EPSILON_USD
 
 
-def _capacity(ctx: RequestContext) -> np.ndarray:
+def _capacity(ctx: RequestContext) -> np.ndarray | None:
     return ctx.free_gpus >= ctx.num_gpus
 
 
@@ -125,5 +126,7 @@ def first_failure(ctx: RequestContext, ignore: frozenset[int] = frozenset()) -> 
     for i in range(len(VALIDATORS) - 1, _FIRST_EVALUATED - 1, -1):
         if i in ignore:
             continue
-        fail[~VALIDATORS[i].passes(ctx)] = i
+        ok = VALIDATORS[i].passes(ctx)
+        if ok is not None:
+            fail[~ok] = i
     return fail
