@@ -115,8 +115,13 @@ def evaluate(
     if feasible.size:
         k = min(RUNNERS_UP + 1, feasible.size)
         top = feasible[np.argpartition(score[feasible], k - 1)[:k]] if feasible.size > k else feasible
-        # ties: lower score, then fewer nodes, then zone and GPU names (deterministic)
-        ev.order = np.array(sorted(top, key=lambda i: _tiebreak(ev, int(i))), dtype=np.int64)
+        # Every candidate tied with the best competes for first place, so the tie-break below
+        # (fewer VMs, then zone and GPU names) decides among all of them, not an arbitrary few.
+        best = float(score[feasible].min())
+        tied = feasible[score[feasible] <= best + 1e-9 * max(1.0, abs(best))]
+        pool = np.union1d(top, tied) if tied.size > 1 else top
+        ranked = sorted(pool, key=lambda i: _tiebreak(ev, int(i)))[:k]
+        ev.order = np.array(ranked, dtype=np.int64)
     return ev
 
 
@@ -219,7 +224,11 @@ def _placement(
         + (
             f"; dataset {ctx.dataset_gb:.3g} GB from {idx.regions[source]}"
             if source >= 0
-            else ("; dataset location unknown (no transfer charged)" if not ctx.sources else "")
+            else (
+                "; dataset location unknown (no transfer charged)"
+                if not ctx.sources
+                else "; dataset size unknown (no transfer charged)"
+            )
         ),
         "regions ranked: " + ", ".join(f"{r} {s:.4g}" for r, s in regions[:4]),
     ]
