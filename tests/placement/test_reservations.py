@@ -100,10 +100,11 @@ def _race(i, url, barrier, results):
         ledger.dispose()
 
 
-def test_parallel_planners_in_processes_never_overcommit(tmp_path):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_parallel_planners_in_processes_never_overcommit(tmp_path, request, backend):
     import multiprocessing as mp
 
-    url = f"sqlite:///{tmp_path}/race.db"
+    url = f"sqlite:///{tmp_path}/race.db" if backend == "sqlite" else request.getfixturevalue("postgres_url")
     Ledger(url).dispose()
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(6), ctx.Queue()
@@ -116,5 +117,6 @@ def test_parallel_planners_in_processes_never_overcommit(tmp_path):
     # Two zones with room for one 4-GPU run each: exactly two planners win, four fail cleanly.
     assert sorted(zone for status, zone in outcomes if status == "placed") == ["us-east1-b", "us-east1-c"]
     assert sum(status == "failed_clean" for status, _ in outcomes) == 4
-    live = Ledger(url).live_reservations()
-    assert sorted(r.zone for r in live) == ["us-east1-b", "us-east1-c"]
+    ledger = Ledger(url)
+    assert sorted(r.zone for r in ledger.live_reservations()) == ["us-east1-b", "us-east1-c"]
+    ledger.dispose()
