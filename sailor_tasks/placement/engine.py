@@ -160,6 +160,15 @@ def deciding_rule(ev: Evaluation, winner: int, other: int) -> tuple[str, float]:
     return prefs.PREFERENCE_NAMES[k], float(delta[k])
 
 
+def best_in_other_region(ev: Evaluation, winner: int) -> int | None:
+    """The best feasible candidate outside the winner's region (why not there?), or None."""
+    region = ev.ctx.c.region
+    others = np.flatnonzero((ev.fail < 0) & (region != region[winner]))
+    if others.size == 0:
+        return None
+    return int(others[np.argmin(ev.score[others])])
+
+
 def region_ranking(ev: Evaluation) -> list[tuple[str, float]]:
     """Tier 1: regions with a feasible candidate, by their best candidate's score."""
     idx = ev.index
@@ -244,6 +253,13 @@ def _placement(
         lines.append(
             f"runner-up #{rank}: {_describe(ev, int(other))} score {ev.score[other]:.4g}; {why}; "
             f"{_contrib_text(ev, int(other))}"
+        )
+    other_region = best_in_other_region(ev, w)
+    if other_region is not None and other_region not in ev.order:
+        rule, delta = deciding_rule(ev, w, other_region)
+        lines.append(
+            f"best in another region: {_describe(ev, other_region)} score {ev.score[other_region]:.4g}; "
+            f"decided by {rule} (+{delta:.4g} USD-eq against it); {_contrib_text(ev, other_region)}"
         )
     counts = _rejection_counts(ev)
     lines.append(
@@ -377,6 +393,10 @@ def explain(
             out["runners_up"].append(
                 {**scored(int(other)), "decided_by": decided_by, "decided_by_usd": delta}
             )
+        other = best_in_other_region(ev, w)
+        if other is not None:
+            rule, delta = deciding_rule(ev, w, other)
+            out["best_in_other_region"] = {**scored(other), "decided_by": rule, "decided_by_usd": delta}
         out["regions"] = [{"region": r, "best_score": s} for r, s in region_ranking(ev)]
     else:
         try:
