@@ -155,7 +155,12 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
 
 
 def plan(request: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
-    """Place the run and reserve its capacity (keyed by run_id, so a retry replaces, never doubles)."""
+    """Place the run and reserve its capacity (keyed by run_id, so a retry replaces, never doubles).
+
+    The engine plans on a fresh ledger snapshot (live reservations, assignment, the dataset's
+    replicas and size from its manifest); the reservation is checked in one transaction, and a
+    conflict with another planner re-plans (bounded) before ``CapacityUnavailableError`` (retryable).
+    """
     ctx = _ctx(ctx)
     from sailor_tasks.data.manifest import read_manifest
     from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
