@@ -165,8 +165,8 @@ class Ledger:
     def _locking_engine(self) -> Engine:
         """Engine whose transactions take the write lock at BEGIN on SQLite (``BEGIN IMMEDIATE``),
         so a read-check-insert cannot interleave with another writer's."""
-        if not self.url.startswith("sqlite"):
-            return self.engine
+        if not self.url.startswith("sqlite") or self.url.split("///", 1)[-1] in ("", ":memory:", "sqlite://"):
+            return self.engine  # PostgreSQL locks per pair; an in-memory SQLite has one connection
         engine = create_engine(self.url, connect_args={"timeout": 60})
 
         @event.listens_for(engine, "connect")
