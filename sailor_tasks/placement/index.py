@@ -1,7 +1,8 @@
 """Per-catalog arrays the placement engine evaluates in one vectorised pass (built once per catalog).
 
 A *candidate* is one offer (VM shape in a zone) on one market. Row ``i < M`` is offer ``i`` on spot,
-row ``M + i`` the same offer on-demand, so per-offer decisions (market=auto) map onto both rows.
+row ``M + i`` the same offer on-demand; both rows also carry the offer's spot and on-demand prices
+and spot preemption rate, so per-offer decisions (market=auto) are made row by row.
 Capacity is per *group* = (zone, GPU type), shared by every VM shape and both markets.
 Reservations are aggregated per group once per ``ClusterState`` snapshot (``used_gpus``), not per
 offer, so a snapshot with 10,000 live reservations costs one pass.
@@ -102,8 +103,6 @@ class CatalogIndex:
     """USD per VM-hour on the row's market."""
     c_rate: np.ndarray
     """Preemptions per VM-hour (0 on-demand)."""
-    c_dirty: np.ndarray
-    """Spot price above on-demand in the source data (spot rows only)."""
     g_capacity: np.ndarray
     """GPUs per group the organisation may use."""
     region_continent: tuple[str, ...]
@@ -246,7 +245,6 @@ def build_index(catalog: Catalog, throughput: ThroughputTable | None = None) -> 
             [o.spot_usd_per_hour for o in offers] + [o.ondemand_usd_per_hour for o in offers], dtype=float
         ),
         c_rate=np.array([o.preemption_rate_per_hour for o in offers] + [0.0] * m, dtype=float),
-        c_dirty=np.array([o.spot_above_ondemand for o in offers] + [False] * m, dtype=bool),
         c_spot_price=both([o.spot_usd_per_hour for o in offers], float),
         c_od_price=both([o.ondemand_usd_per_hour for o in offers], float),
         c_spot_rate=both([o.preemption_rate_per_hour for o in offers], float),
