@@ -5,6 +5,7 @@ the snapshot starts with the live reservations of ``--reservations`` other runs.
 each placement's GPUs before planning the next request, and this script checks the result
 independently: GPUs placed per (zone, GPU type) plus the snapshot's reservations never exceed the
 catalog's capacity (``overcommitted`` counts (zone, GPU type) pairs over capacity).
+``cpu_s`` is the same interval in thread CPU time (robust to a loaded shared machine).
 Prints one JSON object as its last line.
 
 Run: .venv/bin/python bench/plan_queue.py [--requests 10000]
@@ -48,9 +49,9 @@ def main() -> None:
         ),
     )
     plan_many(queue[:20], catalog, state)  # warm the catalog index and per-model arrays
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.thread_time()
     outcomes = plan_many(queue, catalog, state)
-    total_s = time.perf_counter() - t
+    total_s, cpu_s = time.perf_counter() - t, time.thread_time() - c
 
     capacity = {(o.zone, o.gpu_type): o.capacity_gpus for o in catalog.offers}
     held: Counter[tuple[str, str]] = Counter()
@@ -64,6 +65,7 @@ def main() -> None:
     result = {
         "requests": len(queue),
         "total_s": round(total_s, 3),
+        "cpu_s": round(cpu_s, 3),
         "per_request_ms": round(total_s / len(queue) * 1e3, 4),
         "placed": placed,
         "not_placed": len(queue) - placed,
