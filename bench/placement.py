@@ -87,7 +87,7 @@ def main() -> None:
     catalog = scaled_catalog(args.capacity_scale)
     index = index_for(catalog)
     reqs = requests(catalog, args.decisions, rng)
-    datasets = {r.dataset_uri for r in reqs}
+    datasets = sorted({r.dataset_uri for r in reqs})  # sorted: set order varies with the hash seed
     state = ClusterState(
         reservations=live_reservations(catalog, args.reservations, rng),
         assignment=Assignment(
