@@ -86,7 +86,43 @@ def cmd_catalog(args: argparse.Namespace) -> int:
                 "instance_type",
                 "ondemand_usd_per_hour",
                 "spot_usd_per_hour",
+                "capacity_gpus",
+                "preemption_rate_per_hour",
             ),
+        )
+    return 0
+
+
+def cmd_catalog_transfer(args: argparse.Namespace) -> int:
+    from sailor_tasks.catalog import load_catalog
+
+    catalog = load_catalog()
+    regions = args.region or list(catalog.regions)
+    bad = [r for r in regions if r not in catalog.regions]
+    if bad:
+        print(
+            f"error: --region {', '.join(bad)} not in the catalog; valid: {', '.join(catalog.regions)}",
+            file=sys.stderr,
+        )
+        return 2
+    table = catalog.transfer
+    rows = [
+        {
+            "src_region": a,
+            "dst_region": b,
+            "usd_per_gb": table.bucket_usd_per_gb(a, b),
+            "gbps": table.bucket_gbps(a, b),
+            "src_continent": table.continent(a),
+            "dst_continent": table.continent(b),
+        }
+        for a in regions
+        for b in regions
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_table(
+            rows, ("src_region", "dst_region", "usd_per_gb", "gbps", "src_continent", "dst_continent")
         )
     return 0
 
@@ -110,8 +146,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from sailor_tasks.catalog import load_catalog
     from sailor_tasks.errors import SailorError
     from sailor_tasks.ledger import Ledger
-    from sailor_tasks.model import ClusterState, to_dict
-    from sailor_tasks.placement import plan
+    from sailor_tasks.placement import explain, plan
+    from sailor_tasks.placement.reservations import ledger_state
     from sailor_tasks.request import from_params
 
     params: dict[str, Any] = {}
@@ -128,19 +164,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         request = from_params(params, catalog)
         ledger = Ledger(Settings.from_env().ledger_url)
-        state = ClusterState(
-            reservations=tuple(ledger.live_reservations()),
-            assignment=ledger.latest_assignment(),
-            replicas=ledger.replicas([request.dataset_uri]),
-        )
+        state = ledger_state(ledger, request, run_id="cli-plan")
+        if args.json:  # the whole decision: winner, runners-up, regions, every rejected candidate
+            print(json.dumps(explain(request, catalog, state, run_id="cli-plan"), indent=2))
+            return 0
         placement = plan(request, catalog, state, run_id="cli-plan")
     except SailorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(to_dict(placement), indent=2))
-    else:
-        print("\n".join(placement.explanation))
+    print("\n".join(placement.explanation))
     return 0
 
 
@@ -260,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--source", required=True)
     d.add_argument("--dest")
     d.set_defaults(func=cmd_catalog_derive)
+    d = csub.add_parser("transfer", help="data transfer USD/GB and Gbit/s between regions (bucket copies)")
+    d.add_argument("--region", action="append", help="only these regions (repeatable)")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_catalog_transfer)
 
     p = sub.add_parser("plan", help="place a request (JSON file of sailor_train params and/or --set k=v)")
     p.add_argument("request", nargs="?", help="JSON file with sailor_train params")

@@ -90,6 +90,11 @@ class JobRequest:
     batch_size: int = 16
     learning_rate: float = 3e-3
     deadline_hours: float | None = None
+    """Hours from planning by which the run should finish (None: no deadline); drives market=auto."""
+    data_residency: tuple[str, ...] = ()
+    """Continents (``NA``, ``EU``, ``ASIA``, ...) the dataset may be copied to; empty: anywhere."""
+    exclude_regions: tuple[str, ...] = ()
+    """Regions the run must not use (deny list, applied after ``regions``)."""
 
     @property
     def num_gpus(self) -> int:
@@ -141,6 +146,8 @@ class ClusterState:
     """dataset URI → regions holding a complete replica."""
     blocked_zones: frozenset[str] = frozenset()
     """Zones the planner must not use (e.g. just preempted there)."""
+    dataset_bytes: Mapping[str, int] = field(default_factory=dict)
+    """dataset URI → size in bytes (from its manifest or replicas), for the data transfer rule."""
 
 
 @dataclass(frozen=True, slots=True)

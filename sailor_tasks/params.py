@@ -19,6 +19,9 @@ NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 """Lowercase DNS label: safe in bucket paths, Kubernetes labels and pod names."""
 DATASET_URI_PATTERN = r"^(sailor|gs|file)://[A-Za-z0-9._/-]+$"
 
+DATA_RESIDENCY_CHOICES = ("NA", "SA", "EU", "ASIA", "OC", "ME", "AF")
+"""Continent codes of the transfer file (``catalog/data/transfer.yaml``)."""
+
 SECTION_JOB = "Job"
 SECTION_DATA = "Data"
 SECTION_RESOURCES = "Resources"
@@ -127,6 +130,33 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "title": "Max USD per hour",
             "section": SECTION_MARKET,
             "description": "Price cap for the whole run (all GPUs) in USD per hour.",
+        },
+        "deadline_hours": {
+            "default": None,
+            "type": ["null", "number"],
+            "exclusiveMinimum": 0,
+            "title": "Deadline (hours)",
+            "section": SECTION_MARKET,
+            "description": "Finish within this many hours of planning, or empty for no deadline. With market=auto, "
+            "long jobs with little slack go on-demand, short or slack-rich jobs on spot.",
+        },
+        "exclude_regions": {
+            "default": [],
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"type": "string", "enum": list(regions)},
+            "title": "Excluded regions",
+            "section": SECTION_RESOURCES,
+            "description": "Regions the run must not use (deny list, applied after the allowed regions).",
+        },
+        "data_residency": {
+            "default": [],
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"type": "string", "enum": list(DATA_RESIDENCY_CHOICES)},
+            "title": "Data residency",
+            "section": SECTION_DATA,
+            "description": "Continents the dataset may be copied to (NA, SA, EU, ASIA, OC, ME, AF); empty: anywhere.",
         },
         "checkpoint_every_steps": {
             "default": 50,

@@ -106,14 +106,18 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
         backend=values["backend"],
         batch_size=values["batch_size"],
         learning_rate=float(values["learning_rate"]),
+        deadline_hours=None if values["deadline_hours"] is None else float(values["deadline_hours"]),
+        exclude_regions=tuple(values["exclude_regions"]),
+        data_residency=tuple(values["data_residency"]),
     )
 
 
 def _check_catalog(values: Mapping[str, Any], catalog: Catalog) -> list[InvalidRequestError]:
     errors = []
-    bad_regions = [r for r in values["regions"] if r not in catalog.regions]
-    if bad_regions:
-        errors.append(InvalidRequestError("regions", bad_regions, "not in the catalog", catalog.regions))
+    for name in ("regions", "exclude_regions"):
+        bad_regions = [r for r in values[name] if r not in catalog.regions]
+        if bad_regions:
+            errors.append(InvalidRequestError(name, bad_regions, "not in the catalog", catalog.regions))
     if values["gpu_type"] != ANY_GPU and values["gpu_type"] not in catalog.gpu_types:
         errors.append(
             InvalidRequestError(

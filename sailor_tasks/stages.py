@@ -27,10 +27,8 @@ from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors, Train
 from sailor_tasks.ledger import Ledger
 from sailor_tasks.ledger.store import utcnow
 from sailor_tasks.model import (
-    ClusterState,
     JobRequest,
     Placement,
-    Reservation,
     from_dict,
     run_key,
     to_dict,
@@ -157,29 +155,29 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
 
 
 def plan(request: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
-    """Place the run and reserve its capacity (keyed by run_id, so a retry replaces, never doubles)."""
+    """Place the run and reserve its capacity (keyed by run_id, so a retry replaces, never doubles).
+
+    The engine plans on a fresh ledger snapshot (live reservations, assignment, the dataset's
+    replicas and size from its manifest); the reservation is checked in one transaction, and a
+    conflict with another planner re-plans (bounded) before ``CapacityUnavailableError`` (retryable).
+    """
     ctx = _ctx(ctx)
-    from sailor_tasks.placement import plan as place
+    from sailor_tasks.data.manifest import read_manifest
+    from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
 
     req = from_dict(JobRequest, request)
     with _timed(ctx, run_id, "plan"):
-        state = ClusterState(
-            reservations=tuple(r for r in ctx.ledger.live_reservations() if r.run_id != run_id),
-            assignment=ctx.ledger.latest_assignment(),
-            replicas=ctx.ledger.replicas([req.dataset_uri]),
+        manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
+        nbytes = manifest.total_bytes if manifest is not None else None
+        reserved = plan_and_reserve(
+            req,
+            ctx.catalog,
+            ctx.ledger,
+            run_id,
+            snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes),
         )
-        placement = place(req, ctx.catalog, state, run_id)
-        ctx.ledger.reserve(
-            Reservation(
-                run_id,
-                placement.region,
-                placement.zone,
-                placement.gpu_type,
-                placement.num_gpus,
-                placement.market,
-            )
-        )
-        ctx.ledger.record_placement(placement)
+        placement = reserved.placement
+        ctx.ledger.record_placement(placement, attempt=reserved.attempts)
         ctx.ledger.upsert_run(
             run_id,
             status="planned",

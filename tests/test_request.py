@@ -49,3 +49,25 @@ def test_all_errors_are_reported_together(catalog):
     with pytest.raises(InvalidRequestErrors) as info:
         from_params({"num_workers": 0, "model": "nope", "market": "x"}, catalog)
     assert {e.field for e in info.value.errors} == {"num_workers", "model", "market"}
+
+
+def test_deadline_residency_and_excluded_regions_reach_the_request(catalog):
+    req = from_params(
+        {"deadline_hours": 12, "data_residency": ["EU"], "exclude_regions": ["us-east1"]}, catalog
+    )
+    assert (req.deadline_hours, req.data_residency, req.exclude_regions) == (12.0, ("EU",), ("us-east1",))
+    assert from_params({}, catalog).deadline_hours is None
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "fragment"),
+    [
+        ({"deadline_hours": 0}, "deadline_hours", "minimum"),
+        ({"data_residency": ["MARS"]}, "data_residency", "EU"),
+        ({"exclude_regions": ["mars-north1"]}, "exclude_regions", "us-central1"),
+    ],
+)
+def test_bad_placement_params_name_value_and_choices(catalog, params, field, fragment):
+    with pytest.raises(InvalidRequestErrors, match=fragment) as err:
+        from_params(params, catalog)
+    assert err.value.field == field

@@ -13,8 +13,12 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from sailor_tasks.model import Offer
+
+if TYPE_CHECKING:
+    from sailor_tasks.catalog.transfer import TransferTable
 
 DEFAULT_OFFERS_FILE = "gcp_gpu_offers.csv"
 
@@ -61,6 +65,13 @@ class Catalog:
     @functools.cached_property
     def gpu_types(self) -> tuple[str, ...]:
         return tuple(sorted({o.gpu_type for o in self.offers}))
+
+    @functools.cached_property
+    def transfer(self) -> TransferTable:
+        """Transfer prices and bandwidths between this catalog's locations (``transfer.py``)."""
+        from sailor_tasks.catalog.transfer import load_transfer
+
+        return load_transfer()
 
     def region_of(self, zone: str) -> str:
         for o in self.offers:

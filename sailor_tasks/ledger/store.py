@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import create_engine, delete, event, func, insert, select, update
+from sqlalchemy import create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 
 from sailor_tasks.ledger import schema as t
@@ -117,6 +118,66 @@ class Ledger:
                     created_at=utcnow(),
                 )
             )
+
+    def reserve_if_free(self, reservation: Reservation, capacity_gpus: int | None) -> bool:
+        """Reserve only if the (zone, GPU type) still has room: optimistic concurrency (ParSync).
+
+        One transaction re-reads the live reservations of the zone and GPU type (the run's own
+        previous reservation excluded, so a retried ``plan`` replaces rather than doubles) and
+        inserts only when ``used + gpus <= capacity_gpus``. Writers to the same (zone, GPU type)
+        are serialised: SQLite by ``BEGIN IMMEDIATE`` (one writer at a time), PostgreSQL by a
+        transaction-scoped advisory lock on the pair. Returns False on conflict (nothing changed).
+        """
+        r = reservation
+        cols = t.reservations.c
+        with self._locking_engine.begin() as c:
+            if self._locking_engine.dialect.name == "postgresql":
+                import zlib
+
+                key = zlib.crc32(f"{r.zone}|{r.gpu_type}".encode()) - (1 << 31)
+                c.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+            if capacity_gpus is not None:
+                used = c.execute(
+                    select(func.coalesce(func.sum(cols.gpus), 0)).where(
+                        cols.released_at.is_(None),
+                        cols.zone == r.zone,
+                        cols.gpu_type == r.gpu_type,
+                        cols.run_id != r.run_id,
+                    )
+                ).scalar_one()
+                if int(used) + r.gpus > capacity_gpus:
+                    return False
+            c.execute(delete(t.reservations).where(cols.run_id == r.run_id))
+            c.execute(
+                insert(t.reservations).values(
+                    run_id=r.run_id,
+                    region=r.region,
+                    zone=r.zone,
+                    gpu_type=r.gpu_type,
+                    gpus=r.gpus,
+                    market=r.market,
+                    created_at=utcnow(),
+                )
+            )
+        return True
+
+    @functools.cached_property
+    def _locking_engine(self) -> Engine:
+        """Engine whose transactions take the write lock at BEGIN on SQLite (``BEGIN IMMEDIATE``),
+        so a read-check-insert cannot interleave with another writer's."""
+        if not self.url.startswith("sqlite") or self.url.split("///", 1)[-1] in ("", ":memory:", "sqlite://"):
+            return self.engine  # PostgreSQL locks per pair; an in-memory SQLite has one connection
+        engine = create_engine(self.url, connect_args={"timeout": 60})
+
+        @event.listens_for(engine, "connect")
+        def _autocommit_driver(conn, _record):  # SQLAlchemy emits BEGIN itself (below)
+            conn.isolation_level = None
+
+        @event.listens_for(engine, "begin")
+        def _begin_immediate(conn):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
 
     def release(self, run_id: str) -> bool:
         """Release a run's reservation; True when one was live."""
@@ -275,6 +336,7 @@ class Ledger:
         return Assignment(
             version=row["version"],
             shares=row["shares"],
+            region_load=row["region_load"] or {},
             created_at=row["created_at"].isoformat(),
             source=row["source"],
         )
@@ -308,5 +370,14 @@ class Ledger:
                 out.setdefault(uri, []).append(region)
         return {k: tuple(sorted(v)) for k, v in out.items()}
 
+    def dataset_bytes(self, dataset_uris: Iterable[str]) -> dict[str, int]:
+        """dataset URI → size in bytes of its largest recorded complete replica."""
+        r = t.replicas.c
+        q = select(r.dataset_uri, func.max(r.bytes)).where(r.dataset_uri.in_(list(dataset_uris)))
+        with self.engine.connect() as c:
+            return {uri: int(n) for uri, n in c.execute(q.group_by(r.dataset_uri))}
+
     def dispose(self) -> None:
         self.engine.dispose()
+        if "_locking_engine" in self.__dict__:
+            self._locking_engine.dispose()

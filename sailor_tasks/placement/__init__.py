@@ -1,5 +1,13 @@
-"""Fast path: place one run (region, zone, GPU type, market) from the catalog and the cluster state."""
+"""Fast path: place one run (region, zone, GPU type, market) from the catalog and the cluster state,
+explain the decision rule by rule, and reserve the capacity without overcommitting."""
 
-from sailor_tasks.placement.planner import Candidate, cheapest_candidate, enumerate_candidates, plan
+from sailor_tasks.placement.engine import (
+    PlanOutcome,
+    QueuedRequest,
+    explain,
+    plan,
+    plan_many,
+    price_cap_error,
+)
 
-__all__ = ["Candidate", "cheapest_candidate", "enumerate_candidates", "plan"]
+__all__ = ["PlanOutcome", "QueuedRequest", "explain", "plan", "plan_many", "price_cap_error"]

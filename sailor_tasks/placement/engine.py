@@ -1,0 +1,495 @@
+"""The placement engine (MAST-style fast path): exhaustive, tiered, explainable.
+
+For one request: every candidate (region, zone, GPU type, VM shape, market) of the catalog is
+checked by the hard validators (``validators.py``), the survivors are scored by the weighted
+preferences (``preferences.py``), and the search is tiered the MAST way: regions are ranked by
+their region-level rules plus their best pool, then the best zone/pool inside the best region wins
+(which is the global optimum: the search is exhaustive, the tiers structure the explanation).
+Everything is one numpy pass over arrays precomputed per catalog (``index.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sailor_tasks.catalog import Catalog
+from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES
+from sailor_tasks.errors import CapacityUnavailableError, InvalidRequestError, NoFeasibleOfferError
+from sailor_tasks.model import ANY_GPU, ClusterState, JobRequest, Placement
+from sailor_tasks.placement import preferences as prefs
+from sailor_tasks.placement.context import PlanningView, RequestContext, build_context
+from sailor_tasks.placement.index import MARKET_NAMES, CatalogIndex, index_for
+from sailor_tasks.placement.market import describe_choice
+from sailor_tasks.placement.validators import (
+    BLOCKED_ZONE,
+    CAPACITY,
+    PRICE_CAP,
+    VALIDATOR_NAMES,
+    first_failure,
+)
+
+RUNNERS_UP = 3
+"""Runners-up listed in an explanation."""
+
+_VIEW_CACHE: dict[int, tuple[ClusterState, CatalogIndex, PlanningView]] = {}
+
+
+def view_for(index: CatalogIndex, state: ClusterState) -> PlanningView:
+    """The planning view of a snapshot; reservations are aggregated once per (catalog, snapshot)."""
+    entry = _VIEW_CACHE.get(id(state))
+    if entry is not None and entry[0] is state and entry[1] is index:
+        return entry[2]
+    view = PlanningView.from_state(index, state)
+    if len(_VIEW_CACHE) >= 8:
+        _VIEW_CACHE.clear()
+    _VIEW_CACHE[id(state)] = (state, index, view)
+    return view
+
+
+def check_request(request: JobRequest, catalog: Catalog) -> None:
+    """Reject names the catalog does not know, listing the valid ones.
+
+    Raises:
+        InvalidRequestError: unknown GPU type, region or model.
+    """
+    if request.gpu_type != ANY_GPU and request.gpu_type not in catalog.gpu_types:
+        raise InvalidRequestError(
+            "gpu_type", request.gpu_type, "not in the catalog", (ANY_GPU, *catalog.gpu_types)
+        )
+    for field_name in ("regions", "exclude_regions"):
+        bad = [r for r in getattr(request, field_name) if r not in catalog.regions]
+        if bad:
+            raise InvalidRequestError(field_name, bad, "not in the catalog", catalog.regions)
+    if request.model not in MODEL_JOB_TYPES:
+        raise InvalidRequestError("model", request.model, "no throughput entry", sorted(MODEL_JOB_TYPES))
+    continents = sorted(set(catalog.transfer.continent_of_prefix.values()))
+    bad = [c for c in request.data_residency if c not in continents]
+    if bad:
+        raise InvalidRequestError("data_residency", bad, "unknown continent", continents)
+
+
+@dataclass
+class Evaluation:
+    """One request evaluated over every candidate of the catalog."""
+
+    ctx: RequestContext
+    fail: np.ndarray
+    """Index of the first failed validator per candidate (-1: feasible)."""
+    contrib: np.ndarray
+    """[preference, candidate] unweighted contributions."""
+    weights: np.ndarray
+    score: np.ndarray
+    """Weighted sum; +inf where infeasible."""
+    order: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Feasible candidates, best first (winner and runners-up only)."""
+
+    @property
+    def feasible(self) -> np.ndarray:
+        return self.fail < 0
+
+    @property
+    def index(self) -> CatalogIndex:
+        return self.ctx.index
+
+
+def evaluate(
+    request: JobRequest,
+    index: CatalogIndex,
+    state: ClusterState,
+    view: PlanningView,
+    weights: Mapping[str, float] | None = None,
+) -> Evaluation:
+    ctx = build_context(index, request, state, view)
+    fail = first_failure(ctx)
+    # Infeasible rows may hold inf/NaN (no throughput); they are masked to +inf below.
+    with np.errstate(invalid="ignore", over="ignore"):
+        contrib = prefs.contributions(ctx)
+        w = prefs.weight_vector(weights)
+        score = np.where(fail < 0, w @ contrib, np.inf)
+    ev = Evaluation(ctx, fail, contrib, w, score)
+    feasible = np.flatnonzero(fail < 0)
+    if feasible.size:
+        k = min(RUNNERS_UP + 1, feasible.size)
+        top = feasible[np.argpartition(score[feasible], k - 1)[:k]] if feasible.size > k else feasible
+        # Every candidate tied with the best competes for first place, so the tie-break below
+        # (fewer VMs, then zone and GPU names) decides among all of them, not an arbitrary few.
+        best = float(score[feasible].min())
+        tied = feasible[score[feasible] <= best + 1e-9 * max(1.0, abs(best))]
+        pool = np.union1d(top, tied) if tied.size > 1 else top
+        ranked = sorted(pool, key=lambda i: _tiebreak(ev, int(i)))[:k]
+        ev.order = np.array(ranked, dtype=np.int64)
+    return ev
+
+
+def _tiebreak(ev: Evaluation, i: int) -> tuple[Any, ...]:
+    idx, c = ev.index, ev.ctx.c
+    return (
+        round(float(ev.score[i]), 9),
+        int(ev.ctx.nodes[i]),
+        idx.zones[c.zone[i]],
+        idx.gpu_types[c.gpu[i]],
+        int(c.market[i]),
+        int(c.gpn[i]),
+    )
+
+
+def _describe(ev: Evaluation, i: int) -> str:
+    idx, ctx = ev.index, ev.ctx
+    o = idx.offers[ctx.c.offer[i]]
+    n = int(ctx.nodes[i])
+    return (
+        f"{o.zone} {n}x {o.instance_type} ({n * o.gpus_per_node}x {o.gpu_type}, "
+        f"{MARKET_NAMES[ctx.c.market[i]]}) ${ctx.usd_per_hour[i]:.2f}/h"
+    )
+
+
+def _contrib_text(ev: Evaluation, i: int) -> str:
+    return ", ".join(
+        f"{name}={ev.weights[k] * ev.contrib[k, i]:.4g}" for k, name in enumerate(prefs.PREFERENCE_NAMES)
+    )
+
+
+def deciding_rule(ev: Evaluation, winner: int, other: int) -> tuple[str, float]:
+    """The preference that favours ``winner`` over ``other`` the most, and by how much (USD)."""
+    delta = ev.weights * (ev.contrib[:, other] - ev.contrib[:, winner])
+    k = int(np.argmax(delta))
+    return prefs.PREFERENCE_NAMES[k], float(delta[k])
+
+
+def best_in_other_region(ev: Evaluation, winner: int) -> int | None:
+    """The best feasible candidate outside the winner's region (why not there?), or None."""
+    region = ev.ctx.c.region
+    others = np.flatnonzero((ev.fail < 0) & (region != region[winner]))
+    if others.size == 0:
+        return None
+    return int(others[np.argmin(ev.score[others])])
+
+
+def region_ranking(ev: Evaluation) -> list[tuple[str, float]]:
+    """Tier 1: regions with a feasible candidate, by their best candidate's score."""
+    idx = ev.index
+    best = np.full(len(idx.regions), np.inf)
+    np.minimum.at(best, ev.ctx.c.region, ev.score)
+    ranked = np.argsort(best, kind="stable")
+    return [(idx.regions[r], float(best[r])) for r in ranked if np.isfinite(best[r])]
+
+
+def _rejection_counts(ev: Evaluation) -> dict[str, int]:
+    base = ev.ctx.base_fail
+    counts = np.bincount(ev.fail[ev.fail >= 0], minlength=len(VALIDATOR_NAMES)) + np.bincount(
+        base[base >= 0], minlength=len(VALIDATOR_NAMES)
+    )
+    return {VALIDATOR_NAMES[i]: int(n) for i, n in enumerate(counts) if n}
+
+
+def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
+    idx, ctx = ev.index, ev.ctx
+    counts = _rejection_counts(ev)
+    capacity_only = np.flatnonzero(ev.fail == CAPACITY)
+    if capacity_only.size:
+        # Everything else fits: the capacity is taken by live reservations. Transient.
+        i = capacity_only[np.argmin(ctx.usd_per_hour[capacity_only])]
+        free = int(ctx.free_gpus[i])
+        raise CapacityUnavailableError(
+            idx.regions[ctx.c.region[i]],
+            idx.gpu_types[ctx.c.gpu[i]],
+            request.num_gpus,
+            [f"best blocked offer {_describe(ev, int(i))}: {free} GPUs free in {idx.zones[ctx.c.zone[i]]}"],
+        )
+    hint = ""
+    over_cap = np.flatnonzero(ev.fail == PRICE_CAP)
+    if over_cap.size:
+        i = int(over_cap[np.argmin(ctx.usd_per_hour[over_cap])])
+        hint = f"cheapest offer: {_describe(ev, i)}; raise max_usd_per_hour to at least {ctx.usd_per_hour[i]:.2f}"
+    raise NoFeasibleOfferError(request.summary(), counts, hint)
+
+
+def _placement(
+    ev: Evaluation, run_id: str, request: JobRequest, state: ClusterState, full: bool = True
+) -> Placement:
+    """The winner as a ``Placement``; ``full=False`` keeps only the winner's lines (batch planning)."""
+    idx, ctx = ev.index, ev.ctx
+    w = int(ev.order[0])
+    o = idx.offers[ctx.c.offer[w]]
+    source = ctx.r_data_source[ctx.c.region[w]]
+    n_feasible = int(np.count_nonzero(ev.feasible))
+    if not full:
+        lines = [
+            f"chose {_describe(ev, w)}: score {ev.score[w]:.4g} USD-eq, best of {n_feasible} feasible "
+            f"candidates ({idx.num_candidates} searched)",
+            f"winner contributions: {_contrib_text(ev, w)}",
+        ]
+        return _as_placement(ev, w, run_id, request, state, lines)
+    regions = region_ranking(ev)
+    lines = [
+        f"chose {_describe(ev, w)}: score {ev.score[w]:.4g} USD-eq, best of {n_feasible} feasible "
+        f"candidates in {len(regions)} regions ({idx.num_candidates} searched)",
+        f"winner contributions: {_contrib_text(ev, w)}",
+        f"expected {ctx.hours[w]:.3g} h at {ctx.speed[w]:.3g} steps/s"
+        + (
+            f"; dataset {ctx.dataset_gb:.3g} GB from {idx.regions[source]}"
+            if source >= 0
+            else (
+                "; dataset location unknown (no transfer charged)"
+                if not ctx.sources
+                else "; dataset size unknown (no transfer charged)"
+            )
+        ),
+        "regions ranked: " + ", ".join(f"{r} {s:.4g}" for r, s in regions[:4]),
+    ]
+    if request.market == "auto":
+        lines.append(describe_choice(ctx, w))
+    for rank, other in enumerate(ev.order[1:], start=2):
+        rule, delta = deciding_rule(ev, w, int(other))
+        why = (
+            f"decided by {rule} (+{delta:.4g} USD-eq against it)"
+            if delta > 1e-12
+            else "tied with the winner (tie broken by fewer VMs, then zone name)"
+        )
+        lines.append(
+            f"runner-up #{rank}: {_describe(ev, int(other))} score {ev.score[other]:.4g}; {why}; "
+            f"{_contrib_text(ev, int(other))}"
+        )
+    other_region = best_in_other_region(ev, w)
+    if other_region is not None and other_region not in ev.order:
+        rule, delta = deciding_rule(ev, w, other_region)
+        lines.append(
+            f"best in another region: {_describe(ev, other_region)} score {ev.score[other_region]:.4g}; "
+            f"decided by {rule} (+{delta:.4g} USD-eq against it); {_contrib_text(ev, other_region)}"
+        )
+    counts = _rejection_counts(ev)
+    lines.append(
+        f"rejected {sum(counts.values())} candidates: "
+        + (", ".join(f"{k}={n}" for k, n in counts.items()) or "none")
+    )
+    if state.assignment is not None:
+        shares = state.assignment.shares.get(request.team, {})
+        load = state.assignment.region_load.get(o.region)
+        lines.append(
+            f"assignment v{state.assignment.version}: team {request.team} share in {o.region} = "
+            f"{shares.get(o.region, 0.0):.2f}" + (f", region load {load:.2f}" if load is not None else "")
+        )
+    return _as_placement(ev, w, run_id, request, state, lines)
+
+
+def _as_placement(
+    ev: Evaluation, w: int, run_id: str, request: JobRequest, state: ClusterState, lines: list[str]
+) -> Placement:
+    idx, ctx = ev.index, ev.ctx
+    o = idx.offers[ctx.c.offer[w]]
+    return Placement(
+        run_id=run_id,
+        cloud=o.cloud,
+        region=o.region,
+        zone=o.zone,
+        gpu_type=o.gpu_type,
+        gpus_per_node=o.gpus_per_node,
+        num_nodes=int(ctx.nodes[w]),
+        num_gpus=request.num_gpus,
+        market=MARKET_NAMES[ctx.c.market[w]],
+        instance_type=o.instance_type,
+        usd_per_hour=round(float(ctx.usd_per_hour[w]), 5),
+        explanation=tuple(lines),
+        assignment_version=state.assignment.version if state.assignment else None,
+        score=float(ev.score[w]),
+    )
+
+
+def plan(
+    request: JobRequest,
+    catalog: Catalog,
+    state: ClusterState,
+    run_id: str,
+    weights: Mapping[str, float] | None = None,
+) -> Placement:
+    """Choose where ``request`` runs (no side effects; ``reservations.plan_and_reserve`` reserves).
+
+    Raises:
+        InvalidRequestError: a GPU type, region, model or continent the catalog does not know.
+        CapacityUnavailableError: feasible but for capacity held by live reservations (transient).
+        NoFeasibleOfferError: no candidate survives the validators (counts per rule; the cheapest
+            offer when only the price cap stands in the way).
+    """
+    check_request(request, catalog)
+    index = index_for(catalog)
+    return _plan_on_view(request, index, state, view_for(index, state), run_id, weights)
+
+
+def _plan_on_view(
+    request: JobRequest,
+    index: CatalogIndex,
+    state: ClusterState,
+    view: PlanningView,
+    run_id: str,
+    weights: Mapping[str, float] | None,
+    full: bool = True,
+) -> Placement:
+    ev = evaluate(request, index, state, view, weights)
+    if ev.order.size == 0:
+        _raise_infeasible(ev, request)
+    return _placement(ev, run_id, request, state, full)
+
+
+def explain(
+    request: JobRequest,
+    catalog: Catalog,
+    state: ClusterState,
+    run_id: str = "explain",
+    weights: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """The full decision as JSON: the placement, winner and runners-up with every rule's
+    contribution, the region ranking (tier 1), and each rejected candidate with its validator."""
+    check_request(request, catalog)
+    index = index_for(catalog)
+    ev = evaluate(request, index, state, view_for(index, state), weights)
+    idx, ctx = ev.index, ev.ctx
+
+    def candidate(row: int) -> dict[str, Any]:
+        """A candidate by its row in the whole index (evaluated or not)."""
+        o = idx.offers[idx.c_offer[row]]
+        nodes = max(request.num_gpus // o.gpus_per_node, 1)
+        return {
+            "region": o.region,
+            "zone": o.zone,
+            "gpu_type": o.gpu_type,
+            "instance_type": o.instance_type,
+            "gpus_per_node": o.gpus_per_node,
+            "num_nodes": nodes,
+            "market": MARKET_NAMES[idx.c_market[row]],
+            "usd_per_hour": round(float(nodes * idx.c_price[row]), 5),
+        }
+
+    def scored(i: int) -> dict[str, Any]:
+        return {
+            **candidate(int(ctx.rows[i])),
+            "score": float(ev.score[i]),
+            "expected_hours": float(ctx.hours[i]),
+            "contributions": {
+                name: float(ev.weights[k] * ev.contrib[k, i]) for k, name in enumerate(prefs.PREFERENCE_NAMES)
+            },
+        }
+
+    full_fail = ctx.base_fail.copy()
+    full_fail[ctx.rows] = ev.fail
+    out: dict[str, Any] = {
+        "request": request.summary(),
+        "weights": dict(zip(prefs.PREFERENCE_NAMES, map(float, ev.weights), strict=True)),
+        "candidates": idx.num_candidates,
+        "feasible": int(np.count_nonzero(ev.feasible)),
+        "rejected_by_rule": _rejection_counts(ev),
+    }
+    if ev.order.size:
+        w = int(ev.order[0])
+        out["placement"] = _as_dict(_placement(ev, run_id, request, state))
+        out["winner"] = scored(w)
+        out["runners_up"] = []
+        for other in ev.order[1:]:
+            rule, delta = deciding_rule(ev, w, int(other))
+            decided_by = rule if delta > 1e-12 else "tie (fewer VMs, then zone name)"
+            out["runners_up"].append(
+                {**scored(int(other)), "decided_by": decided_by, "decided_by_usd": delta}
+            )
+        other = best_in_other_region(ev, w)
+        if other is not None:
+            rule, delta = deciding_rule(ev, w, other)
+            out["best_in_other_region"] = {**scored(other), "decided_by": rule, "decided_by_usd": delta}
+        out["regions"] = [{"region": r, "best_score": s} for r, s in region_ranking(ev)]
+    else:
+        try:
+            _raise_infeasible(ev, request)
+        except (CapacityUnavailableError, NoFeasibleOfferError) as exc:
+            out["error"] = f"{type(exc).__name__}: {exc}"
+    out["rejected"] = [
+        {**candidate(int(row)), "validator": VALIDATOR_NAMES[full_fail[row]]}
+        for row in np.flatnonzero(full_fail >= 0)
+    ]
+    return out
+
+
+def _as_dict(p: Placement) -> dict[str, Any]:
+    from sailor_tasks.model import to_dict
+
+    return to_dict(p)
+
+
+def price_cap_error(request: JobRequest, catalog: Catalog) -> str | None:
+    """Why the price cap makes the request infeasible (naming the cheapest offer), or None.
+
+    Capacity and blocked zones are ignored: they change over time, the cap is the user's choice.
+    """
+    if request.max_usd_per_hour is None:
+        return None
+    try:
+        check_request(request, catalog)
+    except InvalidRequestError:
+        return None  # reported by the request's own validation
+    index = index_for(catalog)
+    ctx = build_context(index, request, _EMPTY_STATE, view_for(index, _EMPTY_STATE))
+    fail = first_failure(ctx, ignore=frozenset({PRICE_CAP, CAPACITY, BLOCKED_ZONE}))
+    ok = np.flatnonzero(fail < 0)
+    if ok.size == 0:
+        return None
+    i = int(ok[np.argmin(ctx.usd_per_hour[ok])])
+    cheapest = float(ctx.usd_per_hour[i])
+    if cheapest > request.max_usd_per_hour + 1e-9:
+        ev = Evaluation(ctx, fail, np.zeros((0, 0)), np.zeros(0), np.zeros(0))
+        return f"below the cheapest matching offer {_describe(ev, i)}; raise it to at least {cheapest:.2f}"
+    return None
+
+
+_EMPTY_STATE = ClusterState()
+
+
+# --- batch planning ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """One request waiting in a queue: higher ``priority`` first, then earlier ``arrival``."""
+
+    run_id: str
+    request: JobRequest
+    priority: int = 0
+    arrival: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOutcome:
+    run_id: str
+    placement: Placement | None
+    error: str | None = None
+
+
+def plan_many(
+    queue: Sequence[QueuedRequest],
+    catalog: Catalog,
+    state: ClusterState,
+    weights: Mapping[str, float] | None = None,
+    full_explanations: bool = False,
+) -> list[PlanOutcome]:
+    """Plan a queue in priority order (then arrival, then queue position) against one snapshot.
+
+    Each placement's GPUs are held in the view before the next request is planned, so the batch
+    never overcommits a (zone, GPU type). Requests that cannot be placed get an ``error`` (the
+    batch goes on). Returns outcomes in planning order. Nothing is written to the ledger.
+    Explanations keep the winner's lines only unless ``full_explanations``.
+    """
+    index = index_for(catalog)
+    view = view_for(index, state).copy()
+    order = sorted(range(len(queue)), key=lambda i: (-queue[i].priority, queue[i].arrival, i))
+    outcomes: list[PlanOutcome] = []
+    for i in order:
+        q = queue[i]
+        try:
+            check_request(q.request, catalog)
+            p = _plan_on_view(q.request, index, state, view, q.run_id, weights, full_explanations)
+        except (InvalidRequestError, NoFeasibleOfferError, CapacityUnavailableError) as exc:
+            outcomes.append(PlanOutcome(q.run_id, None, f"{type(exc).__name__}: {exc}"))
+            continue
+        view.used[index.group_idx[(p.zone, p.gpu_type)]] += p.num_gpus
+        outcomes.append(PlanOutcome(q.run_id, p))
+    return outcomes

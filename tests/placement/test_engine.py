@@ -1,0 +1,268 @@
+"""Each validator and preference decides a hand-built case; explanations name the deciding rule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sailor_tasks.catalog import load_catalog
+from sailor_tasks.catalog.offers import Catalog
+from sailor_tasks.errors import CapacityUnavailableError, InvalidRequestError, NoFeasibleOfferError
+from sailor_tasks.model import Assignment, ClusterState, JobRequest, Offer, Reservation
+from sailor_tasks.placement import QueuedRequest, explain, plan, plan_many
+from sailor_tasks.placement.validators import VALIDATOR_NAMES
+
+GB = 10**9
+
+
+def offer(zone, gpu="V100", per_node=1, od=2.0, spot=0.6, cap=None, rate=0.0, dirty=False):
+    return Offer(
+        "gcp", zone.rsplit("-", 1)[0], zone, gpu, per_node, f"vm-{gpu}-{per_node}", od, spot, dirty, cap, rate
+    )
+
+
+def req(**kw):
+    base = dict(
+        job_name="j",
+        team="t",
+        dataset_uri="sailor://source/d",
+        model="gpt_25m",
+        num_workers=1,
+        total_steps=20_000,
+        checkpoint_every_steps=500,
+    )
+    return JobRequest(**{**base, **kw})
+
+
+def rejected_by(result: dict, zone: str, market: str = "spot") -> set[str]:
+    return {r["validator"] for r in result["rejected"] if r["zone"] == zone and r["market"] == market}
+
+
+# --- validators --------------------------------------------------------------------------------
+
+
+def test_gpu_type_validator_rejects_other_types():
+    cat = Catalog((offer("us-east1-b", gpu="T4", spot=0.1), offer("us-east1-c", gpu="V100")))
+    assert plan(req(gpu_type="V100"), cat, ClusterState(), "r").zone == "us-east1-c"
+    assert rejected_by(explain(req(gpu_type="V100"), cat, ClusterState()), "us-east1-b") == {"gpu_type"}
+
+
+def test_capacity_validator_counts_live_reservations():
+    cat = Catalog((offer("us-east1-b", spot=0.5, cap=8), offer("us-east1-c", spot=0.6, cap=8)))
+    state = ClusterState(reservations=(Reservation("other", "us-east1", "us-east1-b", "V100", 6, "spot"),))
+    p = plan(req(num_workers=4), cat, state, "r")
+    assert p.zone == "us-east1-c"
+    assert rejected_by(explain(req(num_workers=4), cat, state), "us-east1-b") == {"capacity"}
+
+
+def test_capacity_taken_everywhere_is_a_transient_capacity_error():
+    cat = Catalog((offer("us-east1-b", cap=4),))
+    state = ClusterState(reservations=(Reservation("other", "us-east1", "us-east1-b", "V100", 4, "spot"),))
+    with pytest.raises(CapacityUnavailableError, match="0 GPUs free in us-east1-b") as err:
+        plan(req(), cat, state, "r")
+    assert err.value.retryable
+
+
+def test_price_cap_validator():
+    cat = Catalog((offer("us-east1-b", spot=0.6), offer("us-east1-c", gpu="T4", spot=0.2, od=0.4)))
+    r = req(max_usd_per_hour=0.3, market="spot")
+    assert plan(r, cat, ClusterState(), "r").zone == "us-east1-c"
+    with pytest.raises(NoFeasibleOfferError, match=r"price_cap: 2\); cheapest offer: us-east1-c"):
+        plan(req(max_usd_per_hour=0.1, market="spot"), cat, ClusterState(), "r")
+
+
+def test_region_allow_and_deny_lists():
+    cat = Catalog(
+        (offer("us-east1-b", spot=0.5), offer("europe-west4-a", spot=0.6), offer("asia-east1-a", spot=0.7))
+    )
+    assert (
+        plan(req(regions=("europe-west4", "asia-east1")), cat, ClusterState(), "r").region == "europe-west4"
+    )
+    assert plan(req(exclude_regions=("us-east1",)), cat, ClusterState(), "r").region == "europe-west4"
+    result = explain(req(exclude_regions=("us-east1",)), cat, ClusterState())
+    assert rejected_by(result, "us-east1-b") == {"region_denied"}
+
+
+def test_data_residency_keeps_the_run_on_the_allowed_continent():
+    cat = Catalog((offer("us-east1-b", spot=0.4), offer("europe-west4-a", spot=0.6)))
+    p = plan(req(data_residency=("EU",)), cat, ClusterState(), "r")
+    assert p.region == "europe-west4"
+    assert rejected_by(explain(req(data_residency=("EU",)), cat, ClusterState()), "us-east1-b") == {
+        "data_residency"
+    }
+
+
+def test_market_validator_and_blocked_zone():
+    cat = Catalog((offer("us-east1-b", spot=0.5), offer("us-east1-c", spot=0.6)))
+    assert plan(req(market="on_demand"), cat, ClusterState(), "r").market == "on_demand"
+    blocked = ClusterState(blocked_zones=frozenset({"us-east1-b"}))
+    assert plan(req(), cat, blocked, "r").zone == "us-east1-c"
+    assert rejected_by(explain(req(), cat, blocked), "us-east1-b") == {"blocked_zone"}
+
+
+def test_every_validator_has_a_name_in_the_rejection_counts():
+    cat = Catalog((offer("us-east1-b", gpu="T4"), offer("us-east1-c"), offer("us-west1-a", gpu="T4")))
+    with pytest.raises(NoFeasibleOfferError) as err:
+        plan(req(gpu_type="V100", regions=("us-west1",), market="spot"), cat, ClusterState(), "r")
+    assert set(err.value.rejections) <= set(VALIDATOR_NAMES)
+    assert err.value.rejections == {"gpu_type": 4, "region_allowed": 2}
+
+
+# --- market=auto (Can't-Be-Late) ------------------------------------------------------------------
+
+
+def test_auto_market_long_job_with_little_slack_goes_on_demand():
+    cat = Catalog((offer("us-east1-b", od=2.0, spot=0.6, rate=0.3),))
+    long_job = req(total_steps=2_000_000)  # tens of hours on one V100
+    hours = plan(req(total_steps=2_000_000, market="on_demand"), cat, ClusterState(), "r")
+    assert hours.market == "on_demand"
+    expected = explain(req(total_steps=2_000_000, market="on_demand"), cat, ClusterState())["winner"][
+        "expected_hours"
+    ]
+    tight = plan(dataclasses.replace(long_job, deadline_hours=expected * 1.05), cat, ClusterState(), "r")
+    assert tight.market == "on_demand"
+    assert any("market auto → on_demand" in line for line in tight.explanation)
+    relaxed = plan(dataclasses.replace(long_job, deadline_hours=expected * 3), cat, ClusterState(), "r")
+    assert relaxed.market == "spot"
+
+
+def test_auto_market_short_job_goes_spot_even_with_a_tight_deadline():
+    cat = Catalog((offer("us-east1-b", od=2.0, spot=0.6, rate=0.3),))
+    short = req(total_steps=2_000)
+    expected = explain(dataclasses.replace(short, market="on_demand"), cat, ClusterState())["winner"][
+        "expected_hours"
+    ]
+    assert expected < 1.0
+    p = plan(dataclasses.replace(short, deadline_hours=expected * 1.5 + 0.01), cat, ClusterState(), "r")
+    assert p.market == "spot"
+
+
+def test_dirty_spot_price_goes_on_demand_under_auto():
+    cat = Catalog((offer("us-east1-b", od=1.0, spot=2.0, dirty=True),))
+    assert plan(req(), cat, ClusterState(), "r").market == "on_demand"
+
+
+def test_deadline_that_no_offer_meets_is_rejected_by_the_deadline_rule():
+    cat = Catalog((offer("us-east1-b"),))
+    with pytest.raises(NoFeasibleOfferError, match="deadline: 1"):
+        plan(req(total_steps=2_000_000, deadline_hours=0.5), cat, ClusterState(), "r")
+
+
+# --- preferences ---------------------------------------------------------------------------------
+
+
+def test_compute_cost_uses_throughput_not_just_price():
+    # H100 costs 3x the V100 per hour but runs the model 4.5x faster: cheaper for the whole run.
+    cat = Catalog((offer("us-east1-b", gpu="V100", spot=1.0), offer("us-east1-c", gpu="H100", spot=3.0)))
+    p = plan(req(market="spot"), cat, ClusterState(), "r")
+    assert p.gpu_type == "H100"
+    assert "decided by compute_cost" in next(line for line in p.explanation if line.startswith("runner-up"))
+
+
+def test_data_egress_flips_the_choice_to_the_region_holding_the_data():
+    cat = Catalog((offer("us-east1-b", spot=0.60), offer("europe-west4-a", spot=0.62)))
+    r = req(dataset_uri="sailor://source/big")
+    assert plan(r, cat, ClusterState(), "r").region == "us-east1"  # data location unknown: cheaper wins
+    state = ClusterState(replicas={r.dataset_uri: ("europe-west4",)}, dataset_bytes={r.dataset_uri: 200 * GB})
+    p = plan(r, cat, state, "r")
+    assert p.region == "europe-west4"
+    runner_up = next(line for line in p.explanation if line.startswith("runner-up #2"))
+    assert "us-east1-b" in runner_up and "decided by data_transfer" in runner_up
+    result = explain(r, cat, state)
+    # 200 GB across the Atlantic at 0.05 USD/GB, plus the copy time at the placement's price.
+    assert result["runners_up"][0]["contributions"]["data_transfer"] == pytest.approx(10.0, rel=0.2)
+    assert result["winner"]["contributions"]["data_transfer"] < 0.1  # no egress; copy time only
+
+
+def test_overload_penalty_moves_a_run_away_from_an_overloaded_region():
+    cat = Catalog((offer("us-east1-b", spot=0.60), offer("europe-west4-a", spot=0.63)))
+    assert plan(req(), cat, ClusterState(), "r").region == "us-east1"
+    a = Assignment(version=7, shares={}, region_load={"us-east1": 2.6, "europe-west4": 0.9})
+    p = plan(req(), cat, ClusterState(assignment=a), "r")
+    assert p.region == "europe-west4" and p.assignment_version == 7
+    assert "decided by overload" in next(line for line in p.explanation if line.startswith("runner-up #2"))
+
+
+def test_overload_costs_more_than_underload_credits():
+    cat = Catalog((offer("us-east1-b", spot=0.60), offer("europe-west4-a", spot=0.60)))
+    a = Assignment(version=1, shares={}, region_load={"us-east1": 1.2, "europe-west4": 0.8})
+    result = explain(req(), cat, ClusterState(assignment=a))
+    by_region = {
+        c["region"]: c["contributions"]["overload"] for c in [result["winner"], *result["runners_up"]]
+    }
+    assert by_region["us-east1"] > 0 > by_region["europe-west4"]
+    assert abs(by_region["us-east1"]) > abs(by_region["europe-west4"])
+
+
+def test_preemption_loss_prefers_the_calmer_spot_zone():
+    cat = Catalog((offer("us-east1-b", spot=0.60, rate=1.0), offer("us-east1-c", spot=0.61, rate=0.01)))
+    p = plan(req(market="spot"), cat, ClusterState(), "r")
+    assert p.zone == "us-east1-c"
+    assert "decided by preemption_loss" in next(
+        line for line in p.explanation if line.startswith("runner-up")
+    )
+
+
+def test_packing_prefers_fewer_vms_at_equal_price():
+    cat = Catalog((offer("us-east1-b", per_node=1, spot=0.6), offer("us-east1-b", per_node=4, spot=2.4)))
+    p = plan(req(num_workers=4), cat, ClusterState(), "r")
+    assert (p.num_nodes, p.gpus_per_node) == (1, 4)
+
+
+def test_assignment_share_prefers_the_teams_regions():
+    cat = Catalog((offer("us-east1-b", spot=0.6), offer("europe-west4-a", spot=0.6)))
+    a = Assignment(version=3, shares={"t": {"us-east1": 0.2, "europe-west4": 0.8}})
+    p = plan(req(), cat, ClusterState(assignment=a), "r")
+    assert p.region == "europe-west4"
+
+
+def test_explanation_json_lists_winner_runners_up_and_rejections():
+    cat = load_catalog()
+    result = explain(
+        req(gpu_type="A100", num_workers=8, regions=("us-central1", "europe-west4")), cat, ClusterState()
+    )
+    assert result["winner"]["gpu_type"] == "A100"
+    assert set(result["winner"]["contributions"]) == {
+        "compute_cost",
+        "data_transfer",
+        "preemption_loss",
+        "overload",
+        "assignment",
+        "packing",
+    }
+    assert result["runners_up"] and all("decided_by" in r for r in result["runners_up"])
+    assert len(result["rejected"]) + result["feasible"] == result["candidates"]
+    assert {r["validator"] for r in result["rejected"]} <= set(VALIDATOR_NAMES)
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def test_unknown_gpu_and_region_errors_list_valid_values():
+    cat = Catalog((offer("us-east1-b"), offer("europe-west4-a", gpu="T4")))
+    with pytest.raises(InvalidRequestError, match=r"gpu_type='Z80'.*valid choices: any, T4, V100"):
+        plan(req(gpu_type="Z80"), cat, ClusterState(), "r")
+    with pytest.raises(
+        InvalidRequestError, match=r"regions=\['mars-1'\].*valid choices: europe-west4, us-east1"
+    ):
+        plan(req(regions=("mars-1",)), cat, ClusterState(), "r")
+    with pytest.raises(InvalidRequestError, match=r"data_residency=\['MARS'\].*valid choices: .*EU"):
+        plan(req(data_residency=("MARS",)), cat, ClusterState(), "r")
+
+
+# --- batch planning ------------------------------------------------------------------------------
+
+
+def test_plan_many_goes_by_priority_then_arrival_and_never_overcommits():
+    cat = Catalog((offer("us-east1-b", spot=0.5, cap=4), offer("us-east1-c", spot=0.9, cap=4)))
+    queue = [
+        QueuedRequest("low", req(num_workers=4), priority=0, arrival=0.0),
+        QueuedRequest("high", req(num_workers=4), priority=5, arrival=1.0),
+        QueuedRequest("late", req(num_workers=4), priority=0, arrival=2.0),
+    ]
+    outcomes = plan_many(queue, cat, ClusterState())
+    assert [o.run_id for o in outcomes] == ["high", "low", "late"]
+    assert outcomes[0].placement.zone == "us-east1-b"
+    assert outcomes[1].placement.zone == "us-east1-c"
+    assert outcomes[2].placement is None and "CapacityUnavailableError" in outcomes[2].error
