@@ -1,0 +1,811 @@
+"""Region assignment + data replication as a MIP solved by HiGHS (``scipy.optimize.milp``).
+
+Decisions, per team ``k``, GPU type ``g`` and region ``r``: ``x[k,r,g]`` GPUs of the team's demand
+placed in ``r``; ``w[k,r]`` (binary) the team is enabled in a region where some of its datasets have
+no replica yet; ``y[d,r]`` (in [0, 1], integral at the optimum because ``y ≥ w`` and bytes are
+minimised) a new replica of dataset ``d`` in ``r``.
+
+Constraints: every team's demand is placed; locality (``x[k,r,g] ≤ D[k,g]·w[k,r]``,
+``w[k,r] ≤ y[d,r]`` for every dataset of ``k`` missing in ``r``; a team never runs where its data is
+not); bytes of new replicas ≤ the nightly budget; bytes per region ≤ its storage cap; hard quotas.
+
+Objectives, lexicographic (each stage bounds the previous optimum and re-solves):
+  A. minimise ``t``, the worst (region, GPU type) demand/supply ratio;
+  B. minimise the soft balance penalty ``Σ S·(3·over + under)`` around the GPU type's mean ratio
+     (overload costs three times underload);
+  C. minimise bytes replicated (normalised by the budget) + 0.1 × priority-weighted GPUs moved.
+Cross-region reads are zero by construction (locality is a hard constraint); the solution reports
+them as measured from the placement, so a regression shows.
+
+Scale (POP-style decomposition): teams are grouped into connected components of the team–dataset
+graph (dataset clusters) and packed into partitions of at most ``team_block`` teams; each partition
+gets its demand's share of every cell's supply, of the byte budget and of free storage, and is solved
+alone. Shares of a dataset cut between partitions are charged to each, so the union stays within the
+budget. Only teams in overloaded cells get new candidate regions (``candidates`` per team, sampled by
+spare capacity, plus the regions missing the fewest of its bytes); others move only between regions
+that already hold their data. The reported ``lower_bound`` is the LP over the *whole* problem with
+data constraints relaxed (teams without quotas aggregated per GPU type, which is exact there), so it
+is a valid bound on any solution; ``partition_bound`` is the LP relaxation of the decomposed problem.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sailor_tasks.errors import SailorError
+from sailor_tasks.rebalance.problem import (
+    Problem,
+    Team,
+    allocation_rate,
+    cell_ratios,
+    region_ratios,
+)
+
+logger = logging.getLogger(__name__)
+
+OVERLOAD_WEIGHT = 3.0
+UNDERLOAD_WEIGHT = 1.0
+MOVE_WEIGHT = 0.1
+T_TOLERANCE = 1e-6
+MIP_REL_GAP = 0.01
+
+
+class RebalanceInfeasibleError(SailorError, ValueError):
+    """No assignment satisfies the hard constraints; the message names the binding one."""
+
+    def __init__(self, constraint: str, detail: str):
+        self.constraint = constraint
+        super().__init__(f"rebalance infeasible — binding constraint: {constraint}: {detail}")
+
+
+@dataclass
+class Solution:
+    status: str
+    placement: dict[str, dict[str, dict[str, float]]]
+    """team → region → GPU type → GPUs."""
+    shares: dict[str, dict[str, float]]
+    """team → region → share of the team's demand (sums to 1)."""
+    replicate: list[dict[str, Any]]
+    """New replicas: {"dataset_uri", "region", "bytes"}."""
+    region_load_before: dict[str, float]
+    region_load_after: dict[str, float]
+    cell_load_before: dict[str, dict[str, float]]
+    cell_load_after: dict[str, dict[str, float]]
+    lower_bound: float
+    """LP bound on the worst (region, GPU type) ratio, whole problem, data constraints relaxed."""
+    region_lower_bound: float
+    """LP bound on the worst region ratio (GPU types summed), data constraints relaxed."""
+    partition_bound: float
+    max_ratio_before: float
+    max_ratio_after: float
+    max_cell_ratio_before: float
+    max_cell_ratio_after: float
+    allocation_rate_before: float
+    allocation_rate_after: float
+    bytes_moved: int
+    budget_bytes: int
+    gpus_moved: float
+    cross_region_reads: int
+    solve_s: float
+    partitions: int
+    binaries: int
+    stage_status: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+    def summary(self) -> dict[str, Any]:
+        keys = (
+            "status",
+            "max_ratio_before",
+            "max_ratio_after",
+            "lower_bound",
+            "region_lower_bound",
+            "partition_bound",
+            "max_cell_ratio_before",
+            "max_cell_ratio_after",
+            "allocation_rate_before",
+            "allocation_rate_after",
+            "bytes_moved",
+            "budget_bytes",
+            "gpus_moved",
+            "cross_region_reads",
+            "solve_s",
+            "partitions",
+            "binaries",
+        )
+        return {k: getattr(self, k) for k in keys}
+
+
+# --- checks and bounds -------------------------------------------------------------------------
+
+
+def check_feasible(problem: Problem) -> None:
+    """Cheap necessary conditions, each naming the violated constraint and the bad value."""
+    cells = problem.cell_supply()
+    regions_with = defaultdict(set)
+    for r, g in cells:
+        regions_with[g].add(r)
+    for team in problem.teams:
+        demand = team.demand()
+        for gpu in demand:
+            if not regions_with.get(gpu):
+                raise RebalanceInfeasibleError(
+                    "supply",
+                    f"team {team.name!r} uses GPU type {gpu!r}, which no region supplies; "
+                    f"valid: {', '.join(problem.gpu_types)}",
+                )
+        for d in team.datasets:
+            if d not in problem.datasets:
+                raise RebalanceInfeasibleError(
+                    "datasets", f"team {team.name!r} reads {d!r}, which is not among the problem's datasets"
+                )
+        total = sum(demand.values())
+        qmin = sum(float(v) for v in team.quota_min.values())
+        if qmin > total + 1e-9:
+            raise RebalanceInfeasibleError(
+                f"quota_min of team {team.name!r}",
+                f"minimum quotas sum to {qmin:g} GPUs > the team's demand {total:g} GPUs",
+            )
+        usable = {r for g in demand for r in regions_with[g]}
+        for r in team.quota_min:
+            if r not in usable:
+                raise RebalanceInfeasibleError(
+                    f"quota_min of team {team.name!r}",
+                    f"region {r!r} has no supply of the team's GPU types ({', '.join(sorted(demand))})",
+                )
+        caps = [team.cap(r) for r in usable]
+        if all(c is not None for c in caps):
+            allowed = sum(caps)  # type: ignore[arg-type]
+            if allowed + 1e-9 < total:
+                raise RebalanceInfeasibleError(
+                    f"quota_max of team {team.name!r}",
+                    f"quotas allow at most {allowed:g} GPUs in regions supplying its GPU types "
+                    f"< the team's demand {total:g} GPUs",
+                )
+        for r, lo in team.quota_min.items():
+            hi = team.cap(r)
+            if hi is not None and lo > hi + 1e-9:
+                raise RebalanceInfeasibleError(
+                    f"quotas of team {team.name!r}", f"quota_min[{r}]={lo:g} > quota_max={hi:g}"
+                )
+
+
+def _lp_bound(problem: Problem, per_region: bool) -> float:
+    """min t: all demand placed, quotas held, data constraints relaxed; teams without quotas pooled."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    cells = problem.cell_supply()
+    cell_list = sorted(cells)
+    pool: dict[str, float] = defaultdict(float)
+    quota_teams: list[Team] = []
+    for team in problem.teams:
+        if team.quota_max or team.quota_min:
+            quota_teams.append(team)
+        else:
+            for g, n in team.demand().items():
+                pool[g] += n
+    cols: list[tuple] = [("t",)]
+    cols += [("p", r, g) for r, g in cell_list if pool.get(g, 0) > 0]
+    for i, team in enumerate(quota_teams):
+        for g in team.demand():
+            cols += [("x", i, r, gg) for r, gg in cell_list if gg == g]
+    index = {c: j for j, c in enumerate(cols)}
+    rows: list[int] = []
+    cidx: list[int] = []
+    vals: list[float] = []
+    b_ub: list[float] = []
+    b_eq: list[float] = []
+    eq_rows: list[int] = []
+    eq_cols: list[int] = []
+    eq_vals: list[float] = []
+
+    def ub_row(entries: Iterable[tuple[int, float]], rhs: float) -> None:
+        n = len(b_ub)
+        for j, v in entries:
+            rows.append(n)
+            cidx.append(j)
+            vals.append(v)
+        b_ub.append(rhs)
+
+    def eq_row(entries: Iterable[tuple[int, float]], rhs: float) -> None:
+        n = len(b_eq)
+        for j, v in entries:
+            eq_rows.append(n)
+            eq_cols.append(j)
+            eq_vals.append(v)
+        b_eq.append(rhs)
+
+    users: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for c, j in index.items():
+        if c[0] == "p":
+            users[(c[1], c[2])].append(j)
+        elif c[0] == "x":
+            users[(c[2], c[3])].append(j)
+    if per_region:
+        by_region: dict[str, list[int]] = defaultdict(list)
+        cap: dict[str, float] = defaultdict(float)
+        for (r, g), n in cells.items():
+            by_region[r] += users[(r, g)]
+            cap[r] += n
+        for r, js in by_region.items():
+            ub_row([*((j, 1.0) for j in js), (0, -cap[r])], 0.0)
+    else:
+        for cell, js in users.items():
+            ub_row([*((j, 1.0) for j in js), (0, -cells[cell])], 0.0)
+    for g, n in pool.items():
+        eq_row(((index[("p", r, gg)], 1.0) for r, gg in cell_list if gg == g), n)
+    for i, team in enumerate(quota_teams):
+        for g, n in team.demand().items():
+            eq_row(((index[("x", i, r, gg)], 1.0) for r, gg in cell_list if gg == g), n)
+        regions = {r for r, _ in cell_list}
+        for r in regions:
+            js = [index[c] for c in (("x", i, r, g) for g in team.demand()) if c in index]
+            hi, lo = team.cap(r), team.quota_min.get(r)
+            if hi is not None:
+                ub_row(((j, 1.0) for j in js), hi)
+            if lo:
+                ub_row(((j, -1.0) for j in js), -float(lo))
+    n = len(cols)
+    c = np.zeros(n)
+    c[0] = 1.0
+    a_ub = coo_matrix((vals, (rows, cidx)), shape=(len(b_ub), n)).tocsr() if b_ub else None
+    a_eq = coo_matrix((eq_vals, (eq_rows, eq_cols)), shape=(len(b_eq), n)).tocsr() if b_eq else None
+    res = linprog(
+        c,
+        A_ub=a_ub,
+        b_ub=b_ub or None,
+        A_eq=a_eq,
+        b_eq=b_eq or None,
+        bounds=(0, None),
+        method="highs",
+    )
+    if res.status != 0:
+        raise RebalanceInfeasibleError("quotas", f"the balance LP has no solution ({res.message})")
+    return float(res.x[0])
+
+
+# --- partitions ---------------------------------------------------------------------------------
+
+
+def partition_teams(problem: Problem, team_block: int) -> list[list[int]]:
+    """Teams (indices) grouped by dataset clusters, packed into partitions of ≤ team_block teams."""
+    n = len(problem.teams)
+    parent = list(range(n))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_reader: dict[str, int] = {}
+    for i, team in enumerate(problem.teams):
+        for d in team.datasets:
+            j = first_reader.setdefault(d, i)
+            ri, rj = find(i), find(j)
+            if ri != rj:
+                parent[ri] = rj
+    comps: dict[int, list[int]] = defaultdict(list)
+    for i in range(n):
+        comps[find(i)].append(i)
+    chunks: list[list[int]] = []
+    for members in comps.values():
+        for s in range(0, len(members), team_block):
+            chunks.append(members[s : s + team_block])
+    num = max(1, math.ceil(n / team_block))
+    demand = [sum(problem.teams[i].demand().values()) for i in range(n)]
+    parts: list[list[int]] = [[] for _ in range(num)]
+    load = [0.0] * num
+    for chunk in sorted(chunks, key=lambda ch: -len(ch)):
+        fits = [p for p in range(num) if len(parts[p]) + len(chunk) <= team_block] or list(range(num))
+        p = min(fits, key=lambda q: (load[q], len(parts[q])))
+        parts[p].extend(chunk)
+        load[p] += sum(demand[i] for i in chunk)
+    return [sorted(p) for p in parts if p]
+
+
+# --- one partition's MIP -------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.cols: dict[tuple, int] = {}
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.integer: list[int] = []
+        self.r: list[int] = []
+        self.c: list[int] = []
+        self.v: list[float] = []
+        self.row_lb: list[float] = []
+        self.row_ub: list[float] = []
+        self.row_group: list[str] = []
+
+    def var(self, key: tuple, lb: float = 0.0, ub: float = math.inf, integer: bool = False) -> int:
+        j = self.cols.get(key)
+        if j is None:
+            j = self.cols[key] = len(self.lb)
+            self.lb.append(lb)
+            self.ub.append(ub)
+            self.integer.append(1 if integer else 0)
+        return j
+
+    def row(self, entries: Iterable[tuple[int, float]], lo: float, hi: float, group: str) -> int:
+        n = len(self.row_lb)
+        for j, val in entries:
+            self.r.append(n)
+            self.c.append(j)
+            self.v.append(val)
+        self.row_lb.append(lo)
+        self.row_ub.append(hi)
+        self.row_group.append(group)
+        return n
+
+
+@dataclass
+class _PartResult:
+    x: dict[tuple[int, str, str], float]
+    replicas: set[tuple[str, str]]
+    status: list[str]
+    lp_bound: float
+    binaries: int
+
+
+def _solve_partition(
+    problem: Problem,
+    teams: list[int],
+    cells: Mapping[tuple[str, str], float],
+    share: Mapping[str, float],
+    mean_ratio: Mapping[str, float],
+    load_before: Mapping[tuple[str, str], float],
+    budget: float,
+    storage_free: Mapping[str, float],
+    candidates: int,
+    time_limit: float,
+    seed: int,
+    mip_max_binaries: int = 0,
+    skip_groups: frozenset[str] = frozenset(),
+) -> _PartResult:
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    b = _Builder()
+    t_col = b.var(("t",))
+    regions_by_gpu: dict[str, list[str]] = defaultdict(list)
+    for r, g in sorted(cells):
+        regions_by_gpu[g].append(r)
+    spare = {c: mean_ratio[c[1]] * n - load_before.get(c, 0.0) for c, n in cells.items()}
+    part_cells: dict[tuple[str, str], float] = {}
+    cell_users: dict[tuple[str, str], list[int]] = defaultdict(list)
+    move_terms: list[tuple[int, float]] = []
+    need: dict[tuple[str, str], list[int]] = defaultdict(list)  # (dataset, region) → w columns
+    total_demand = 0.0
+    # new regions offered to this partition's mobile teams: shared (so replicas serve several readers
+    # of a dataset), sampled by spare capacity with a per-partition seed (partitions spread out)
+    rng = np.random.default_rng(seed)
+    targets: dict[str, list[str]] = {}
+    for g, rs in regions_by_gpu.items():
+        pool = [r for r in rs if spare[(r, g)] > 0]
+        if pool:
+            p = np.array([spare[(r, g)] for r in pool])
+            pick = rng.choice(len(pool), size=min(candidates, len(pool)), replace=False, p=p / p.sum())
+            targets[g] = [pool[i] for i in pick]
+    for k in teams:
+        team = problem.teams[k]
+        demand = team.demand()
+        total_demand += sum(demand.values())
+        data = [problem.datasets[d] for d in team.datasets]
+        usable = sorted({r for g in demand for r in regions_by_gpu[g]})
+        missing = {r: [d for d in data if r not in d.replicas] for r in usable}
+        free = {r for r in usable if not missing[r]}
+        cand = set(free) | {r for r in team.quota_min if r in missing}
+        overloaded = any(
+            load_before.get((r, g), 0.0) > mean_ratio[g] * cells.get((r, g), 0.0) + 1e-9
+            for r, per in team.current.items()
+            for g in per
+        )
+        current = {r for r in team.current if r in missing}
+        if overloaded or not (cand | current):
+            for g in demand:
+                cand.update(r for r in targets.get(g, ()) if r in missing)
+            cheap = sorted(
+                (r for r in usable if r not in cand), key=lambda r: sum(d.bytes for d in missing[r])
+            )
+            cand.update(cheap[:2])
+        cand |= current
+        if not any((r, g) in cells for r in cand for g in demand):
+            cand |= set(usable)
+        for r in sorted(cand):
+            w = None
+            if missing[r]:
+                w = b.var(("w", k, r), 0, 1, integer=True)
+                for d in missing[r]:
+                    need[(d.uri, r)].append(w)
+            hi, lo = team.cap(r), float(team.quota_min.get(r, 0.0))
+            xs = []
+            for g, n in demand.items():
+                if (r, g) not in cells:
+                    continue
+                x = b.var(("x", k, r, g))
+                xs.append(x)
+                cell_users[(r, g)].append(x)
+                part_cells[(r, g)] = cells[(r, g)] * share[g]
+                if w is not None:
+                    b.row([(x, 1.0), (w, -n)], -math.inf, 0.0, "locality")
+                cur = float(team.current.get(r, {}).get(g, 0.0))
+                if cur > 0:
+                    mv = b.var(("mv", k, r, g))
+                    b.row([(mv, 1.0), (x, 1.0)], cur, math.inf, "moves")
+                    move_terms.append((mv, team.priority))
+            if hi is not None and "quota" not in skip_groups:
+                b.row(((x, 1.0) for x in xs), -math.inf, hi, f"quota_max of team {team.name!r} in {r}")
+            if lo > 0 and "quota" not in skip_groups:
+                b.row(((x, 1.0) for x in xs), lo, math.inf, f"quota_min of team {team.name!r} in {r}")
+        for g, n in demand.items():
+            xs = [b.cols[("x", k, r, g)] for r in sorted(cand) if ("x", k, r, g) in b.cols]
+            b.row(((x, 1.0) for x in xs), n, n, "demand")
+    # replicas: y ≥ w for every reader enabled in r; bytes within the budget and storage caps
+    bytes_terms: list[tuple[int, float]] = []
+    storage_terms: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for (uri, r), ws in sorted(need.items()):
+        y = b.var(("y", uri, r), 0, 1)
+        size = float(problem.datasets[uri].bytes)
+        for w in ws:
+            b.row([(w, 1.0), (y, -1.0)], -math.inf, 0.0, "locality")
+        bytes_terms.append((y, size))
+        storage_terms[r].append((y, size))
+    if bytes_terms and "budget" not in skip_groups:
+        b.row(bytes_terms, -math.inf, budget, "replication byte budget")
+    if "storage" not in skip_groups:
+        for r, terms in storage_terms.items():
+            if r in storage_free:
+                b.row(terms, -math.inf, storage_free[r], f"storage cap of {r}")
+    # worst ratio and soft balance around the GPU type's mean ratio
+    balance_terms: list[tuple[int, float]] = []
+    total_cap = sum(part_cells.values()) or 1.0
+    for cell, xs in cell_users.items():
+        s = part_cells[cell]
+        if s <= 0:
+            continue
+        b.row([*((x, 1.0) for x in xs), (t_col, -s)], -math.inf, 0.0, "ratio")
+        over, under = b.var(("o", *cell)), b.var(("u", *cell))
+        target = mean_ratio[cell[1]] * s
+        b.row([*((x, 1.0) for x in xs), (over, -s), (under, s)], target, target, "balance")
+        balance_terms += [(over, OVERLOAD_WEIGHT * s / total_cap), (under, UNDERLOAD_WEIGHT * s / total_cap)]
+
+    n = len(b.lb)
+    a = coo_matrix((b.v, (b.r, b.c)), shape=(len(b.row_lb), n)).tocsr()
+    integrality = np.array(b.integer)
+    bounds_lb, bounds_ub = np.array(b.lb), np.array(b.ub)
+    base = LinearConstraint(a, np.array(b.row_lb), np.array(b.row_ub))
+    scale_bytes = max(budget, 1.0)
+    scale_gpus = max(total_demand, 1.0)
+
+    def vec(terms: Iterable[tuple[int, float]]) -> np.ndarray:
+        out = np.zeros(n)
+        for j, v in terms:
+            out[j] += v
+        return out
+
+    c_a = vec([(t_col, 1.0)])
+    c_b = vec(balance_terms)
+    c_c = vec(
+        [
+            *((j, s / scale_bytes) for j, s in bytes_terms),
+            *((j, MOVE_WEIGHT * p / scale_gpus) for j, p in move_terms),
+        ]
+    )
+
+    lp = milp(
+        c_a, constraints=[base], bounds=Bounds(bounds_lb, bounds_ub), options={"time_limit": time_limit}
+    )
+    if lp.status == 2:
+        raise _PartitionInfeasible()
+    lp_bound = float(lp.fun) if lp.x is not None else math.nan
+    status: list[str] = []
+    best = None
+    constraints = [base]
+    ub = bounds_ub.copy()
+    lb = bounds_lb.copy()
+    deadline = time.perf_counter() + time_limit
+    binaries = int(integrality.sum())
+    if binaries > mip_max_binaries:
+        # Iterative LP rounding: solve the relaxation, fix the largest fractional enablements
+        # (w → 1) that still fit the budget and storage caps, re-solve; pairs never fixed are closed
+        # (w → 0). The binaries are then fixed and the stages below are LPs.
+        chosen, rounds = _iterative_rounding(
+            problem, b, c_a, base, lb, ub, lp.x, budget, storage_free, deadline, time_limit
+        )
+        for key, j in b.cols.items():
+            if key[0] == "w":
+                ub[j] = 1.0 if (key[1], key[2]) in chosen else 0.0
+                lb[j] = 0.0
+        status.append(f"rounded in {rounds} LPs: {len(chosen)} of {binaries} pairs")
+        integrality = np.zeros_like(integrality)
+    for stage, c in (("A", c_a), ("B", c_b), ("C", c_c)):
+        left = max(0.5, deadline - time.perf_counter())
+        res = milp(
+            c,
+            constraints=constraints,
+            integrality=integrality,
+            bounds=Bounds(lb, ub),
+            options={"time_limit": left / (1 if stage == "C" else 2), "mip_rel_gap": MIP_REL_GAP},
+        )
+        if res.x is None:
+            if res.status == 2 and best is None:
+                raise _PartitionInfeasible()
+            status.append(f"{stage}:{'infeasible' if res.status == 2 else 'no solution in time'}")
+            break
+        best = res.x
+        status.append(f"{stage}:{'optimal' if res.status == 0 else 'time limit (feasible)'}")
+        value = float(c @ res.x)
+        if stage == "A":
+            ub[t_col] = value * (1 + T_TOLERANCE) + T_TOLERANCE
+        elif stage == "B":
+            constraints = [base, LinearConstraint(c_b.reshape(1, -1), -np.inf, value * (1 + 1e-4) + 1e-7)]
+    assert best is not None
+    x_out: dict[tuple[int, str, str], float] = {}
+    enabled: set[tuple[int, str]] = set()
+    for key, j in b.cols.items():
+        if key[0] == "x" and best[j] > 1e-9:
+            x_out[(key[1], key[2], key[3])] = float(best[j])
+            enabled.add((key[1], key[2]))
+    replicas: set[tuple[str, str]] = set()
+    for k, r in enabled:
+        for d in problem.teams[k].datasets:
+            if r not in problem.datasets[d].replicas:
+                replicas.add((d, r))
+    return _PartResult(x_out, replicas, status, lp_bound, binaries)
+
+
+def _missing(problem: Problem, k: int, r: str) -> list[str]:
+    return [d for d in problem.teams[k].datasets if r not in problem.datasets[d].replicas]
+
+
+def _iterative_rounding(
+    problem: Problem,
+    b: _Builder,
+    c: np.ndarray,
+    base: Any,
+    lb: np.ndarray,
+    ub: np.ndarray,
+    x: np.ndarray,
+    budget: float,
+    storage_free: Mapping[str, float],
+    deadline: float,
+    time_limit: float,
+    fix_fraction: float = 0.5,
+) -> tuple[set[tuple[int, str]], int]:
+    """(team, region) pairs to enable; each round fixes the top ``fix_fraction`` fractional pairs."""
+    from scipy.optimize import Bounds, milp
+
+    w_cols = {(key[1], key[2]): j for key, j in b.cols.items() if key[0] == "w"}
+    lb, ub = lb.copy(), ub.copy()
+    chosen: set[tuple[int, str]] = set()
+    closed: set[tuple[int, str]] = set()
+    have: set[tuple[str, str]] = set()
+    spent, stored = 0.0, defaultdict(float)
+    rounds = 1
+    stop_at = deadline - 0.45 * time_limit  # leave time for the three final LPs
+    while True:
+        frac = [
+            (float(x[j]), pair)
+            for pair, j in w_cols.items()
+            if pair not in chosen and pair not in closed and x[j] > 1e-6
+        ]
+        if not frac:
+            break
+        frac.sort(reverse=True)
+        last_round = time.perf_counter() > stop_at
+        take = frac if last_round else frac[: max(1, int(len(frac) * fix_fraction))]
+        for _w, (k, r) in take:
+            new = [d for d in _missing(problem, k, r) if (d, r) not in have]
+            extra = sum(problem.datasets[d].bytes for d in new)
+            if spent + extra > budget * (1 - 1e-9) or (
+                r in storage_free and stored[r] + extra > storage_free[r] * (1 - 1e-9)
+            ):
+                closed.add((k, r))
+                ub[w_cols[(k, r)]] = 0.0
+                continue
+            spent += extra
+            stored[r] += extra
+            have.update((d, r) for d in new)
+            chosen.add((k, r))
+            lb[w_cols[(k, r)]] = 1.0
+        if last_round:
+            break
+        res = milp(
+            c,
+            constraints=[base],
+            bounds=Bounds(lb, ub),
+            options={"time_limit": max(0.5, stop_at - time.perf_counter())},
+        )
+        rounds += 1
+        if res.x is None:
+            break
+        x = res.x
+    return chosen, rounds
+
+
+class _PartitionInfeasible(Exception):
+    pass
+
+
+# --- the whole problem ----------------------------------------------------------------------------
+
+
+def solve(
+    problem: Problem,
+    *,
+    candidates: int = 8,
+    team_block: int = 250,
+    time_limit_s: float = 50.0,
+    seed: int = 0,
+    mip_max_binaries: int = 200,
+) -> Solution:
+    """Solve the rebalance problem (see the module docstring); raises RebalanceInfeasibleError."""
+    started = time.perf_counter()
+    check_feasible(problem)
+    cells = problem.cell_supply()
+    if not cells:
+        raise RebalanceInfeasibleError("supply", "no region supplies any GPU")
+    lower_bound = _lp_bound(problem, per_region=False)
+    region_lower_bound = _lp_bound(problem, per_region=True)
+
+    load_before: dict[tuple[str, str], float] = defaultdict(float)
+    demand_by_gpu: dict[str, float] = defaultdict(float)
+    for team in problem.teams:
+        for r, per in team.current.items():
+            for g, n in per.items():
+                load_before[(r, g)] += n
+                demand_by_gpu[g] += n
+    supply_by_gpu: dict[str, float] = defaultdict(float)
+    for (_r, g), n in cells.items():
+        supply_by_gpu[g] += n
+    mean_ratio = {g: demand_by_gpu.get(g, 0.0) / s for g, s in supply_by_gpu.items()}
+
+    parts = partition_teams(problem, team_block)
+    total_demand = sum(demand_by_gpu.values()) or 1.0
+    used_storage: dict[str, float] = defaultdict(float)
+    for d in problem.datasets.values():
+        for r in d.replicas:
+            used_storage[r] += d.bytes
+    storage_free_total = {
+        r: max(0.0, float(cap) - used_storage.get(r, 0.0)) for r, cap in problem.storage_cap_bytes.items()
+    }
+
+    x_all: dict[tuple[int, str, str], float] = {}
+    replicas: set[tuple[str, str]] = set()
+    stage_status: list[str] = []
+    partition_bound = 0.0
+    binaries = 0
+    for pi, members in enumerate(parts):
+        part_demand: dict[str, float] = defaultdict(float)
+        for k in members:
+            for g, n in problem.teams[k].demand().items():
+                part_demand[g] += n
+        share = {g: part_demand.get(g, 0.0) / d if d > 0 else 0.0 for g, d in demand_by_gpu.items()}
+        share.update({g: 0.0 for g in supply_by_gpu if g not in share})
+        frac = sum(part_demand.values()) / total_demand
+        remaining = max(1.0, time_limit_s - (time.perf_counter() - started))
+        args = (
+            problem,
+            members,
+            cells,
+            share,
+            mean_ratio,
+            load_before,
+            problem.budget_bytes * frac,
+            {r: v * frac for r, v in storage_free_total.items()},
+            candidates,
+            remaining / (len(parts) - pi),
+            seed * 1000 + pi,
+            mip_max_binaries,
+        )
+        try:
+            res = _solve_partition(*args)
+        except _PartitionInfeasible:
+            raise _diagnose(args) from None
+        x_all.update(res.x)
+        replicas |= res.replicas
+        stage_status += [f"p{pi}:{s}" for s in res.status]
+        partition_bound = max(partition_bound, res.lp_bound)
+        binaries += res.binaries
+
+    placement: dict[str, dict[str, dict[str, float]]] = {}
+    for (k, r, g), n in x_all.items():
+        placement.setdefault(problem.teams[k].name, {}).setdefault(r, {})[g] = n
+    shares: dict[str, dict[str, float]] = {}
+    for team, per_region in placement.items():
+        total = sum(n for per in per_region.values() for n in per.values())
+        shares[team] = {r: round(sum(per.values()) / total, 6) for r, per in sorted(per_region.items())}
+    load_after: dict[tuple[str, str], float] = defaultdict(float)
+    for (_k, r, g), n in x_all.items():
+        load_after[(r, g)] += n
+    replicate = [
+        {"dataset_uri": d, "region": r, "bytes": problem.datasets[d].bytes} for d, r in sorted(replicas)
+    ]
+    gpus_moved = sum(
+        max(0.0, n - placement.get(team.name, {}).get(r, {}).get(g, 0.0))
+        for team in problem.teams
+        for r, per in team.current.items()
+        for g, n in per.items()
+    )
+    after_replicas: dict[str, set[str]] = defaultdict(set)
+    for d in problem.datasets.values():
+        after_replicas[d.uri].update(d.replicas)
+    for d, r in replicas:
+        after_replicas[d].add(r)
+    cross = sum(1 for (k, r, _g) in x_all for d in problem.teams[k].datasets if r not in after_replicas[d])
+    before_r, after_r = region_ratios(load_before, cells), region_ratios(load_after, cells)
+    before_c, after_c = cell_ratios(load_before, cells), cell_ratios(load_after, cells)
+
+    def nested(load: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for (r, g), n in sorted(load.items()):
+            if n > 0:
+                out.setdefault(r, {})[g] = round(n, 6)
+        return out
+
+    optimal = all(s.endswith("optimal") or ":rounded" in s for s in stage_status) and not any(
+        ":rounded" in s for s in stage_status
+    )
+    return Solution(
+        status="optimal" if optimal else "feasible",
+        placement=placement,
+        shares=shares,
+        replicate=replicate,
+        region_load_before={r: round(v, 6) for r, v in before_r.items()},
+        region_load_after={r: round(v, 6) for r, v in after_r.items()},
+        cell_load_before=nested(load_before),
+        cell_load_after=nested(load_after),
+        lower_bound=round(lower_bound, 6),
+        region_lower_bound=round(region_lower_bound, 6),
+        partition_bound=round(partition_bound, 6),
+        max_ratio_before=round(max(before_r.values(), default=0.0), 6),
+        max_ratio_after=round(max(after_r.values(), default=0.0), 6),
+        max_cell_ratio_before=round(max(before_c.values(), default=0.0), 6),
+        max_cell_ratio_after=round(max(after_c.values(), default=0.0), 6),
+        allocation_rate_before=round(allocation_rate(load_before, cells), 6),
+        allocation_rate_after=round(allocation_rate(load_after, cells), 6),
+        bytes_moved=int(sum(c["bytes"] for c in replicate)),
+        budget_bytes=int(problem.budget_bytes),
+        gpus_moved=round(gpus_moved, 6),
+        cross_region_reads=cross,
+        solve_s=round(time.perf_counter() - started, 3),
+        partitions=len(parts),
+        binaries=binaries,
+        stage_status=stage_status,
+    )
+
+
+def _diagnose(args: tuple) -> RebalanceInfeasibleError:
+    """Elastic check: drop one constraint group at a time; the first whose removal helps is binding."""
+    problem, members = args[0], args[1]
+    names = ", ".join(repr(problem.teams[k].name) for k in members[:5]) + ("…" if len(members) > 5 else "")
+    for group, label, detail in (
+        (
+            "budget",
+            "replication byte budget",
+            f"{problem.budget_bytes} bytes cannot bring the data of team(s) {names} to where their quotas allow",
+        ),
+        ("storage", "storage caps", f"region storage caps leave no room for the replicas of team(s) {names}"),
+        ("quota", "quotas", f"quotas of team(s) {names} conflict with where their data can be"),
+    ):
+        try:
+            _solve_partition(*args, skip_groups=frozenset({group}))
+        except _PartitionInfeasible:
+            continue
+        return RebalanceInfeasibleError(label, detail)
+    return RebalanceInfeasibleError("locality", f"no region holds (or can receive) the datasets of {names}")
