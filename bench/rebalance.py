@@ -21,10 +21,12 @@ def main() -> None:
     p.add_argument("--teams", type=int, default=2000)
     p.add_argument("--datasets", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-fraction", type=float, default=None, help="budget as a share of all dataset bytes")
     p.add_argument("--time-limit", type=float, default=50.0, help="solver time budget (s)")
     args = p.parse_args()
     t0 = time.perf_counter()
-    problem = generate(args.regions, args.gpu_types, args.teams, args.datasets, seed=args.seed)
+    extra = {} if args.budget_fraction is None else {"budget_fraction": args.budget_fraction}
+    problem = generate(args.regions, args.gpu_types, args.teams, args.datasets, seed=args.seed, **extra)
     gen_s = time.perf_counter() - t0
     sol = solve(problem, seed=args.seed, time_limit_s=args.time_limit)
     demand = sum(sum(t.demand().values()) for t in problem.teams)

@@ -39,6 +39,7 @@ def generate(
     budget_fraction: float = 0.3,
     org_size: int = 50,
     quota_fraction: float = 0.01,
+    extra_replicas: int = 1,
 ) -> Problem:
     """A scenario; ``budget_fraction`` of all dataset bytes is the nightly replication budget."""
     if regions < 2 or gpu_types < 1 or teams < 1 or datasets < 1:
@@ -107,12 +108,13 @@ def generate(
             d = int(rng.integers(datasets))
             reads[i].append(uris[d])
             readers_of[d] = np.append(readers_of[d], i)
-    ds = {
-        uris[d]: Dataset(
-            uris[d], int(sizes[d]), tuple(sorted({region_names[homes[int(i)]] for i in readers_of[d]}))
-        )
-        for d in range(datasets)
-    }
+    # replicas: where the readers ran (place_data put them there) plus ``extra_replicas`` copies in
+    # regions drawn by supply (disaster-recovery copies)
+    extra = rng.choice(regions, size=(datasets, extra_replicas), p=region_cap / region_cap.sum())
+    ds = {}
+    for d in range(datasets):
+        where = {region_names[homes[int(i)]] for i in readers_of[d]} | {region_names[r] for r in extra[d]}
+        ds[uris[d]] = Dataset(uris[d], int(sizes[d]), tuple(sorted(where)))
     team_list = []
     for i in range(teams):
         home = region_names[homes[i]]

@@ -56,6 +56,7 @@ UNDERLOAD_WEIGHT = 1.0
 MOVE_WEIGHT = 0.1
 T_TOLERANCE = 1e-6
 MIP_REL_GAP = 0.01
+CHEAP_CANDIDATES = 4
 
 
 class RebalanceInfeasibleError(SailorError, ValueError):
@@ -366,7 +367,7 @@ def _solve_partition(
     problem: Problem,
     teams: list[int],
     cells: Mapping[tuple[str, str], float],
-    share: Mapping[str, float],
+    part_supply: Mapping[tuple[str, str], float],
     mean_ratio: Mapping[str, float],
     load_before: Mapping[tuple[str, str], float],
     budget: float,
@@ -420,9 +421,10 @@ def _solve_partition(
             for g in demand:
                 cand.update(r for r in targets.get(g, ()) if r in missing)
             cheap = sorted(
-                (r for r in usable if r not in cand), key=lambda r: sum(d.bytes for d in missing[r])
+                (r for r in usable if r not in cand and any(spare.get((r, g), 0.0) > 0 for g in demand)),
+                key=lambda r: sum(d.bytes for d in missing[r]),
             )
-            cand.update(cheap[:2])
+            cand.update(cheap[:CHEAP_CANDIDATES])
         cand |= current
         if not any((r, g) in cells for r in cand for g in demand):
             cand |= set(usable)
@@ -430,8 +432,12 @@ def _solve_partition(
             w = None
             if missing[r]:
                 w = b.var(("w", k, r), 0, 1, integer=True)
+                # aggregated locality: Σ_d y[d,r] ≥ |missing|·w (one row per pair; with w binary
+                # it forces every missing replica, and keeps the LP small at scale)
+                ys = [b.var(("y", d.uri, r), 0, 1) for d in missing[r]]
                 for d in missing[r]:
                     need[(d.uri, r)].append(w)
+                b.row([*((y, 1.0) for y in ys), (w, -float(len(ys)))], 0.0, math.inf, "locality")
             hi, lo = team.cap(r), float(team.quota_min.get(r, 0.0))
             xs = []
             for g, n in demand.items():
@@ -440,7 +446,7 @@ def _solve_partition(
                 x = b.var(("x", k, r, g))
                 xs.append(x)
                 cell_users[(r, g)].append(x)
-                part_cells[(r, g)] = cells[(r, g)] * share[g]
+                part_cells[(r, g)] = part_supply.get((r, g), 0.0)
                 if w is not None:
                     b.row([(x, 1.0), (w, -n)], -math.inf, 0.0, "locality")
                 cur = float(team.current.get(r, {}).get(g, 0.0))
@@ -458,11 +464,9 @@ def _solve_partition(
     # replicas: y ≥ w for every reader enabled in r; bytes within the budget and storage caps
     bytes_terms: list[tuple[int, float]] = []
     storage_terms: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for (uri, r), ws in sorted(need.items()):
-        y = b.var(("y", uri, r), 0, 1)
+    for uri, r in sorted(need):
+        y = b.cols[("y", uri, r)]
         size = float(problem.datasets[uri].bytes)
-        for w in ws:
-            b.row([(w, 1.0), (y, -1.0)], -math.inf, 0.0, "locality")
         bytes_terms.append((y, size))
         storage_terms[r].append((y, size))
     if bytes_terms and "budget" not in skip_groups:
@@ -476,7 +480,8 @@ def _solve_partition(
     total_cap = sum(part_cells.values()) or 1.0
     for cell, xs in cell_users.items():
         s = part_cells[cell]
-        if s <= 0:
+        if s <= 0:  # none of this cell's supply falls to the partition
+            b.row(((x, 1.0) for x in xs), -math.inf, 0.0, "ratio")
             continue
         b.row([*((x, 1.0) for x in xs), (t_col, -s)], -math.inf, 0.0, "ratio")
         over, under = b.var(("o", *cell)), b.var(("u", *cell))
@@ -512,6 +517,8 @@ def _solve_partition(
     )
     if lp.status == 2:
         raise _PartitionInfeasible()
+    if lp.x is None:
+        raise RuntimeError(f"rebalance LP relaxation: status {lp.status}: {lp.message}")
     lp_bound = float(lp.fun) if lp.x is not None else math.nan
     status: list[str] = []
     best = None
@@ -521,12 +528,11 @@ def _solve_partition(
     deadline = time.perf_counter() + time_limit
     binaries = int(integrality.sum())
     if binaries > mip_max_binaries:
-        # Iterative LP rounding: solve the relaxation, fix the largest fractional enablements
-        # (w → 1) that still fit the budget and storage caps, re-solve; pairs never fixed are closed
-        # (w → 0). The binaries are then fixed and the stages below are LPs.
-        chosen, rounds = _iterative_rounding(
-            problem, b, c_a, base, lb, ub, lp.x, budget, storage_free, deadline, time_limit
-        )
+        # LP-guided greedy rounding + repair: enable (team, region) pairs by GPUs of overflow they
+        # can take per byte still missing (shared replicas counted once), within the budget and
+        # storage caps; the binaries are then fixed and the stages below are LPs.
+        chosen = _greedy_enable(problem, b, part_cells, mean_ratio, budget, storage_free)
+        rounds = 1
         for key, j in b.cols.items():
             if key[0] == "w":
                 ub[j] = 1.0 if (key[1], key[2]) in chosen else 0.0
@@ -573,69 +579,79 @@ def _missing(problem: Problem, k: int, r: str) -> list[str]:
     return [d for d in problem.teams[k].datasets if r not in problem.datasets[d].replicas]
 
 
-def _iterative_rounding(
+def _greedy_enable(
     problem: Problem,
     b: _Builder,
-    c: np.ndarray,
-    base: Any,
-    lb: np.ndarray,
-    ub: np.ndarray,
-    x: np.ndarray,
+    part_cells: Mapping[tuple[str, str], float],
+    mean_ratio: Mapping[str, float],
     budget: float,
     storage_free: Mapping[str, float],
-    deadline: float,
-    time_limit: float,
-    fix_fraction: float = 0.5,
-) -> tuple[set[tuple[int, str]], int]:
-    """(team, region) pairs to enable; each round fixes the top ``fix_fraction`` fractional pairs."""
-    from scipy.optimize import Bounds, milp
+) -> set[tuple[int, str]]:
+    """Pairs to enable, worst cell first (the min-max objective): repeatedly take the cell with the
+    highest projected ratio above its GPU type's mean, and enable the pair of one of its teams that
+    sheds the most GPUs per byte still missing (replicas already chosen count as present)."""
+    pairs: dict[int, list[str]] = defaultdict(list)
+    for key in b.cols:
+        if key[0] == "w":
+            pairs[key[1]].append(key[2])
+    load: dict[tuple[str, str], float] = defaultdict(float)
+    in_cell: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for key in b.cols:
+        if key[0] == "x":
+            k, r, g = key[1], key[2], key[3]
+            n = float(problem.teams[k].current.get(r, {}).get(g, 0.0))
+            if n > 0:
+                load[(r, g)] += n
+                in_cell[(r, g)][k] = n
+    cap = {c: s for c, s in part_cells.items() if s > 0}
 
-    w_cols = {(key[1], key[2]): j for key, j in b.cols.items() if key[0] == "w"}
-    lb, ub = lb.copy(), ub.copy()
-    chosen: set[tuple[int, str]] = set()
-    closed: set[tuple[int, str]] = set()
+    def excess(c: tuple[str, str]) -> float:
+        return load.get(c, 0.0) - mean_ratio[c[1]] * cap[c] if c in cap else load.get(c, 0.0)
+
     have: set[tuple[str, str]] = set()
     spent, stored = 0.0, defaultdict(float)
-    rounds = 1
-    stop_at = deadline - 0.45 * time_limit  # leave time for the three final LPs
+    chosen: set[tuple[int, str]] = set()
+    stuck: set[tuple[str, str]] = set()
     while True:
-        frac = [
-            (float(x[j]), pair)
-            for pair, j in w_cols.items()
-            if pair not in chosen and pair not in closed and x[j] > 1e-6
+        over = [
+            (load[c] / cap[c] if c in cap else math.inf, c)
+            for c in in_cell
+            if excess(c) > 1e-6 and c not in stuck
         ]
-        if not frac:
+        if not over:
             break
-        frac.sort(reverse=True)
-        last_round = time.perf_counter() > stop_at
-        take = frac if last_round else frac[: max(1, int(len(frac) * fix_fraction))]
-        for _w, (k, r) in take:
-            new = [d for d in _missing(problem, k, r) if (d, r) not in have]
-            extra = sum(problem.datasets[d].bytes for d in new)
-            if spent + extra > budget * (1 - 1e-9) or (
-                r in storage_free and stored[r] + extra > storage_free[r] * (1 - 1e-9)
-            ):
-                closed.add((k, r))
-                ub[w_cols[(k, r)]] = 0.0
-                continue
-            spent += extra
-            stored[r] += extra
-            have.update((d, r) for d in new)
-            chosen.add((k, r))
-            lb[w_cols[(k, r)]] = 1.0
-        if last_round:
-            break
-        res = milp(
-            c,
-            constraints=[base],
-            bounds=Bounds(lb, ub),
-            options={"time_limit": max(0.5, stop_at - time.perf_counter())},
-        )
-        rounds += 1
-        if res.x is None:
-            break
-        x = res.x
-    return chosen, rounds
+        _, cell = max(over)
+        g = cell[1]
+        best = None
+        for k, n in in_cell[cell].items():
+            for r in pairs.get(k, ()):
+                room = -excess((r, g)) if (r, g) in cap else 0.0
+                if room <= 1e-9 or (k, r) in chosen:
+                    continue
+                new = [d for d in _missing(problem, k, r) if (d, r) not in have]
+                cost = float(sum(problem.datasets[d].bytes for d in new))
+                if spent + cost > budget * (1 - 1e-9) or (
+                    r in storage_free and stored[r] + cost > storage_free[r] * (1 - 1e-9)
+                ):
+                    continue
+                moved = min(n, room, excess(cell))
+                key = (moved / max(cost, 1.0), moved)
+                if best is None or key > best[0]:
+                    best = (key, k, r, new, cost, moved)
+        if best is None:
+            stuck.add(cell)
+            continue
+        _, k, r, new, cost, moved = best
+        spent += cost
+        stored[r] += cost
+        have.update((d, r) for d in new)
+        chosen.add((k, r))
+        load[cell] -= moved
+        load[(r, g)] += moved
+        in_cell[cell][k] -= moved
+        if in_cell[cell][k] <= 1e-9:
+            del in_cell[cell][k]
+    return chosen
 
 
 class _PartitionInfeasible(Exception):
@@ -685,6 +701,11 @@ def solve(
         r: max(0.0, float(cap) - used_storage.get(r, 0.0)) for r, cap in problem.storage_cap_bytes.items()
     }
 
+    total_overflow = sum(
+        n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / n)
+        for c, n in load_before.items()
+        if c in cells and n > 0
+    )
     x_all: dict[tuple[int, str, str], float] = {}
     replicas: set[tuple[str, str]] = set()
     stage_status: list[str] = []
@@ -695,15 +716,31 @@ def solve(
         for k in members:
             for g, n in problem.teams[k].demand().items():
                 part_demand[g] += n
-        share = {g: part_demand.get(g, 0.0) / d if d > 0 else 0.0 for g, d in demand_by_gpu.items()}
-        share.update({g: 0.0 for g in supply_by_gpu if g not in share})
-        frac = sum(part_demand.values()) / total_demand
+        part_load: dict[tuple[str, str], float] = defaultdict(float)
+        for k in members:
+            for r, per in problem.teams[k].current.items():
+                for g, n in per.items():
+                    part_load[(r, g)] += n
+        # the partition's supply: what it uses of each cell now (scaled down where the cell is
+        # overloaded) plus its demand's share of the cell's spare GPUs; sums to the cell's supply
+        part_supply = {}
+        for c, s in cells.items():
+            used = load_before.get(c, 0.0)
+            mine = part_load.get(c, 0.0) * (min(1.0, s / used) if used > 0 else 0.0)
+            spare_share = part_demand.get(c[1], 0.0) / demand_by_gpu[c[1]] if demand_by_gpu.get(c[1]) else 0.0
+            part_supply[c] = mine + max(0.0, s - used) * spare_share
+        overflow = sum(
+            n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / load_before[c])
+            for c, n in part_load.items()
+            if c in cells
+        )
+        frac = overflow / total_overflow if total_overflow > 0 else sum(part_demand.values()) / total_demand
         remaining = max(1.0, time_limit_s - (time.perf_counter() - started))
         args = (
             problem,
             members,
             cells,
-            share,
+            part_supply,
             mean_ratio,
             load_before,
             problem.budget_bytes * frac,
