@@ -21,7 +21,9 @@ def main() -> None:
     p.add_argument("--teams", type=int, default=2000)
     p.add_argument("--datasets", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget-fraction", type=float, default=None, help="budget as a share of all dataset bytes")
+    p.add_argument(
+        "--budget-fraction", type=float, default=None, help="budget as a share of all dataset bytes"
+    )
     p.add_argument("--time-limit", type=float, default=50.0, help="solver time budget (s)")
     args = p.parse_args()
     t0 = time.perf_counter()

@@ -11,8 +11,8 @@ not); bytes of new replicas ≤ the nightly budget; bytes per region ≤ its sto
 
 Objectives, lexicographic (each stage bounds the previous optimum and re-solves):
   A. minimise ``t``, the worst (region, GPU type) demand/supply ratio;
-  B. minimise the soft balance penalty ``Σ S·(3·over + under)`` around the GPU type's mean ratio
-     (overload costs three times underload);
+  B. minimise the soft balance penalty ``Σ S·(3·over + under)`` around each cell's supply
+     (a GPU of overload costs three times an idle one);
   C. minimise bytes replicated (normalised by the budget) + 0.1 × priority-weighted GPUs moved.
 Cross-region reads are zero by construction (locality is a hard constraint); the solution reports
 them as measured from the placement, so a regression shows.
@@ -485,7 +485,7 @@ def _solve_partition(
             continue
         b.row([*((x, 1.0) for x in xs), (t_col, -s)], -math.inf, 0.0, "ratio")
         over, under = b.var(("o", *cell)), b.var(("u", *cell))
-        target = mean_ratio[cell[1]] * s
+        target = s  # soft balance around supply: GPUs over it cost OVERLOAD_WEIGHT, idle ones 1
         b.row([*((x, 1.0) for x in xs), (over, -s), (under, s)], target, target, "balance")
         balance_terms += [(over, OVERLOAD_WEIGHT * s / total_cap), (under, UNDERLOAD_WEIGHT * s / total_cap)]
 
