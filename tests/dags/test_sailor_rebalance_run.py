@@ -57,6 +57,18 @@ def demo_ledger(settings, demo_dataset):
     return ledger
 
 
+def _asset_events(run_id):
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        asset_id = session.scalar(select(AssetModel.id).where(AssetModel.name == "sailor_assignment"))
+        return session.scalars(
+            select(AssetEvent).where(AssetEvent.asset_id == asset_id, AssetEvent.source_run_id == run_id)
+        ).all()
+
+
 def _states(dagrun):
     return {ti.task_id: ti.state for ti in dagrun.get_task_instances()}
 
@@ -84,6 +96,10 @@ def test_rebalance_publishes_replicates_and_reports(dagbag, settings, demo_ledge
         assert read_manifest(copy).files == src.files
     assert night["bytes_replicated"] == src.total_bytes * (len(replicas) - 1)
 
+    # data-aware DAGs see a new event of the assignment asset
+    events = _asset_events(dagrun.run_id)
+    assert len(events) == 1
+
     # the report: a PNG chart and a markdown summary stored with the run
     assert storage.read_bytes(night["report_uri"]).startswith(b"\x89PNG")
     summary = storage.read_bytes(night["summary_uri"]).decode()
@@ -97,7 +113,7 @@ def test_dry_run_reports_but_publishes_and_copies_nothing(dagbag, settings, demo
     assert dagrun.state == "success", _states(dagrun)
     states = _states(dagrun)
     assert states["publish_assignment"] == "skipped" and states["report"] == "success"
-    assert demo_ledger.latest_assignment() is None
+    assert demo_ledger.latest_assignment() is None and _asset_events(dagrun.run_id) == []
     assert demo_ledger.replicas([demo_dataset]) == {demo_dataset: ("us-east1",)}
     (night,) = demo_ledger.rebalance_nights()
     assert night["dry_run"] and night["assignment_version"] is None and night["bytes_replicated"] == 0
