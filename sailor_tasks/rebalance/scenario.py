@@ -6,8 +6,10 @@
   (the busiest region's demand/supply ratio ≈ 2.6, as at MAST before balancing) while total demand
   per GPU type is ``demand_fraction`` of its supply.
 - Datasets: log-normal sizes (median 20 GB); readers drawn inside one organisation with the reader
-  count distribution of MAST's data partitions (median 3, P90 17, P99 45); each dataset starts
-  replicated in its readers' home regions (where ``place_data`` put it).
+  count distribution of MAST's data partitions (median 3, P90 17, P99 45), weighted by a
+  log-normal "data appetite" per team (a few teams read most of their organisation's data); each
+  dataset starts replicated in its readers' home regions (where ``place_data`` put it) plus
+  ``extra_replicas`` disaster-recovery copies in regions drawn by supply.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ def generate(
     datasets: int = 10000,
     seed: int = 0,
     demand_fraction: float = 0.85,
-    budget_fraction: float = 0.3,
+    budget_fraction: float = 1.0,
     org_size: int = 50,
     quota_fraction: float = 0.01,
-    extra_replicas: int = 1,
+    extra_replicas: int = 2,
+    appetite_sigma: float = 1.5,
 ) -> Problem:
     """A scenario; ``budget_fraction`` of all dataset bytes is the nightly replication budget."""
     if regions < 2 or gpu_types < 1 or teams < 1 or datasets < 1:
@@ -95,9 +98,12 @@ def generate(
     sizes = np.round(rng.lognormal(np.log(20 * GB), 1.5, size=datasets)).astype(np.int64)
     reads: list[list[str]] = [[] for _ in range(teams)]
     readers_of: list[np.ndarray] = []
+    # data appetite: a few teams of an organisation read most of its datasets, most read a few
+    appetite = rng.lognormal(0.0, appetite_sigma, size=teams)
     for d in range(datasets):
         pool = members[int(ds_org[d])]
-        chosen = rng.choice(pool, size=min(int(counts[d]), len(pool)), replace=False)
+        w = appetite[pool] / appetite[pool].sum()
+        chosen = rng.choice(pool, size=min(int(counts[d]), len(pool)), replace=False, p=w)
         readers_of.append(chosen)
     uris = [f"sailor://source/datasets/part-{d:05d}" for d in range(datasets)]
     for d, chosen in enumerate(readers_of):

@@ -57,6 +57,7 @@ MOVE_WEIGHT = 0.1
 T_TOLERANCE = 1e-6
 MIP_REL_GAP = 0.01
 CHEAP_CANDIDATES = 4
+LP_BOUND_TIME_SHARE = 0.3
 
 
 class RebalanceInfeasibleError(SailorError, ValueError):
@@ -84,7 +85,8 @@ class Solution:
     """LP bound on the worst (region, GPU type) ratio, whole problem, data constraints relaxed."""
     region_lower_bound: float
     """LP bound on the worst region ratio (GPU types summed), data constraints relaxed."""
-    partition_bound: float
+    partition_bound: float | None
+    """max over partitions of their LP relaxation (None when one ran out of its time share)."""
     max_ratio_before: float
     max_ratio_after: float
     max_cell_ratio_before: float
@@ -513,13 +515,14 @@ def _solve_partition(
     )
 
     lp = milp(
-        c_a, constraints=[base], bounds=Bounds(bounds_lb, bounds_ub), options={"time_limit": time_limit}
+        c_a,
+        constraints=[base],
+        bounds=Bounds(bounds_lb, bounds_ub),
+        options={"time_limit": LP_BOUND_TIME_SHARE * time_limit},
     )
     if lp.status == 2:
         raise _PartitionInfeasible()
-    if lp.x is None:
-        raise RuntimeError(f"rebalance LP relaxation: status {lp.status}: {lp.message}")
-    lp_bound = float(lp.fun) if lp.x is not None else math.nan
+    lp_bound = float(lp.fun) if lp.status == 0 else math.nan  # nan: the bound ran out of time
     status: list[str] = []
     best = None
     constraints = [base]
@@ -590,10 +593,11 @@ def _greedy_enable(
     """Pairs to enable, worst cell first (the min-max objective): repeatedly take the cell with the
     highest projected ratio above its GPU type's mean, and enable the pair of one of its teams that
     sheds the most GPUs per byte still missing (replicas already chosen count as present)."""
-    pairs: dict[int, list[str]] = defaultdict(list)
+    # every region a team may use: enabling ones (w) cost their missing bytes, the others are free
+    pairs: dict[int, set[str]] = defaultdict(set)
     for key in b.cols:
-        if key[0] == "w":
-            pairs[key[1]].append(key[2])
+        if key[0] == "x":
+            pairs[key[1]].add(key[2])
     load: dict[tuple[str, str], float] = defaultdict(float)
     in_cell: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     for key in b.cols:
@@ -626,7 +630,7 @@ def _greedy_enable(
         for k, n in in_cell[cell].items():
             for r in pairs.get(k, ()):
                 room = -excess((r, g)) if (r, g) in cap else 0.0
-                if room <= 1e-9 or (k, r) in chosen:
+                if room <= 1e-9 or (r, g) == cell:
                     continue
                 new = [d for d in _missing(problem, k, r) if (d, r) not in have]
                 cost = float(sum(problem.datasets[d].bytes for d in new))
@@ -645,7 +649,8 @@ def _greedy_enable(
         spent += cost
         stored[r] += cost
         have.update((d, r) for d in new)
-        chosen.add((k, r))
+        if ("w", k, r) in b.cols:
+            chosen.add((k, r))
         load[cell] -= moved
         load[(r, g)] += moved
         in_cell[cell][k] -= moved
@@ -664,7 +669,7 @@ class _PartitionInfeasible(Exception):
 def solve(
     problem: Problem,
     *,
-    candidates: int = 8,
+    candidates: int = 40,
     team_block: int = 250,
     time_limit_s: float = 50.0,
     seed: int = 0,
@@ -709,7 +714,7 @@ def solve(
     x_all: dict[tuple[int, str, str], float] = {}
     replicas: set[tuple[str, str]] = set()
     stage_status: list[str] = []
-    partition_bound = 0.0
+    partition_bound = 0.0  # nan once any partition's LP bound ran out of time
     binaries = 0
     for pi, members in enumerate(parts):
         part_demand: dict[str, float] = defaultdict(float)
@@ -757,7 +762,7 @@ def solve(
         x_all.update(res.x)
         replicas |= res.replicas
         stage_status += [f"p{pi}:{s}" for s in res.status]
-        partition_bound = max(partition_bound, res.lp_bound)
+        partition_bound = max(partition_bound, res.lp_bound) if not math.isnan(res.lp_bound) else math.nan
         binaries += res.binaries
 
     placement: dict[str, dict[str, dict[str, float]]] = {}
@@ -809,7 +814,7 @@ def solve(
         cell_load_after=nested(load_after),
         lower_bound=round(lower_bound, 6),
         region_lower_bound=round(region_lower_bound, 6),
-        partition_bound=round(partition_bound, 6),
+        partition_bound=None if math.isnan(partition_bound) else round(partition_bound, 6),
         max_ratio_before=round(max(before_r.values(), default=0.0), 6),
         max_ratio_after=round(max(after_r.values(), default=0.0), 6),
         max_cell_ratio_before=round(max(before_c.values(), default=0.0), 6),
