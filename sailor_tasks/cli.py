@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teams", type=int, default=2000)
     p.add_argument("--datasets", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget-fraction", type=float, default=1.0, help="byte budget / all dataset bytes")
+    p.add_argument("--budget-fraction", type=float, default=0.1, help="byte budget / all dataset bytes")
     p.add_argument("--time-limit", type=float, default=50.0, help="solver time budget in seconds")
     p.add_argument("--write-scenario", metavar="PATH", help="also write the problem as JSON")
     p.add_argument("--full", action="store_true", help="print the whole solution (shares, replicas)")

@@ -38,7 +38,7 @@ def generate(
     datasets: int = 10000,
     seed: int = 0,
     demand_fraction: float = 0.85,
-    budget_fraction: float = 1.0,
+    budget_fraction: float = 0.1,
     org_size: int = 50,
     quota_fraction: float = 0.01,
     extra_replicas: int = 2,
