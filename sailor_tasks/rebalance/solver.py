@@ -266,7 +266,7 @@ def _lp_bound(problem: Problem, per_region: bool) -> float:
     for i, team in enumerate(quota_teams):
         for g, n in team.demand().items():
             eq_row(((index[("x", i, r, gg)], 1.0) for r, gg in cell_list if gg == g), n)
-        regions = {r for r, _ in cell_list}
+        regions = sorted({r for r, _ in cell_list})
         for r in regions:
             js = [index[c] for c in (("x", i, r, g) for g in team.demand()) if c in index]
             hi, lo = team.cap(r), team.quota_min.get(r)
@@ -645,7 +645,7 @@ def _greedy_enable(
         g = cell[1]
         best = None
         for k, n in in_cell[cell].items():
-            for r in pairs.get(k, ()):
+            for r in sorted(pairs.get(k, ())):
                 room = -excess((r, g)) if (r, g) in cap else 0.0
                 if room <= 1e-9 or (r, g) == cell:
                     continue
