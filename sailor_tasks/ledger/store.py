@@ -275,6 +275,7 @@ class Ledger:
         return Assignment(
             version=row["version"],
             shares=row["shares"],
+            region_load=row["region_load"] or {},
             created_at=row["created_at"].isoformat(),
             source=row["source"],
         )
