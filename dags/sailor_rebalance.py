@@ -67,6 +67,14 @@ ASSIGNMENT_ASSET = Asset(name="sailor_assignment")
             title="Hard quotas",
             description='team → {"max": {region: GPUs}, "min": {region: GPUs}}; "*" in max caps every other region.',
         ),
+        "comfort_ratio": Param(
+            0.9,
+            type="number",
+            minimum=0,
+            maximum=2,
+            title="Comfort ratio",
+            description="Demand/supply below this counts as balanced: nothing is moved or copied to go lower (0: pure min-max).",
+        ),
         "time_limit_s": Param(
             50.0,
             type="number",
@@ -99,8 +107,9 @@ def sailor_rebalance():
         from sailor_tasks.rebalance.solver import RebalanceInfeasibleError
 
         try:
+            p = get_current_context()["params"]
             return stages.solve_assignment(
-                utilization, time_limit_s=float(get_current_context()["params"]["time_limit_s"])
+                utilization, time_limit_s=float(p["time_limit_s"]), comfort_ratio=float(p["comfort_ratio"])
             )
         except RebalanceInfeasibleError as exc:  # a configuration problem: retrying does not help
             raise AirflowFailException(str(exc)) from exc

@@ -179,7 +179,9 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
         with open(args.write_scenario, "w") as f:
             json.dump(problem.to_json(), f)
     try:
-        solution = solve(problem, seed=args.seed, time_limit_s=args.time_limit)
+        solution = solve(
+            problem, seed=args.seed, time_limit_s=args.time_limit, comfort_ratio=args.comfort_ratio
+        )
     except RebalanceInfeasibleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -330,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-fraction", type=float, default=0.1, help="byte budget / all dataset bytes")
     p.add_argument("--time-limit", type=float, default=50.0, help="solver time budget in seconds")
+    p.add_argument("--comfort-ratio", type=float, default=0.0, help="ratios below it count as balanced")
     p.add_argument("--write-scenario", metavar="PATH", help="also write the problem as JSON")
     p.add_argument("--full", action="store_true", help="print the whole solution (shares, replicas)")
     p.add_argument("--json", action="store_true")

@@ -406,7 +406,7 @@ def collect_utilization(
     }
 
 
-def solve_assignment(utilization: JSON, time_limit_s: float = 50.0) -> JSON:
+def solve_assignment(utilization: JSON, time_limit_s: float = 50.0, comfort_ratio: float = 0.9) -> JSON:
     """Team shares per region and GPU type, and new replicas (HiGHS; see rebalance.solver).
 
     Raises:
@@ -415,7 +415,9 @@ def solve_assignment(utilization: JSON, time_limit_s: float = 50.0) -> JSON:
     from sailor_tasks.rebalance.problem import Problem
     from sailor_tasks.rebalance.solver import solve
 
-    solution = solve(Problem.from_json(utilization["problem"]), time_limit_s=time_limit_s)
+    solution = solve(
+        Problem.from_json(utilization["problem"]), time_limit_s=time_limit_s, comfort_ratio=comfort_ratio
+    )
     logger.info("rebalance solution: %s", solution.summary())
     return solution.to_json()
 

@@ -392,13 +392,14 @@ def _solve_partition(
     time_limit: float,
     seed: int,
     mip_max_binaries: int = 0,
+    comfort_ratio: float = 0.0,
     skip_groups: frozenset[str] = frozenset(),
 ) -> _PartResult:
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
     b = _Builder()
-    t_col = b.var(("t",))
+    t_col = b.var(("t",), lb=comfort_ratio)  # ratios below the comfort level count as balanced
     regions_by_gpu: dict[str, list[str]] = defaultdict(list)
     for r, g in sorted(cells):
         regions_by_gpu[g].append(r)
@@ -550,7 +551,8 @@ def _solve_partition(
         # LP-guided greedy rounding + repair: enable (team, region) pairs by GPUs of overflow they
         # can take per byte still missing (shared replicas counted once), within the budget and
         # storage caps; the binaries are then fixed and the stages below are LPs.
-        chosen = _greedy_enable(problem, b, part_cells, mean_ratio, budget, storage_free)
+        goal = {g: max(m, comfort_ratio) for g, m in mean_ratio.items()}
+        chosen = _greedy_enable(problem, b, part_cells, goal, budget, storage_free)
         rounds = 1
         for key, j in b.cols.items():
             if key[0] == "w":
@@ -698,8 +700,14 @@ def solve(
     time_limit_s: float = 50.0,
     seed: int = 0,
     mip_max_binaries: int = 200,
+    comfort_ratio: float = 0.0,
 ) -> Solution:
-    """Solve the rebalance problem (see the module docstring); raises RebalanceInfeasibleError."""
+    """Solve the rebalance problem (see the module docstring); raises RebalanceInfeasibleError.
+
+    ``comfort_ratio``: stage A minimises ``max(worst ratio, comfort_ratio)``, so regions already
+    below it are not spread further (no data is copied just to go from 0.3 to 0.2); 0 is the pure
+    lexicographic min-max.
+    """
     started = time.perf_counter()
     check_feasible(problem)
     cells = problem.cell_supply()
@@ -800,6 +808,7 @@ def solve(
             remaining / (len(parts) - pi),
             seed * 1000 + pi,
             mip_max_binaries,
+            comfort_ratio,
         )
         try:
             res = _solve_partition(*args)

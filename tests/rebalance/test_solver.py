@@ -42,6 +42,16 @@ def test_three_regions_known_optimum_spreads_evenly():
     assert s.gpus_moved == pytest.approx(11.0, abs=1e-4)
 
 
+def test_comfort_ratio_moves_only_what_exceeds_it():
+    p = _problem(
+        [Team("t1", {"a": {"T4": 12.0}}), Team("t2", {"a": {"T4": 6.0}}), Team("t3", {"b": {"T4": 3.0}})]
+    )
+    s = solve(p, comfort_ratio=0.9)
+    assert s.max_ratio_after == pytest.approx(0.9, abs=1e-5)
+    assert s.gpus_moved == pytest.approx(9.0, abs=1e-4)  # a keeps 9 of its 18; nothing more moves
+    assert s.lower_bound == pytest.approx(0.7)  # the bound is still the true one
+
+
 def test_locality_team_never_runs_where_its_data_is_not():
     """t1 reads d1 (only in a) and there is no budget: t1 stays; t2 (no data) moves out instead."""
     d1 = Dataset("d1", 100, ("a",))
