@@ -119,3 +119,14 @@ def test_dry_run_reports_but_publishes_and_copies_nothing(dagbag, settings, demo
     assert night["dry_run"] and night["assignment_version"] is None and night["bytes_replicated"] == 0
     assert night["max_ratio_after"] <= 1.0 < night["max_ratio_before"]
     assert "dry run" in storage.read_bytes(night["summary_uri"]).decode()
+
+
+def test_infeasible_quota_fails_solve_without_retries_and_changes_nothing(dagbag, demo_ledger, demo_dataset):
+    conf = {"window_days": 1, "quotas": {"vision": {"max": {"*": 0, "us-east1": 10}}}}
+    dagrun = dagbag.dags["sailor_rebalance"].test(run_conf=conf)
+    states = _states(dagrun)
+    assert dagrun.state == "failed" and states["solve_assignment"] == "failed", states
+    ti = dagrun.get_task_instance("solve_assignment")
+    assert ti.try_number == 1  # AirflowFailException: a configuration problem is not retried
+    assert demo_ledger.latest_assignment() is None and demo_ledger.rebalance_nights() == []
+    assert demo_ledger.replicas([demo_dataset]) == {demo_dataset: ("us-east1",)}
