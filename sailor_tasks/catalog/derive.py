@@ -12,7 +12,8 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+
+from sailor_tasks.model import Offer
 
 # 700.0 is the source catalog's placeholder for "no price" (40 rows in the 2026-05-20 snapshot).
 PLACEHOLDER_PRICE_USD = 700.0
@@ -43,18 +44,6 @@ def host_instance_type(gpu: str, count: int) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class DerivedOffer:
-    region: str
-    zone: str
-    gpu_type: str
-    gpus_per_node: int
-    instance_type: str
-    ondemand_usd_per_hour: float
-    spot_usd_per_hour: float
-    spot_above_ondemand: bool
-
-
 OFFER_COLUMNS = (
     "cloud",
     "region",
@@ -78,7 +67,7 @@ def _price(text: str) -> float | None:
     return value
 
 
-def derive_offers(rows: Iterable[dict[str, str]]) -> Iterator[DerivedOffer]:
+def derive_offers(rows: Iterable[dict[str, str]]) -> Iterator[Offer]:
     """Pair accelerator rows with host rows of the same zone; yield clean offers.
 
     Host rows with a zero price (A4 in the 2026-05-20 snapshot) mean the provider bundles the host
@@ -104,7 +93,8 @@ def derive_offers(rows: Iterable[dict[str, str]]) -> Iterator[DerivedOffer]:
         host_od, host_spot = hosts[(host, row["AvailabilityZone"])]
         od = round(acc_od + host_od, 5)
         spot = round(acc_spot + host_spot, 5)
-        yield DerivedOffer(
+        yield Offer(
+            cloud="gcp",
             region=row["Region"],
             zone=row["AvailabilityZone"],
             gpu_type=gpu,
@@ -116,7 +106,7 @@ def derive_offers(rows: Iterable[dict[str, str]]) -> Iterator[DerivedOffer]:
         )
 
 
-def write_offers_csv(offers: Iterable[DerivedOffer], out: io.TextIOBase, provenance: str) -> int:
+def write_offers_csv(offers: Iterable[Offer], out: io.TextIOBase, provenance: str) -> int:
     """Write offers as CSV with a ``# provenance`` comment line first; return the row count."""
     out.write(f"# {provenance}\n")
     writer = csv.writer(out, lineterminator="\n")
@@ -127,7 +117,7 @@ def write_offers_csv(offers: Iterable[DerivedOffer], out: io.TextIOBase, provena
         o = unique[key]
         writer.writerow(
             [
-                "gcp",
+                o.cloud,
                 o.region,
                 o.zone,
                 o.gpu_type,
