@@ -12,8 +12,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable, Iterator
-
-from sailor_tasks.model import Offer
+from dataclasses import dataclass
 
 # 700.0 is the source catalog's placeholder for "no price" (40 rows in the 2026-05-20 snapshot).
 PLACEHOLDER_PRICE_USD = 700.0
@@ -44,6 +43,18 @@ def host_instance_type(gpu: str, count: int) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class DerivedOffer:
+    region: str
+    zone: str
+    gpu_type: str
+    gpus_per_node: int
+    instance_type: str
+    ondemand_usd_per_hour: float
+    spot_usd_per_hour: float
+    spot_above_ondemand: bool
+
+
 OFFER_COLUMNS = (
     "cloud",
     "region",
@@ -67,7 +78,7 @@ def _price(text: str) -> float | None:
     return value
 
 
-def derive_offers(rows: Iterable[dict[str, str]]) -> Iterator[Offer]:
+def derive_offers(rows: Iterable[dict[str, str]]) -> Iterator[DerivedOffer]:
     """Pair accelerator rows with host rows of the same zone; yield clean offers.
 
     Host rows with a zero price (A4 in the 2026-05-20 snapshot) mean the provider bundles the host
@@ -93,8 +104,7 @@ def derive_offers(rows: Iterable[dict[str, str]]) -> Iterator[Offer]:
         host_od, host_spot = hosts[(host, row["AvailabilityZone"])]
         od = round(acc_od + host_od, 5)
         spot = round(acc_spot + host_spot, 5)
-        yield Offer(
-            cloud="gcp",
+        yield DerivedOffer(
             region=row["Region"],
             zone=row["AvailabilityZone"],
             gpu_type=gpu,
@@ -106,7 +116,7 @@ def derive_offers(rows: Iterable[dict[str, str]]) -> Iterator[Offer]:
         )
 
 
-def write_offers_csv(offers: Iterable[Offer], out: io.TextIOBase, provenance: str) -> int:
+def write_offers_csv(offers: Iterable[DerivedOffer], out: io.TextIOBase, provenance: str) -> int:
     """Write offers as CSV with a ``# provenance`` comment line first; return the row count."""
     out.write(f"# {provenance}\n")
     writer = csv.writer(out, lineterminator="\n")
@@ -117,7 +127,7 @@ def write_offers_csv(offers: Iterable[Offer], out: io.TextIOBase, provenance: st
         o = unique[key]
         writer.writerow(
             [
-                o.cloud,
+                "gcp",
                 o.region,
                 o.zone,
                 o.gpu_type,
