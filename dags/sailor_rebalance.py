@@ -1,11 +1,16 @@
 """
-### sailor_rebalance — nightly region assignment (MAST slow path)
+### sailor_rebalance — nightly region assignment and data replication (MAST slow path)
 
-`collect_utilization → solve_assignment → publish_assignment → report`
+`collect_utilization → solve_assignment → publish_assignment → replicate_data[] → report`
 
-Reads the GPU-hours each team used per region from the ledger over a window, computes team →
-region shares against regional supply, and publishes them as a new assignment version that every
-`sailor_train` run's `plan` reads. Runs nightly; trigger it by hand with another window.
+Reads each team's GPU demand per region and GPU type from the ledger over a window (and the
+datasets it reads), solves region shares and new dataset replicas with HiGHS (worst regional
+overload first, then soft balance, then bytes moved; data locality, byte budget, storage caps and
+quotas as hard constraints), publishes a new assignment version (asset `sailor_assignment`) that
+every `sailor_train` run's `plan` reads, copies the planned replicas (one mapped task per copy,
+same checksummed copier as `place_data`) and writes a chart + summary under
+`sailor://source/reports/rebalance/<run>/`. `dry_run` computes and reports, publishes and copies
+nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +18,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Asset, Param, dag, get_current_context, task
+
+# Named asset (no URI scheme: a custom scheme makes Airflow load every provider at parse time).
+# Data-aware DAGs follow it with ``schedule=[Asset("sailor_assignment")]``.
+ASSIGNMENT_ASSET = Asset(name="sailor_assignment")
 
 
 @dag(
@@ -39,6 +48,41 @@ from airflow.sdk import Param, dag, get_current_context, task
             title="Window (days)",
             description="Utilization window read from the ledger, ending at the run's time.",
         ),
+        "byte_budget_gb": Param(
+            500.0,
+            type="number",
+            minimum=0,
+            title="Replication budget (GB)",
+            description="Bytes the nightly replication may copy (new dataset replicas), in GB.",
+        ),
+        "dry_run": Param(
+            False,
+            type="boolean",
+            title="Dry run",
+            description="Solve and report only: publish no assignment and copy no data.",
+        ),
+        "quotas": Param(
+            {},
+            type="object",
+            title="Hard quotas",
+            description='team → {"max": {region: GPUs}, "min": {region: GPUs}}; "*" in max caps every other region.',
+        ),
+        "comfort_ratio": Param(
+            0.9,
+            type="number",
+            minimum=0,
+            maximum=2,
+            title="Comfort ratio",
+            description="Demand/supply below this counts as balanced: nothing is moved or copied to go lower (0: pure min-max).",
+        ),
+        "time_limit_s": Param(
+            50.0,
+            type="number",
+            minimum=1,
+            maximum=3600,
+            title="Solver time limit (s)",
+            description="Time budget of the HiGHS solves (the whole decomposition).",
+        ),
     },
 )
 def sailor_rebalance():
@@ -47,32 +91,65 @@ def sailor_rebalance():
         from sailor_tasks import stages
 
         ctx = get_current_context()
-        as_of = ctx["dag_run"].run_after.isoformat()
-        return stages.collect_utilization(float(ctx["params"]["window_days"]), as_of=as_of)
-
-    @task
-    def solve_assignment(utilization: dict) -> dict:
-        from sailor_tasks import stages
-
-        return stages.solve_assignment(utilization)
-
-    @task
-    def publish_assignment(solution: dict) -> dict:
-        from sailor_tasks import stages
-
-        return stages.publish_assignment(
-            solution, source=f"sailor_rebalance/{get_current_context()['run_id']}"
+        p = ctx["params"]
+        return stages.collect_utilization(
+            float(p["window_days"]),
+            as_of=ctx["dag_run"].run_after.isoformat(),
+            budget_gb=float(p["byte_budget_gb"]),
+            quotas=p["quotas"],
         )
 
     @task
-    def report(utilization: dict, solution: dict, published: dict) -> dict:
+    def solve_assignment(utilization: dict) -> dict:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from sailor_tasks import stages
+        from sailor_tasks.rebalance.solver import RebalanceInfeasibleError
+
+        try:
+            p = get_current_context()["params"]
+            return stages.solve_assignment(
+                utilization, time_limit_s=float(p["time_limit_s"]), comfort_ratio=float(p["comfort_ratio"])
+            )
+        except RebalanceInfeasibleError as exc:  # a configuration problem: retrying does not help
+            raise AirflowFailException(str(exc)) from exc
+
+    @task(outlets=[ASSIGNMENT_ASSET])
+    def publish_assignment(solution: dict) -> list:
+        from airflow.sdk.exceptions import AirflowSkipException
+
         from sailor_tasks import stages
 
-        return stages.report_rebalance(utilization, solution, published)
+        ctx = get_current_context()
+        if ctx["params"]["dry_run"]:
+            raise AirflowSkipException("dry run: no assignment published, no data replicated")
+        published = stages.publish_assignment(solution, source=f"sailor_rebalance/{ctx['run_id']}")
+        return published["copies"]  # one mapped replicate_data task per copy
+
+    @task(max_active_tis_per_dag=4)
+    def replicate_data(copy: dict) -> dict:
+        from sailor_tasks import stages
+
+        return stages.replicate_dataset(copy)
+
+    @task(trigger_rule="none_failed")
+    def report(utilization: dict, solution: dict, replicated: list | None) -> dict:
+        from sailor_tasks import stages
+
+        ctx = get_current_context()
+        return stages.report_rebalance(
+            utilization,
+            solution,
+            list(replicated or ()),
+            run_id=ctx["run_id"],
+            dry_run=bool(ctx["params"]["dry_run"]),
+        )
 
     utilization = collect_utilization()
     solution = solve_assignment(utilization)
-    report(utilization, solution, publish_assignment(solution))
+    published = publish_assignment(solution)
+    copies = replicate_data.expand(copy=published)
+    report(utilization, solution, copies)
 
 
 sailor_rebalance()

@@ -2,7 +2,7 @@
 does its work through the library, records itself in the ledger, and is safe to retry.
 
 ``sailor_train``:    validate → plan → place_data → provision → train → finalize; teardown (always)
-``sailor_rebalance``: collect_utilization → solve_assignment → publish_assignment → report
+``sailor_rebalance``: collect_utilization → solve_assignment → publish_assignment → replicate_data[] → report
 
 The DAG files call these and nothing else; Airflow is not imported here, so the same stages run
 from the CLI, tests and benchmarks.
@@ -351,63 +351,155 @@ def render_summary(s: Mapping[str, Any]) -> str:
 # --- sailor_rebalance ----------------------------------------------------------------------------
 
 
+REPORTS_ROOT = "sailor://source/reports/rebalance"
+"""Where each rebalance run stores its chart, summary and solution (``<root>/<run_key>/``)."""
+DEFAULT_BUDGET_GB = 500.0
+
+
 def collect_utilization(
-    window_days: float, as_of: str | None = None, ctx: StageContext | None = None
+    window_days: float,
+    as_of: str | None = None,
+    budget_gb: float = DEFAULT_BUDGET_GB,
+    quotas: Mapping[str, Any] | None = None,
+    ctx: StageContext | None = None,
 ) -> JSON:
-    """GPU-hours per (team, region) ended in the window, and supply per region from the catalog."""
+    """The rebalance problem from the ledger (demand per team, region and GPU type over the window;
+    datasets each team reads, their sizes and replicas) and the catalog's supply."""
     ctx = _ctx(ctx)
-    end = dt.datetime.fromisoformat(as_of) if as_of else utcnow()
-    since = end - dt.timedelta(days=window_days)
-    rows = ctx.ledger.utilization_by_team_region(since)
-    supply: dict[str, float] = {}
-    for offer in ctx.catalog.offers:
-        supply.setdefault(offer.region, 0.0)
-    for region in supply:
-        supply[region] = float(len({o.zone for o in ctx.catalog.offers if o.region == region}))
-    demand = [[team, region, gpu, round(hours, 6)] for (team, region, gpu), hours in sorted(rows.items())]
-    logger.info(
-        "collected %d utilization rows over %.1f days (%.3f GPU-hours)",
-        len(demand),
-        window_days,
-        sum(r[3] for r in demand),
+    from sailor_tasks.catalog.supply import region_supply
+    from sailor_tasks.data.manifest import read_manifest
+    from sailor_tasks.rebalance.collect import build_problem
+
+    until = dt.datetime.fromisoformat(as_of) if as_of else utcnow()
+    since = until - dt.timedelta(days=window_days)
+
+    def size_of(uri: str) -> int | None:
+        manifest = read_manifest(storage.resolve(uri, ctx.settings))
+        return manifest.total_bytes if manifest else None
+
+    problem, stats = build_problem(
+        ctx.ledger.utilization_rows(since, until),
+        ctx.ledger.replica_rows(),
+        region_supply(ctx.catalog.offers),
+        since,
+        until,
+        budget_bytes=int(budget_gb * 1e9),
+        size_of=size_of,
+        quotas=quotas,
     )
-    return {"window_days": window_days, "since": since.isoformat(), "demand": demand, "supply": supply}
+    logger.info(
+        "collected %.3f GPU-hours of %d teams over %.1f days; %d datasets; supply in %d regions",
+        stats["gpu_hours"],
+        len(problem.teams),
+        window_days,
+        len(problem.datasets),
+        len(problem.supply),
+    )
+    return {
+        "window_days": window_days,
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "problem": problem.to_json(),
+        **stats,
+    }
 
 
-def solve_assignment(utilization: JSON) -> JSON:
-    """Compute team → region shares from the collected utilization."""
-    from sailor_tasks.rebalance.proportional import region_load, solve
+def solve_assignment(utilization: JSON, time_limit_s: float = 50.0, comfort_ratio: float = 0.9) -> JSON:
+    """Team shares per region and GPU type, and new replicas (HiGHS; see rebalance.solver).
 
-    demand: dict[tuple[str, str], float] = {}
-    for team, region, _gpu, hours in utilization["demand"]:
-        demand[(team, region)] = demand.get((team, region), 0.0) + hours
-    shares = solve(demand, utilization["supply"])
-    load = region_load(demand, utilization["supply"])
-    return {"shares": shares, "load_before": load, "teams": len(shares)}
+    Raises:
+        RebalanceInfeasibleError: naming the binding constraint (quotas, budget, storage caps).
+    """
+    from sailor_tasks.rebalance.problem import Problem
+    from sailor_tasks.rebalance.solver import solve
+
+    solution = solve(
+        Problem.from_json(utilization["problem"]), time_limit_s=time_limit_s, comfort_ratio=comfort_ratio
+    )
+    logger.info("rebalance solution: %s", solution.summary())
+    return solution.to_json()
 
 
 def publish_assignment(solution: JSON, source: str, ctx: StageContext | None = None) -> JSON:
-    """Write the shares as a new assignment version that ``plan`` reads from now on."""
+    """Write the shares (and projected region load) as a new assignment version ``plan`` reads."""
     ctx = _ctx(ctx)
-    assignment = ctx.ledger.publish_assignment(solution["shares"], source=source)
+    assignment = ctx.ledger.publish_assignment(
+        solution["shares"], source=source, region_load=solution["region_load_after"]
+    )
     logger.info("published assignment v%d for %d teams", assignment.version, len(assignment.shares))
-    return {"version": assignment.version, "teams": len(assignment.shares)}
+    return {"version": assignment.version, "teams": len(assignment.shares), "copies": solution["replicate"]}
 
 
-def report_rebalance(utilization: JSON, solution: JSON, published: JSON) -> JSON:
-    """A markdown summary of the rebalance, shown in the task log and returned."""
-    busiest = sorted(solution["load_before"].items(), key=lambda kv: -kv[1])[:5]
-    lines = [
-        f"# SAILOR rebalance → assignment v{published['version']}",
-        "",
-        f"- window: {utilization['window_days']} days since {utilization['since']}",
-        f"- teams: {solution['teams']}, utilization rows: {len(utilization['demand'])}",
-        "- busiest regions before (demand share / supply share): "
-        + (", ".join(f"{r} {v:.2f}" for r, v in busiest if v > 0) or "no recorded demand"),
-    ]
-    for team, shares in sorted(solution["shares"].items()):
-        top = sorted(shares.items(), key=lambda kv: -kv[1])[:3]
-        lines.append(f"- {team}: " + ", ".join(f"{r} {s:.0%}" for r, s in top))
-    text = "\n".join(lines) + "\n"
-    logger.info("%s", text)
-    return {"markdown": text, "version": published["version"]}
+def replicate_dataset(copy: JSON, ctx: StageContext | None = None) -> JSON:
+    """One planned replica: the same checksummed, resumable copier as ``place_data``."""
+    ctx = _ctx(ctx)
+    uri, region = copy["dataset_uri"], copy["region"]
+    src = storage.resolve(uri, ctx.settings)
+    dst = storage.resolve(f"sailor://{region}/{replica_path(uri)}", ctx.settings)
+    logger.info("replicating %s into %s", src, dst)
+    result = copy_dataset(src, dst)
+    ctx.ledger.record_replica(uri, region, dst, result.manifest.total_bytes, len(result.manifest.files))
+    return {
+        "dataset_uri": uri,
+        "region": region,
+        "uri": dst,
+        "bytes": result.manifest.total_bytes,
+        "bytes_copied": result.bytes_copied,
+        "seconds": round(result.seconds, 3),
+    }
+
+
+def report_rebalance(
+    utilization: JSON,
+    solution: JSON,
+    replicated: list[JSON],
+    run_id: str,
+    dry_run: bool = False,
+    ctx: StageContext | None = None,
+) -> JSON:
+    """Chart + markdown summary stored with the run, recorded in the ledger (``rebalance_nights``:
+    realised and projected ratios, allocation rate, bytes, report URIs), shown in the log."""
+    ctx = _ctx(ctx)
+    from sailor_tasks.rebalance.report import render_chart, render_markdown, top_moves
+
+    published = ctx.ledger.latest_assignment()
+    version = None
+    if not dry_run and published is not None and published.source == f"sailor_rebalance/{run_id}":
+        version = published.version
+    copies = [c for c in replicated if c]
+    root = storage.resolve(f"{REPORTS_ROOT}/{run_key(run_id)}", ctx.settings)
+    chart_uri, summary_uri = storage.join(root, "ratio.png"), storage.join(root, "summary.md")
+    title = f"SAILOR rebalance {run_id}" + (" (dry run)" if dry_run else "")
+    storage.write_bytes(chart_uri, render_chart(solution, title))
+    markdown = render_markdown(
+        title,
+        solution,
+        top_moves(utilization["problem"], solution["placement"]),
+        window=f"{utilization['window_days']} days ({utilization['since']} → {utilization['until']})",
+        bytes_replicated=None if dry_run else sum(c["bytes_copied"] for c in copies),
+        copies_done=None if dry_run else len(copies),
+        version=version,
+        chart_uri=chart_uri,
+    )
+    storage.write_bytes(summary_uri, markdown.encode())
+    storage.write_json(storage.join(root, "solution.json"), solution)
+    ctx.ledger.record_rebalance(
+        run_id,
+        dry_run=dry_run,
+        assignment_version=version,
+        window_days=float(utilization["window_days"]),
+        solver_status=solution["status"],
+        max_ratio_before=solution["max_ratio_before"],
+        max_ratio_after=solution["max_ratio_after"],
+        lower_bound=solution["region_lower_bound"],
+        allocation_rate_before=solution["allocation_rate_before"],
+        allocation_rate_after=solution["allocation_rate_after"],
+        region_ratio_before=solution["region_load_before"],
+        region_ratio_after=solution["region_load_after"],
+        bytes_planned=solution["bytes_moved"],
+        bytes_replicated=sum(c["bytes_copied"] for c in copies),
+        report_uri=chart_uri,
+        summary_uri=summary_uri,
+    )
+    logger.info("rebalance report (%s):\n%s", summary_uri, markdown)
+    return {"report_uri": chart_uri, "summary_uri": summary_uri, "markdown": markdown, "dry_run": dry_run}

@@ -153,3 +153,26 @@ replicas = Table(
     Column("files", Integer, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
+
+rebalance_nights = Table(
+    "rebalance_nights",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(250), nullable=False, index=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("dry_run", Boolean, nullable=False),
+    Column("assignment_version", Integer),  # None on a dry run
+    Column("window_days", Float, nullable=False),
+    Column("solver_status", String(40), nullable=False),
+    Column("max_ratio_before", Float, nullable=False),
+    Column("max_ratio_after", Float, nullable=False),
+    Column("lower_bound", Float, nullable=False),
+    Column("allocation_rate_before", Float, nullable=False),  # realised, from the window's utilization
+    Column("allocation_rate_after", Float, nullable=False),  # projected under the new assignment
+    Column("region_ratio_before", JSON, nullable=False),  # region → realised demand/supply
+    Column("region_ratio_after", JSON, nullable=False),  # region → projected demand/supply
+    Column("bytes_planned", BigInteger, nullable=False),
+    Column("bytes_replicated", BigInteger, nullable=False),
+    Column("report_uri", Text),  # PNG chart (demand/supply per region before and after)
+    Column("summary_uri", Text),  # markdown summary
+)

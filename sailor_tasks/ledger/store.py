@@ -376,6 +376,38 @@ class Ledger:
         q = select(r.dataset_uri, func.max(r.bytes)).where(r.dataset_uri.in_(list(dataset_uris)))
         with self.engine.connect() as c:
             return {uri: int(n) for uri, n in c.execute(q.group_by(r.dataset_uri))}
+    # --- nightly rebalance ---------------------------------------------------------------------
+    def utilization_rows(self, since: dt.datetime, until: dt.datetime | None = None) -> list[dict[str, Any]]:
+        """Utilization rows overlapping [since, until) with the run's dataset (for the rebalance)."""
+        u = t.utilization.c
+        q = (
+            select(
+                u.run_id, u.team, u.region, u.gpu_type, u.gpus, u.started_at, u.ended_at, t.runs.c.dataset_uri
+            )
+            .select_from(t.utilization.outerjoin(t.runs, t.runs.c.run_id == u.run_id))
+            .where(u.ended_at > since)
+        )
+        if until is not None:
+            q = q.where(u.started_at < until)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def replica_rows(self) -> list[dict[str, Any]]:
+        """Every recorded replica: dataset_uri, region, uri, bytes, files."""
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(select(t.replicas)).mappings()]
+
+    def record_rebalance(self, run_id: str, **fields: Any) -> int:
+        """One row per rebalance run (see ``schema.rebalance_nights``); returns its id."""
+        with self.engine.begin() as c:
+            res = c.execute(insert(t.rebalance_nights).values(run_id=run_id, created_at=utcnow(), **fields))
+            return int(res.inserted_primary_key[0])
+
+    def rebalance_nights(self, limit: int = 30) -> list[dict[str, Any]]:
+        """Newest first; ``report_uri`` of the first row is the newest rebalance chart (PNG)."""
+        q = select(t.rebalance_nights).order_by(t.rebalance_nights.c.id.desc()).limit(limit)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -1,0 +1,129 @@
+"""Utilization collection: ledger rows + catalog supply → the rebalance ``Problem``.
+
+Demand of a team per (region, GPU type) is its mean concurrent GPUs over the window (GPU-hours of
+its runs overlapping the window / window hours); its peak concurrent GPUs is kept beside it. The
+datasets a team reads come from its runs; their sizes and current replicas from the replicas table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from sailor_tasks.rebalance.problem import Dataset, Problem, Team
+
+
+def _overlap_hours(start: dt.datetime, end: dt.datetime, since: dt.datetime, until: dt.datetime) -> float:
+    lo, hi = max(start, since), min(end, until)
+    return max(0.0, (hi - lo).total_seconds() / 3600.0)
+
+
+def _aware(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def peak_concurrency(rows: Iterable[Mapping[str, Any]], since: dt.datetime, until: dt.datetime) -> float:
+    """Most GPUs in use at once by ``rows`` within [since, until)."""
+    events: list[tuple[dt.datetime, int]] = []
+    for row in rows:
+        start, end = max(_aware(row["started_at"]), since), min(_aware(row["ended_at"]), until)
+        if end > start:
+            events += [(start, int(row["gpus"])), (end, -int(row["gpus"]))]
+    peak = now = 0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):  # ends before starts at a tie
+        now += delta
+        peak = max(peak, now)
+    return float(peak)
+
+
+def build_problem(
+    rows: Iterable[Mapping[str, Any]],
+    replica_rows: Iterable[Mapping[str, Any]],
+    supply: Mapping[tuple[str, str], float],
+    since: dt.datetime,
+    until: dt.datetime,
+    budget_bytes: int,
+    size_of: Callable[[str], int | None] | None = None,
+    quotas: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
+    priorities: Mapping[str, float] | None = None,
+    storage_cap_bytes: Mapping[str, float] | None = None,
+) -> tuple[Problem, dict[str, Any]]:
+    """The problem and collection stats (GPU-hours, peak GPUs per team, datasets of unknown size).
+
+    Args:
+        rows: ledger utilization rows with the run's ``dataset_uri``.
+        replica_rows: ledger replica rows (dataset_uri, region, bytes).
+        supply: (region, GPU type) → GPUs from the catalog.
+        size_of: bytes of a dataset that has no recorded replica (e.g. from its source manifest).
+        quotas: team → {"max": {region: GPUs}, "min": {region: GPUs}}.
+    """
+    since, until = _aware(since), _aware(until)
+    hours = max((until - since).total_seconds() / 3600.0, 1e-9)
+    gpu_hours: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    reads: dict[str, set[str]] = defaultdict(set)
+    by_team: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    total_hours = 0.0
+    for row in rows:
+        h = row["gpus"] * _overlap_hours(_aware(row["started_at"]), _aware(row["ended_at"]), since, until)
+        if h <= 0:
+            continue
+        per = gpu_hours[row["team"]][row["region"]]
+        per[row["gpu_type"]] = per.get(row["gpu_type"], 0.0) + h
+        total_hours += h
+        by_team[row["team"]].append(row)
+        if row.get("dataset_uri"):
+            reads[row["team"]].add(row["dataset_uri"])
+    sizes: dict[str, int] = {}
+    where: dict[str, set[str]] = defaultdict(set)
+    for rep in replica_rows:
+        sizes[rep["dataset_uri"]] = max(sizes.get(rep["dataset_uri"], 0), int(rep["bytes"]))
+        where[rep["dataset_uri"]].add(rep["region"])
+    unknown = []
+    datasets: dict[str, Dataset] = {}
+    for uri in sorted({d for ds in reads.values() for d in ds}):
+        size = sizes.get(uri)
+        if size is None:
+            size = size_of(uri) if size_of else None
+            if size is None:
+                unknown.append(uri)
+                size = 0
+        datasets[uri] = Dataset(uri, int(size), tuple(sorted(where.get(uri, ()))))
+    quotas = quotas or {}
+    priorities = priorities or {}
+    teams = []
+    for team in sorted(gpu_hours):
+        q = quotas.get(team, {})
+        teams.append(
+            Team(
+                name=team,
+                current={
+                    r: {g: round(h / hours, 9) for g, h in per.items()}
+                    for r, per in sorted(gpu_hours[team].items())
+                },
+                datasets=tuple(sorted(reads.get(team, ()))),
+                priority=float(priorities.get(team, 1.0)),
+                quota_max=dict(q.get("max", {})),
+                quota_min=dict(q.get("min", {})),
+                peak_gpus=peak_concurrency(by_team[team], since, until),
+            )
+        )
+    nested: dict[str, dict[str, float]] = defaultdict(dict)
+    for (r, g), n in supply.items():
+        if n > 0:
+            nested[r][g] = float(n)
+    problem = Problem(
+        supply=dict(nested),
+        teams=tuple(teams),
+        datasets=datasets,
+        budget_bytes=int(budget_bytes),
+        storage_cap_bytes=dict(storage_cap_bytes or {}),
+    )
+    stats = {
+        "gpu_hours": round(total_hours, 6),
+        "window_hours": round(hours, 6),
+        "peak_gpus": {t.name: t.peak_gpus for t in teams},
+        "unknown_size_datasets": unknown,
+    }
+    return problem, stats

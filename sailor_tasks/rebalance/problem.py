@@ -1,0 +1,165 @@
+"""The rebalance problem and its solution as plain data (JSON in/out): what the solver reads and writes.
+
+Units: demand and supply are GPUs (mean concurrent GPUs over the window: GPU-hours / window hours);
+sizes and budgets are bytes. A *cell* is one (region, GPU type).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ANY_REGION = "*"
+"""Key of ``Team.quota_max`` that caps every region not listed explicitly."""
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    """A team (workload class): where its demand runs now, what it reads, and its hard quotas."""
+
+    name: str
+    current: Mapping[str, Mapping[str, float]]
+    """region → GPU type → GPUs in use there now (the demand to place, by GPU type)."""
+    datasets: tuple[str, ...] = ()
+    priority: float = 1.0
+    """Weight of moving this team's demand (higher: the solver prefers to leave it where it is)."""
+    quota_max: Mapping[str, float] = field(default_factory=dict)
+    """region → at most this many GPUs of the team there (``"*"``: every region not listed)."""
+    quota_min: Mapping[str, float] = field(default_factory=dict)
+    """region → at least this many GPUs of the team there."""
+    peak_gpus: float = 0.0
+
+    def demand(self) -> dict[str, float]:
+        """GPU type → GPUs (summed over regions)."""
+        out: dict[str, float] = defaultdict(float)
+        for per_gpu in self.current.values():
+            for gpu, n in per_gpu.items():
+                out[gpu] += n
+        return {g: n for g, n in out.items() if n > 0}
+
+    def cap(self, region: str) -> float | None:
+        if region in self.quota_max:
+            return float(self.quota_max[region])
+        if ANY_REGION in self.quota_max:
+            return float(self.quota_max[ANY_REGION])
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    uri: str
+    bytes: int
+    replicas: tuple[str, ...] = ()
+    """Regions that hold a complete replica now."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    supply: Mapping[str, Mapping[str, float]]
+    """region → GPU type → GPUs available (catalog supply)."""
+    teams: tuple[Team, ...]
+    datasets: Mapping[str, Dataset]
+    budget_bytes: int
+    """Bytes the nightly replication may copy."""
+    storage_cap_bytes: Mapping[str, float] = field(default_factory=dict)
+    """region → bytes its bucket may hold (replicas included); absent: unlimited."""
+
+    @property
+    def regions(self) -> list[str]:
+        return sorted(self.supply)
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return sorted({g for per in self.supply.values() for g in per})
+
+    def cell_supply(self) -> dict[tuple[str, str], float]:
+        return {(r, g): float(n) for r, per in self.supply.items() for g, n in per.items() if n > 0}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "supply": {r: dict(v) for r, v in self.supply.items()},
+            "teams": [
+                {
+                    "name": t.name,
+                    "current": {r: dict(v) for r, v in t.current.items()},
+                    "datasets": list(t.datasets),
+                    "priority": t.priority,
+                    "quota_max": dict(t.quota_max),
+                    "quota_min": dict(t.quota_min),
+                    "peak_gpus": t.peak_gpus,
+                }
+                for t in self.teams
+            ],
+            "datasets": [
+                {"uri": d.uri, "bytes": d.bytes, "replicas": list(d.replicas)} for d in self.datasets.values()
+            ],
+            "budget_bytes": self.budget_bytes,
+            "storage_cap_bytes": dict(self.storage_cap_bytes),
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Problem:
+        teams = tuple(
+            Team(
+                name=t["name"],
+                current=t["current"],
+                datasets=tuple(t.get("datasets", ())),
+                priority=float(t.get("priority", 1.0)),
+                quota_max=t.get("quota_max") or {},
+                quota_min=t.get("quota_min") or {},
+                peak_gpus=float(t.get("peak_gpus", 0.0)),
+            )
+            for t in doc["teams"]
+        )
+        datasets = {
+            d["uri"]: Dataset(d["uri"], int(d["bytes"]), tuple(d.get("replicas", ())))
+            for d in doc["datasets"]
+        }
+        return cls(
+            supply=doc["supply"],
+            teams=teams,
+            datasets=datasets,
+            budget_bytes=int(doc["budget_bytes"]),
+            storage_cap_bytes=doc.get("storage_cap_bytes") or {},
+        )
+
+
+def cell_load(
+    shares: Mapping[str, Mapping[str, Mapping[str, float]]],
+) -> dict[tuple[str, str], float]:
+    """(region, GPU type) → GPUs from team → region → GPU type → GPUs."""
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for per_region in shares.values():
+        for region, per_gpu in per_region.items():
+            for gpu, n in per_gpu.items():
+                out[(region, gpu)] += n
+    return dict(out)
+
+
+def region_ratios(
+    load: Mapping[tuple[str, str], float], supply: Mapping[tuple[str, str], float]
+) -> dict[str, float]:
+    """region → demand / supply summed over GPU types (regions with supply only)."""
+    d: dict[str, float] = defaultdict(float)
+    s: dict[str, float] = defaultdict(float)
+    for (r, _g), n in supply.items():
+        s[r] += n
+    for (r, _g), n in load.items():
+        d[r] += n
+    return {r: d[r] / s[r] for r in sorted(s) if s[r] > 0}
+
+
+def cell_ratios(
+    load: Mapping[tuple[str, str], float], supply: Mapping[tuple[str, str], float]
+) -> dict[tuple[str, str], float]:
+    return {c: load.get(c, 0.0) / n for c, n in supply.items() if n > 0}
+
+
+def allocation_rate(load: Mapping[tuple[str, str], float], supply: Mapping[tuple[str, str], float]) -> float:
+    """Share of the supply's GPUs that demand can use: Σ min(load, supply) / Σ supply over cells."""
+    total = sum(supply.values())
+    if total <= 0:
+        return 0.0
+    return sum(min(load.get(c, 0.0), n) for c, n in supply.items()) / total

@@ -1,0 +1,912 @@
+"""Region assignment + data replication as a MIP solved by HiGHS (``scipy.optimize.milp``).
+
+Decisions, per team ``k``, GPU type ``g`` and region ``r``: ``x[k,r,g]`` GPUs of the team's demand
+placed in ``r``; ``w[k,r]`` (binary) the team is enabled in a region where some of its datasets have
+no replica yet; ``y[d,r]`` (in [0, 1], integral at the optimum because ``y ≥ w`` and bytes are
+minimised) a new replica of dataset ``d`` in ``r``.
+
+Constraints: every team's demand is placed; locality (``x[k,r,g] ≤ D[k,g]·w[k,r]``,
+``w[k,r] ≤ y[d,r]`` for every dataset of ``k`` missing in ``r``; a team never runs where its data is
+not); bytes of new replicas ≤ the nightly budget; bytes per region ≤ its storage cap; hard quotas.
+
+Objectives, lexicographic (each stage bounds the previous optimum and re-solves):
+  A. minimise ``t``, the worst (region, GPU type) demand/supply ratio;
+  B. minimise the soft balance penalty ``Σ S·(3·over + under)`` around each cell's supply
+     (a GPU of overload costs three times an idle one);
+  C. minimise bytes replicated (normalised by the budget) + 0.1 × priority-weighted GPUs moved.
+Cross-region reads are zero by construction (locality is a hard constraint); the solution reports
+them as measured from the placement, so a regression shows.
+
+Scale. Three things keep the 40 regions × 8 GPU types × 2000 teams × 10000 datasets case at a few
+seconds on 2 cores:
+  * locality rows are aggregated per (team, region) pair (``Σ_d y[d,r] ≥ |missing|·w``), so the
+    model has one row per pair instead of one per (dataset reader, region);
+  * above ``mip_max_binaries`` binaries the MIP is not branched on: a greedy rounding of the
+    enablements (worst cell first, per cell the pair that sheds the most GPUs per byte still
+    missing, replicas already chosen counted once; budget and storage caps as hard limits) fixes
+    the binaries, and the lexicographic stages A–C are then LPs (the repair is the LP itself,
+    which places demand optimally over the enabled pairs). Small problems get the exact MIP.
+  * POP-style decomposition above ``team_block`` teams: teams grouped by connected components of
+    the team–dataset graph (dataset clusters), packed into partitions; a partition gets its own
+    use of every cell (scaled to supply where overloaded) plus a share of the spare GPUs in
+    proportion to its overflow of that GPU type, and a share of the remaining byte budget (unused
+    bytes flow on to later partitions). Replicas of a dataset cut between partitions are charged
+    to each, so the union stays within the budget. Measured on the seeded bench scenario: one
+    partition reaches 0.85 (= the bound) with 101 TB, 8 partitions of 250 teams 0.98 with 659 TB,
+    so the default block (2000) keeps one partition at that scale and decomposes beyond it.
+Only teams in overloaded cells get new candidate regions (``candidates`` per GPU type, sampled by
+spare capacity, plus the ``CHEAP_CANDIDATES`` regions missing the fewest of the team's bytes);
+others move only between regions that already hold their data. The reported ``lower_bound`` is the
+LP over the *whole* problem with data constraints relaxed (teams without quotas pooled per GPU
+type, which is exact there), so it is a valid bound on any solution; ``partition_bound`` is the LP
+relaxation of the (MIP-path) partitions, None when it was not computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sailor_tasks.errors import SailorError
+from sailor_tasks.rebalance.problem import (
+    Problem,
+    Team,
+    allocation_rate,
+    cell_ratios,
+    region_ratios,
+)
+
+logger = logging.getLogger(__name__)
+
+OVERLOAD_WEIGHT = 3.0
+UNDERLOAD_WEIGHT = 1.0
+MOVE_WEIGHT = 0.1
+T_TOLERANCE = 1e-6
+MIP_REL_GAP = 0.01
+CHEAP_CANDIDATES = 4
+LP_BOUND_TIME_SHARE = 0.3
+
+
+class RebalanceInfeasibleError(SailorError, ValueError):
+    """No assignment satisfies the hard constraints; the message names the binding one."""
+
+    def __init__(self, constraint: str, detail: str):
+        self.constraint = constraint
+        super().__init__(f"rebalance infeasible — binding constraint: {constraint}: {detail}")
+
+
+@dataclass
+class Solution:
+    status: str
+    placement: dict[str, dict[str, dict[str, float]]]
+    """team → region → GPU type → GPUs."""
+    shares: dict[str, dict[str, float]]
+    """team → region → share of the team's demand (sums to 1)."""
+    replicate: list[dict[str, Any]]
+    """New replicas: {"dataset_uri", "region", "bytes"}."""
+    region_load_before: dict[str, float]
+    region_load_after: dict[str, float]
+    cell_load_before: dict[str, dict[str, float]]
+    cell_load_after: dict[str, dict[str, float]]
+    lower_bound: float
+    """LP bound on the worst (region, GPU type) ratio, whole problem, data constraints relaxed."""
+    region_lower_bound: float
+    """LP bound on the worst region ratio (GPU types summed), data constraints relaxed."""
+    partition_bound: float | None
+    """max over partitions of their LP relaxation (None when one ran out of its time share)."""
+    max_ratio_before: float
+    max_ratio_after: float
+    max_cell_ratio_before: float
+    max_cell_ratio_after: float
+    allocation_rate_before: float
+    allocation_rate_after: float
+    bytes_moved: int
+    budget_bytes: int
+    gpus_moved: float
+    cross_region_reads: int
+    solve_s: float
+    partitions: int
+    binaries: int
+    stage_status: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+    def summary(self) -> dict[str, Any]:
+        keys = (
+            "status",
+            "max_ratio_before",
+            "max_ratio_after",
+            "lower_bound",
+            "region_lower_bound",
+            "partition_bound",
+            "max_cell_ratio_before",
+            "max_cell_ratio_after",
+            "allocation_rate_before",
+            "allocation_rate_after",
+            "bytes_moved",
+            "budget_bytes",
+            "gpus_moved",
+            "cross_region_reads",
+            "solve_s",
+            "partitions",
+            "binaries",
+        )
+        return {k: getattr(self, k) for k in keys}
+
+
+# --- checks and bounds -------------------------------------------------------------------------
+
+
+def check_feasible(problem: Problem) -> None:
+    """Cheap necessary conditions, each naming the violated constraint and the bad value."""
+    cells = problem.cell_supply()
+    regions_with = defaultdict(set)
+    for r, g in cells:
+        regions_with[g].add(r)
+    for team in problem.teams:
+        demand = team.demand()
+        for gpu in demand:
+            if not regions_with.get(gpu):
+                raise RebalanceInfeasibleError(
+                    "supply",
+                    f"team {team.name!r} uses GPU type {gpu!r}, which no region supplies; "
+                    f"valid: {', '.join(problem.gpu_types)}",
+                )
+        for d in team.datasets:
+            if d not in problem.datasets:
+                raise RebalanceInfeasibleError(
+                    "datasets", f"team {team.name!r} reads {d!r}, which is not among the problem's datasets"
+                )
+        total = sum(demand.values())
+        qmin = sum(float(v) for v in team.quota_min.values())
+        if qmin > total + 1e-9:
+            raise RebalanceInfeasibleError(
+                f"quota_min of team {team.name!r}",
+                f"minimum quotas sum to {qmin:g} GPUs > the team's demand {total:g} GPUs",
+            )
+        usable = {r for g in demand for r in regions_with[g]}
+        for r in team.quota_min:
+            if r not in usable:
+                raise RebalanceInfeasibleError(
+                    f"quota_min of team {team.name!r}",
+                    f"region {r!r} has no supply of the team's GPU types ({', '.join(sorted(demand))})",
+                )
+        caps = [team.cap(r) for r in usable]
+        if all(c is not None for c in caps):
+            allowed = sum(caps)  # type: ignore[arg-type]
+            if allowed + 1e-9 < total:
+                raise RebalanceInfeasibleError(
+                    f"quota_max of team {team.name!r}",
+                    f"quotas allow at most {allowed:g} GPUs in regions supplying its GPU types "
+                    f"< the team's demand {total:g} GPUs",
+                )
+        for r, lo in team.quota_min.items():
+            hi = team.cap(r)
+            if hi is not None and lo > hi + 1e-9:
+                raise RebalanceInfeasibleError(
+                    f"quotas of team {team.name!r}", f"quota_min[{r}]={lo:g} > quota_max={hi:g}"
+                )
+
+
+def _lp_bound(problem: Problem, per_region: bool) -> float:
+    """min t: all demand placed, quotas held, data constraints relaxed; teams without quotas pooled."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    cells = problem.cell_supply()
+    cell_list = sorted(cells)
+    pool: dict[str, float] = defaultdict(float)
+    quota_teams: list[Team] = []
+    for team in problem.teams:
+        if team.quota_max or team.quota_min:
+            quota_teams.append(team)
+        else:
+            for g, n in team.demand().items():
+                pool[g] += n
+    cols: list[tuple] = [("t",)]
+    cols += [("p", r, g) for r, g in cell_list if pool.get(g, 0) > 0]
+    for i, team in enumerate(quota_teams):
+        for g in team.demand():
+            cols += [("x", i, r, gg) for r, gg in cell_list if gg == g]
+    index = {c: j for j, c in enumerate(cols)}
+    rows: list[int] = []
+    cidx: list[int] = []
+    vals: list[float] = []
+    b_ub: list[float] = []
+    b_eq: list[float] = []
+    eq_rows: list[int] = []
+    eq_cols: list[int] = []
+    eq_vals: list[float] = []
+
+    def ub_row(entries: Iterable[tuple[int, float]], rhs: float) -> None:
+        n = len(b_ub)
+        for j, v in entries:
+            rows.append(n)
+            cidx.append(j)
+            vals.append(v)
+        b_ub.append(rhs)
+
+    def eq_row(entries: Iterable[tuple[int, float]], rhs: float) -> None:
+        n = len(b_eq)
+        for j, v in entries:
+            eq_rows.append(n)
+            eq_cols.append(j)
+            eq_vals.append(v)
+        b_eq.append(rhs)
+
+    users: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for c, j in index.items():
+        if c[0] == "p":
+            users[(c[1], c[2])].append(j)
+        elif c[0] == "x":
+            users[(c[2], c[3])].append(j)
+    if per_region:
+        by_region: dict[str, list[int]] = defaultdict(list)
+        cap: dict[str, float] = defaultdict(float)
+        for (r, g), n in cells.items():
+            by_region[r] += users[(r, g)]
+            cap[r] += n
+        for r, js in by_region.items():
+            ub_row([*((j, 1.0) for j in js), (0, -cap[r])], 0.0)
+    else:
+        for cell, js in users.items():
+            ub_row([*((j, 1.0) for j in js), (0, -cells[cell])], 0.0)
+    for g, n in pool.items():
+        eq_row(((index[("p", r, gg)], 1.0) for r, gg in cell_list if gg == g), n)
+    for i, team in enumerate(quota_teams):
+        for g, n in team.demand().items():
+            eq_row(((index[("x", i, r, gg)], 1.0) for r, gg in cell_list if gg == g), n)
+        regions = sorted({r for r, _ in cell_list})
+        for r in regions:
+            js = [index[c] for c in (("x", i, r, g) for g in team.demand()) if c in index]
+            hi, lo = team.cap(r), team.quota_min.get(r)
+            if hi is not None:
+                ub_row(((j, 1.0) for j in js), hi)
+            if lo:
+                ub_row(((j, -1.0) for j in js), -float(lo))
+    n = len(cols)
+    c = np.zeros(n)
+    c[0] = 1.0
+    a_ub = coo_matrix((vals, (rows, cidx)), shape=(len(b_ub), n)).tocsr() if b_ub else None
+    a_eq = coo_matrix((eq_vals, (eq_rows, eq_cols)), shape=(len(b_eq), n)).tocsr() if b_eq else None
+    res = linprog(
+        c,
+        A_ub=a_ub,
+        b_ub=b_ub or None,
+        A_eq=a_eq,
+        b_eq=b_eq or None,
+        bounds=(0, None),
+        method="highs",
+    )
+    if res.status != 0:
+        raise RebalanceInfeasibleError("quotas", f"the balance LP has no solution ({res.message})")
+    return float(res.x[0])
+
+
+# --- partitions ---------------------------------------------------------------------------------
+
+
+def partition_teams(problem: Problem, team_block: int) -> list[list[int]]:
+    """Teams (indices) grouped by dataset clusters, packed into partitions of ≤ team_block teams."""
+    n = len(problem.teams)
+    parent = list(range(n))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_reader: dict[str, int] = {}
+    for i, team in enumerate(problem.teams):
+        for d in team.datasets:
+            j = first_reader.setdefault(d, i)
+            ri, rj = find(i), find(j)
+            if ri != rj:
+                parent[ri] = rj
+    comps: dict[int, list[int]] = defaultdict(list)
+    for i in range(n):
+        comps[find(i)].append(i)
+    chunks: list[list[int]] = []
+    for members in comps.values():
+        for s in range(0, len(members), team_block):
+            chunks.append(members[s : s + team_block])
+    num = max(1, math.ceil(n / team_block))
+    demand = [sum(problem.teams[i].demand().values()) for i in range(n)]
+    parts: list[list[int]] = [[] for _ in range(num)]
+    load = [0.0] * num
+    for chunk in sorted(chunks, key=lambda ch: -len(ch)):
+        fits = [p for p in range(num) if len(parts[p]) + len(chunk) <= team_block] or list(range(num))
+        p = min(fits, key=lambda q: (load[q], len(parts[q])))
+        parts[p].extend(chunk)
+        load[p] += sum(demand[i] for i in chunk)
+    return [sorted(p) for p in parts if p]
+
+
+# --- one partition's MIP -------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.cols: dict[tuple, int] = {}
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.integer: list[int] = []
+        self.r: list[int] = []
+        self.c: list[int] = []
+        self.v: list[float] = []
+        self.row_lb: list[float] = []
+        self.row_ub: list[float] = []
+        self.row_group: list[str] = []
+
+    def var(self, key: tuple, lb: float = 0.0, ub: float = math.inf, integer: bool = False) -> int:
+        j = self.cols.get(key)
+        if j is None:
+            j = self.cols[key] = len(self.lb)
+            self.lb.append(lb)
+            self.ub.append(ub)
+            self.integer.append(1 if integer else 0)
+        return j
+
+    def row(self, entries: Iterable[tuple[int, float]], lo: float, hi: float, group: str) -> int:
+        n = len(self.row_lb)
+        for j, val in entries:
+            self.r.append(n)
+            self.c.append(j)
+            self.v.append(val)
+        self.row_lb.append(lo)
+        self.row_ub.append(hi)
+        self.row_group.append(group)
+        return n
+
+
+@dataclass
+class _PartResult:
+    x: dict[tuple[int, str, str], float]
+    replicas: set[tuple[str, str]]
+    status: list[str]
+    lp_bound: float
+    binaries: int
+
+
+def _solve_partition(
+    problem: Problem,
+    teams: list[int],
+    cells: Mapping[tuple[str, str], float],
+    part_supply: Mapping[tuple[str, str], float],
+    mean_ratio: Mapping[str, float],
+    load_before: Mapping[tuple[str, str], float],
+    budget: float,
+    storage_free: Mapping[str, float],
+    candidates: int,
+    time_limit: float,
+    seed: int,
+    mip_max_binaries: int = 0,
+    comfort_ratio: float = 0.0,
+    skip_groups: frozenset[str] = frozenset(),
+) -> _PartResult:
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    b = _Builder()
+    t_col = b.var(("t",), lb=comfort_ratio)  # ratios below the comfort level count as balanced
+    regions_by_gpu: dict[str, list[str]] = defaultdict(list)
+    for r, g in sorted(cells):
+        regions_by_gpu[g].append(r)
+    spare = {c: mean_ratio[c[1]] * n - load_before.get(c, 0.0) for c, n in cells.items()}
+    part_cells: dict[tuple[str, str], float] = {}
+    cell_users: dict[tuple[str, str], list[int]] = defaultdict(list)
+    move_terms: list[tuple[int, float]] = []
+    need: dict[tuple[str, str], list[int]] = defaultdict(list)  # (dataset, region) → w columns
+    total_demand = 0.0
+    # new regions offered to this partition's mobile teams: shared (so replicas serve several readers
+    # of a dataset), sampled by spare capacity with a per-partition seed (partitions spread out)
+    rng = np.random.default_rng(seed)
+    targets: dict[str, list[str]] = {}
+    for g, rs in regions_by_gpu.items():
+        pool = [r for r in rs if spare[(r, g)] > 0]
+        if pool:
+            p = np.array([spare[(r, g)] for r in pool])
+            pick = rng.choice(len(pool), size=min(candidates, len(pool)), replace=False, p=p / p.sum())
+            targets[g] = [pool[i] for i in pick]
+    for k in teams:
+        team = problem.teams[k]
+        demand = team.demand()
+        total_demand += sum(demand.values())
+        data = [problem.datasets[d] for d in team.datasets]
+        usable = sorted({r for g in demand for r in regions_by_gpu[g]})
+        missing = {r: [d for d in data if r not in d.replicas] for r in usable}
+        free = {r for r in usable if not missing[r]}
+        cand = set(free) | {r for r in team.quota_min if r in missing}
+        overloaded = any(
+            load_before.get((r, g), 0.0) > mean_ratio[g] * cells.get((r, g), 0.0) + 1e-9
+            for r, per in team.current.items()
+            for g in per
+        )
+        current = {r for r in team.current if r in missing}
+        if overloaded or not (cand | current):
+            for g in demand:
+                cand.update(r for r in targets.get(g, ()) if r in missing)
+            cheap = sorted(
+                (r for r in usable if r not in cand and any(spare.get((r, g), 0.0) > 0 for g in demand)),
+                key=lambda r: sum(d.bytes for d in missing[r]),
+            )
+            cand.update(cheap[:CHEAP_CANDIDATES])
+        cand |= current
+        if not any((r, g) in cells for r in cand for g in demand):
+            cand |= set(usable)
+        for r in sorted(cand):
+            w = None
+            if missing[r]:
+                w = b.var(("w", k, r), 0, 1, integer=True)
+                # aggregated locality: Σ_d y[d,r] ≥ |missing|·w (one row per pair; with w binary
+                # it forces every missing replica, and keeps the LP small at scale)
+                ys = [b.var(("y", d.uri, r), 0, 1) for d in missing[r]]
+                for d in missing[r]:
+                    need[(d.uri, r)].append(w)
+                b.row([*((y, 1.0) for y in ys), (w, -float(len(ys)))], 0.0, math.inf, "locality")
+            hi, lo = team.cap(r), float(team.quota_min.get(r, 0.0))
+            xs = []
+            for g, n in demand.items():
+                if (r, g) not in cells:
+                    continue
+                x = b.var(("x", k, r, g))
+                xs.append(x)
+                cell_users[(r, g)].append(x)
+                part_cells[(r, g)] = part_supply.get((r, g), 0.0)
+                if w is not None:
+                    b.row([(x, 1.0), (w, -n)], -math.inf, 0.0, "locality")
+                cur = float(team.current.get(r, {}).get(g, 0.0))
+                if cur > 0:
+                    mv = b.var(("mv", k, r, g))
+                    b.row([(mv, 1.0), (x, 1.0)], cur, math.inf, "moves")
+                    move_terms.append((mv, team.priority))
+            if hi is not None and "quota" not in skip_groups:
+                b.row(((x, 1.0) for x in xs), -math.inf, hi, f"quota_max of team {team.name!r} in {r}")
+            if lo > 0 and "quota" not in skip_groups:
+                b.row(((x, 1.0) for x in xs), lo, math.inf, f"quota_min of team {team.name!r} in {r}")
+        for g, n in demand.items():
+            xs = [b.cols[("x", k, r, g)] for r in sorted(cand) if ("x", k, r, g) in b.cols]
+            b.row(((x, 1.0) for x in xs), n, n, "demand")
+    # replicas: y ≥ w for every reader enabled in r; bytes within the budget and storage caps
+    bytes_terms: list[tuple[int, float]] = []
+    storage_terms: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for uri, r in sorted(need):
+        y = b.cols[("y", uri, r)]
+        size = float(problem.datasets[uri].bytes)
+        bytes_terms.append((y, size))
+        storage_terms[r].append((y, size))
+    if bytes_terms and "budget" not in skip_groups:
+        b.row(bytes_terms, -math.inf, budget, "replication byte budget")
+    if "storage" not in skip_groups:
+        for r, terms in storage_terms.items():
+            if r in storage_free:
+                b.row(terms, -math.inf, storage_free[r], f"storage cap of {r}")
+    # worst ratio and soft balance around the GPU type's mean ratio
+    balance_terms: list[tuple[int, float]] = []
+    total_cap = sum(part_cells.values()) or 1.0
+    for cell, xs in cell_users.items():
+        s = part_cells[cell]
+        if s <= 0:  # none of this cell's supply falls to the partition
+            b.row(((x, 1.0) for x in xs), -math.inf, 0.0, "ratio")
+            continue
+        b.row([*((x, 1.0) for x in xs), (t_col, -s)], -math.inf, 0.0, "ratio")
+        over, under = b.var(("o", *cell)), b.var(("u", *cell))
+        target = s  # soft balance around supply: GPUs over it cost OVERLOAD_WEIGHT, idle ones 1
+        b.row([*((x, 1.0) for x in xs), (over, -s), (under, s)], target, target, "balance")
+        balance_terms += [(over, OVERLOAD_WEIGHT * s / total_cap), (under, UNDERLOAD_WEIGHT * s / total_cap)]
+
+    n = len(b.lb)
+    a = coo_matrix((b.v, (b.r, b.c)), shape=(len(b.row_lb), n)).tocsr()
+    integrality = np.array(b.integer)
+    bounds_lb, bounds_ub = np.array(b.lb), np.array(b.ub)
+    base = LinearConstraint(a, np.array(b.row_lb), np.array(b.row_ub))
+    scale_bytes = max(budget, 1.0)
+    scale_gpus = max(total_demand, 1.0)
+
+    def vec(terms: Iterable[tuple[int, float]]) -> np.ndarray:
+        out = np.zeros(n)
+        for j, v in terms:
+            out[j] += v
+        return out
+
+    c_a = vec([(t_col, 1.0)])
+    c_b = vec(balance_terms)
+    c_c = vec(
+        [
+            *((j, s / scale_bytes) for j, s in bytes_terms),
+            *((j, MOVE_WEIGHT * p / scale_gpus) for j, p in move_terms),
+        ]
+    )
+
+    lp_bound = math.nan
+    if int(integrality.sum()) <= mip_max_binaries:  # the MIP path: its LP relaxation is the bound
+        lp = milp(
+            c_a,
+            constraints=[base],
+            bounds=Bounds(bounds_lb, bounds_ub),
+            options={"time_limit": LP_BOUND_TIME_SHARE * time_limit},
+        )
+        if lp.status == 2:
+            raise _PartitionInfeasible()
+        lp_bound = float(lp.fun) if lp.status == 0 else math.nan  # nan: the bound ran out of time
+    status: list[str] = []
+    best = None
+    constraints = [base]
+    ub = bounds_ub.copy()
+    lb = bounds_lb.copy()
+    deadline = time.perf_counter() + time_limit
+    binaries = int(integrality.sum())
+    if binaries > mip_max_binaries:
+        # LP-guided greedy rounding + repair: enable (team, region) pairs by GPUs of overflow they
+        # can take per byte still missing (shared replicas counted once), within the budget and
+        # storage caps; the binaries are then fixed and the stages below are LPs.
+        goal = {g: max(m, comfort_ratio) for g, m in mean_ratio.items()}
+        chosen = _greedy_enable(problem, b, part_cells, goal, budget, storage_free)
+        rounds = 1
+        for key, j in b.cols.items():
+            if key[0] == "w":
+                ub[j] = 1.0 if (key[1], key[2]) in chosen else 0.0
+                lb[j] = 0.0
+        status.append(f"rounded in {rounds} LPs: {len(chosen)} of {binaries} pairs")
+        integrality = np.zeros_like(integrality)
+    for stage, c in (("A", c_a), ("B", c_b), ("C", c_c)):
+        left = max(0.5, deadline - time.perf_counter())
+        res = milp(
+            c,
+            constraints=constraints,
+            integrality=integrality,
+            bounds=Bounds(lb, ub),
+            options={"time_limit": left / (1 if stage == "C" else 2), "mip_rel_gap": MIP_REL_GAP},
+        )
+        if res.x is None:
+            if res.status == 2 and best is None:
+                raise _PartitionInfeasible()
+            status.append(f"{stage}:{'infeasible' if res.status == 2 else 'no solution in time'}")
+            break
+        best = res.x
+        status.append(f"{stage}:{'optimal' if res.status == 0 else 'time limit (feasible)'}")
+        value = float(c @ res.x)
+        logger.debug("stage %s value %.4f", stage, value)
+        if stage == "A":
+            ub[t_col] = value * (1 + T_TOLERANCE) + T_TOLERANCE
+        elif stage == "B":
+            constraints = [base, LinearConstraint(c_b.reshape(1, -1), -np.inf, value * (1 + 1e-4) + 1e-7)]
+    assert best is not None
+    x_out: dict[tuple[int, str, str], float] = {}
+    enabled: set[tuple[int, str]] = set()
+    for key, j in b.cols.items():
+        if key[0] == "x" and best[j] > 1e-9:
+            x_out[(key[1], key[2], key[3])] = float(best[j])
+            enabled.add((key[1], key[2]))
+    replicas: set[tuple[str, str]] = set()
+    for k, r in enabled:
+        for d in problem.teams[k].datasets:
+            if r not in problem.datasets[d].replicas:
+                replicas.add((d, r))
+    return _PartResult(x_out, replicas, status, lp_bound, binaries)
+
+
+def _missing(problem: Problem, k: int, r: str) -> list[str]:
+    return [d for d in problem.teams[k].datasets if r not in problem.datasets[d].replicas]
+
+
+def _greedy_enable(
+    problem: Problem,
+    b: _Builder,
+    part_cells: Mapping[tuple[str, str], float],
+    mean_ratio: Mapping[str, float],
+    budget: float,
+    storage_free: Mapping[str, float],
+) -> set[tuple[int, str]]:
+    """Pairs to enable, worst cell first (the min-max objective): repeatedly take the cell with the
+    highest projected ratio above its GPU type's mean, and enable the pair of one of its teams that
+    sheds the most GPUs per byte still missing (replicas already chosen count as present)."""
+    # every region a team may use: enabling ones (w) cost their missing bytes, the others are free
+    pairs: dict[int, set[str]] = defaultdict(set)
+    for key in b.cols:
+        if key[0] == "x":
+            pairs[key[1]].add(key[2])
+    load: dict[tuple[str, str], float] = defaultdict(float)
+    in_cell: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for key in b.cols:
+        if key[0] == "x":
+            k, r, g = key[1], key[2], key[3]
+            n = float(problem.teams[k].current.get(r, {}).get(g, 0.0))
+            if n > 0:
+                load[(r, g)] += n
+                in_cell[(r, g)][k] = n
+    cap = {c: s for c, s in part_cells.items() if s > 0}
+
+    def excess(c: tuple[str, str]) -> float:
+        return load.get(c, 0.0) - mean_ratio[c[1]] * cap[c] if c in cap else load.get(c, 0.0)
+
+    have: set[tuple[str, str]] = set()
+    spent, stored = 0.0, defaultdict(float)
+    chosen: set[tuple[int, str]] = set()
+    stuck: set[tuple[str, str]] = set()
+    while True:
+        over = [
+            (load[c] / cap[c] if c in cap else math.inf, c)
+            for c in in_cell
+            if excess(c) > 1e-6 and c not in stuck
+        ]
+        if not over:
+            break
+        _, cell = max(over)
+        g = cell[1]
+        best = None
+        for k, n in in_cell[cell].items():
+            for r in sorted(pairs.get(k, ())):
+                room = -excess((r, g)) if (r, g) in cap else 0.0
+                if room <= 1e-9 or (r, g) == cell:
+                    continue
+                new = [d for d in _missing(problem, k, r) if (d, r) not in have]
+                cost = float(sum(problem.datasets[d].bytes for d in new))
+                if spent + cost > budget * (1 - 1e-9) or (
+                    r in storage_free and stored[r] + cost > storage_free[r] * (1 - 1e-9)
+                ):
+                    continue
+                moved = min(n, room, excess(cell))
+                key = (moved / max(cost, 1.0), moved)
+                if best is None or key > best[0]:
+                    best = (key, k, r, new, cost, moved)
+        if best is None:
+            stuck.add(cell)
+            logger.debug(
+                "greedy: cell %s stuck at %.3f (spent %.3g of %.3g)",
+                cell,
+                load[cell] / cap[cell] if cell in cap else math.inf,
+                spent,
+                budget,
+            )
+            continue
+        _, k, r, new, cost, moved = best
+        spent += cost
+        stored[r] += cost
+        have.update((d, r) for d in new)
+        if ("w", k, r) in b.cols:
+            chosen.add((k, r))
+        load[cell] -= moved
+        load[(r, g)] += moved
+        in_cell[cell][k] -= moved
+        if in_cell[cell][k] <= 1e-9:
+            del in_cell[cell][k]
+    return chosen
+
+
+class _PartitionInfeasible(Exception):
+    pass
+
+
+# --- the whole problem ----------------------------------------------------------------------------
+
+
+def solve(
+    problem: Problem,
+    *,
+    candidates: int = 40,
+    team_block: int = 2000,
+    time_limit_s: float = 50.0,
+    seed: int = 0,
+    mip_max_binaries: int = 200,
+    comfort_ratio: float = 0.0,
+) -> Solution:
+    """Solve the rebalance problem (see the module docstring); raises RebalanceInfeasibleError.
+
+    ``comfort_ratio``: stage A minimises ``max(worst ratio, comfort_ratio)``, so regions already
+    below it are not spread further (no data is copied just to go from 0.3 to 0.2); 0 is the pure
+    lexicographic min-max.
+    """
+    started = time.perf_counter()
+    check_feasible(problem)
+    cells = problem.cell_supply()
+    if not cells:
+        raise RebalanceInfeasibleError("supply", "no region supplies any GPU")
+    lower_bound = _lp_bound(problem, per_region=False)
+    region_lower_bound = _lp_bound(problem, per_region=True)
+
+    load_before: dict[tuple[str, str], float] = defaultdict(float)
+    demand_by_gpu: dict[str, float] = defaultdict(float)
+    for team in problem.teams:
+        for r, per in team.current.items():
+            for g, n in per.items():
+                load_before[(r, g)] += n
+                demand_by_gpu[g] += n
+    supply_by_gpu: dict[str, float] = defaultdict(float)
+    for (_r, g), n in cells.items():
+        supply_by_gpu[g] += n
+    mean_ratio = {g: demand_by_gpu.get(g, 0.0) / s for g, s in supply_by_gpu.items()}
+
+    parts = partition_teams(problem, team_block)
+    total_demand = sum(demand_by_gpu.values()) or 1.0
+    used_storage: dict[str, float] = defaultdict(float)
+    for d in problem.datasets.values():
+        for r in d.replicas:
+            used_storage[r] += d.bytes
+    storage_free_total = {
+        r: max(0.0, float(cap) - used_storage.get(r, 0.0)) for r, cap in problem.storage_cap_bytes.items()
+    }
+
+    total_overflow = sum(
+        n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / n)
+        for c, n in load_before.items()
+        if c in cells and n > 0
+    )
+    overflow_by_gpu: dict[str, float] = defaultdict(float)
+    for c, n in load_before.items():
+        if c in cells and n > 0:
+            overflow_by_gpu[c[1]] += max(0.0, n - mean_ratio[c[1]] * cells[c])
+    overflow_left, demand_left = total_overflow, total_demand
+    budget_left = float(problem.budget_bytes)
+    storage_left = dict(storage_free_total)
+    x_all: dict[tuple[int, str, str], float] = {}
+    replicas: set[tuple[str, str]] = set()
+    stage_status: list[str] = []
+    partition_bound = 0.0  # nan once any partition's LP bound ran out of time
+    binaries = 0
+    for pi, members in enumerate(parts):
+        part_demand: dict[str, float] = defaultdict(float)
+        for k in members:
+            for g, n in problem.teams[k].demand().items():
+                part_demand[g] += n
+        part_load: dict[tuple[str, str], float] = defaultdict(float)
+        for k in members:
+            for r, per in problem.teams[k].current.items():
+                for g, n in per.items():
+                    part_load[(r, g)] += n
+        # the partition's supply: what it uses of each cell now (scaled down where the cell is
+        # overloaded) plus a share of the cell's spare GPUs proportional to the partition's
+        # overflow of that GPU type (its demand share when nothing overflows); sums to the supply
+        part_over: dict[str, float] = defaultdict(float)
+        for c, n in part_load.items():
+            if c in cells:
+                part_over[c[1]] += n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / load_before[c])
+        part_supply = {}
+        for c, s in cells.items():
+            g = c[1]
+            used = load_before.get(c, 0.0)
+            mine = part_load.get(c, 0.0) * (min(1.0, s / used) if used > 0 else 0.0)
+            if overflow_by_gpu.get(g, 0.0) > 1e-9:
+                spare_share = part_over[g] / overflow_by_gpu[g]
+            else:
+                spare_share = part_demand.get(g, 0.0) / demand_by_gpu[g] if demand_by_gpu.get(g) else 0.0
+            part_supply[c] = mine + max(0.0, s - used) * spare_share
+        overflow = sum(
+            n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / load_before[c])
+            for c, n in part_load.items()
+            if c in cells
+        )
+        # budget: this partition's share of what is left (unused bytes flow to later partitions)
+        if overflow_left > 1e-9:
+            frac = min(1.0, overflow / overflow_left)
+        else:
+            frac = sum(part_demand.values()) / max(demand_left, 1e-9)
+        overflow_left -= overflow
+        demand_left -= sum(part_demand.values())
+        remaining = max(1.0, time_limit_s - (time.perf_counter() - started))
+        args = (
+            problem,
+            members,
+            cells,
+            part_supply,
+            mean_ratio,
+            load_before,
+            budget_left * min(1.0, frac),
+            {r: storage_left[r] * min(1.0, frac) for r in storage_left},
+            candidates,
+            remaining / (len(parts) - pi),
+            seed * 1000 + pi,
+            mip_max_binaries,
+            comfort_ratio,
+        )
+        try:
+            res = _solve_partition(*args)
+        except _PartitionInfeasible:
+            raise _diagnose(args) from None
+        x_all.update(res.x)
+        for d, r in res.replicas - replicas:
+            budget_left -= problem.datasets[d].bytes
+            if r in storage_left:
+                storage_left[r] -= problem.datasets[d].bytes
+        replicas |= res.replicas
+        stage_status += [f"p{pi}:{s}" for s in res.status]
+        partition_bound = max(partition_bound, res.lp_bound) if not math.isnan(res.lp_bound) else math.nan
+        binaries += res.binaries
+
+    placement: dict[str, dict[str, dict[str, float]]] = {}
+    for (k, r, g), n in x_all.items():
+        placement.setdefault(problem.teams[k].name, {}).setdefault(r, {})[g] = n
+    shares: dict[str, dict[str, float]] = {}
+    for team, per_region in placement.items():
+        total = sum(n for per in per_region.values() for n in per.values())
+        shares[team] = {r: round(sum(per.values()) / total, 6) for r, per in sorted(per_region.items())}
+    load_after: dict[tuple[str, str], float] = defaultdict(float)
+    for (_k, r, g), n in x_all.items():
+        load_after[(r, g)] += n
+    replicate = [
+        {"dataset_uri": d, "region": r, "bytes": problem.datasets[d].bytes} for d, r in sorted(replicas)
+    ]
+    gpus_moved = sum(
+        max(0.0, n - placement.get(team.name, {}).get(r, {}).get(g, 0.0))
+        for team in problem.teams
+        for r, per in team.current.items()
+        for g, n in per.items()
+    )
+    after_replicas: dict[str, set[str]] = defaultdict(set)
+    for d in problem.datasets.values():
+        after_replicas[d.uri].update(d.replicas)
+    for d, r in replicas:
+        after_replicas[d].add(r)
+    cross = sum(1 for (k, r, _g) in x_all for d in problem.teams[k].datasets if r not in after_replicas[d])
+    before_r, after_r = region_ratios(load_before, cells), region_ratios(load_after, cells)
+    before_c, after_c = cell_ratios(load_before, cells), cell_ratios(load_after, cells)
+
+    def nested(load: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for (r, g), n in sorted(load.items()):
+            if n > 0:
+                out.setdefault(r, {})[g] = round(n, 6)
+        return out
+
+    optimal = all(s.endswith("optimal") or ":rounded" in s for s in stage_status) and not any(
+        ":rounded" in s for s in stage_status
+    )
+    return Solution(
+        status="optimal" if optimal else "feasible",
+        placement=placement,
+        shares=shares,
+        replicate=replicate,
+        region_load_before={r: round(v, 6) for r, v in before_r.items()},
+        region_load_after={r: round(v, 6) for r, v in after_r.items()},
+        cell_load_before=nested(load_before),
+        cell_load_after=nested(load_after),
+        lower_bound=round(lower_bound, 6),
+        region_lower_bound=round(region_lower_bound, 6),
+        partition_bound=None if math.isnan(partition_bound) else round(partition_bound, 6),
+        max_ratio_before=round(max(before_r.values(), default=0.0), 6),
+        max_ratio_after=round(max(after_r.values(), default=0.0), 6),
+        max_cell_ratio_before=round(max(before_c.values(), default=0.0), 6),
+        max_cell_ratio_after=round(max(after_c.values(), default=0.0), 6),
+        allocation_rate_before=round(allocation_rate(load_before, cells), 6),
+        allocation_rate_after=round(allocation_rate(load_after, cells), 6),
+        bytes_moved=int(sum(c["bytes"] for c in replicate)),
+        budget_bytes=int(problem.budget_bytes),
+        gpus_moved=round(gpus_moved, 6),
+        cross_region_reads=cross,
+        solve_s=round(time.perf_counter() - started, 3),
+        partitions=len(parts),
+        binaries=binaries,
+        stage_status=stage_status,
+    )
+
+
+def _diagnose(args: tuple) -> RebalanceInfeasibleError:
+    """Elastic check: drop one constraint group at a time; the first whose removal helps is binding."""
+    problem, members = args[0], args[1]
+    names = ", ".join(repr(problem.teams[k].name) for k in members[:5]) + ("…" if len(members) > 5 else "")
+    for group, label, detail in (
+        (
+            "budget",
+            "replication byte budget",
+            f"{problem.budget_bytes} bytes cannot bring the data of team(s) {names} to where their quotas allow",
+        ),
+        ("storage", "storage caps", f"region storage caps leave no room for the replicas of team(s) {names}"),
+        ("quota", "quotas", f"quotas of team(s) {names} conflict with where their data can be"),
+    ):
+        try:
+            _solve_partition(*args, skip_groups=frozenset({group}))
+        except _PartitionInfeasible:
+            continue
+        return RebalanceInfeasibleError(label, detail)
+    return RebalanceInfeasibleError("locality", f"no region holds (or can receive) the datasets of {names}")

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import datetime as dt
+
+from sailor_tasks.ledger import Ledger
+
+
+def test_assignment_round_trips_shares_and_region_load(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path}/l.db")
+    ledger.publish_assignment({"a": {"r1": 0.5, "r2": 0.5}}, "test", region_load={"r1": 0.9, "r2": 0.4})
+    a = ledger.latest_assignment()
+    assert a.shares == {"a": {"r1": 0.5, "r2": 0.5}} and a.region_load == {"r1": 0.9, "r2": 0.4}
+
+
+def test_utilization_rows_overlap_the_window_with_the_runs_dataset(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path}/l.db")
+    now = dt.datetime.now(dt.UTC)
+    ledger.upsert_run(
+        "r",
+        job_name="j",
+        team="t",
+        status="success",
+        backend="local",
+        model="m",
+        dataset_uri="sailor://source/d",
+        request={},
+    )
+    ledger.record_utilization(
+        "r", "t", "us-east1", "T4", 4, now - dt.timedelta(hours=30), now - dt.timedelta(hours=2)
+    )
+    ledger.record_utilization(
+        "old", "t", "us-east1", "T4", 4, now - dt.timedelta(days=9), now - dt.timedelta(days=8)
+    )
+    rows = ledger.utilization_rows(now - dt.timedelta(days=1), now)
+    assert [(r["run_id"], r["dataset_uri"], r["gpus"]) for r in rows] == [("r", "sailor://source/d", 4)]
+
+
+def test_rebalance_nights_newest_first(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path}/l.db")
+    common = dict(
+        dry_run=False,
+        window_days=7.0,
+        solver_status="optimal",
+        max_ratio_before=2.0,
+        max_ratio_after=0.9,
+        lower_bound=0.85,
+        allocation_rate_before=0.6,
+        allocation_rate_after=0.85,
+        region_ratio_before={"r1": 2.0},
+        region_ratio_after={"r1": 0.9},
+        bytes_planned=10,
+        bytes_replicated=10,
+    )
+    ledger.record_rebalance("n1", assignment_version=1, report_uri="file:///a.png", **common)
+    ledger.record_rebalance("n2", assignment_version=2, report_uri="file:///b.png", **common)
+    newest = ledger.rebalance_nights(limit=1)[0]
+    assert newest["run_id"] == "n2" and newest["report_uri"] == "file:///b.png"
+    assert newest["region_ratio_after"] == {"r1": 0.9}

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import numpy as np
+import pytest
+
+from sailor_tasks.rebalance.collect import build_problem, peak_concurrency
+from sailor_tasks.rebalance.scenario import generate, reader_counts
+
+T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+
+
+def _row(team, region, gpu, gpus, start_h, end_h, dataset="sailor://source/d"):
+    return {
+        "team": team,
+        "region": region,
+        "gpu_type": gpu,
+        "gpus": gpus,
+        "started_at": T0 + dt.timedelta(hours=start_h),
+        "ended_at": T0 + dt.timedelta(hours=end_h),
+        "dataset_uri": dataset,
+    }
+
+
+def test_demand_is_mean_gpus_over_the_window_and_peak_is_concurrency():
+    rows = [
+        _row("a", "r1", "T4", 8, 0, 12),  # 96 GPU-hours
+        _row("a", "r1", "T4", 4, 6, 30),  # 18 h inside a 24 h window → 72 GPU-hours
+        _row("b", "r2", "L4", 2, -10, 2, dataset="sailor://source/e"),  # 2 h inside → 4 GPU-hours
+    ]
+    problem, stats = build_problem(
+        rows,
+        [{"dataset_uri": "sailor://source/d", "region": "r1", "bytes": 500}],
+        {("r1", "T4"): 10, ("r2", "L4"): 4},
+        since=T0,
+        until=T0 + dt.timedelta(hours=24),
+        budget_bytes=1000,
+        size_of=lambda uri: 77,
+        quotas={"a": {"max": {"r2": 0}}},
+    )
+    teams = {t.name: t for t in problem.teams}
+    assert teams["a"].current == {"r1": {"T4": pytest.approx(168 / 24)}}
+    assert teams["b"].current == {"r2": {"L4": pytest.approx(4 / 24)}}
+    assert teams["a"].peak_gpus == 12 and teams["b"].peak_gpus == 2
+    assert teams["a"].quota_max == {"r2": 0}
+    assert problem.datasets["sailor://source/d"].bytes == 500
+    assert problem.datasets["sailor://source/d"].replicas == ("r1",)
+    assert problem.datasets["sailor://source/e"].bytes == 77  # from size_of (no replica yet)
+    assert stats["gpu_hours"] == pytest.approx(172)
+    assert problem.supply == {"r1": {"T4": 10.0}, "r2": {"L4": 4.0}}
+
+
+def test_peak_counts_back_to_back_runs_once():
+    rows = [_row("a", "r", "T4", 4, 0, 5), _row("a", "r", "T4", 4, 5, 10)]
+    assert peak_concurrency(rows, T0, T0 + dt.timedelta(days=1)) == 4
+
+
+def test_reader_counts_follow_mast_quantiles():
+    counts = reader_counts(np.random.default_rng(0), 200_000)
+    assert np.median(counts) == pytest.approx(3, abs=0.5)
+    assert np.quantile(counts, 0.9) == pytest.approx(17, rel=0.1)
+    assert np.quantile(counts, 0.99) == pytest.approx(45, rel=0.1)
+
+
+def test_scenario_is_seeded_and_skewed():
+    a = generate(regions=20, gpu_types=4, teams=400, datasets=1000, seed=3)
+    b = generate(regions=20, gpu_types=4, teams=400, datasets=1000, seed=3)
+    assert a.to_json() == b.to_json()
+    from sailor_tasks.rebalance.problem import region_ratios
+
+    load = {}
+    for t in a.teams:
+        for r, per in t.current.items():
+            for g, n in per.items():
+                load[(r, g)] = load.get((r, g), 0.0) + n
+    ratios = region_ratios(load, a.cell_supply())
+    assert max(ratios.values()) >= 2.0  # everyone wants the popular region
+    total = sum(load.values()) / sum(a.cell_supply().values())
+    assert total == pytest.approx(0.85, rel=1e-3)
+    for t in a.teams:  # every team's data is where it runs now
+        for d in t.datasets:
+            assert set(t.current) <= set(a.datasets[d].replicas)
+
+
+def test_problem_json_round_trip_and_cli(tmp_path, capsys):
+    from sailor_tasks.cli import main
+    from sailor_tasks.rebalance.problem import Problem
+
+    p = generate(regions=5, gpu_types=2, teams=40, datasets=100, seed=0)
+    assert Problem.from_json(json.loads(json.dumps(p.to_json()))).to_json() == p.to_json()
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(p.to_json()))
+    assert main(["rebalance", "--scenario", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bytes_moved"] <= out["budget_bytes"] and out["max_ratio_after"] <= out["max_ratio_before"]
+    assert main(["rebalance", "--scenario", str(tmp_path / "missing.json")]) == 2
+    assert "neither 'generated' nor a problem JSON file" in capsys.readouterr().err
+
+
+def test_report_chart_and_markdown():
+    from sailor_tasks.rebalance.report import render_chart, render_markdown, top_moves
+    from sailor_tasks.rebalance.solver import solve
+
+    p = generate(regions=5, gpu_types=2, teams=40, datasets=100, seed=0)
+    s = solve(p).to_json()
+    png = render_chart(s, "test")
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+    moves = top_moves(p.to_json(), s["placement"], limit=3)
+    assert len(moves) <= 3 and all(m["gpus_moved"] > 0 for m in moves)
+    md = render_markdown(
+        "t",
+        s,
+        moves,
+        window="1 day",
+        bytes_replicated=None,
+        copies_done=None,
+        version=None,
+        chart_uri="x.png",
+    )
+    assert "not published (dry run)" in md and "Top moves" in md and f"{s['max_ratio_after']:.2f}" in md

@@ -1,0 +1,150 @@
+"""The HiGHS rebalance solver on hand-built cases with known optima, and its error paths."""
+
+from __future__ import annotations
+
+import pytest
+
+from sailor_tasks.rebalance.problem import Dataset, Problem, Team
+from sailor_tasks.rebalance.solver import RebalanceInfeasibleError, solve
+
+SUPPLY3 = {"a": {"T4": 10.0}, "b": {"T4": 10.0}, "c": {"T4": 10.0}}
+
+
+def _problem(teams, datasets=(), budget=0, storage=None, supply=SUPPLY3):
+    return Problem(
+        supply=supply,
+        teams=tuple(teams),
+        datasets={d.uri: d for d in datasets},
+        budget_bytes=budget,
+        storage_cap_bytes=storage or {},
+    )
+
+
+def test_three_regions_known_optimum_spreads_evenly():
+    """21 GPUs of demand on 3 × 10 GPUs: the optimum puts 7 in each region (ratio 0.7)."""
+    p = _problem(
+        [
+            Team("t1", {"a": {"T4": 12.0}}),
+            Team("t2", {"a": {"T4": 6.0}}),
+            Team("t3", {"b": {"T4": 3.0}}),
+        ]
+    )
+    s = solve(p)
+    assert s.status == "optimal"
+    assert s.max_ratio_before == pytest.approx(1.8)
+    assert s.max_ratio_after == pytest.approx(0.7, abs=1e-5)
+    assert s.lower_bound == pytest.approx(0.7) and s.region_lower_bound == pytest.approx(0.7)
+    assert s.region_load_after == pytest.approx({"a": 0.7, "b": 0.7, "c": 0.7}, abs=1e-5)
+    for shares in s.shares.values():
+        assert sum(shares.values()) == pytest.approx(1.0, abs=1e-5)
+    assert s.bytes_moved == 0 and s.replicate == []
+    # the tie-breaker moves as few GPUs as possible: 11 of a's 18 leave (a keeps 7)
+    assert s.gpus_moved == pytest.approx(11.0, abs=1e-4)
+
+
+def test_comfort_ratio_moves_only_what_exceeds_it():
+    p = _problem(
+        [Team("t1", {"a": {"T4": 12.0}}), Team("t2", {"a": {"T4": 6.0}}), Team("t3", {"b": {"T4": 3.0}})]
+    )
+    s = solve(p, comfort_ratio=0.9)
+    assert s.max_ratio_after == pytest.approx(0.9, abs=1e-5)
+    assert s.gpus_moved == pytest.approx(9.0, abs=1e-4)  # a keeps 9 of its 18; nothing more moves
+    assert s.lower_bound == pytest.approx(0.7)  # the bound is still the true one
+
+
+def test_locality_team_never_runs_where_its_data_is_not():
+    """t1 reads d1 (only in a) and there is no budget: t1 stays; t2 (no data) moves out instead."""
+    d1 = Dataset("d1", 100, ("a",))
+    p = _problem(
+        [Team("t1", {"a": {"T4": 8.0}}, datasets=("d1",)), Team("t2", {"a": {"T4": 10.0}})],
+        [d1],
+        budget=0,
+    )
+    s = solve(p)
+    assert set(s.shares["t1"]) == {"a"}
+    assert s.placement["t1"]["a"]["T4"] == pytest.approx(8.0)
+    # a holds 8 (t1); the 10 of t2 are spread over b and c: worst ratio 0.8
+    assert s.max_ratio_after == pytest.approx(0.8, abs=1e-5)
+    assert s.cross_region_reads == 0 and s.bytes_moved == 0
+
+
+def test_budget_binds_and_the_cheaper_useful_copy_wins():
+    """Two teams crowd a; moving either needs its dataset copied. With budget for only the small
+    dataset, the small team moves; with budget for both, the ratio drops further."""
+    big, small = Dataset("big", 1000, ("a",)), Dataset("small", 300, ("a",))
+    teams = [
+        Team("heavy", {"a": {"T4": 10.0}}, datasets=("big",)),
+        Team("light", {"a": {"T4": 8.0}}, datasets=("small",)),
+    ]
+    tight = solve(_problem(teams, [big, small], budget=500))
+    assert tight.bytes_moved == 300 <= tight.budget_bytes
+    assert [(c["dataset_uri"]) for c in tight.replicate] == ["small"]
+    assert set(tight.shares["heavy"]) == {"a"}
+    assert tight.max_ratio_after == pytest.approx(1.0, abs=1e-5)  # heavy's 10 GPUs stay on a
+    assert tight.max_ratio_after > tight.lower_bound  # the bound ignores the budget
+    loose = solve(_problem(teams, [big, small], budget=5000))
+    assert loose.max_ratio_after == pytest.approx(0.6, abs=1e-5)
+    assert loose.max_ratio_after < tight.max_ratio_after
+    assert loose.bytes_moved <= 5000
+
+
+def test_storage_cap_limits_where_replicas_go():
+    d = Dataset("d", 100, ("a",))
+    p = _problem([Team("t", {"a": {"T4": 12.0}}, datasets=("d",))], [d], budget=1000, storage={"b": 50.0})
+    s = solve(p)
+    assert {c["region"] for c in s.replicate} == {"c"}  # b's cap cannot hold the 100 bytes
+    assert "b" not in s.shares["t"]
+
+
+def test_quota_max_is_respected():
+    p = _problem([Team("t", {"a": {"T4": 18.0}}, quota_max={"c": 2.0})])
+    s = solve(p)
+    assert sum(s.placement["t"].get("c", {}).values()) <= 2.0 + 1e-6
+    assert s.max_ratio_after == pytest.approx(0.8, abs=1e-5)  # 16 over a and b, 2 in c
+
+
+@pytest.mark.parametrize(
+    ("team", "constraint"),
+    [
+        (Team("t", {"a": {"T4": 12.0}}, quota_max={"*": 0.0, "a": 5.0}), "quota_max of team 't'"),
+        (Team("t", {"a": {"T4": 4.0}}, quota_min={"a": 3.0, "b": 3.0}), "quota_min of team 't'"),
+        (Team("t", {"a": {"T4": 4.0}}, quota_min={"zz": 1.0}), "quota_min of team 't'"),
+    ],
+)
+def test_infeasible_quotas_name_the_binding_constraint(team, constraint):
+    with pytest.raises(RebalanceInfeasibleError, match="binding constraint") as err:
+        solve(_problem([team]))
+    assert constraint in str(err.value)
+
+
+def test_quota_that_needs_a_copy_beyond_the_budget_names_the_budget():
+    d = Dataset("d", 100, ("a",))
+    team = Team("t", {"a": {"T4": 4.0}}, datasets=("d",), quota_min={"b": 2.0})
+    with pytest.raises(RebalanceInfeasibleError, match="replication byte budget"):
+        solve(_problem([team], [d], budget=10))
+    ok = solve(_problem([team], [d], budget=100))
+    assert ok.placement["t"]["b"]["T4"] >= 2.0 - 1e-6 and ok.bytes_moved == 100
+
+
+def test_unknown_gpu_type_is_a_clear_error():
+    with pytest.raises(RebalanceInfeasibleError, match="'H100'.*valid: T4"):
+        solve(_problem([Team("t", {"a": {"H100": 1.0}})]))
+
+
+def test_rounding_path_keeps_budget_locality_and_improves(monkeypatch):
+    """Above the binary threshold the solver rounds the LP (greedy repair): still within budget,
+    no cross-region reads, and the busiest region drops."""
+    from sailor_tasks.rebalance.scenario import generate
+
+    p = generate(regions=8, gpu_types=3, teams=120, datasets=400, seed=1, budget_fraction=0.5)
+    s = solve(p, mip_max_binaries=0, team_block=60, time_limit_s=20)
+    assert any("rounded" in st for st in s.stage_status) and s.partitions == 2
+    assert s.bytes_moved <= s.budget_bytes
+    assert s.cross_region_reads == 0
+    assert s.max_ratio_after < s.max_ratio_before
+    replicas = {d.uri: set(d.replicas) for d in p.datasets.values()}
+    for c in s.replicate:
+        replicas[c["dataset_uri"]].add(c["region"])
+    for team in p.teams:
+        for region in s.shares[team.name]:
+            assert all(region in replicas[d] for d in team.datasets), (team.name, region)
