@@ -90,6 +90,19 @@ class JobRequest:
     batch_size: int = 16
     learning_rate: float = 3e-3
     deadline_hours: float | None = None
+    # Spot resilience (see sailor_tasks.recovery and backends.preemption)
+    recovery_strategy: str = "same_zone_first"
+    """Named strategy (``sailor_tasks.strategies``) that decides where a preempted run resumes."""
+    inject_preemptions: tuple[int, ...] = ()
+    """Steps at which the local backend delivers a preemption notice (SIGTERM, then SIGKILL)."""
+    inject_kills: tuple[int, ...] = ()
+    """Steps at which the local backend kills the workers without notice (SIGKILL)."""
+    preemption_rate_per_hour: float = 0.0
+    """Noticed preemptions injected as a seeded Poisson process (per hour of training)."""
+    preemption_trace_uri: str = ""
+    """Availability trace (JSON, 1 = unavailable) replayed as noticed preemptions; empty: none."""
+    preemption_notice_s: float = 30.0
+    """Seconds between the preemption notice (SIGTERM) and the hard kill (GCE: 30 s)."""
 
     @property
     def num_gpus(self) -> int:

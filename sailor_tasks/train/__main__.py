@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from sailor_tasks import storage
 from sailor_tasks.train.config import TrainConfig
+from sailor_tasks.train.progress import PROGRESS_ENV
 from sailor_tasks.train.trainer import PREEMPTED_EXIT_CODE, Trainer
 
 
@@ -48,7 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     if world_size > 1:
         dist.init_process_group(backend="gloo")
-    trainer = Trainer(config, rank=rank, world_size=world_size, stop_event=stop)
+    trainer = Trainer(
+        config,
+        rank=rank,
+        world_size=world_size,
+        stop_event=stop,
+        progress_path=os.environ.get(PROGRESS_ENV) or None,
+    )
     try:
         result = trainer.train()
     finally:

@@ -25,6 +25,7 @@ from sailor_tasks.train.checkpoint import CheckpointManager
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.data import ByteCorpus
 from sailor_tasks.train.models import build_model
+from sailor_tasks.train.progress import write_progress
 from sailor_tasks.train.specs import MODEL_SPECS
 
 logger = logging.getLogger(__name__)
@@ -76,10 +77,14 @@ class Trainer:
         rank: int = 0,
         world_size: int = 1,
         stop_event: threading.Event | None = None,
+        progress_path: str | None = None,
     ):
         self.config, self.rank, self.world_size = config, rank, world_size
         self.distributed = world_size > 1 or (dist.is_available() and dist.is_initialized())
         self.stop_event = stop_event or threading.Event()
+        self.progress_path = progress_path if rank == 0 else None
+        self._resumed_from: int | None = None
+        self._first_step_at: float | None = None
         spec = MODEL_SPECS[config.model]
         torch.manual_seed(config.seed)  # identical init on every rank
         model = build_model(spec)
@@ -160,11 +165,23 @@ class Trainer:
     def save(self) -> None:
         info = self.checkpoints.save(self.step, self.state())
         self.last_checkpoint_step = info.step
+        self._report_progress()
+
+    def _report_progress(self) -> None:
+        if self.progress_path:
+            write_progress(
+                self.progress_path,
+                step=self.step,
+                checkpoint_step=self.last_checkpoint_step,
+                resumed_from=self._resumed_from,
+                first_step_at=self._first_step_at,
+            )
 
     def train(self) -> TrainResult:
         cfg = self.config
         start = time.monotonic()
-        resumed = self.resume()
+        resumed = self._resumed_from = self.resume()
+        self._report_progress()
         if resumed is None:
             self.initial_loss = self.evaluate()
             if self.rank == 0:
@@ -186,6 +203,9 @@ class Trainer:
             self.step += 1
             self.tokens_seen += x.numel() * self.world_size
             loss = loss_t.item()
+            if self._first_step_at is None:
+                self._first_step_at = time.time()  # end of recovery: the first step of this attempt
+            self._report_progress()
             if self.rank == 0 and (self.step % cfg.log_every_steps == 0 or self.step == cfg.total_steps):
                 now = time.monotonic()
                 done = self.step - first_step
