@@ -103,6 +103,8 @@ class JobRequest:
     """Availability trace (JSON, 1 = unavailable) replayed as noticed preemptions; empty: none."""
     preemption_notice_s: float = 30.0
     """Seconds between the preemption notice (SIGTERM) and the hard kill (GCE: 30 s)."""
+    async_checkpoint: bool = False
+    """Write periodic checkpoints in the background (training stalls only for the copy to CPU)."""
 
     @property
     def num_gpus(self) -> int:

@@ -195,6 +195,14 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "section": SECTION_RESILIENCE,
             "description": "Seconds between the preemption notice and the hard kill (GCE spot VMs: 30).",
         },
+        "async_checkpoint": {
+            "default": False,
+            "type": "boolean",
+            "title": "Asynchronous checkpoints",
+            "section": SECTION_CHECKPOINT,
+            "description": "Write periodic checkpoints in the background (torch.distributed.checkpoint.async_save); "
+            "saves on a preemption notice and at the end stay synchronous.",
+        },
         "batch_size": {
             "default": 16,
             "type": "integer",

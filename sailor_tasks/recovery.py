@@ -195,6 +195,7 @@ def train_attempt(
         seed=req.seed,
         batch_size=req.batch_size,
         learning_rate=req.learning_rate,
+        async_checkpoint=req.async_checkpoint,
     )
     config_uri = storage.join(run_uri, "train_config.json")
     report_uri = storage.join(run_uri, "launch.json")
@@ -264,3 +265,30 @@ def train_attempt(
     if try_number > max_tries:
         raise RecoveryExhaustedError(run_id, describe_attempts(ctx, run_id))
     raise PreemptedError(run_id, pl.zone, reached, noticed)
+
+
+def run_stages(params: JSON, run_id: str, ctx: Any, max_tries: int = 5) -> JSON:
+    """Run every ``sailor_train`` stage in this process, retrying ``train`` after preemptions with no
+    backoff (what Airflow does with backoff). For tests and benchmarks; returns finalize's summary.
+
+    Raises:
+        RecoveryExhaustedError: preempted on each of the ``max_tries + 1`` tries.
+    """
+    from sailor_tasks import stages
+
+    request = stages.validate(params, run_id, ctx)
+    try:
+        placement = stages.plan(request, run_id, ctx)
+        data = stages.place_data(request, placement, run_id, ctx)
+        stages.provision(request, placement, run_id, ctx)
+        for try_number in range(1, max_tries + 2):
+            try:
+                result = stages.train(
+                    request, placement, data, run_id, ctx, try_number=try_number, max_tries=max_tries
+                )
+                break
+            except PreemptedError:
+                continue
+        return stages.finalize(request, placement, data, result, run_id, ctx)
+    finally:
+        stages.teardown(run_id, ctx)

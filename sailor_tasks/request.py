@@ -121,6 +121,7 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
         preemption_rate_per_hour=float(values["preemption_rate_per_hour"]),
         preemption_trace_uri=values["preemption_trace_uri"],
         preemption_notice_s=float(values["preemption_notice_s"]),
+        async_checkpoint=values["async_checkpoint"],
     )
 
 

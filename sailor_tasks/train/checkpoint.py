@@ -304,8 +304,41 @@ class CheckpointManager:
                 return step
         return None
 
+    def load_all(self, step: int) -> dict[str, Any]:
+        """Everything saved at ``step`` (all ranks' entries) as a plain nested dict, in one process."""
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+        state: dict[str, Any] = {}
+        dcp.load(
+            state,
+            storage_reader=FsspecReader(self.step_uri(step)),
+            planner=_EmptyStateDictLoadPlanner(),
+            no_dist=True,
+        )
+        return state
+
     def load(self, step: int, state: dict[str, Any]) -> None:
         """Load step ``step`` into ``state`` in place (every rank calls this)."""
         dcp.load(state, storage_reader=FsspecReader(self.step_uri(step)), no_dist=not self.distributed)
         if self.rank == 0:
             logger.info("restored checkpoint step %d from %s", step, self.step_uri(step))
+
+
+def diff_states(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Keys whose values differ between two nested state dicts (tensors compared bit for bit)."""
+    import torch
+
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{prefix}{k} (missing on one side)" for k in sorted(set(a) ^ set(b), key=str)]
+        for k in sorted(set(a) & set(b), key=str):
+            out += diff_states(a[k], b[k], f"{prefix}{k}.")
+        return out
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        same = a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return [
+            d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in diff_states(x, y, f"{prefix}{i}.")
+        ]
+    else:
+        same = a == b or (a != a and b != b)  # NaN == NaN here
+    return [] if same else [prefix.rstrip(".")]

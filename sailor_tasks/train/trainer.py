@@ -95,8 +95,14 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         torch.manual_seed(config.seed * 7_919 + rank)  # per-rank dropout stream
         self.corpus = ByteCorpus.load(config.data_uri, spec.seq_len, config.seed)
+        # Async saves run their collectives in a background thread: give them their own group.
+        ckpt_group = dist.new_group(backend="gloo") if config.async_checkpoint and self.distributed else None
         self.checkpoints = CheckpointManager(
-            config.checkpoint_uri, rank=rank, keep_latest_k=config.keep_latest_k, distributed=self.distributed
+            config.checkpoint_uri,
+            rank=rank,
+            keep_latest_k=config.keep_latest_k,
+            distributed=self.distributed,
+            process_group=ckpt_group,
         )
         self.step = 0
         self.tokens_seen = 0
@@ -162,10 +168,20 @@ class Trainer:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def save(self) -> None:
-        info = self.checkpoints.save(self.step, self.state())
+    def save(self, *, blocking: bool = True) -> None:
+        """Checkpoint the current step; in the background when configured and not ``blocking``."""
+        if self.config.async_checkpoint and not blocking:
+            self.checkpoints.save_async(self.step, self.state())
+            return
+        info = self.checkpoints.save(self.step, self.state())  # waits for a pending async save first
         self.last_checkpoint_step = info.step
         self._report_progress()
+
+    def _collect_async(self, wait: bool = False) -> None:
+        info = self.checkpoints.wait() if wait else self.checkpoints.poll()
+        if info is not None:
+            self.last_checkpoint_step = info.step
+            self._report_progress()
 
     def _report_progress(self) -> None:
         if self.progress_path:
@@ -220,9 +236,13 @@ class Trainer:
                     self.scheduler.get_last_lr()[0],
                     eta,
                 )
-            if self.step % cfg.checkpoint_every_steps == 0 or self.step == cfg.total_steps:
+            self._collect_async()
+            if self.step == cfg.total_steps:
                 self.save()
+            elif self.step % cfg.checkpoint_every_steps == 0:
+                self.save(blocking=False)
             if self.step < cfg.total_steps and self._stop_requested():
+                self._collect_async(wait=True)
                 if self.last_checkpoint_step != self.step:
                     self.save()
                 status = "preempted"
