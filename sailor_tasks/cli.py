@@ -156,6 +156,9 @@ DEMO_PARAMS = {
     "market": "auto",
     "max_usd_per_hour": 20.0,
     "seed": 0,
+    # Spot resilience: one preemption with notice mid-training, recovered in the next region.
+    "inject_preemptions": [150],
+    "recovery_strategy": "eager_next_region",
 }
 
 
@@ -227,6 +230,7 @@ def demo_summary(ledger: Any, run_id: str, settings: Settings) -> str:
         f"Training     {run['steps']} steps of {run['model']}; eval loss {run['initial_loss']:.3f} -> "
         f"{run['final_loss']:.3f}",
         f"Checkpoint   {run['checkpoint_uri']}",
+        *recovery_lines(ledger, run_id),
         f"Est. cost    ${run['usd_estimate']:.4f} (price x training wall time on the local backend)",
         f"Rebalance    assignment v{assignment.version if assignment else '-'} published "
         f"({len(assignment.shares) if assignment else 0} teams)",
@@ -236,6 +240,33 @@ def demo_summary(ledger: Any, run_id: str, settings: Settings) -> str:
         "      `.venv/bin/sailor runs` lists runs from the ledger.",
     ]
     return "\n".join(lines)
+
+
+def recovery_lines(ledger: Any, run_id: str) -> list[str]:
+    """The run's attempts and preemptions, for the demo summary (empty when never preempted)."""
+    attempts = ledger.attempts(run_id) if hasattr(ledger, "attempts") else []
+    preemptions = {p["attempt"]: p for p in ledger.preemptions(run_id)}
+    if not preemptions:
+        return []
+    run = ledger.get_run(run_id)
+    strategy = (run.get("request") or {}).get("recovery_strategy", "?")
+    lines = [f"Recovery     {len(preemptions)} preemption(s), {len(attempts)} attempts (strategy {strategy})"]
+    for a in attempts:
+        where = f"attempt {a['attempt']} in {a['region']}/{a['zone']}"
+        start = (
+            f"from step {a['resumed_from_step']}" if a["resumed_from_step"] is not None else "from scratch"
+        )
+        p = preemptions.get(a["attempt"])
+        if p:
+            rec = f", back to training in {p['recovery_s']:.1f} s" if p["recovery_s"] is not None else ""
+            end = (
+                f"preempted {'with' if p['noticed'] else 'without'} notice at step {p['step']}: "
+                f"{p['steps_lost']} steps lost{rec}"
+            )
+        else:
+            end = f"{a['outcome']} at step {a['step']}"
+        lines.append(f"  {where}: started {start}, {end}")
+    return lines
 
 
 # --- entrypoint ----------------------------------------------------------------------------------
