@@ -35,9 +35,9 @@ from typing import Any
 
 import crc32c
 import google_crc32c
-import torch.utils.serialization.config as torch_serialization_config
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.utils.serialization.config as torch_serialization_config
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
