@@ -6,6 +6,7 @@ a cloud run does happens here for real: data copies, training, checkpoints, rest
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -192,16 +193,20 @@ class LocalBackend:
         except psutil.NoSuchProcess:
             return time.time()
         if event.noticed:
-            # torchrun starts workers in their own sessions; the notice goes to each worker, as the
-            # VM's ACPI soft-off reaches every process. The agent sees them exit and stops.
+            # torchrun starts workers in their own sessions, so a group signal would miss them: the
+            # notice goes to each worker. Workers finish their step, checkpoint and exit 75; the
+            # agent sees them exit and stops. The agent itself is not signalled while workers run:
+            # on SIGTERM it tears the job down (and with it the store the workers rendezvoused on),
+            # which can kill a checkpoint half-written (seen here). Before any worker exists, the
+            # agent is the one to tell, and it stops.
             logger.warning(
                 "injecting preemption %s: SIGTERM to %d workers, %.0f s notice",
                 event.key,
                 len(workers),
                 notice_s,
             )
-            for w in workers:
-                _signal(w, signal.SIGTERM)
+            for p in workers or [agent]:
+                _signal(p, signal.SIGTERM)
             try:
                 proc.wait(timeout=notice_s)
                 return time.time()
@@ -209,6 +214,8 @@ class LocalBackend:
                 logger.warning("notice window of %.0f s over: killing the process group", notice_s)
         else:
             logger.warning("injecting preemption %s: SIGKILL without notice", event.key)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            workers = list({*workers, *agent.children(recursive=True)})  # any started meanwhile
         for p in [agent, *workers]:
             _signal(p, signal.SIGKILL)
         return time.time()
