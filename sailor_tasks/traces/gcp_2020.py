@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from sailor_tasks.traces.availability import AvailabilityTrace
+
 EventKind = Literal["created", "preempted", "creation_failed"]
 
 _LINE = re.compile(r"^\[(?P<ts>[^\]]+)\]\s+(?P<msg>.*)$")
@@ -190,6 +192,41 @@ def load_gcp_logs(folder: str | Path) -> GcpLog:
         events.extend(log.events)
         lives.extend(log.lives)
     return GcpLog(events=tuple(sorted(events, key=lambda e: e.at)), lives=tuple(lives))
+
+
+def to_availability_trace(
+    log: GcpLog, zone: str, gpu_type: str | None = None, gap_seconds: float = 900.0
+) -> AvailabilityTrace:
+    """The zone's history as a single-node availability trace (1 = no instance of it running).
+
+    Slot ``i`` covers ``[t0 + i·gap, t0 + (i+1)·gap)`` from the zone's first creation; it is
+    available when an instance (of ``gpu_type``, if given) was alive at the slot's start. The
+    default gap is the logs' 15-minute ping interval, so an instance lost between two pings shows
+    as a 1 in the slot of the ping that found it gone.
+
+    Raises:
+        ValueError: no instance ran in ``zone`` (names the zones that have some).
+    """
+    lives = _lives(log, zone, gpu_type)
+    if not lives:
+        raise ValueError(f"zone={zone!r} has no instances in the logs; zones: {', '.join(log.zones())}")
+    t0 = min(lf.created_at for lf in lives)
+    end = max(lf.last_seen_running for lf in lives)
+    slots = int((end - t0).total_seconds() // gap_seconds) + 1
+    data = []
+    for i in range(slots):
+        t = t0 + dt.timedelta(seconds=i * gap_seconds)
+        alive = any(lf.created_at <= t <= lf.last_seen_running for lf in lives)
+        data.append(0 if alive else 1)
+    return AvailabilityTrace(
+        gap_seconds=gap_seconds,
+        data=tuple(data),
+        source=f"gcp_2020:{zone}" + (f":{gpu_type}" if gpu_type else ""),
+    )
+
+
+def _lives(log: GcpLog, zone: str, gpu_type: str | None) -> list[InstanceLife]:
+    return [lf for lf in log.lives if lf.zone == zone and gpu_type in (None, lf.gpu_type)]
 
 
 def rates_per_zone(log: GcpLog, gpu_type: str | None = None) -> Mapping[str, float]:

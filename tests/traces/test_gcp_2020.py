@@ -52,3 +52,15 @@ def test_real_logs_give_per_zone_rates(shared_data):
         assert s.preemptions > 0 and s.instance_hours > 0
         assert 0.05 < s.preemptions_per_hour < 10  # preemptible VMs of 2020: hours, not minutes or weeks
     assert sum(len(log.preemption_times(z)) for z in stats) == sum(s.preemptions for s in stats.values())
+
+
+def test_a_zone_becomes_a_replayable_availability_trace():
+    from sailor_tasks.traces.gcp_2020 import to_availability_trace
+
+    log = parse_gcp_log(LOG.splitlines())
+    trace = to_availability_trace(log, "us-west1-b", gap_seconds=900)
+    # alive 10:00-11:00, gone 11:15-11:20 (preempted), alive 11:20-12:20
+    assert trace.data == (0, 0, 0, 0, 0, 1, 0, 0, 0, 0)
+    assert trace.preemption_times() == (4500.0,) == log.preemption_times("us-west1-b")
+    with pytest.raises(ValueError, match=r"zone='mars-1a' has no instances.*us-west1-b"):
+        to_availability_trace(log, "mars-1a")
