@@ -101,6 +101,8 @@ class JobRequest:
     """Noticed preemptions injected as a seeded Poisson process (per hour of training)."""
     preemption_trace_uri: str = ""
     """Availability trace (JSON, 1 = unavailable) replayed as noticed preemptions; empty: none."""
+    preemption_trace_time_scale: float = 1.0
+    """Trace seconds replayed per wall second (3600: one trace hour per second)."""
     preemption_notice_s: float = 30.0
     """Seconds between the preemption notice (SIGTERM) and the hard kill (GCE: 30 s)."""
     async_checkpoint: bool = False

@@ -186,6 +186,15 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "description": 'Local backend: replay an availability trace (JSON {"metadata": {"gap_seconds": N}, '
             '"data": [0, 1, ...]}, 1 = unavailable) from the first launch; each loss of capacity is a noticed preemption.',
         },
+        "preemption_trace_time_scale": {
+            "default": 1.0,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1_000_000,
+            "title": "Trace speed-up",
+            "section": SECTION_RESILIENCE,
+            "description": "Trace seconds replayed per wall second (3600: one hour of the trace per second).",
+        },
         "preemption_notice_s": {
             "default": 30.0,
             "type": "number",

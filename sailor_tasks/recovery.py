@@ -49,6 +49,7 @@ def injection_spec(req: JobRequest) -> JSON | None:
         "kill_steps": list(req.inject_kills),
         "rate_per_hour": req.preemption_rate_per_hour,
         "trace_uri": req.preemption_trace_uri,
+        "trace_time_scale": req.preemption_trace_time_scale,
         "notice_s": req.preemption_notice_s,
         "seed": req.seed,
     }

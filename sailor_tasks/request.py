@@ -120,6 +120,7 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
         inject_kills=tuple(sorted(values["inject_kills"])),
         preemption_rate_per_hour=float(values["preemption_rate_per_hour"]),
         preemption_trace_uri=values["preemption_trace_uri"],
+        preemption_trace_time_scale=float(values["preemption_trace_time_scale"]),
         preemption_notice_s=float(values["preemption_notice_s"]),
         async_checkpoint=values["async_checkpoint"],
     )
