@@ -125,6 +125,13 @@ class LocalBackend:
                 preempted_at = self._deliver(proc, event, spec.notice_s)
         rc = proc.wait()
         reader.join(timeout=10)
+        if event is not None:
+            logger.warning(
+                "preempted (%s, %s notice): torchrun's ChildFailedError above is the workers' exit "
+                "status 75 (checkpointed and stopped) or the kill; the train stage recovers",
+                event.key,
+                "with" if event.noticed else "without",
+            )
         progress = read_progress(progress_path)
         report = {
             "attempt": launch.attempt,

@@ -92,8 +92,12 @@ def test_bad_params_fail_at_validate_and_change_nothing(dagbag, settings, demo_d
     assert not os.path.exists(settings.clusters_dir)
 
 
-def test_a_noticed_preemption_is_recovered_as_a_retry_of_train(dagbag, settings, demo_dataset):
-    dag = dagbag.dags["sailor_train"]
+def test_a_noticed_preemption_is_recovered_as_a_retry_of_train(settings, demo_dataset):
+    from airflow.dag_processing.dagbag import DagBag
+
+    # A fresh DAG object: dag.test() leaves an earlier run's conf in the tasks' params (seen after
+    # the bad-params runs above), which would leak e.g. max_usd_per_hour=0.01 into this run.
+    dag = DagBag(dag_folder=str(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])).dags["sailor_train"]
     conf = {
         **TINY,
         "dataset_uri": demo_dataset,
