@@ -29,7 +29,8 @@ from airflow.sdk import Param, dag, get_current_context, task
 from sailor_tasks.params import train_param_schemas
 
 TRAIN_RECOVERY_ATTEMPTS = 5
-"""Retries of ``train``: each is one recovery from a preemption (backoff 2 s, 4 s, 8 s, ... ≤ 10 min)."""
+"""Retries of ``train``: each is one recovery from a preemption (Airflow's exponential backoff from
+1 s: 1-2 s, 2-4 s, 4-8 s, ..., at most 10 min)."""
 
 
 def _param(spec: dict) -> Param:
@@ -83,7 +84,7 @@ def sailor_train():
 
     @task(
         retries=TRAIN_RECOVERY_ATTEMPTS,
-        retry_delay=timedelta(seconds=2),
+        retry_delay=timedelta(seconds=1),
         retry_exponential_backoff=True,
         max_retry_delay=timedelta(minutes=10),
     )
