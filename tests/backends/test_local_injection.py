@@ -35,8 +35,8 @@ def test_trace_notice_checkpoints_then_the_next_launch_resumes(settings, tmp_pat
     config_uri = storage.join(out, "train_config.json")
     storage.write_bytes(config_uri, config.to_json().encode())
     trace = tmp_path / "trace.json"
-    # 15 s available, then unavailable: one preemption 15 s after the first launch.
-    trace.write_text(json.dumps({"metadata": {"gap_seconds": 15}, "data": [0, 1]}))
+    # 20 s available (torchrun starts well within it), then one preemption 20 s after the first launch.
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 20}, "data": [0, 1]}))
     placement = Placement("r", "gcp", "us-x1", "us-x1-a", "L4", 1, 1, 1, "spot", "g2", 0.3)
     backend = LocalBackend(settings)
     inject = {"trace_uri": str(trace), "notice_s": 20.0}
@@ -44,7 +44,7 @@ def test_trace_notice_checkpoints_then_the_next_launch_resumes(settings, tmp_pat
     rc = backend.train(TrainLaunch("r", "r", config_uri, 2, placement, inject, attempt=1))
     assert rc == PREEMPTED_EXIT_CODE
     report = storage.read_json(storage.join(out, "launch.json"))
-    assert report["preemption"]["noticed"] and report["preemption"]["key"] == "trace@15s"
+    assert report["preemption"]["noticed"] and report["preemption"]["key"] == "trace@20s"
     result = storage.read_json(config.result_uri)
     assert result["status"] == "preempted" and result["step"] > 0
     saved = CheckpointManager(config.checkpoint_uri).latest_valid_step()
