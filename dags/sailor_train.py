@@ -12,6 +12,10 @@ capacity was reserved: releases the reservation and the cluster).
 - **place_data**: copies the dataset into the region's bucket (checksummed manifest written last).
 - **provision**: creates the cluster (local: a record + torchrun; gke: a spot GPU node pool).
 - **train**: `python -m sailor_tasks.train` under torchrun; resumes from the newest checkpoint.
+  On a spot preemption the try fails with `PreemptedError` and is retried with exponential backoff;
+  the retry asks the run's `recovery_strategy` where to go, re-plans / places data / provisions
+  through the same stage code, moves the checkpoint if the region changed, and resumes. Each
+  attempt is a try of this task and a row of the ledger's `run_attempts` and `preemptions`.
 - **finalize**: records the result and writes the run summary (markdown) next to the checkpoints.
 """
 
@@ -23,6 +27,10 @@ from pathlib import Path
 from airflow.sdk import Param, dag, get_current_context, task
 
 from sailor_tasks.params import train_param_schemas
+
+TRAIN_RECOVERY_ATTEMPTS = 5
+"""Retries of ``train``: each is one recovery from a preemption (Airflow's exponential backoff from
+1 s: 1-2 s, 2-4 s, 4-8 s, ..., at most 10 min)."""
 
 
 def _param(spec: dict) -> Param:
@@ -74,11 +82,20 @@ def sailor_train():
 
         return stages.provision(request, placement, get_current_context()["run_id"])
 
-    @task
+    @task(
+        retries=TRAIN_RECOVERY_ATTEMPTS,
+        retry_delay=timedelta(seconds=1),
+        retry_exponential_backoff=True,
+        max_retry_delay=timedelta(minutes=10),
+    )
     def train(request: dict, placement: dict, data: dict) -> dict:
         from sailor_tasks import stages
 
-        return stages.train(request, placement, data, get_current_context()["run_id"])
+        ctx = get_current_context()
+        ti = ctx["ti"]
+        return stages.train(
+            request, placement, data, ctx["run_id"], try_number=ti.try_number, max_tries=ti.max_tries
+        )
 
     @task
     def finalize(request: dict, placement: dict, data: dict, result: dict) -> dict:

@@ -226,6 +226,44 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- traces --------------------------------------------------------------------------------------
+
+
+def cmd_trace_gcp(args: argparse.Namespace) -> int:
+    """Per-zone preemption stats of the GCP 2020 logs, or one zone as an availability trace JSON."""
+    from sailor_tasks.traces.gcp_2020 import load_gcp_logs, to_availability_trace
+
+    try:
+        log = load_gcp_logs(args.logs)
+        if not args.zone:
+            rows = [
+                {
+                    "zone": z,
+                    "preemptions": st.preemptions,
+                    "instance_hours": st.instance_hours,
+                    "preemptions_per_hour": st.preemptions_per_hour,
+                    "stockout_fraction": st.stockout_fraction,
+                }
+                for z, st in log.zone_stats(args.gpu).items()
+            ]
+            _print_table(rows, list(rows[0]) if rows else ["zone"])
+            return 0
+        trace = to_availability_trace(log, args.zone, args.gpu, args.gap)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(
+        {"metadata": {"gap_seconds": trace.gap_seconds, "source": trace.source}, "data": trace.data}
+    )
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {len(trace.data)} slots, {len(trace.preemption_times())} preemptions to {args.out}")
+    else:
+        print(text)
+    return 0
+
+
 # --- demo ----------------------------------------------------------------------------------------
 
 DEMO_PARAMS = {
@@ -238,6 +276,9 @@ DEMO_PARAMS = {
     "market": "auto",
     "max_usd_per_hour": 20.0,
     "seed": 0,
+    # Spot resilience: one preemption with notice mid-training, recovered in the next region.
+    "inject_preemptions": [150],
+    "recovery_strategy": "eager_next_region",
 }
 
 
@@ -309,6 +350,7 @@ def demo_summary(ledger: Any, run_id: str, settings: Settings) -> str:
         f"Training     {run['steps']} steps of {run['model']}; eval loss {run['initial_loss']:.3f} -> "
         f"{run['final_loss']:.3f}",
         f"Checkpoint   {run['checkpoint_uri']}",
+        *recovery_lines(ledger, run_id),
         f"Est. cost    ${run['usd_estimate']:.4f} (price x training wall time on the local backend)",
         f"Rebalance    assignment v{assignment.version if assignment else '-'} published "
         f"({len(assignment.shares) if assignment else 0} teams)",
@@ -318,6 +360,33 @@ def demo_summary(ledger: Any, run_id: str, settings: Settings) -> str:
         "      `.venv/bin/sailor runs` lists runs from the ledger.",
     ]
     return "\n".join(lines)
+
+
+def recovery_lines(ledger: Any, run_id: str) -> list[str]:
+    """The run's attempts and preemptions, for the demo summary (empty when never preempted)."""
+    attempts = ledger.attempts(run_id) if hasattr(ledger, "attempts") else []
+    preemptions = {p["attempt"]: p for p in ledger.preemptions(run_id)}
+    if not preemptions:
+        return []
+    run = ledger.get_run(run_id)
+    strategy = (run.get("request") or {}).get("recovery_strategy", "?")
+    lines = [f"Recovery     {len(preemptions)} preemption(s), {len(attempts)} attempts (strategy {strategy})"]
+    for a in attempts:
+        where = f"attempt {a['attempt']} in {a['region']}/{a['zone']}"
+        start = (
+            f"from step {a['resumed_from_step']}" if a["resumed_from_step"] is not None else "from scratch"
+        )
+        p = preemptions.get(a["attempt"])
+        if p:
+            rec = f", back to training in {p['recovery_s']:.1f} s" if p["recovery_s"] is not None else ""
+            end = (
+                f"preempted {'with' if p['noticed'] else 'without'} notice at step {p['step']}: "
+                f"{p['steps_lost']} steps lost{rec}"
+            )
+        else:
+            end = f"{a['outcome']} at step {a['step']}"
+        lines.append(f"  {where}: started {start}, {end}")
+    return lines
 
 
 # --- entrypoint ----------------------------------------------------------------------------------
@@ -373,6 +442,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="print the whole solution (shares, replicas)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_rebalance)
+
+    p = sub.add_parser(
+        "trace-gcp", help="GCP 2020 preemption logs: per-zone rates, or --zone as an availability trace"
+    )
+    p.add_argument("--logs", default="../shared/data/gcp_preemption_2020/logs", help="folder of *.out logs")
+    p.add_argument("--zone", help="write this zone's availability trace (JSON) instead of the stats")
+    p.add_argument("--gpu", help="only instances of this GPU type (e.g. nvidia-tesla-v100)")
+    p.add_argument(
+        "--gap", type=float, default=900.0, help="seconds per trace slot (logs pinged every 900 s)"
+    )
+    p.add_argument("--out", help="output file (default: stdout)")
+    p.set_defaults(func=cmd_trace_gcp)
 
     p = sub.add_parser("demo-data", help=f"generate the demo dataset in the '{SOURCE_BUCKET}' bucket")
     p.set_defaults(func=cmd_demo_data)

@@ -93,3 +93,15 @@ class PreemptedError(SailorError):
         super().__init__(
             f"run {run_id} preempted in {zone} at step {step} ({'with' if noticed else 'without'} notice)"
         )
+
+
+class RecoveryExhaustedError(SailorError):
+    """Every allowed attempt of a run was preempted (or failed); lists the attempts."""
+
+    def __init__(self, run_id: str, attempts: Sequence[str]):
+        self.run_id, self.attempts = run_id, list(attempts)
+        lines = "\n".join(f"  {a}" for a in self.attempts)
+        super().__init__(
+            f"run {run_id} did not finish: recovery exhausted after {len(self.attempts)} attempt(s):\n{lines}\n"
+            "raise the train task's retries, pick another recovery_strategy, or use market=on_demand"
+        )

@@ -95,6 +95,23 @@ class JobRequest:
     """Continents (``NA``, ``EU``, ``ASIA``, ...) the dataset may be copied to; empty: anywhere."""
     exclude_regions: tuple[str, ...] = ()
     """Regions the run must not use (deny list, applied after ``regions``)."""
+    # Spot resilience (see sailor_tasks.recovery and backends.preemption)
+    recovery_strategy: str = "same_zone_first"
+    """Named strategy (``sailor_tasks.strategies``) that decides where a preempted run resumes."""
+    inject_preemptions: tuple[int, ...] = ()
+    """Steps at which the local backend delivers a preemption notice (SIGTERM, then SIGKILL)."""
+    inject_kills: tuple[int, ...] = ()
+    """Steps at which the local backend kills the workers without notice (SIGKILL)."""
+    preemption_rate_per_hour: float = 0.0
+    """Noticed preemptions injected as a seeded Poisson process (per hour of training)."""
+    preemption_trace_uri: str = ""
+    """Availability trace (JSON, 1 = unavailable) replayed as noticed preemptions; empty: none."""
+    preemption_trace_time_scale: float = 1.0
+    """Trace seconds replayed per wall second (3600: one trace hour per second)."""
+    preemption_notice_s: float = 30.0
+    """Seconds between the preemption notice (SIGTERM) and the hard kill (GCE: 30 s)."""
+    async_checkpoint: bool = False
+    """Write periodic checkpoints in the background (training stalls only for the copy to CPU)."""
 
     @property
     def num_gpus(self) -> int:

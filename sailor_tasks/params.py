@@ -12,6 +12,7 @@ from typing import Any
 from sailor_tasks.catalog import packaged_choices
 from sailor_tasks.model import ANY_GPU, MARKET_CHOICES
 from sailor_tasks.settings import BACKENDS
+from sailor_tasks.strategies import strategy_names
 from sailor_tasks.train.specs import MODEL_NAMES, MODEL_SPECS
 
 DEMO_DATASET_URI = "sailor://source/datasets/demo-text"
@@ -28,6 +29,7 @@ SECTION_RESOURCES = "Resources"
 SECTION_MARKET = "Market and cost"
 SECTION_CHECKPOINT = "Checkpointing"
 SECTION_ADVANCED = "Advanced"
+SECTION_RESILIENCE = "Spot resilience"
 
 
 def train_param_schemas() -> dict[str, dict[str, Any]]:
@@ -165,6 +167,80 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "title": "Checkpoint every N steps",
             "section": SECTION_CHECKPOINT,
             "description": "Checkpoint interval; at most the steps one can afford to redo after an unnoticed preemption.",
+        },
+        "recovery_strategy": {
+            "default": "same_zone_first",
+            "type": "string",
+            "enum": list(strategy_names()),
+            "title": "Recovery strategy",
+            "section": SECTION_RESILIENCE,
+            "description": "Where a preempted run resumes: same_zone_first (retry the zone; block it after "
+            "2 preemptions) or eager_next_region (block the preempted region, move to the next one).",
+        },
+        "inject_preemptions": {
+            "default": [],
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1},
+            "uniqueItems": True,
+            "title": "Inject preemptions at steps",
+            "section": SECTION_RESILIENCE,
+            "description": "Local backend: deliver a preemption notice (SIGTERM to the workers, SIGKILL when "
+            "the notice window ends) once training reaches each of these steps.",
+        },
+        "inject_kills": {
+            "default": [],
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1},
+            "uniqueItems": True,
+            "title": "Inject kills without notice at steps",
+            "section": SECTION_RESILIENCE,
+            "description": "Local backend: SIGKILL the workers with no notice at these steps "
+            "(work since the last checkpoint is lost).",
+        },
+        "preemption_rate_per_hour": {
+            "default": 0.0,
+            "type": "number",
+            "minimum": 0,
+            "maximum": 3600,
+            "title": "Injected preemptions per hour",
+            "section": SECTION_RESILIENCE,
+            "description": "Local backend: noticed preemptions as a Poisson process (seeded by the run's seed).",
+        },
+        "preemption_trace_uri": {
+            "default": "",
+            "type": "string",
+            "maxLength": 1024,
+            "pattern": r"^$|^(gs|file)://[A-Za-z0-9._/-]+$",
+            "title": "Availability trace",
+            "section": SECTION_RESILIENCE,
+            "description": 'Local backend: replay an availability trace (JSON {"metadata": {"gap_seconds": N}, '
+            '"data": [0, 1, ...]}, 1 = unavailable) from the first launch; each loss of capacity is a noticed preemption.',
+        },
+        "preemption_trace_time_scale": {
+            "default": 1.0,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1_000_000,
+            "title": "Trace speed-up",
+            "section": SECTION_RESILIENCE,
+            "description": "Trace seconds replayed per wall second (3600: one hour of the trace per second).",
+        },
+        "preemption_notice_s": {
+            "default": 30.0,
+            "type": "number",
+            "minimum": 0,
+            "maximum": 3600,
+            "title": "Preemption notice (s)",
+            "section": SECTION_RESILIENCE,
+            "description": "Seconds between the preemption notice and the hard kill (GCE spot VMs: 30).",
+        },
+        "async_checkpoint": {
+            "default": False,
+            "type": "boolean",
+            "title": "Asynchronous checkpoints",
+            "section": SECTION_CHECKPOINT,
+            "description": "Write periodic checkpoints in the background (torch.distributed.checkpoint.async_save); "
+            "saves on a preemption notice and at the end stay synchronous.",
         },
         "batch_size": {
             "default": 16,

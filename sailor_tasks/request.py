@@ -82,6 +82,15 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
                 f"must not exceed total_steps={values['total_steps']}",
             )
         )
+    late = [s for s in (*values["inject_preemptions"], *values["inject_kills"]) if s >= values["total_steps"]]
+    if late:
+        errors.append(
+            InvalidRequestError(
+                "inject_preemptions" if set(late) & set(values["inject_preemptions"]) else "inject_kills",
+                late,
+                f"injection steps must be below total_steps={values['total_steps']}",
+            )
+        )
     regions = tuple(values["regions"])
     if catalog is not None:
         errors.extend(_check_catalog(values, catalog))
@@ -109,6 +118,14 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
         deadline_hours=None if values["deadline_hours"] is None else float(values["deadline_hours"]),
         exclude_regions=tuple(values["exclude_regions"]),
         data_residency=tuple(values["data_residency"]),
+        recovery_strategy=values["recovery_strategy"],
+        inject_preemptions=tuple(sorted(values["inject_preemptions"])),
+        inject_kills=tuple(sorted(values["inject_kills"])),
+        preemption_rate_per_hour=float(values["preemption_rate_per_hour"]),
+        preemption_trace_uri=values["preemption_trace_uri"],
+        preemption_trace_time_scale=float(values["preemption_trace_time_scale"]),
+        preemption_notice_s=float(values["preemption_notice_s"]),
+        async_checkpoint=values["async_checkpoint"],
     )
 
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sailor_tasks import storage
-from sailor_tasks.backends import TrainLaunch, get_backend
+from sailor_tasks.backends import get_backend
 from sailor_tasks.catalog import Catalog, load_catalog
 from sailor_tasks.data.copier import copy_dataset
-from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors, TrainingFailedError
+from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
 from sailor_tasks.ledger import Ledger
 from sailor_tasks.ledger.store import utcnow
 from sailor_tasks.model import (
@@ -123,6 +123,15 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
                 errors.append(
                     InvalidRequestError("dataset_uri", request.dataset_uri, f"dataset not found at {src}")
                 )
+            if request.preemption_trace_uri:
+                from sailor_tasks.traces.availability import load_availability_trace
+
+                try:
+                    load_availability_trace(request.preemption_trace_uri)
+                except (OSError, ValueError) as exc:
+                    errors.append(
+                        InvalidRequestError("preemption_trace_uri", request.preemption_trace_uri, str(exc))
+                    )
             if errors:
                 raise InvalidRequestErrors(errors)
         except InvalidRequestError as exc:
@@ -154,12 +163,21 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
     return to_dict(request)
 
 
-def plan(request: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
+def plan(
+    request: JSON,
+    run_id: str,
+    ctx: StageContext | None = None,
+    *,
+    blocked_zones: frozenset[str] = frozenset(),
+    attempt: int = 1,
+) -> JSON:
     """Place the run and reserve its capacity (keyed by run_id, so a retry replaces, never doubles).
 
-    The engine plans on a fresh ledger snapshot (live reservations, assignment, the dataset's
-    replicas and size from its manifest); the reservation is checked in one transaction, and a
-    conflict with another planner re-plans (bounded) before ``CapacityUnavailableError`` (retryable).
+    ``blocked_zones`` and ``attempt`` are set by preemption recovery (``sailor_tasks.recovery``),
+    which re-plans through this same function. The engine plans on a fresh ledger snapshot (live
+    reservations, assignment, the dataset's replicas and size); the reservation is checked in one
+    transaction, and a conflict with another planner re-plans (bounded) before
+    ``CapacityUnavailableError`` (retryable).
     """
     ctx = _ctx(ctx)
     from sailor_tasks.data.manifest import read_manifest
@@ -174,10 +192,10 @@ def plan(request: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
             ctx.catalog,
             ctx.ledger,
             run_id,
-            snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes),
+            snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, frozenset(blocked_zones)),
         )
         placement = reserved.placement
-        ctx.ledger.record_placement(placement, attempt=reserved.attempts)
+        ctx.ledger.record_placement(placement, attempt=attempt)
         ctx.ledger.upsert_run(
             run_id,
             status="planned",
@@ -232,50 +250,29 @@ def provision(request: JSON, placement: JSON, run_id: str, ctx: StageContext | N
     return {"backend": req.backend, "run_key": run_key(run_id), "status": record.get("status", "ready")}
 
 
-def train(request: JSON, placement: JSON, data: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
-    """Run training to completion on the provisioned capacity; resume from the newest checkpoint.
+def train(
+    request: JSON,
+    placement: JSON,
+    data: JSON,
+    run_id: str,
+    ctx: StageContext | None = None,
+    *,
+    try_number: int = 1,
+    max_tries: int = 0,
+) -> JSON:
+    """Run training on the provisioned capacity, resuming from the newest checkpoint; one attempt
+    per call. After a preempted attempt, the next call recovers first (``sailor_tasks.recovery``).
 
     Raises:
+        PreemptedError: this attempt was preempted; retry the stage to recover.
+        RecoveryExhaustedError: preempted on the last try (``try_number > max_tries``).
         TrainingFailedError: the process group exited with an error.
     """
     ctx = _ctx(ctx)
-    from sailor_tasks.train.config import TrainConfig
+    from sailor_tasks.recovery import train_attempt
 
-    req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
-    run_uri = ctx.run_uri(pl.region, run_id)
-    config = TrainConfig(
-        run_id=run_id,
-        model=req.model,
-        data_uri=data["data_uri"],
-        output_uri=run_uri,
-        total_steps=req.total_steps,
-        checkpoint_every_steps=req.checkpoint_every_steps,
-        seed=req.seed,
-        batch_size=req.batch_size,
-        learning_rate=req.learning_rate,
-    )
-    config_uri = storage.join(run_uri, "train_config.json")
-    storage.write_bytes(config_uri, config.to_json().encode())
-    backend = get_backend(req.backend, ctx.settings)
-    with _timed(ctx, run_id, "train"):
-        ctx.ledger.upsert_run(run_id, status="running")
-        started = utcnow()
-        rc = backend.train(TrainLaunch(run_id, run_key(run_id), config_uri, req.num_workers, pl))
-        ended = utcnow()
-        ctx.ledger.record_utilization(run_id, req.team, pl.region, pl.gpu_type, pl.num_gpus, started, ended)
-        if rc != 0 or not storage.exists(config.result_uri):
-            raise TrainingFailedError(run_id, rc)
-        result = storage.read_json(config.result_uri)
-        if result["checkpoint_uri"]:
-            ctx.ledger.record_checkpoint(run_id, result["step"], result["checkpoint_uri"])
-        ctx.ledger.upsert_run(
-            run_id,
-            steps=result["step"],
-            initial_loss=result["initial_loss"],
-            final_loss=result["final_loss"],
-            checkpoint_uri=result["checkpoint_uri"],
-        )
-    return {**result, "train_wall_s": (ended - started).total_seconds()}
+    with _timed(ctx, run_id, "train", try_number):
+        return train_attempt(ctx, request, placement, data, run_id, try_number, max_tries)
 
 
 def finalize(
@@ -283,6 +280,8 @@ def finalize(
 ) -> JSON:
     """Mark the run successful, estimate its cost, and write a markdown summary next to its checkpoints."""
     ctx = _ctx(ctx)
+    # After a preemption recovery the run may have moved: the train result carries where it ended.
+    placement, data = result.get("placement", placement), result.get("data", data)
     req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
     with _timed(ctx, run_id, "finalize"):
         hours = result["train_wall_s"] / 3600.0
@@ -308,6 +307,7 @@ def finalize(
             "checkpoint_uri": result["checkpoint_uri"],
             "train_wall_s": round(result["train_wall_s"], 2),
             "samples_per_s": round(result["samples_per_s"], 1),
+            "attempts": result.get("attempts", []),
         }
         summary_uri = storage.join(ctx.run_uri(pl.region, run_id), "summary.md")
         storage.write_bytes(summary_uri, render_summary(summary).encode())
@@ -345,6 +345,9 @@ def render_summary(s: Mapping[str, Any]) -> str:
         f"- **Checkpoint**: {s['checkpoint_uri']}",
         f"- **Estimated cost**: ${s['usd_estimate']:.4f} (price × training wall time)",
     ]
+    if len(s.get("attempts") or ()) > 1:
+        lines.append(f"- **Recovered from preemption**: {len(s['attempts'])} attempts")
+        lines += [f"  - {a}" for a in s["attempts"]]
     return "\n".join(lines) + "\n"
 
 

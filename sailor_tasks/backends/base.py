@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,6 +20,11 @@ class TrainLaunch:
     """URI of the TrainConfig JSON every worker reads."""
     num_workers: int
     placement: Placement
+    inject: Mapping[str, Any] | None = None
+    """Preemptions to inject (``backends.preemption.InjectionSpec`` as a dict); honoured by backends
+    that can inject them (local). None: none."""
+    attempt: int = 1
+    """Attempt number of this launch within the run (1 = first; recovery attempts count up)."""
 
 
 @runtime_checkable
@@ -29,7 +35,12 @@ class ClusterBackend(Protocol):
         """Create (or find, when it already exists) the capacity for ``placement``; idempotent."""
 
     def train(self, launch: TrainLaunch) -> int:
-        """Run the training process group to its end; return the group's exit status."""
+        """Run the training process group to its end; return the group's exit status.
+
+        ``PREEMPTED_EXIT_CODE`` (75) when the capacity was preempted. A backend that knows more about
+        the preemption (notice or not, step reached) writes it as ``launch.json`` next to the config
+        (see ``LocalBackend``); the train stage reads it when present.
+        """
 
     def teardown(self, run_key: str) -> bool:
         """Release the run's capacity; True when something was released. Idempotent."""

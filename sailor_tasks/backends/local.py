@@ -6,17 +6,28 @@ a cloud run does happens here for real: data copies, training, checkpoints, rest
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
+from sailor_tasks import storage
 from sailor_tasks.backends.base import TrainLaunch
+from sailor_tasks.backends.preemption import InjectionSpec, PreemptionEvent, due, step_events, time_events
 from sailor_tasks.model import Placement, to_dict
 from sailor_tasks.settings import Settings
+from sailor_tasks.train.progress import PROGRESS_ENV, read_progress
+
+PREEMPTED_EXIT_CODE = 75
+"""What ``train`` returns when it preempted the run (same value as the trainer's exit status)."""
+POLL_S = 0.02
+"""How often the injector reads the trainer's progress file (a step of tiny_gpt takes ~10 ms+)."""
 
 logger = logging.getLogger(__name__)
 
@@ -75,19 +86,163 @@ class LocalBackend:
             launch.config_uri,
         ]
 
+    def _progress_path(self, run_key: str) -> str:
+        return os.path.join(self.settings.clusters_dir, f"{run_key}.progress.json")
+
+    def _injection_path(self, run_key: str) -> str:
+        return os.path.join(self.settings.clusters_dir, f"{run_key}.injection.json")
+
     def train(self, launch: TrainLaunch) -> int:
+        """Run torchrun to its end, injecting the launch's preemptions; write ``launch.json``.
+
+        Returns torchrun's exit status, or ``PREEMPTED_EXIT_CODE`` when a preemption was injected.
+        """
         cmd = self.command(launch)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        os.makedirs(self.settings.clusters_dir, exist_ok=True)
+        progress_path = self._progress_path(launch.run_key)
+        if os.path.exists(progress_path):
+            os.remove(progress_path)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            PROGRESS_ENV: progress_path,
+        }
+        spec = InjectionSpec.from_dict(launch.inject)
+        injection = self._load_injection(launch.run_key)
+        started = time.time()
         logger.info("launching: %s", " ".join(cmd))
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        reader = threading.Thread(target=self._stream, args=(proc,), daemon=True)
+        reader.start()
+        event = preempted_at = None
+        if not spec.empty:
+            events = step_events(spec) + time_events(spec, launch.attempt, started - injection["run_started"])
+            event = self._watch(proc, events, injection, progress_path)
+            if event is not None:
+                injection["fired"].append(event.key)
+                self._save_injection(launch.run_key, injection)
+                preempted_at = self._deliver(proc, event, spec.notice_s)
+        rc = proc.wait()
+        reader.join(timeout=10)
+        if event is not None:
+            logger.warning(
+                "preempted (%s, %s notice): torchrun's ChildFailedError above is the workers' exit "
+                "status 75 (checkpointed and stopped) or the kill; the train stage recovers",
+                event.key,
+                "with" if event.noticed else "without",
+            )
+        progress = read_progress(progress_path)
+        report = {
+            "attempt": launch.attempt,
+            "rc": rc,
+            "started_at": started,
+            "ended_at": time.time(),
+            "first_step_at": progress.get("first_step_at"),
+            "resumed_from": progress.get("resumed_from"),
+            "step": progress.get("step"),
+            "checkpoint_step": progress.get("checkpoint_step"),
+            "preemption": None
+            if event is None
+            else {
+                "key": event.key,
+                "noticed": event.noticed,
+                "at": preempted_at,
+                "zone": launch.placement.zone,
+            },
+        }
+        storage.write_json(storage.join(launch.config_uri.rsplit("/", 1)[0], "launch.json"), report)
+        return PREEMPTED_EXIT_CODE if event is not None else rc
+
+    @staticmethod
+    def _stream(proc: subprocess.Popen) -> None:
         for line in proc.stdout or ():  # stream worker output into the task log as it happens
             logger.info("%s", line.rstrip())
-        return proc.wait()
+
+    def _load_injection(self, run_key: str) -> dict[str, Any]:
+        path = self._injection_path(run_key)
+        if os.path.exists(path):
+            with open(path) as f:
+                return json.load(f)
+        state = {"run_started": time.time(), "fired": []}
+        self._save_injection(run_key, state)
+        return state
+
+    def _save_injection(self, run_key: str, state: dict[str, Any]) -> None:
+        path = self._injection_path(run_key)
+        with open(f"{path}.tmp", "w") as f:
+            json.dump(state, f)
+        os.replace(f"{path}.tmp", path)
+
+    @staticmethod
+    def _watch(
+        proc: subprocess.Popen, events: list[PreemptionEvent], injection: dict[str, Any], progress_path: str
+    ) -> PreemptionEvent | None:
+        """Poll the trainer's progress until an event is due (returned) or training ends (None)."""
+        fired = set(injection["fired"])
+        while proc.poll() is None:
+            step = read_progress(progress_path).get("step")
+            event = due(events, fired, step, time.time() - injection["run_started"])
+            if event is not None:
+                return event
+            time.sleep(POLL_S)
+        return None
+
+    @staticmethod
+    def _deliver(proc: subprocess.Popen, event: PreemptionEvent, notice_s: float) -> float:
+        """Preempt the process group: SIGTERM to the workers then SIGKILL after the notice window,
+        or SIGKILL at once (no notice). Returns the time the capacity was lost (epoch seconds)."""
+        import psutil
+
+        try:
+            agent = psutil.Process(proc.pid)
+            workers = agent.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return time.time()
+        if event.noticed:
+            # torchrun starts workers in their own sessions, so a group signal would miss them: the
+            # notice goes to each worker. Workers finish their step, checkpoint and exit 75; the
+            # agent sees them exit and stops. The agent itself is not signalled while workers run:
+            # on SIGTERM it tears the job down (and with it the store the workers rendezvoused on),
+            # which can kill a checkpoint half-written (seen here). Before any worker exists, the
+            # agent is the one to tell, and it stops.
+            logger.warning(
+                "injecting preemption %s: SIGTERM to %d workers, %.0f s notice",
+                event.key,
+                len(workers),
+                notice_s,
+            )
+            for p in workers or [agent]:
+                _signal(p, signal.SIGTERM)
+            try:
+                proc.wait(timeout=notice_s)
+                return time.time()
+            except subprocess.TimeoutExpired:
+                logger.warning("notice window of %.0f s over: killing the process group", notice_s)
+        else:
+            logger.warning("injecting preemption %s: SIGKILL without notice", event.key)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            workers = list({*workers, *agent.children(recursive=True)})  # any started meanwhile
+        for p in [agent, *workers]:
+            _signal(p, signal.SIGKILL)
+        return time.time()
 
     def teardown(self, run_key: str) -> bool:
+        for extra in (self._progress_path(run_key), self._injection_path(run_key)):
+            if os.path.exists(extra):
+                os.remove(extra)
         path = self._record_path(run_key)
         if not os.path.exists(path):
             return False
         os.remove(path)
         logger.info("tore down local cluster %s", run_key)
         return True
+
+
+def _signal(p: Any, sig: int) -> None:
+    import psutil
+
+    try:
+        p.send_signal(sig)
+    except psutil.NoSuchProcess:
+        pass

@@ -176,3 +176,22 @@ rebalance_nights = Table(
     Column("report_uri", Text),  # PNG chart (demand/supply per region before and after)
     Column("summary_uri", Text),  # markdown summary
 )
+
+run_attempts = Table(
+    "run_attempts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(250), nullable=False, index=True),
+    Column("attempt", Integer, nullable=False),
+    Column("try_number", Integer, nullable=False),
+    Column("region", String(50), nullable=False),
+    Column("zone", String(50), nullable=False),
+    Column("placement", JSON, nullable=False),
+    Column("data", JSON, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True)),
+    Column("outcome", String(20)),  # running | completed | preempted | failed
+    Column("resumed_from_step", Integer),
+    Column("step", Integer),
+    Column("detail", Text),
+)

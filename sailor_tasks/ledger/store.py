@@ -308,6 +308,55 @@ class Ledger:
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
+    def set_preemption_recovery(self, run_id: str, attempt: int, recovery_s: float) -> None:
+        """Record how long the run took to train again after its preemption in ``attempt``."""
+        p = t.preemptions.c
+        with self.engine.begin() as c:
+            c.execute(
+                update(t.preemptions)
+                .where(p.run_id == run_id, p.attempt == attempt)
+                .values(recovery_s=recovery_s)
+            )
+
+    # --- run attempts (one row per launch of the training process group) -----------------------
+    def start_attempt(
+        self,
+        run_id: str,
+        attempt: int,
+        try_number: int,
+        placement: Mapping[str, Any],
+        data: Mapping[str, Any],
+    ) -> None:
+        with self.engine.begin() as c:
+            c.execute(
+                insert(t.run_attempts).values(
+                    run_id=run_id,
+                    attempt=attempt,
+                    try_number=try_number,
+                    region=placement["region"],
+                    zone=placement["zone"],
+                    placement=dict(placement),
+                    data=dict(data),
+                    started_at=utcnow(),
+                    outcome="running",
+                )
+            )
+
+    def end_attempt(self, run_id: str, attempt: int, outcome: str, **fields: Any) -> None:
+        a = t.run_attempts.c
+        with self.engine.begin() as c:
+            c.execute(
+                update(t.run_attempts)
+                .where(a.run_id == run_id, a.attempt == attempt)
+                .values(outcome=outcome, ended_at=utcnow(), **fields)
+            )
+
+    def attempts(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's attempts, oldest first."""
+        q = select(t.run_attempts).where(t.run_attempts.c.run_id == run_id).order_by(t.run_attempts.c.attempt)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
     # --- assignments and replicas -------------------------------------------------------------
     def publish_assignment(
         self,

@@ -7,20 +7,27 @@ checkpoint, and exit with ``PREEMPTED_EXIT_CODE``.
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
 import signal
-import sys
 import threading
 
-import torch
-import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
+# The preemption notice may come while this process is still importing torch (a restart right
+# into a capacity crunch): catch it before anything slow, or SIGTERM's default action kills us.
+STOP = threading.Event()
+signal.signal(signal.SIGTERM, lambda signum, frame: STOP.set())
 
-from sailor_tasks import storage
-from sailor_tasks.train.config import TrainConfig
-from sailor_tasks.train.trainer import PREEMPTED_EXIT_CODE, Trainer
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
+
+from sailor_tasks import storage  # noqa: E402
+from sailor_tasks.train.config import TrainConfig  # noqa: E402
+from sailor_tasks.train.progress import PROGRESS_ENV  # noqa: E402
+from sailor_tasks.train.trainer import PREEMPTED_EXIT_CODE, Trainer  # noqa: E402
 
 
 def _setup_logging(rank: int) -> None:
@@ -44,11 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, int(os.environ.get("SAILOR_THREADS_PER_WORKER", "1"))))
     config = TrainConfig.from_json(storage.read_bytes(args.config).decode())
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    stop = STOP
     if world_size > 1:
         dist.init_process_group(backend="gloo")
-    trainer = Trainer(config, rank=rank, world_size=world_size, stop_event=stop)
+    trainer = Trainer(
+        config,
+        rank=rank,
+        world_size=world_size,
+        stop_event=stop,
+        progress_path=os.environ.get(PROGRESS_ENV) or None,
+    )
     try:
         result = trainer.train()
     finally:

@@ -36,6 +36,9 @@ class TrainConfig:
     """Held-out batches for the loss reported before and after training."""
     log_every_steps: int = 10
     """Progress line every N steps (step, loss, samples/s, ETA)."""
+    async_checkpoint: bool = False
+    """Write periodic checkpoints in the background (DCP async_save): training stalls only while the
+    state is copied to CPU memory. Saves on a preemption notice and at the end stay synchronous."""
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_NAMES:

@@ -25,6 +25,7 @@ from sailor_tasks.train.checkpoint import CheckpointManager
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.data import ByteCorpus
 from sailor_tasks.train.models import build_model
+from sailor_tasks.train.progress import write_progress
 from sailor_tasks.train.specs import MODEL_SPECS
 
 logger = logging.getLogger(__name__)
@@ -76,10 +77,14 @@ class Trainer:
         rank: int = 0,
         world_size: int = 1,
         stop_event: threading.Event | None = None,
+        progress_path: str | None = None,
     ):
         self.config, self.rank, self.world_size = config, rank, world_size
         self.distributed = world_size > 1 or (dist.is_available() and dist.is_initialized())
         self.stop_event = stop_event or threading.Event()
+        self.progress_path = progress_path if rank == 0 else None
+        self._resumed_from: int | None = None
+        self._first_step_at: float | None = None
         spec = MODEL_SPECS[config.model]
         torch.manual_seed(config.seed)  # identical init on every rank
         model = build_model(spec)
@@ -90,8 +95,14 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         torch.manual_seed(config.seed * 7_919 + rank)  # per-rank dropout stream
         self.corpus = ByteCorpus.load(config.data_uri, spec.seq_len, config.seed)
+        # Async saves run their collectives in a background thread: give them their own group.
+        ckpt_group = dist.new_group(backend="gloo") if config.async_checkpoint and self.distributed else None
         self.checkpoints = CheckpointManager(
-            config.checkpoint_uri, rank=rank, keep_latest_k=config.keep_latest_k, distributed=self.distributed
+            config.checkpoint_uri,
+            rank=rank,
+            keep_latest_k=config.keep_latest_k,
+            distributed=self.distributed,
+            process_group=ckpt_group,
         )
         self.step = 0
         self.tokens_seen = 0
@@ -157,14 +168,36 @@ class Trainer:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def save(self) -> None:
-        info = self.checkpoints.save(self.step, self.state())
+    def save(self, *, blocking: bool = True) -> None:
+        """Checkpoint the current step; in the background when configured and not ``blocking``."""
+        if self.config.async_checkpoint and not blocking:
+            self.checkpoints.save_async(self.step, self.state())
+            return
+        info = self.checkpoints.save(self.step, self.state())  # waits for a pending async save first
         self.last_checkpoint_step = info.step
+        self._report_progress()
+
+    def _collect_async(self, wait: bool = False) -> None:
+        info = self.checkpoints.wait() if wait else self.checkpoints.poll()
+        if info is not None:
+            self.last_checkpoint_step = info.step
+            self._report_progress()
+
+    def _report_progress(self) -> None:
+        if self.progress_path:
+            write_progress(
+                self.progress_path,
+                step=self.step,
+                checkpoint_step=self.last_checkpoint_step,
+                resumed_from=self._resumed_from,
+                first_step_at=self._first_step_at,
+            )
 
     def train(self) -> TrainResult:
         cfg = self.config
         start = time.monotonic()
-        resumed = self.resume()
+        resumed = self._resumed_from = self.resume()
+        self._report_progress()
         if resumed is None:
             self.initial_loss = self.evaluate()
             if self.rank == 0:
@@ -186,6 +219,9 @@ class Trainer:
             self.step += 1
             self.tokens_seen += x.numel() * self.world_size
             loss = loss_t.item()
+            if self._first_step_at is None:
+                self._first_step_at = time.time()  # end of recovery: the first step of this attempt
+            self._report_progress()
             if self.rank == 0 and (self.step % cfg.log_every_steps == 0 or self.step == cfg.total_steps):
                 now = time.monotonic()
                 done = self.step - first_step
@@ -200,9 +236,13 @@ class Trainer:
                     self.scheduler.get_last_lr()[0],
                     eta,
                 )
-            if self.step % cfg.checkpoint_every_steps == 0 or self.step == cfg.total_steps:
+            self._collect_async()
+            if self.step == cfg.total_steps:
                 self.save()
+            elif self.step % cfg.checkpoint_every_steps == 0:
+                self.save(blocking=False)
             if self.step < cfg.total_steps and self._stop_requested():
+                self._collect_async(wait=True)
                 if self.last_checkpoint_step != self.step:
                     self.save()
                 status = "preempted"

@@ -90,3 +90,35 @@ def test_bad_params_fail_at_validate_and_change_nothing(dagbag, settings, demo_d
     assert ledger.live_reservations() == [] and ledger.replicas() == {}
     assert sorted(os.listdir(os.path.join(settings.state_dir, "buckets"))) == ["source"]  # nothing copied
     assert not os.path.exists(settings.clusters_dir)
+
+
+def test_a_noticed_preemption_is_recovered_as_a_retry_of_train(settings, demo_dataset):
+    from airflow.dag_processing.dagbag import DagBag
+
+    # A fresh DAG object: dag.test() leaves an earlier run's conf in the tasks' params (seen after
+    # the bad-params runs above), which would leak e.g. max_usd_per_hour=0.01 into this run.
+    dag = DagBag(dag_folder=str(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])).dags["sailor_train"]
+    conf = {
+        **TINY,
+        "dataset_uri": demo_dataset,
+        "inject_preemptions": [15],
+        "recovery_strategy": "eager_next_region",
+        "preemption_notice_s": 20,
+    }
+    dagrun = dag.test(run_conf=conf)
+    assert dagrun.state == "success", _states(dagrun)
+    train_ti = next(ti for ti in dagrun.get_task_instances() if ti.task_id == "train")
+    assert train_ti.try_number == 2  # the preempted attempt is a failed try in the UI, the retry won
+
+    ledger = Ledger(settings.ledger_url)
+    (run,) = ledger.list_runs()
+    assert run["status"] == "success" and run["steps"] == 40
+    (pre,) = ledger.preemptions(run["run_id"])
+    assert pre["noticed"] and pre["steps_lost"] == 0 and pre["recovery_s"] is not None
+    first, second = ledger.attempts(run["run_id"])
+    assert (first["outcome"], second["outcome"]) == ("preempted", "completed")
+    assert second["region"] != first["region"] and second["resumed_from_step"] == pre["step"]
+    assert run["region"] == second["region"]  # finalize reports where the run finished
+    train_tries = [t["try_number"] for t in ledger.stage_timings(run["run_id"]) if t["stage"] == "train"]
+    assert train_tries == [1, 2]
+    assert ledger.live_reservations() == []

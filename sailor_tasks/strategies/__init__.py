@@ -1,0 +1,28 @@
+"""Market and recovery strategies behind one interface and a name registry (see ``base``)."""
+
+from __future__ import annotations
+
+from sailor_tasks.strategies import recovery as _recovery  # noqa: F401  (registers the recovery strategies)
+from sailor_tasks.strategies.base import (
+    PlacementConstraint,
+    PreemptionRecord,
+    RecoveryContext,
+    Strategy,
+    get_strategy,
+    register,
+    strategy_names,
+)
+
+RECOVERY_STRATEGIES: tuple[str, ...] = ("same_zone_first", "eager_next_region")
+"""Strategies that only decide where to recover (the ``recovery_strategy`` param's choices)."""
+
+__all__ = [
+    "RECOVERY_STRATEGIES",
+    "PlacementConstraint",
+    "PreemptionRecord",
+    "RecoveryContext",
+    "Strategy",
+    "get_strategy",
+    "register",
+    "strategy_names",
+]

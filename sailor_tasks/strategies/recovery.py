@@ -1,0 +1,49 @@
+"""Recovery strategies: where a preempted run goes next (after SkyPilot's recovery strategies).
+
+``same_zone_first``: the preempted zone usually has capacity again within minutes and keeps the
+data and checkpoint local, so retry it; a zone that preempted the run twice is blocked.
+
+    preempted in z1 → retry z1 → preempted in z1 again → z1 blocked → cheapest other zone z2 → ...
+
+``eager_next_region``: a preemption signals a capacity crunch that tends to hit a whole region, so
+block every region the run was preempted in and move to the cheapest other region (data and
+checkpoint follow).
+
+    preempted in r1/z1 → r1 blocked → cheapest zone of r2 → preempted → r1, r2 blocked → r3 → ...
+
+Both block by value (zone/region names), never by position, and leave the market as requested.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from sailor_tasks.strategies.base import PlacementConstraint, RecoveryContext, register
+
+SAME_ZONE_MAX_PREEMPTIONS = 2
+"""Preemptions in one zone after which ``same_zone_first`` stops retrying it."""
+
+
+@register("same_zone_first")
+class SameZoneFirst:
+    def next_constraint(self, ctx: RecoveryContext) -> PlacementConstraint:
+        counts = Counter(p.zone for p in ctx.history)
+        blocked = frozenset(z for z, n in counts.items() if n >= SAME_ZONE_MAX_PREEMPTIONS)
+        zone = ctx.current.zone
+        if zone in blocked:
+            reason = f"{zone} preempted the run {counts[zone]} times: blocked, re-planning elsewhere"
+        else:
+            reason = f"retrying {zone} first (preempted there {counts[zone]} time(s))"
+        return PlacementConstraint(blocked_zones=blocked, reason=reason)
+
+
+@register("eager_next_region")
+class EagerNextRegion:
+    def next_constraint(self, ctx: RecoveryContext) -> PlacementConstraint:
+        regions = frozenset(p.region for p in ctx.history)
+        zones = frozenset(p.zone for p in ctx.history)
+        return PlacementConstraint(
+            blocked_zones=zones,
+            blocked_regions=regions,
+            reason=f"blocking preempted region(s) {', '.join(sorted(regions))}; moving to the next region",
+        )

@@ -1,0 +1,78 @@
+"""Preemption recovery through the real stages: injected notices and kills on torchrun workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from sailor_tasks.errors import PreemptedError, RecoveryExhaustedError
+from sailor_tasks.ledger import Ledger
+from sailor_tasks.recovery import run_stages
+from sailor_tasks.train.checkpoint import CheckpointManager, diff_states
+
+pytestmark = pytest.mark.slow
+
+BASE = {
+    "job_name": "resilient",
+    "team": "qa",
+    "model": "tiny_gpt",
+    "num_workers": 2,
+    "total_steps": 30,
+    "checkpoint_every_steps": 10,
+    "batch_size": 8,
+    "preemption_notice_s": 20,
+}
+
+
+def final_state(summary: dict) -> dict:
+    root, step = summary["checkpoint_uri"].rsplit("/step-", 1)
+    return CheckpointManager(root).load_all(int(step))
+
+
+def test_noticed_and_unnoticed_preemptions_end_bit_identical_to_an_uninterrupted_run(
+    settings, ctx, demo_dataset
+):
+    reference = run_stages({**BASE, "dataset_uri": demo_dataset}, "ref", ctx)
+    summary = run_stages(
+        {
+            **BASE,
+            "dataset_uri": demo_dataset,
+            "inject_preemptions": [6],
+            "inject_kills": [17],
+            "recovery_strategy": "eager_next_region",
+        },
+        "preempted",
+        ctx,
+    )
+    assert summary["steps"] == reference["steps"] == 30
+    assert diff_states(final_state(reference), final_state(summary)) == []
+
+    ledger = Ledger(settings.ledger_url)
+    noticed, killed = sorted(ledger.preemptions("preempted"), key=lambda p: p["attempt"])
+    assert noticed["noticed"] and noticed["steps_lost"] == 0 and noticed["recovery_s"] > 0
+    assert not killed["noticed"] and 0 < killed["steps_lost"] <= BASE["checkpoint_every_steps"]
+    attempts = ledger.attempts("preempted")
+    assert [a["outcome"] for a in attempts] == ["preempted", "preempted", "completed"]
+    # eager_next_region: every recovery left the regions that preempted the run.
+    assert attempts[1]["region"] != attempts[0]["region"]
+    assert attempts[2]["region"] not in (attempts[0]["region"], attempts[1]["region"])
+    assert attempts[1]["resumed_from_step"] == noticed["step"]
+    assert len(summary["attempts"]) == 3 and summary["region"] == attempts[2]["region"]
+
+
+def test_exhausted_attempts_fail_with_a_message_listing_every_attempt(settings, ctx, demo_dataset):
+    params = {
+        **BASE,
+        "dataset_uri": demo_dataset,
+        "inject_preemptions": [4, 12],
+        "recovery_strategy": "same_zone_first",
+    }
+    with pytest.raises(RecoveryExhaustedError, match=r"after 2 attempt") as info:
+        run_stages(params, "doomed", ctx, max_tries=1)
+    message = str(info.value)
+    assert "attempt 1 (try 1)" in message and "attempt 2 (try 2)" in message
+    assert message.count("preempted with notice") == 2
+    assert not isinstance(info.value, PreemptedError)  # final: not retryable
+    attempts = Ledger(settings.ledger_url).attempts("doomed")
+    assert attempts[0]["zone"] == attempts[1]["zone"]  # same_zone_first retried the zone once
+    run = Ledger(settings.ledger_url).get_run("doomed")
+    assert run["status"] == "failed"

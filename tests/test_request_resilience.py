@@ -1,0 +1,30 @@
+"""Spot-resilience params: defaults, and bad values named with their valid choices."""
+
+from __future__ import annotations
+
+import pytest
+
+from sailor_tasks.errors import InvalidRequestError
+from sailor_tasks.request import from_params
+
+
+def test_defaults_inject_nothing_and_recover_same_zone_first():
+    req = from_params({})
+    assert req.recovery_strategy == "same_zone_first"
+    assert (req.inject_preemptions, req.inject_kills, req.preemption_rate_per_hour) == ((), (), 0.0)
+    assert req.preemption_notice_s == 30.0 and not req.async_checkpoint
+
+
+def test_unknown_recovery_strategy_lists_the_valid_ones():
+    with pytest.raises(InvalidRequestError, match=r"recovery_strategy='nope'.*eager_next_region"):
+        from_params({"recovery_strategy": "nope"})
+
+
+def test_injection_steps_beyond_the_run_are_rejected():
+    with pytest.raises(InvalidRequestError, match=r"inject_kills=\[300\].*below total_steps=300"):
+        from_params({"total_steps": 300, "inject_kills": [300]})
+
+
+def test_injection_lists_are_sorted():
+    req = from_params({"inject_preemptions": [50, 10], "inject_kills": [30]})
+    assert req.inject_preemptions == (10, 50) and req.inject_kills == (30,)

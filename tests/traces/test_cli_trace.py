@@ -1,0 +1,20 @@
+"""``sailor trace-gcp``: the GCP logs become a trace the preemption injector replays."""
+
+from __future__ import annotations
+
+from sailor_tasks.backends.preemption import InjectionSpec, time_events
+from sailor_tasks.cli import main
+from sailor_tasks.traces.availability import load_availability_trace
+
+
+def test_zone_trace_written_and_replayable(shared_data, tmp_path, capsys):
+    out = tmp_path / "west.json"
+    logs = str(shared_data / "gcp_preemption_2020" / "logs")
+    assert main(["trace-gcp", "--logs", logs, "--zone", "us-west1-b", "--out", str(out)]) == 0
+    trace = load_availability_trace(str(out))
+    assert trace.gap_seconds == 900 and trace.preemption_times()
+    # 1 trace hour per wall second: the first loss of capacity fires that many seconds after launch.
+    events = time_events(InjectionSpec(trace_uri=str(out), trace_time_scale=3600.0), 1, 0.0)
+    assert events[0].at_s == trace.preemption_times()[0] / 3600.0
+    assert main(["trace-gcp", "--logs", logs, "--zone", "nope"]) == 2
+    assert "zone='nope'" in capsys.readouterr().err
