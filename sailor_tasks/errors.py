@@ -93,3 +93,14 @@ class PreemptedError(SailorError):
         super().__init__(
             f"run {run_id} preempted in {zone} at step {step} ({'with' if noticed else 'without'} notice)"
         )
+
+
+class InfeasibleAllocationError(SailorError):
+    """A scheduling policy's LP has no optimal solution (e.g. SLO deadlines the cluster cannot meet)."""
+
+    def __init__(self, policy: str, status: str, detail: str = ""):
+        self.policy, self.status, self.detail = policy, status, detail
+        super().__init__(
+            f"policy {policy!r} found no optimal allocation (solver status: {status})"
+            + (f": {detail}" if detail else "")
+        )

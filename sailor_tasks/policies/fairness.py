@@ -1,0 +1,218 @@
+"""Max-min policies over X: ``las``, ``las_agnostic``, ``makespan`` and finish-time fairness ``ftf``.
+
+Each is one LP (``ftf``: a short bisection of LPs) built from ``base.base_constraints`` plus rows
+for the max-min objective, following Gavel (Narayanan et al., OSDI'20, §4).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from sailor_tasks.errors import InfeasibleAllocationError
+from sailor_tasks.policies.base import (
+    Allocation,
+    PolicyState,
+    Units,
+    add_rows,
+    base_constraints,
+    empty_allocation,
+    make_allocation,
+    merge_identical,
+    register,
+    singles,
+    solve,
+)
+from sailor_tasks.policies.space_sharing import pair_units, partitioned
+
+
+def max_min(units: Units, gpus, coef: np.ndarray, policy: str) -> np.ndarray:
+    """Solve max t s.t. t ≤ coef_j · (steps/s of job j under X) for every job with coef_j > 0.
+
+    Notation:
+        X[u, m]  time fraction of unit u on GPU type m (variables 0..U·M-1), t the last variable;
+        E[j, ·]  steps/s job j makes per unit of each variable (``Units.job_throughput``).
+    Objective:
+        maximize t.
+    Constraints:
+        the base constraints (bounds, one place per job, capacity per type);
+        t − coef_j · E[j] · X ≤ 0 for every job j with coef_j > 0.
+    """
+    from scipy.sparse import csr_matrix, diags, hstack
+
+    lp = base_constraints(units, gpus, extra_vars=1)
+    active = np.nonzero(coef > 0)[0]
+    e = units.job_throughput()[active]
+    rows = hstack([-(diags(coef[active]) @ e), csr_matrix(np.ones((len(active), 1)))])
+    add_rows(lp, rows, np.zeros(len(active)))
+    lp.c[-1] = 1.0
+    lp.maximize = True
+    return solve(lp, policy)
+
+
+def equal_share_throughput(units: Units, gpus) -> np.ndarray:
+    """Steps/s of each job with an equal time split over the cluster's GPU mix (the normaliser)."""
+    total = sum(float(gpus[g]) for g in units.gpu_types)
+    mix = np.array([float(gpus[g]) / total for g in units.gpu_types]) if total > 0 else 0.0
+    n = len(units.jobs)
+    return (units.thr[:n, :, 0] * mix).sum(axis=1)
+
+
+class _MaxMinPolicy:
+    """Shared by ``las`` / ``las_agnostic`` / ``makespan``: singles or space-sharing units, POP."""
+
+    symmetric = True
+    agnostic = False
+
+    def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
+        raise NotImplementedError
+
+    def allocate(self, state: PolicyState) -> Allocation:
+        if not state.jobs:
+            return empty_allocation(self.name, state.gpus)
+        if state.space_sharing:
+            return partitioned(state, self._solve)
+        return self._solve(state)
+
+    def merge_key(self, job, gpu_types) -> tuple:
+        """Jobs with equal keys get equal rows of X (the LP is symmetric in them)."""
+        return (job.scale_factor, job.priority_weight, *(job.throughput.get(g, 0.0) for g in gpu_types))
+
+    def _solve(self, state: PolicyState) -> Allocation:
+        started = time.perf_counter()
+        if state.space_sharing:
+            units = pair_units(state, state.jobs)
+            return make_allocation(self.name, units, self._solve_units(units, state), started)
+        # Identical jobs (same key) are merged into one row with a count: an exact reduction, since
+        # averaging an optimal X over permutations of identical jobs is feasible and optimal too.
+        units = singles(state.jobs, state.gpus)
+        inverse, merged = merge_identical(units, lambda job: self.merge_key(job, units.gpu_types))
+        x = merged.unflatten(self._solve_units(merged, state))[inverse]
+        return make_allocation(self.name, units, x.ravel(), started)
+
+    def _solve_units(self, units: Units, state: PolicyState) -> np.ndarray:
+        solved_on = units
+        if self.agnostic:  # every runnable (job, type) looks the same: the heterogeneity-blind baseline
+            solved_on = replace(units, thr=(units.thr > 0).astype(float))
+        return max_min(solved_on, state.gpus, self.coefficients(solved_on, state), self.name)
+
+
+@register("las")
+class LeastAttainedService(_MaxMinPolicy):
+    """Max-min fairness over normalised effective throughput, weighted by priority (Gavel's LAS).
+
+    Notation:
+        T[j, m] steps/s of job j on type m; w_j its priority weight; N_j = Σ_m T[j, m] · G_m / Σ G
+        (its throughput with an equal split over the cluster's mix).
+    Objective:
+        maximize min_j (Σ_m T[j, m] X[j, m]) / (w_j · N_j).
+    Constraints:
+        base constraints. The round mechanism adds the "least attained service" part: jobs that
+        received less than X so far get priority.
+    """
+
+    def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
+        norm = equal_share_throughput(units, state.gpus)
+        w = np.array([j.priority_weight for j in units.jobs])
+        return np.divide(1.0, w * norm, out=np.zeros_like(norm), where=norm > 0)
+
+
+@register("las_agnostic")
+class LeastAttainedServiceAgnostic(LeastAttainedService):
+    """``las`` solved as if every GPU type were equally fast (the heterogeneity-agnostic baseline).
+
+    Notation / Objective / Constraints: as ``las`` with T[j, m] = 1 wherever the job can run;
+    the resulting X is then executed at the real throughputs.
+    """
+
+    agnostic = True
+
+
+@register("makespan")
+class Makespan(_MaxMinPolicy):
+    """Minimise the time until every job has finished.
+
+    Notation:
+        R_j steps remaining of job j; T[j, m] steps/s.
+    Objective:
+        maximize min_j (Σ_m T[j, m] X[j, m]) / R_j  (= minimize max_j R_j / throughput_j).
+    Constraints:
+        base constraints; jobs with R_j = 0 are ignored.
+    """
+
+    def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
+        r = np.array([j.steps_remaining for j in units.jobs])
+        return np.divide(1.0, r, out=np.zeros_like(r), where=r > 0)
+
+    def merge_key(self, job, gpu_types) -> tuple:
+        return (*super().merge_key(job, gpu_types), job.steps_remaining)
+
+
+@register("ftf")
+class FinishTimeFairness:
+    """Finish-time fairness (Themis, as in Gavel): minimise the worst ratio ρ_j of a job's finish
+    time under X to its finish time on an equal 1/n share of the cluster.
+
+    Notation:
+        e_j seconds since arrival, R_j steps left, θ_j(X) = Σ_m T[j, m] X[j, m], N_j the equal-split
+        throughput (see ``las``), n jobs; isolated finish I_j = e_j + R_j / (N_j / n · Σ_m G_m / s_j).
+        ρ_j(X) = (e_j + R_j / θ_j(X)) / I_j.
+    Objective:
+        minimize max_j ρ_j, by bisection on r: ρ_j ≤ r ⟺ θ_j ≥ R_j / (r · I_j − e_j), checked with the
+        max-min LP  max t s.t. t ≤ θ_j · (r · I_j − e_j) / R_j  (feasible iff t ≥ 1).
+    Constraints:
+        base constraints.
+    """
+
+    symmetric = False
+    iterations = 20
+
+    def allocate(self, state: PolicyState) -> Allocation:
+        if not state.jobs:
+            return empty_allocation(self.name, state.gpus)
+        started = time.perf_counter()
+        units = singles(state.jobs, state.gpus)
+        e = np.array([j.elapsed_s for j in units.jobs])
+        r = np.array([max(j.steps_remaining, 0.0) for j in units.jobs])
+        norm = equal_share_throughput(units, state.gpus)
+        n = len(units.jobs)
+        total_gpus = sum(float(state.gpus[g]) for g in units.gpu_types)
+        isolated_thr = norm * np.minimum(1.0, total_gpus / (n * units.scale))
+        isolated = e + np.divide(r, isolated_thr, out=np.full(n, np.inf), where=isolated_thr > 0)
+        live = (r > 0) & np.isfinite(isolated)
+        if not live.any():
+            return make_allocation(
+                self.name, units, max_min(units, state.gpus, np.zeros(n), self.name), started
+            )
+
+        def coef(rho: float) -> np.ndarray:
+            slack = rho * isolated - e
+            return np.where(live, np.divide(slack, r, out=np.zeros(n), where=r > 0), 0.0)
+
+        def attained(rho: float) -> tuple[float, np.ndarray]:
+            c = coef(rho)
+            if (c[live] <= 0).any():
+                return 0.0, np.zeros(units.num_vars + 1)
+            vec = max_min(units, state.gpus, c, self.name)
+            return float(vec[-1]), vec
+
+        lo, hi = 0.0, 2.0
+        best = None
+        for _ in range(12):  # grow hi until feasible (ρ ≤ hi)
+            t, vec = attained(hi)
+            if t >= 1.0:
+                best = vec
+                break
+            lo, hi = hi, hi * 2
+        if best is None:
+            raise InfeasibleAllocationError(self.name, "bisection bound not found", f"ρ > {hi}")
+        for _ in range(self.iterations):
+            mid = (lo + hi) / 2
+            t, vec = attained(mid)
+            if t >= 1.0:
+                hi, best = mid, vec
+            else:
+                lo = mid
+        return make_allocation(self.name, units, best, started)
