@@ -145,7 +145,8 @@ class Allocation:
 class Policy(Protocol):
     name: str
     symmetric: bool
-    """Identical jobs get identical rows, so the caller may merge them (``PolicyJob.count``)."""
+    """X depends only on each job's throughputs, scale factor and weight (not on its progress), and
+    identical jobs get identical rows: callers may cache jobs and merge them (``PolicyJob.count``)."""
 
     def allocate(self, state: PolicyState) -> Allocation: ...
 

@@ -38,12 +38,14 @@ def max_min(units: Units, gpus, coef: np.ndarray, policy: str) -> np.ndarray:
         maximize t.
     Constraints:
         the base constraints (bounds, one place per job, capacity per type);
-        t − coef_j · E[j] · X ≤ 0 for every job j with coef_j > 0.
+        t − coef_j · E[j] · X ≤ 0 for every job j with coef_j > 0 (none: t = 0).
     """
     from scipy.sparse import csr_matrix, diags, hstack
 
     lp = base_constraints(units, gpus, extra_vars=1)
     active = np.nonzero(coef > 0)[0]
+    if not len(active):
+        lp.ub[-1] = 0.0
     e = units.job_throughput()[active]
     rows = hstack([-(diags(coef[active]) @ e), csr_matrix(np.ones((len(active), 1)))])
     add_rows(lp, rows, np.zeros(len(active)))
@@ -141,6 +143,8 @@ class Makespan(_MaxMinPolicy):
     Constraints:
         base constraints; jobs with R_j = 0 are ignored.
     """
+
+    symmetric = False  # reads steps_remaining, which changes every round
 
     def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
         r = np.array([j.steps_remaining for j in units.jobs])
