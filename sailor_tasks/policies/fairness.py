@@ -14,6 +14,7 @@ import numpy as np
 from sailor_tasks.errors import InfeasibleAllocationError
 from sailor_tasks.policies.base import (
     Allocation,
+    PolicyJob,
     PolicyState,
     Units,
     add_rows,
@@ -95,10 +96,18 @@ class _MaxMinPolicy:
         return make_allocation(self.name, units, x.ravel(), started)
 
     def _solve_units(self, units: Units, state: PolicyState) -> np.ndarray:
-        solved_on = units
-        if self.agnostic:  # every runnable (job, type) looks the same: the heterogeneity-blind baseline
-            solved_on = replace(units, thr=(units.thr > 0).astype(float))
+        solved_on = self.as_solved(units)
         return max_min(solved_on, state.gpus, self.coefficients(solved_on, state), self.name)
+
+    def as_solved(self, units: Units) -> Units:
+        """The units as the LP sees them (``las_agnostic``: every runnable type equally fast)."""
+        if self.agnostic:
+            return replace(units, thr=(units.thr > 0).astype(float))
+        return units
+
+    def session(self, gpus) -> MaxMinSession | None:
+        """A stateful solver for repeated calls on one cluster (None: not supported)."""
+        return MaxMinSession(self, gpus) if self.symmetric else None
 
 
 @register("las")
@@ -220,3 +229,106 @@ class FinishTimeFairness:
             else:
                 lo = mid
         return make_allocation(self.name, units, best, started)
+
+
+class MaxMinSession:
+    """Repeated max-min solves on one cluster, hot-started: one HiGHS model is kept and only the
+    job-class counts change between calls (what a simulator round or a nightly re-run changes).
+
+    Jobs are merged into classes by ``merge_key`` (exact, as in ``allocate``). The model has the
+    variable t, then X[c, m] per class c; rows: capacity per type, then per class "one place" and
+    "t ≤ coef_c · throughput_c" (deactivated, upper bound +inf, while the class has no jobs).
+    ``allocate`` returns what the policy's own ``allocate`` returns (same LP, same optimum); states
+    with space sharing or other GPU counts are passed to the policy unchanged.
+    """
+
+    def __init__(self, policy: _MaxMinPolicy, gpus):
+        import highspy
+
+        self.policy = policy
+        self.gpus = {g: float(c) for g, c in gpus.items()}
+        self.gpu_types = tuple(sorted(self.gpus))
+        self._inf = highspy.kHighsInf
+        h = self.h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("presolve", "off")  # keep the basis between solves
+        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        h.addCol(1.0, 0.0, self._inf, 0, np.array([], np.int32), np.array([]))
+        for g in self.gpu_types:
+            h.addRow(-self._inf, self.gpus[g], 0, np.array([], np.int32), np.array([]))
+        self.classes: dict[object, int] = {}
+        self.counts: list[float] = []
+        self.scale: list[float] = []
+        self.thr: list[np.ndarray] = []
+        self._job_class: dict[str, tuple[PolicyJob, int]] = {}
+        self.solves = 0
+
+    def _add_class(self, job: PolicyJob, state: PolicyState) -> int:
+        m = len(self.gpu_types)
+        c = len(self.counts)
+        one = singles((job,), self.gpu_types)
+        solved = self.policy.as_solved(one)
+        coef = float(self.policy.coefficients(solved, state)[0])
+        thr = solved.thr[0, :, 0]
+        ub = np.where(one.thr[0, :, 0] > 0, 1.0, 0.0)
+        first_col = 1 + c * m
+        none_i, none_f = np.array([], np.int32), np.array([])
+        self.h.addCols(m, np.zeros(m), np.zeros(m), ub, 0, none_i, none_i, none_f)
+        cols = np.arange(first_col, first_col + m, dtype=np.int32)
+        self.h.addRow(-self._inf, 1.0, m, cols, np.ones(m))
+        row = np.concatenate([[1.0], -coef * thr if coef > 0 else np.zeros(m)])
+        self.h.addRow(-self._inf, self._inf, m + 1, np.concatenate([[0], cols]).astype(np.int32), row)
+        self.counts.append(0.0)
+        self.scale.append(float(job.scale_factor))
+        self.thr.append(one.thr[0, :, 0])
+        return c
+
+    def allocate(self, state: PolicyState) -> Allocation:
+        import highspy
+
+        gpus = {g: float(c) for g, c in state.gpus.items()}
+        if state.space_sharing or gpus != self.gpus:
+            return self.policy.allocate(state)
+        if not state.jobs:
+            return empty_allocation(self.policy.name, state.gpus)
+        started = time.perf_counter()
+        jobs = sorted(state.jobs, key=lambda j: j.job_id)
+        m = len(self.gpu_types)
+        cls = np.empty(len(jobs), dtype=np.int64)
+        count = np.empty(len(jobs))
+        for u, job in enumerate(jobs):
+            hit = self._job_class.get(job.job_id)
+            if hit is not None and hit[0] is job:
+                c = hit[1]
+            else:
+                key = self.policy.merge_key(job, self.gpu_types)
+                c = self.classes.get(key)
+                if c is None:
+                    c = self.classes[key] = self._add_class(job, state)
+                self._job_class[job.job_id] = (job, c)
+            cls[u] = c
+            count[u] = job.count
+        counts = np.bincount(cls, weights=count, minlength=len(self.counts))
+        for c in np.nonzero(counts != np.array(self.counts))[0].tolist():
+            n = float(counts[c])
+            for i in range(m):
+                self.h.changeCoeff(i, 1 + c * m + i, n * self.scale[c])
+            if (n > 0) != (self.counts[c] > 0):
+                self.h.changeRowBounds(m + 2 * c + 1, -self._inf, 0.0 if n > 0 else self._inf)
+            self.counts[c] = n
+        self.h.run()
+        status = self.h.getModelStatus()
+        if status != highspy.HighsModelStatus.kOptimal:
+            raise InfeasibleAllocationError(self.policy.name, self.h.modelStatusToString(status))
+        self.solves += 1
+        x_class = np.asarray(self.h.getSolution().col_value)[1:].reshape(len(self.counts), m)
+        units = Units(
+            jobs=tuple(jobs),
+            gpu_types=self.gpu_types,
+            units=tuple((j,) for j in range(len(jobs))),
+            thr=np.array(self.thr)[cls][:, :, None],
+            scale=np.array(self.scale)[cls],
+            count=count,
+        )
+        return make_allocation(self.policy.name, units, x_class[cls].ravel(), started)

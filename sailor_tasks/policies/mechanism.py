@@ -63,28 +63,33 @@ def pick_units(
     n_units, m = prio.shape
     if n_units == 0:
         return []
-    free = free.astype(float).copy()
     flat = np.where(runnable, prio, -1.0).ravel()
     keys = (-flat,) if tiebreak is None else (-tiebreak.ravel(), -flat)
     order = np.lexsort(keys)
-    valid = flat[order] >= 0
-    order = order[valid]
-    placed_jobs: set[int] = set()
+    order = order[flat[order] >= 0].tolist()
+    # Plain Python lists: this loop runs every round for every cluster, on small arrays.
+    free_l = [float(f) for f in free]
+    scale_l = scale.tolist()
+    min_scale = min(scale_l)
+    open_types = sum(1 for f in free_l if f >= min_scale)
+    placed: set[int] = set()
     granted: list[tuple[int, int]] = []
-    min_scale = float(scale.min())
-    for idx in order.tolist():
+    for idx in order:
         u, g = divmod(idx, m)
-        s = scale[u]
-        if free[g] < s:
+        s = scale_l[u]
+        if free_l[g] < s:
             continue
         jobs = unit_jobs[u]
-        if any(j in placed_jobs for j in jobs):
+        if jobs[0] in placed or (len(jobs) > 1 and any(j in placed for j in jobs)):
             continue
-        placed_jobs.update(jobs)
-        free[g] -= s
+        placed.update(jobs)
+        before = free_l[g]
+        free_l[g] = before - s
         granted.append((u, g))
-        if free.max() < min_scale:
-            break
+        if before >= min_scale > free_l[g]:
+            open_types -= 1
+            if open_types == 0:
+                break
     return granted
 
 
@@ -93,28 +98,33 @@ class ServerPool:
 
     def __init__(self, gpus: Mapping[int, int], gpus_per_server: int = GPUS_PER_SERVER):
         self.per_server = gpus_per_server
-        self.free: dict[int, np.ndarray] = {}
+        self.free: dict[int, list[int]] = {}
         for g, count in gpus.items():
             full, rest = divmod(int(count), gpus_per_server)
-            self.free[g] = np.array([gpus_per_server] * full + ([rest] if rest else []), dtype=np.int64)
+            self.free[g] = [gpus_per_server] * full + ([rest] if rest else [])
 
     def take(self, g: int, servers: Sequence[tuple[int, int]]) -> None:
+        free = self.free[g]
         for srv, n in servers:
-            self.free[g][srv] -= n
+            free[srv] -= n
 
     def place(self, g: int, need: int) -> tuple[tuple[int, int], ...] | None:
         """Reserve ``need`` GPUs of type ``g``: one server when any fits (best fit), else spread."""
         free = self.free[g]
-        if free.sum() < need:
+        best, best_free = -1, None
+        total = 0
+        for srv, f in enumerate(free):
+            total += f
+            if f >= need and (best_free is None or f < best_free):
+                best, best_free = srv, f
+        if best >= 0:
+            free[best] -= need
+            return ((best, need),)
+        if total < need:
             return None
-        fits = np.nonzero(free >= need)[0]
-        if len(fits):
-            srv = int(fits[np.argmin(free[fits])])
-            free[srv] -= need
-            return ((srv, need),)
         out = []
-        for srv in np.argsort(-free, kind="stable").tolist():
-            n = int(min(free[srv], need))
+        for srv in sorted(range(len(free)), key=lambda i: -free[i]):
+            n = min(free[srv], need)
             if n <= 0:
                 break
             free[srv] -= n
@@ -148,8 +158,9 @@ def assign_round(
         else:
             fresh.append((u, g))
     # Larger units first: they are the hardest to consolidate.
-    for u, g in sorted(fresh, key=lambda ug: -scale[ug[0]]):
-        servers = pool.place(g, int(scale[u]))
+    scale_l = scale.tolist()
+    for u, g in sorted(fresh, key=lambda ug: -scale_l[ug[0]]):
+        servers = pool.place(g, int(scale_l[u]))
         if servers is not None:
             grants.append(Grant(u, g, servers, extended=False))
     return grants
@@ -166,25 +177,37 @@ class RoundMechanism:
         self.gpus = {g: int(c) for g, c in enumerate(gpus)}
         self.gpus_per_server = gpus_per_server
         self.keys: list[object] = []
-        self.received = np.zeros((0, len(self.gpus)))
-        self.since = np.zeros(0)
+        self.rows = np.zeros(0, dtype=np.int64)
         self.leases: dict[int, tuple[int, tuple[tuple[int, int], ...]]] = {}
+        # History of every unit ever seen, one row per key (rows are never reused).
+        self._row_of: dict[object, int] = {}
+        self._received = np.zeros((64, len(self.gpus)))
+        self._since = np.zeros(64)
+
+    @property
+    def received(self) -> np.ndarray:
+        """Seconds each current unit spent on each type (units × types)."""
+        return self._received[self.rows]
+
+    @property
+    def since(self) -> np.ndarray:
+        return self._since[self.rows]
 
     def set_units(self, keys: Sequence[object], now: float) -> None:
         """Adopt a new unit list; units seen before keep their history and lease."""
-        old = {k: u for u, k in enumerate(self.keys)}
-        m = len(self.gpus)
-        received = np.zeros((len(keys), m))
-        since = np.full(len(keys), float(now))
-        leases = {}
+        lease_by_key = {self.keys[u]: lease for u, lease in self.leases.items()}
+        rows = np.empty(len(keys), dtype=np.int64)
         for u, k in enumerate(keys):
-            o = old.get(k)
-            if o is not None:
-                received[u] = self.received[o]
-                since[u] = self.since[o]
-                if o in self.leases:
-                    leases[u] = self.leases[o]
-        self.keys, self.received, self.since, self.leases = list(keys), received, since, leases
+            row = self._row_of.get(k)
+            if row is None:
+                row = self._row_of[k] = len(self._row_of)
+                if row >= len(self._since):
+                    self._received = np.concatenate([self._received, np.zeros_like(self._received)])
+                    self._since = np.concatenate([self._since, np.zeros_like(self._since)])
+                self._since[row] = now
+            rows[u] = row
+        self.keys, self.rows = list(keys), rows
+        self.leases = {u: lease_by_key[k] for u, k in enumerate(keys) if k in lease_by_key}
 
     def schedule(
         self,
@@ -196,7 +219,7 @@ class RoundMechanism:
         tiebreak: np.ndarray | None = None,
     ) -> list[Grant]:
         """Grants for the round starting at ``now`` (unit indices as in ``set_units``)."""
-        prio = priorities(x, self.received, now - self.since)
+        prio = priorities(x, self._received[self.rows], now - self._since[self.rows])
         cap = np.array([self.gpus[g] for g in range(x.shape[1])], float)
         ok = runnable & (cap[None, :] >= scale[:, None])
         picked = pick_units(prio, ok, unit_jobs, scale, cap, tiebreak)
@@ -206,7 +229,7 @@ class RoundMechanism:
         """Account a finished round: time received, and the leases the next round may extend."""
         self.leases = {}
         for gr in grants:
-            self.received[gr.unit, gr.gpu_type] += seconds
+            self._received[self.rows[gr.unit], gr.gpu_type] += seconds
             self.leases[gr.unit] = (gr.gpu_type, gr.servers)
 
     def drop_leases(self) -> int:
@@ -218,3 +241,8 @@ class RoundMechanism:
     def realised_fractions(self, now: float) -> np.ndarray:
         """Fraction of its time so far each unit spent on each type (compare with X)."""
         return self.received / np.maximum(now - self.since, 1e-9)[:, None]
+
+    def forget(self, keys: Sequence[object]) -> None:
+        """Drop the history of units that will never come back (finished jobs)."""
+        for k in keys:
+            self._row_of.pop(k, None)

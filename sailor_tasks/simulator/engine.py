@@ -98,6 +98,8 @@ class _RegionSim:
         self.runnable = np.zeros((0, len(self.gpu_types)), bool)
         self.alive = np.zeros(0, bool)
         self.job_units: dict[int, list[int]] = {}
+        self.gcols = np.zeros(0, dtype=np.int64)
+        self.session = None
 
 
 def simulate(
@@ -141,6 +143,19 @@ def simulate(
             hit = type_cache[key] = (alone, unc)
         return hit
 
+    gpu_names = sorted({g for r in sims for g in r.gpu_types})
+    for r in sims:
+        r.gcols = np.array([gpu_names.index(g) for g in r.gpu_types], dtype=np.int64)
+        r.session = None if config.space_sharing or not hasattr(policy, "session") else policy.session(
+            {g: int(c) for g, c in zip(r.gpu_types, r.capacity, strict=True)}
+        )
+    # Unconsolidated / consolidated throughput per job and GPU type (1 where not measured).
+    unc_ratio = np.ones((n, len(gpu_names)))
+    for i, job in enumerate(jobs):
+        alone, unc = type_thr(job.job_type)
+        for gi, g in enumerate(gpu_names):
+            if alone.get(g, 0) > 0:
+                unc_ratio[i, gi] = unc[g] / alone[g]
     runnable_in = {}
     for key in {j.job_type for j in jobs}:
         alone, _ = type_thr(key)
@@ -189,27 +204,26 @@ def simulate(
             table=table,
             seed=config.seed,
         )
-        alloc = policy.allocate(state)
-        m = len(r.gpu_types)
+        alloc = (r.session or policy).allocate(state)
         unit_jobs = [tuple(index[j] for j in unit) for unit in alloc.units]
-        thr = np.zeros((len(unit_jobs), m, 2))
+        n_units, m = len(unit_jobs), len(r.gpu_types)
+        thr = np.zeros((n_units, m, 2))
         thr[:, :, : alloc.unit_throughput.shape[2]] = alloc.unit_throughput[:, :, :2]
         thr_unc = thr.copy()
-        for u, unit in enumerate(unit_jobs):
-            for k, j in enumerate(unit):
-                alone, unc = type_thr(jobs[j].job_type)
-                for gi, g in enumerate(r.gpu_types):
-                    if alone[g] > 0:
-                        thr_unc[u, gi, k] = thr[u, gi, k] * unc[g] / alone[g]
-        sizes = np.array([len(u) for u in unit_jobs])
+        sizes = np.fromiter((len(u) for u in unit_jobs), dtype=np.int64, count=n_units)
+        for k in range(2):
+            has = sizes > k
+            members = np.fromiter((u[k] if len(u) > k else 0 for u in unit_jobs), dtype=np.int64, count=n_units)
+            ratio = unc_ratio[members][:, r.gcols]
+            thr_unc[:, :, k] = np.where(has[:, None], thr[:, :, k] * ratio, thr[:, :, k])
         runnable = (thr[:, :, 0] > 0) & ((sizes[:, None] < 2) | (thr[:, :, 1] > 0))
         r.unit_jobs, r.x, r.scale, r.thr, r.thr_unc = unit_jobs, alloc.matrix, alloc.unit_scale, thr, thr_unc
-        r.runnable, r.alive = runnable, np.ones(len(unit_jobs), bool)
+        r.runnable, r.alive = runnable, np.ones(n_units, bool)
         r.job_units = {}
         for u, unit in enumerate(unit_jobs):
             for j in unit:
                 r.job_units.setdefault(j, []).append(u)
-        r.mech.set_units([tuple(ids[j] for j in unit) for unit in unit_jobs], now)
+        r.mech.set_units(unit_jobs, now)
         r.dirty = False
 
     def admit(i: int, ri: int) -> None:
@@ -234,6 +248,7 @@ def simulate(
     rounds = solves = preemptions = 0
     busy_gpu_s = cost = 0.0
     last_cap = [r.capacity.copy() for r in sims]
+    static_capacity = type(availability) is AlwaysAvailable
     total_gpus = float(sum(r.capacity.sum() for r in sims))
     while done < n:
         while next_arrival < n and arrival[order[next_arrival]] <= t:
@@ -245,10 +260,13 @@ def simulate(
             t = np.ceil(arrival[order[next_arrival]] / round_s) * round_s
             continue
         rounds += 1
-        caps = [
-            np.array([availability.capacity(r.region, g, t) for g in r.gpu_types], dtype=np.int64)
-            for r in sims
-        ]
+        if static_capacity:
+            caps = last_cap
+        else:
+            caps = [
+                np.array([availability.capacity(r.region, g, t) for g in r.gpu_types], dtype=np.int64)
+                for r in sims
+            ]
         for ri, r in enumerate(sims):
             cap = caps[ri]
             if (cap != last_cap[ri]).any():
