@@ -35,10 +35,16 @@ def main() -> None:
     probe = generate_jobs(2000, 1.0, table, seed=args.seed + 1)
     mean_gpu_h = total_gpu_seconds(probe, table) / len(probe) / 3600.0
     gpus = REGIONS * len(GPU_TYPES) * GPUS_PER_TYPE_PER_REGION
-    speed = sum(table.speedup(k, g) for k in table.job_types for g in GPU_TYPES) / len(table.job_types) / len(GPU_TYPES)
+    speed = (
+        sum(table.speedup(k, g) for k in table.job_types for g in GPU_TYPES)
+        / len(table.job_types)
+        / len(GPU_TYPES)
+    )
     rate = TARGET_LOAD * gpus * speed / mean_gpu_h
     jobs = generate_jobs(args.jobs, rate, table, seed=args.seed)
-    regions = [Region(f"region-{r}", {g: GPUS_PER_TYPE_PER_REGION for g in GPU_TYPES}) for r in range(REGIONS)]
+    regions = [
+        Region(f"region-{r}", {g: GPUS_PER_TYPE_PER_REGION for g in GPU_TYPES}) for r in range(REGIONS)
+    ]
     started = time.perf_counter()
     result = simulate(jobs, regions, table, SimConfig(policy=args.policy, seed=args.seed))
     wall = time.perf_counter() - started

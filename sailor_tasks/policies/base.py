@@ -264,31 +264,30 @@ def singles(jobs: Sequence[PolicyJob], gpu_types: Sequence[GpuType]) -> Units:
     )
 
 
-def merge_identical(units: Units, key: Callable[[PolicyJob], object]) -> tuple[np.ndarray, Units]:
-    """Merge single-job units whose jobs have equal ``key`` into one unit with a count.
+def merge_identical(units: Units, extra: np.ndarray | None = None) -> tuple[np.ndarray, Units]:
+    """Merge single-job units with equal throughputs, scale factor and ``extra`` key columns.
 
+    Args:
+        extra: (jobs × k) further key columns (e.g. priority weight, steps remaining).
     Returns:
-        (inverse, merged): ``merged`` has one unit per distinct key (in first-seen order, which keeps
-        the sorted-id order), and ``inverse[u]`` is the merged unit of original unit ``u``.
+        (inverse, merged): ``merged`` has one unit per distinct key (``count`` = jobs merged), and
+        ``inverse[u]`` is the merged unit of original unit ``u``. Merged units keep the job of their
+        first member (for per-job fields the key covers).
     """
-    from dataclasses import replace
-
-    first: dict[object, int] = {}
-    inverse = np.empty(len(units.units), dtype=np.int64)
-    reps: list[int] = []
-    for u, (j,) in enumerate(units.units):
-        c = first.setdefault(key(units.jobs[j]), len(reps))
-        if c == len(reps):
-            reps.append(u)
-        inverse[u] = c
-    counts = np.bincount(inverse, weights=units.count, minlength=len(reps))
-    rep = np.array(reps, dtype=np.int64)
+    n = len(units.units)
+    cols = [units.thr[:, :, 0], units.scale[:, None]]
+    if extra is not None:
+        cols.append(np.asarray(extra, dtype=float).reshape(n, -1))
+    keys = np.concatenate(cols, axis=1)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    counts = np.bincount(inverse, weights=units.count, minlength=len(first))
     merged = Units(
-        jobs=tuple(replace(units.jobs[r], count=int(c)) for r, c in zip(rep, counts, strict=True)),
+        jobs=tuple(units.jobs[r] for r in first.tolist()),
         gpu_types=units.gpu_types,
-        units=tuple((c,) for c in range(len(reps))),
-        thr=units.thr[rep],
-        scale=units.scale[rep],
+        units=tuple((c,) for c in range(len(first))),
+        thr=units.thr[first],
+        scale=units.scale[first],
         count=counts,
     )
     return inverse, merged

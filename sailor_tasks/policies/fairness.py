@@ -79,8 +79,13 @@ class _MaxMinPolicy:
             return partitioned(state, self._solve)
         return self._solve(state)
 
+    def merge_columns(self, units: Units) -> np.ndarray:
+        """Per-job key columns besides throughputs and scale factor (jobs equal on all of them get
+        equal rows of X: the LP is symmetric in them)."""
+        return np.array([[j.priority_weight] for j in units.jobs])
+
     def merge_key(self, job, gpu_types) -> tuple:
-        """Jobs with equal keys get equal rows of X (the LP is symmetric in them)."""
+        """The same key for one job (``MaxMinSession``)."""
         return (job.scale_factor, job.priority_weight, *(job.throughput.get(g, 0.0) for g in gpu_types))
 
     def _solve(self, state: PolicyState) -> Allocation:
@@ -91,7 +96,7 @@ class _MaxMinPolicy:
         # Identical jobs (same key) are merged into one row with a count: an exact reduction, since
         # averaging an optimal X over permutations of identical jobs is feasible and optimal too.
         units = singles(state.jobs, state.gpus)
-        inverse, merged = merge_identical(units, lambda job: self.merge_key(job, units.gpu_types))
+        inverse, merged = merge_identical(units, self.merge_columns(units))
         x = merged.unflatten(self._solve_units(merged, state))[inverse]
         return make_allocation(self.name, units, x.ravel(), started)
 
@@ -158,6 +163,9 @@ class Makespan(_MaxMinPolicy):
     def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
         r = np.array([j.steps_remaining for j in units.jobs])
         return np.divide(1.0, r, out=np.zeros_like(r), where=r > 0)
+
+    def merge_columns(self, units: Units) -> np.ndarray:
+        return np.array([[j.priority_weight, j.steps_remaining] for j in units.jobs])
 
     def merge_key(self, job, gpu_types) -> tuple:
         return (*super().merge_key(job, gpu_types), job.steps_remaining)

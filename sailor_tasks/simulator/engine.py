@@ -146,8 +146,10 @@ def simulate(
     gpu_names = sorted({g for r in sims for g in r.gpu_types})
     for r in sims:
         r.gcols = np.array([gpu_names.index(g) for g in r.gpu_types], dtype=np.int64)
-        r.session = None if config.space_sharing or not hasattr(policy, "session") else policy.session(
-            {g: int(c) for g, c in zip(r.gpu_types, r.capacity, strict=True)}
+        r.session = (
+            None
+            if config.space_sharing or not hasattr(policy, "session")
+            else policy.session({g: int(c) for g, c in zip(r.gpu_types, r.capacity, strict=True)})
         )
     # Unconsolidated / consolidated throughput per job and GPU type (1 where not measured).
     unc_ratio = np.ones((n, len(gpu_names)))
@@ -213,7 +215,9 @@ def simulate(
         sizes = np.fromiter((len(u) for u in unit_jobs), dtype=np.int64, count=n_units)
         for k in range(2):
             has = sizes > k
-            members = np.fromiter((u[k] if len(u) > k else 0 for u in unit_jobs), dtype=np.int64, count=n_units)
+            members = np.fromiter(
+                (u[k] if len(u) > k else 0 for u in unit_jobs), dtype=np.int64, count=n_units
+            )
             ratio = unc_ratio[members][:, r.gcols]
             thr_unc[:, :, k] = np.where(has[:, None], thr[:, :, k] * ratio, thr[:, :, k])
         runnable = (thr[:, :, 0] > 0) & ((sizes[:, None] < 2) | (thr[:, :, 1] > 0))
