@@ -70,7 +70,16 @@ def sailor_rebalance():
 
         return stages.report_rebalance(utilization, solution, published)
 
+    @task
+    def allocate_gpu_types(utilization: dict) -> dict:
+        from sailor_tasks import stages
+
+        return stages.allocate_gpu_types(
+            utilization, source=f"sailor_rebalance/{get_current_context()['run_id']}"
+        )
+
     utilization = collect_utilization()
+    allocate_gpu_types(utilization)
     solution = solve_assignment(utilization)
     report(utilization, solution, publish_assignment(solution))
 
