@@ -20,8 +20,11 @@ from sailor_tasks.simulator.workload import total_gpu_seconds
 GPU_TYPES = ("K80", "P100", "V100", "A100")
 REGIONS = 10
 GPUS_PER_TYPE_PER_REGION = 25  # 10 regions x 4 types x 25 = 1,000 GPUs
-TARGET_LOAD = 0.8
-"""Offered load relative to the cluster's V100-equivalent capacity (< 1: a stable queue)."""
+TARGET_LOAD = 0.6
+"""Offered load relative to the cluster's nominal V100-equivalent capacity. ``las`` maximises the
+worst job's share, not throughput, so the usable capacity is below nominal: at 0.8 the queue kept
+growing over the run (utilisation 0.89, JCT dominated by backlog); at 0.6 it stays at ~30 jobs
+per region."""
 
 
 def main() -> None:
@@ -45,12 +48,13 @@ def main() -> None:
     regions = [
         Region(f"region-{r}", {g: GPUS_PER_TYPE_PER_REGION for g in GPU_TYPES}) for r in range(REGIONS)
     ]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     result = simulate(jobs, regions, table, SimConfig(policy=args.policy, seed=args.seed))
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     out = {
         "jobs": result.jobs,
         "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
         "gpus": gpus,
         "regions": REGIONS,
         "gpu_types": list(GPU_TYPES),

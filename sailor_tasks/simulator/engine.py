@@ -45,6 +45,9 @@ class SimConfig:
     seed: int = 0
     space_sharing: bool = False
     gpus_per_server: int = GPUS_PER_SERVER
+    horizon_s: float = 10 * 365 * 86400.0
+    """Stop here even if jobs remain (e.g. spot capacity that never comes back); they count as
+    not completed and are left out of the JCT statistics."""
 
     def __post_init__(self) -> None:
         if self.round_s <= 0 or self.gpus_per_server < 1:
@@ -254,7 +257,7 @@ def simulate(
     last_cap = [r.capacity.copy() for r in sims]
     static_capacity = type(availability) is AlwaysAvailable
     total_gpus = float(sum(r.capacity.sum() for r in sims))
-    while done < n:
+    while done < n and t <= config.horizon_s:
         while next_arrival < n and arrival[order[next_arrival]] <= t:
             i = order[next_arrival]
             load = [(r.demand + scale[i]) / max(float(r.capacity.sum()), 1.0) for r in sims]
@@ -340,15 +343,15 @@ def simulate(
                     done += 1
                     leave(j)
         t += round_len
-    jct = finish - arrival
-    makespan = float(np.nanmax(finish) - arrival.min()) if n else 0.0
+    jct = (finish - arrival)[~np.isnan(finish)]
+    makespan = float(np.nanmax(finish) - arrival.min()) if done else 0.0
     return SimResult(
         policy=config.policy,
         jobs=n,
         completed=done,
-        avg_jct_s=float(jct.mean()) if n else 0.0,
-        p50_jct_s=float(np.percentile(jct, 50)) if n else 0.0,
-        p99_jct_s=float(np.percentile(jct, 99)) if n else 0.0,
+        avg_jct_s=float(jct.mean()) if done else 0.0,
+        p50_jct_s=float(np.percentile(jct, 50)) if done else 0.0,
+        p99_jct_s=float(np.percentile(jct, 99)) if done else 0.0,
         makespan_s=makespan,
         utilization=busy_gpu_s / (total_gpus * makespan) if makespan > 0 else 0.0,
         cost_usd=cost,

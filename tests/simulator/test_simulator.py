@@ -164,3 +164,33 @@ def test_cli_prints_one_json_object(gavel, capsys):
     assert "valid policies" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(trace), "--cluster", "v100=4,tpu=2", "--json"]) == 2
     assert "--cluster GPU type 'tpu'" in capsys.readouterr().err
+
+
+def test_availability_trace_reader_checks_the_format(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [0, 1, 0]}))
+    trace = AvailabilityTrace.load(str(good))
+    assert not trace.counts and [trace.at(t) for t in (0, 60, 130, 180)] == [0, 1, 0, 0]
+    counts = tmp_path / "counts.json"
+    counts.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [4, 2]}))
+    region = Region("r", {"V100": 3}, spot=True)
+    assert TraceAvailability({"r": AvailabilityTrace.load(str(counts))}).capacity(region, "V100", 61) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"data": [0, 1]}))
+    with pytest.raises(ValueError, match=r"not an availability trace .*gap_seconds"):
+        AvailabilityTrace.load(str(bad))
+
+
+def test_capacity_that_never_returns_stops_at_the_horizon():
+    table = load_packaged()
+
+    class Never:
+        def capacity(self, region, gpu_type, t):
+            return 0
+
+    key = ("ResNet-50 (batch size 64)", 1)
+    jobs = [SimJob("j", key, total_steps=100.0, arrival_s=0.0)]
+    result = simulate(
+        jobs, [Region("r", {"V100": 1})], table, SimConfig(horizon_s=3600), availability=Never()
+    )
+    assert result.completed == 0 and result.avg_jct_s == 0.0
