@@ -194,3 +194,12 @@ def test_capacity_that_never_returns_stops_at_the_horizon():
         jobs, [Region("r", {"V100": 1})], table, SimConfig(horizon_s=3600), availability=Never()
     )
     assert result.completed == 0 and result.avg_jct_s == 0.0
+
+
+def test_reusing_stable_rounds_changes_nothing_but_speed():
+    table = load_packaged()
+    jobs = generate_jobs(300, 15.0, table, seed=5)
+    regions = [Region(f"r{i}", {"V100": 8, "A100": 8, "K80": 8}) for i in range(2)]
+    fast = simulate(jobs, regions, table, SimConfig())
+    slow = simulate(jobs, regions, table, SimConfig(reuse_stable_rounds=False))
+    assert fast.jct_s == slow.jct_s and fast.cost_usd == slow.cost_usd and fast.rounds == slow.rounds
