@@ -170,3 +170,12 @@ def test_policies_are_deterministic(table):
     for name in ALL_POLICIES:
         a, b = get_policy(name).allocate(state), get_policy(name).allocate(state)
         np.testing.assert_array_equal(a.matrix, b.matrix)
+
+
+def test_flatten_and_unflatten_use_sorted_keys():
+    jobs = (PolicyJob("b", {"V100": 1.0, "K80": 0.5}), PolicyJob("a", {"V100": 2.0}))
+    units = singles(jobs, {"V100": 1, "K80": 1})
+    assert [j.job_id for j in units.jobs] == ["a", "b"] and units.gpu_types == ("K80", "V100")
+    vec = units.flatten({(("b",), "K80"): 0.25, (("a",), "V100"): 1.0})
+    np.testing.assert_array_equal(vec, [0.0, 1.0, 0.25, 0.0])
+    np.testing.assert_array_equal(units.unflatten(vec), [[0.0, 1.0], [0.25, 0.0]])
