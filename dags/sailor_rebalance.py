@@ -145,7 +145,16 @@ def sailor_rebalance():
             dry_run=bool(ctx["params"]["dry_run"]),
         )
 
+    @task
+    def allocate_gpu_types(utilization: dict) -> dict:
+        from sailor_tasks import stages
+
+        return stages.allocate_gpu_types(
+            utilization, source=f"sailor_rebalance/{get_current_context()['run_id']}"
+        )
+
     utilization = collect_utilization()
+    allocate_gpu_types(utilization)
     solution = solve_assignment(utilization)
     published = publish_assignment(solution)
     copies = replicate_data.expand(copy=published)

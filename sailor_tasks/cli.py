@@ -387,6 +387,22 @@ def recovery_lines(ledger: Any, run_id: str) -> list[str]:
             end = f"{a['outcome']} at step {a['step']}"
         lines.append(f"  {where}: started {start}, {end}")
     return lines
+# --- simulate ------------------------------------------------------------------------------------
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from sailor_tasks.simulator.cli import run_simulation
+
+    try:
+        result = run_simulation(args)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_table([result], list(result))
+    return 0
 
 
 # --- entrypoint ----------------------------------------------------------------------------------
@@ -457,6 +473,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo-data", help=f"generate the demo dataset in the '{SOURCE_BUCKET}' bucket")
     p.set_defaults(func=cmd_demo_data)
+
+    p = sub.add_parser("simulate", help="simulate a job trace under a scheduling policy (Gavel-style rounds)")
+    from sailor_tasks.simulator.cli import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("demo", help="run sailor_train and sailor_rebalance through Airflow, then summarise")
     p.add_argument("--conf", help="JSON object overriding the demo params")

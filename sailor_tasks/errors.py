@@ -105,3 +105,14 @@ class RecoveryExhaustedError(SailorError):
             f"run {run_id} did not finish: recovery exhausted after {len(self.attempts)} attempt(s):\n{lines}\n"
             "raise the train task's retries, pick another recovery_strategy, or use market=on_demand"
         )
+
+
+class InfeasibleAllocationError(SailorError):
+    """A scheduling policy's LP has no optimal solution (e.g. SLO deadlines the cluster cannot meet)."""
+
+    def __init__(self, policy: str, status: str, detail: str = ""):
+        self.policy, self.status, self.detail = policy, status, detail
+        super().__init__(
+            f"policy {policy!r} found no optimal allocation (solver status: {status})"
+            + (f": {detail}" if detail else "")
+        )

@@ -124,6 +124,18 @@ class ThroughputTable:
         alone.setdefault(job, {})[gpu_type] = new
         return replace(self, alone=alone)
 
+    def with_measured(
+        self, measurements: Iterable[tuple[str, str, float]], weight: float = 0.5
+    ) -> ThroughputTable:
+        """Blend measured ``(model, GPU type, steps/s)`` triples (e.g. ``Ledger.measured_throughputs``)
+        into the job types of SAILOR's built-in models, oldest first; other models are ignored."""
+        table = self
+        for model, gpu_type, steps_per_s in measurements:
+            key = MODEL_JOB_TYPES.get(model)
+            if key is not None and steps_per_s > 0:
+                table = table.with_measurement(key, gpu_type, steps_per_s, weight)
+        return table
+
 
 def load_gavel(path: str, include_pairs: bool = True) -> ThroughputTable:
     """Load Gavel's ``simulation_throughputs.json`` (K80/P100/V100, alone, unconsolidated, pairs)."""

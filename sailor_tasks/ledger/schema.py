@@ -195,3 +195,18 @@ run_attempts = Table(
     Column("step", Integer),
     Column("detail", Text),
 )
+
+gpu_allocations = Table(
+    "gpu_allocations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("version", Integer, nullable=False, index=True),  # one version per region per publish
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("source", Text, nullable=False),
+    Column("region", String(50), nullable=False),
+    Column("policy", String(50), nullable=False),
+    Column("run_id", String(250), nullable=False),
+    Column("shares", JSON, nullable=False),  # GPU type → fraction of time (Gavel's X row)
+    Column("steps_per_s", Float, nullable=False),  # effective throughput under the shares
+    Index("ix_gpu_allocations_region", "region", "version"),
+)

@@ -457,6 +457,80 @@ class Ledger:
         q = select(t.rebalance_nights).order_by(t.rebalance_nights.c.id.desc()).limit(limit)
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings()]
+    # --- per-job GPU-type allocations (heterogeneity-aware policies) ---------------------------
+    def runs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
+        """Runs whose status is one of ``statuses``, oldest first."""
+        q = select(t.runs).where(t.runs.c.status.in_(list(statuses))).order_by(t.runs.c.created_at)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def measured_throughputs(
+        self, exclude_backends: Iterable[str] = ("local",)
+    ) -> list[tuple[str, str, float]]:
+        """(model, GPU type, steps/s) of successful runs: steps over their recorded training time.
+
+        Runs on ``exclude_backends`` are left out (the local backend trains on this machine's CPU
+        whatever GPU type the placement named, so its speed says nothing about that GPU).
+        """
+        r, u = t.runs.c, t.utilization.c
+        q = (
+            select(r.model, u.gpu_type, r.steps, u.started_at, u.ended_at)
+            .join(t.utilization, u.run_id == r.run_id)
+            .where(r.status == "success", r.steps > 0, r.backend.not_in(list(exclude_backends)))
+            .order_by(u.ended_at)
+        )
+        out = []
+        with self.engine.connect() as c:
+            for model, gpu, steps, started, ended in c.execute(q):
+                seconds = (ended - started).total_seconds()
+                if seconds > 0:
+                    out.append((model, gpu, steps / seconds))
+        return out
+
+    def publish_gpu_allocation(
+        self, region: str, policy: str, source: str, rows: Iterable[tuple[str, Mapping[str, float], float]]
+    ) -> int:
+        """Record a region's per-run GPU-type shares as a new version; returns the version."""
+        now = utcnow()
+        a = t.gpu_allocations.c
+        with self.engine.begin() as c:
+            version = int(c.execute(select(func.coalesce(func.max(a.version), 0))).scalar_one()) + 1
+            values = [
+                dict(
+                    version=version,
+                    created_at=now,
+                    source=source,
+                    region=region,
+                    policy=policy,
+                    run_id=run_id,
+                    shares=dict(shares),
+                    steps_per_s=float(steps_per_s),
+                )
+                for run_id, shares, steps_per_s in rows
+            ]
+            if values:
+                c.execute(insert(t.gpu_allocations), values)
+        return version
+
+    def latest_gpu_allocation(self, region: str) -> dict[str, dict[str, Any]]:
+        """run_id → {"shares", "steps_per_s", "policy", "version"} of the region's newest version."""
+        a = t.gpu_allocations.c
+        with self.engine.connect() as c:
+            version = c.execute(select(func.max(a.version)).where(a.region == region)).scalar_one()
+            if version is None:
+                return {}
+            rows = c.execute(
+                select(t.gpu_allocations).where(a.region == region, a.version == version)
+            ).mappings()
+            return {
+                row["run_id"]: {
+                    "shares": row["shares"],
+                    "steps_per_s": row["steps_per_s"],
+                    "policy": row["policy"],
+                    "version": version,
+                }
+                for row in rows
+            }
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -1,0 +1,342 @@
+"""Max-min policies over X: ``las``, ``las_agnostic``, ``makespan`` and finish-time fairness ``ftf``.
+
+Each is one LP (``ftf``: a short bisection of LPs) built from ``base.base_constraints`` plus rows
+for the max-min objective, following Gavel (Narayanan et al., OSDI'20, §4).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from sailor_tasks.errors import InfeasibleAllocationError
+from sailor_tasks.policies.base import (
+    Allocation,
+    PolicyJob,
+    PolicyState,
+    Units,
+    add_rows,
+    base_constraints,
+    empty_allocation,
+    make_allocation,
+    merge_identical,
+    register,
+    singles,
+    solve,
+)
+from sailor_tasks.policies.space_sharing import pair_units, partitioned
+
+
+def max_min(units: Units, gpus, coef: np.ndarray, policy: str) -> np.ndarray:
+    """Solve max t s.t. t ≤ coef_j · (steps/s of job j under X) for every job with coef_j > 0.
+
+    Notation:
+        X[u, m]  time fraction of unit u on GPU type m (variables 0..U·M-1), t the last variable;
+        E[j, ·]  steps/s job j makes per unit of each variable (``Units.job_throughput``).
+    Objective:
+        maximize t.
+    Constraints:
+        the base constraints (bounds, one place per job, capacity per type);
+        t − coef_j · E[j] · X ≤ 0 for every job j with coef_j > 0 (none: t = 0).
+    """
+    from scipy.sparse import csr_matrix, diags, hstack
+
+    lp = base_constraints(units, gpus, extra_vars=1)
+    active = np.nonzero(coef > 0)[0]
+    if not len(active):
+        lp.ub[-1] = 0.0
+    e = units.job_throughput()[active]
+    rows = hstack([-(diags(coef[active]) @ e), csr_matrix(np.ones((len(active), 1)))])
+    add_rows(lp, rows, np.zeros(len(active)))
+    lp.c[-1] = 1.0
+    lp.maximize = True
+    return solve(lp, policy)
+
+
+def equal_share_throughput(units: Units, gpus) -> np.ndarray:
+    """Steps/s of each job with an equal time split over the cluster's GPU mix (the normaliser)."""
+    total = sum(float(gpus[g]) for g in units.gpu_types)
+    mix = np.array([float(gpus[g]) / total for g in units.gpu_types]) if total > 0 else 0.0
+    n = len(units.jobs)
+    return (units.thr[:n, :, 0] * mix).sum(axis=1)
+
+
+class _MaxMinPolicy:
+    """Shared by ``las`` / ``las_agnostic`` / ``makespan``: singles or space-sharing units, POP."""
+
+    symmetric = True
+    agnostic = False
+
+    def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
+        raise NotImplementedError
+
+    def allocate(self, state: PolicyState) -> Allocation:
+        if not state.jobs:
+            return empty_allocation(self.name, state.gpus)
+        if state.space_sharing:
+            return partitioned(state, self._solve)
+        return self._solve(state)
+
+    def merge_columns(self, units: Units) -> np.ndarray:
+        """Per-job key columns besides throughputs and scale factor (jobs equal on all of them get
+        equal rows of X: the LP is symmetric in them)."""
+        return np.array([[j.priority_weight] for j in units.jobs])
+
+    def merge_key(self, job, gpu_types) -> tuple:
+        """The same key for one job (``MaxMinSession``)."""
+        return (job.scale_factor, job.priority_weight, *(job.throughput.get(g, 0.0) for g in gpu_types))
+
+    def _solve(self, state: PolicyState) -> Allocation:
+        started = time.perf_counter()
+        if state.space_sharing:
+            units = pair_units(state, state.jobs)
+            return make_allocation(self.name, units, self._solve_units(units, state), started)
+        # Identical jobs (same key) are merged into one row with a count: an exact reduction, since
+        # averaging an optimal X over permutations of identical jobs is feasible and optimal too.
+        units = singles(state.jobs, state.gpus)
+        inverse, merged = merge_identical(units, self.merge_columns(units))
+        x = merged.unflatten(self._solve_units(merged, state))[inverse]
+        return make_allocation(self.name, units, x.ravel(), started)
+
+    def _solve_units(self, units: Units, state: PolicyState) -> np.ndarray:
+        solved_on = self.as_solved(units)
+        return max_min(solved_on, state.gpus, self.coefficients(solved_on, state), self.name)
+
+    def as_solved(self, units: Units) -> Units:
+        """The units as the LP sees them (``las_agnostic``: every runnable type equally fast)."""
+        if self.agnostic:
+            return replace(units, thr=(units.thr > 0).astype(float))
+        return units
+
+    def session(self, gpus) -> MaxMinSession | None:
+        """A stateful solver for repeated calls on one cluster (None: not supported)."""
+        return MaxMinSession(self, gpus) if self.symmetric else None
+
+
+@register("las")
+class LeastAttainedService(_MaxMinPolicy):
+    """Max-min fairness over normalised effective throughput, weighted by priority (Gavel's LAS).
+
+    Notation:
+        T[j, m] steps/s of job j on type m; w_j its priority weight; N_j = Σ_m T[j, m] · G_m / Σ G
+        (its throughput with an equal split over the cluster's mix).
+    Objective:
+        maximize min_j (Σ_m T[j, m] X[j, m]) / (w_j · N_j).
+    Constraints:
+        base constraints. The round mechanism adds the "least attained service" part: jobs that
+        received less than X so far get priority.
+    """
+
+    def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
+        norm = equal_share_throughput(units, state.gpus)
+        w = np.array([j.priority_weight for j in units.jobs])
+        return np.divide(1.0, w * norm, out=np.zeros_like(norm), where=norm > 0)
+
+
+@register("las_agnostic")
+class LeastAttainedServiceAgnostic(LeastAttainedService):
+    """``las`` solved as if every GPU type were equally fast (the heterogeneity-agnostic baseline).
+
+    Notation / Objective / Constraints: as ``las`` with T[j, m] = 1 wherever the job can run;
+    the resulting X is then executed at the real throughputs.
+    """
+
+    agnostic = True
+
+
+@register("makespan")
+class Makespan(_MaxMinPolicy):
+    """Minimise the time until every job has finished.
+
+    Notation:
+        R_j steps remaining of job j; T[j, m] steps/s.
+    Objective:
+        maximize min_j (Σ_m T[j, m] X[j, m]) / R_j  (= minimize max_j R_j / throughput_j).
+    Constraints:
+        base constraints; jobs with R_j = 0 are ignored.
+    """
+
+    symmetric = False  # reads steps_remaining, which changes every round
+
+    def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
+        r = np.array([j.steps_remaining for j in units.jobs])
+        return np.divide(1.0, r, out=np.zeros_like(r), where=r > 0)
+
+    def merge_columns(self, units: Units) -> np.ndarray:
+        return np.array([[j.priority_weight, j.steps_remaining] for j in units.jobs])
+
+    def merge_key(self, job, gpu_types) -> tuple:
+        return (*super().merge_key(job, gpu_types), job.steps_remaining)
+
+
+@register("ftf")
+class FinishTimeFairness:
+    """Finish-time fairness (Themis, as in Gavel): minimise the worst ratio ρ_j of a job's finish
+    time under X to its finish time on an equal 1/n share of the cluster.
+
+    Notation:
+        e_j seconds since arrival, R_j steps left, θ_j(X) = Σ_m T[j, m] X[j, m], N_j the equal-split
+        throughput (see ``las``), n jobs; isolated finish I_j = e_j + R_j / (N_j / n · Σ_m G_m / s_j).
+        ρ_j(X) = (e_j + R_j / θ_j(X)) / I_j.
+    Objective:
+        minimize max_j ρ_j, by bisection on r: ρ_j ≤ r ⟺ θ_j ≥ R_j / (r · I_j − e_j), checked with the
+        max-min LP  max t s.t. t ≤ θ_j · (r · I_j − e_j) / R_j  (feasible iff t ≥ 1).
+    Constraints:
+        base constraints.
+    """
+
+    symmetric = False
+    iterations = 20
+
+    def allocate(self, state: PolicyState) -> Allocation:
+        if not state.jobs:
+            return empty_allocation(self.name, state.gpus)
+        started = time.perf_counter()
+        units = singles(state.jobs, state.gpus)
+        e = np.array([j.elapsed_s for j in units.jobs])
+        r = np.array([max(j.steps_remaining, 0.0) for j in units.jobs])
+        norm = equal_share_throughput(units, state.gpus)
+        n = len(units.jobs)
+        total_gpus = sum(float(state.gpus[g]) for g in units.gpu_types)
+        isolated_thr = norm * np.minimum(1.0, total_gpus / (n * units.scale))
+        isolated = e + np.divide(r, isolated_thr, out=np.full(n, np.inf), where=isolated_thr > 0)
+        live = (r > 0) & np.isfinite(isolated)
+        if not live.any():
+            return make_allocation(
+                self.name, units, max_min(units, state.gpus, np.zeros(n), self.name), started
+            )
+
+        def coef(rho: float) -> np.ndarray:
+            slack = rho * isolated - e
+            return np.where(live, np.divide(slack, r, out=np.zeros(n), where=r > 0), 0.0)
+
+        def attained(rho: float) -> tuple[float, np.ndarray]:
+            c = coef(rho)
+            if (c[live] <= 0).any():
+                return 0.0, np.zeros(units.num_vars + 1)
+            vec = max_min(units, state.gpus, c, self.name)
+            return float(vec[-1]), vec
+
+        lo, hi = 0.0, 2.0
+        best = None
+        for _ in range(12):  # grow hi until feasible (ρ ≤ hi)
+            t, vec = attained(hi)
+            if t >= 1.0:
+                best = vec
+                break
+            lo, hi = hi, hi * 2
+        if best is None:
+            raise InfeasibleAllocationError(self.name, "bisection bound not found", f"ρ > {hi}")
+        for _ in range(self.iterations):
+            mid = (lo + hi) / 2
+            t, vec = attained(mid)
+            if t >= 1.0:
+                hi, best = mid, vec
+            else:
+                lo = mid
+        return make_allocation(self.name, units, best, started)
+
+
+class MaxMinSession:
+    """Repeated max-min solves on one cluster, hot-started: one HiGHS model is kept and only the
+    job-class counts change between calls (what a simulator round or a nightly re-run changes).
+
+    Jobs are merged into classes by ``merge_key`` (exact, as in ``allocate``). The model has the
+    variable t, then X[c, m] per class c; rows: capacity per type, then per class "one place" and
+    "t ≤ coef_c · throughput_c" (deactivated, upper bound +inf, while the class has no jobs).
+    ``allocate`` returns what the policy's own ``allocate`` returns (same LP, same optimum); states
+    with space sharing or other GPU counts are passed to the policy unchanged.
+    """
+
+    def __init__(self, policy: _MaxMinPolicy, gpus):
+        import highspy
+
+        self.policy = policy
+        self.gpus = {g: float(c) for g, c in gpus.items()}
+        self.gpu_types = tuple(sorted(self.gpus))
+        self._inf = highspy.kHighsInf
+        h = self.h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("presolve", "off")  # keep the basis between solves
+        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        h.addCol(1.0, 0.0, self._inf, 0, np.array([], np.int32), np.array([]))
+        for g in self.gpu_types:
+            h.addRow(-self._inf, self.gpus[g], 0, np.array([], np.int32), np.array([]))
+        self.classes: dict[object, int] = {}
+        self.counts: list[float] = []
+        self.scale: list[float] = []
+        self.thr: list[np.ndarray] = []
+        self._job_class: dict[str, tuple[PolicyJob, int]] = {}
+        self.solves = 0
+
+    def _add_class(self, job: PolicyJob, state: PolicyState) -> int:
+        m = len(self.gpu_types)
+        c = len(self.counts)
+        one = singles((job,), self.gpu_types)
+        solved = self.policy.as_solved(one)
+        coef = float(self.policy.coefficients(solved, state)[0])
+        thr = solved.thr[0, :, 0]
+        ub = np.where(one.thr[0, :, 0] > 0, 1.0, 0.0)
+        first_col = 1 + c * m
+        none_i, none_f = np.array([], np.int32), np.array([])
+        self.h.addCols(m, np.zeros(m), np.zeros(m), ub, 0, none_i, none_i, none_f)
+        cols = np.arange(first_col, first_col + m, dtype=np.int32)
+        self.h.addRow(-self._inf, 1.0, m, cols, np.ones(m))
+        row = np.concatenate([[1.0], -coef * thr if coef > 0 else np.zeros(m)])
+        self.h.addRow(-self._inf, self._inf, m + 1, np.concatenate([[0], cols]).astype(np.int32), row)
+        self.counts.append(0.0)
+        self.scale.append(float(job.scale_factor))
+        self.thr.append(one.thr[0, :, 0])
+        return c
+
+    def allocate(self, state: PolicyState) -> Allocation:
+        import highspy
+
+        gpus = {g: float(c) for g, c in state.gpus.items()}
+        if state.space_sharing or gpus != self.gpus:
+            return self.policy.allocate(state)
+        if not state.jobs:
+            return empty_allocation(self.policy.name, state.gpus)
+        started = time.perf_counter()
+        jobs = sorted(state.jobs, key=lambda j: j.job_id)
+        m = len(self.gpu_types)
+        cls = np.empty(len(jobs), dtype=np.int64)
+        count = np.empty(len(jobs))
+        for u, job in enumerate(jobs):
+            hit = self._job_class.get(job.job_id)
+            if hit is not None and hit[0] is job:
+                c = hit[1]
+            else:
+                key = self.policy.merge_key(job, self.gpu_types)
+                c = self.classes.get(key)
+                if c is None:
+                    c = self.classes[key] = self._add_class(job, state)
+                self._job_class[job.job_id] = (job, c)
+            cls[u] = c
+            count[u] = job.count
+        counts = np.bincount(cls, weights=count, minlength=len(self.counts))
+        for c in np.nonzero(counts != np.array(self.counts))[0].tolist():
+            n = float(counts[c])
+            for i in range(m):
+                self.h.changeCoeff(i, 1 + c * m + i, n * self.scale[c])
+            if (n > 0) != (self.counts[c] > 0):
+                self.h.changeRowBounds(m + 2 * c + 1, -self._inf, 0.0 if n > 0 else self._inf)
+            self.counts[c] = n
+        self.h.run()
+        status = self.h.getModelStatus()
+        if status != highspy.HighsModelStatus.kOptimal:
+            raise InfeasibleAllocationError(self.policy.name, self.h.modelStatusToString(status))
+        self.solves += 1
+        x_class = np.asarray(self.h.getSolution().col_value)[1:].reshape(len(self.counts), m)
+        units = Units(
+            jobs=tuple(jobs),
+            gpu_types=self.gpu_types,
+            units=tuple((j,) for j in range(len(jobs))),
+            thr=np.array(self.thr)[cls][:, :, None],
+            scale=np.array(self.scale)[cls],
+            count=count,
+        )
+        return make_allocation(self.policy.name, units, x_class[cls].ravel(), started)

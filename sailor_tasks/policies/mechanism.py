@@ -1,0 +1,248 @@
+"""Gavel's round-based mechanism: turn the time fractions X into GPU assignments, round by round.
+
+Each round, every (unit, GPU type) gets priority X[u, m] / f[u, m], where f[u, m] is the fraction
+of its time so far that the unit spent on type m (never scheduled there: infinite priority). Units
+are granted in priority order while their job(s) are not yet placed this round and ``scale`` GPUs of
+the type are free; leftover GPUs go to runnable units with zero priority (work conservation). A
+unit that keeps its GPU type keeps its GPUs (lease extension). Placement on servers is consolidated
+(all GPUs on one server, best fit) when possible, spread otherwise. Over rounds the realised time
+fractions converge to X (Gavel, OSDI'20, §5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+GPUS_PER_SERVER = 4
+"""GPUs per server of each type (Gavel's simulated cluster uses 4-GPU servers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One unit's GPUs for a round."""
+
+    unit: int
+    gpu_type: int
+    servers: tuple[tuple[int, int], ...]
+    """(server index, GPUs on it)."""
+    extended: bool
+    """The unit ran on the same GPUs last round (lease extension: no restart)."""
+
+    @property
+    def consolidated(self) -> bool:
+        return len(self.servers) == 1
+
+
+def priorities(x: np.ndarray, received_s: np.ndarray, age_s: np.ndarray) -> np.ndarray:
+    """X / (fraction of time received on each type); inf where X > 0 and nothing received yet."""
+    frac = received_s / np.maximum(age_s, 1e-9)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(frac > 0, x / frac, np.where(x > 0, np.inf, 0.0))
+    return p
+
+
+def pick_units(
+    prio: np.ndarray,
+    runnable: np.ndarray,
+    unit_jobs: Sequence[tuple[int, ...]],
+    scale: np.ndarray,
+    free: np.ndarray,
+    tiebreak: np.ndarray | None = None,
+) -> list[tuple[int, int]]:
+    """Greedy grant in priority order: [(unit, GPU type)], each job at most once, capacity respected.
+
+    Args:
+        prio: (units × types) priorities; entries where ``runnable`` is False are never granted.
+        unit_jobs: job indices of each unit (one, or two when space-sharing).
+        scale: GPUs each unit needs; ``free``: free GPUs per type (not modified).
+        tiebreak: (units × types) secondary key, larger first (e.g. throughput) for equal priority.
+    """
+    n_units, m = prio.shape
+    if n_units == 0:
+        return []
+    flat = np.where(runnable, prio, -1.0).ravel()
+    keys = (-flat,) if tiebreak is None else (-tiebreak.ravel(), -flat)
+    order = np.lexsort(keys)
+    order = order[flat[order] >= 0].tolist()
+    # Plain Python lists: this loop runs every round for every cluster, on small arrays.
+    free_l = [float(f) for f in free]
+    scale_l = scale.tolist()
+    min_scale = min(scale_l)
+    open_types = sum(1 for f in free_l if f >= min_scale)
+    placed: set[int] = set()
+    granted: list[tuple[int, int]] = []
+    for idx in order:
+        u, g = divmod(idx, m)
+        s = scale_l[u]
+        if free_l[g] < s:
+            continue
+        jobs = unit_jobs[u]
+        if jobs[0] in placed or (len(jobs) > 1 and any(j in placed for j in jobs)):
+            continue
+        placed.update(jobs)
+        before = free_l[g]
+        free_l[g] = before - s
+        granted.append((u, g))
+        if before >= min_scale > free_l[g]:
+            open_types -= 1
+            if open_types == 0:
+                break
+    return granted
+
+
+class ServerPool:
+    """Free GPUs per server of each type; consolidated best-fit placement, spread otherwise."""
+
+    def __init__(self, gpus: Mapping[int, int], gpus_per_server: int = GPUS_PER_SERVER):
+        self.per_server = gpus_per_server
+        self.free: dict[int, list[int]] = {}
+        for g, count in gpus.items():
+            full, rest = divmod(int(count), gpus_per_server)
+            self.free[g] = [gpus_per_server] * full + ([rest] if rest else [])
+
+    def take(self, g: int, servers: Sequence[tuple[int, int]]) -> None:
+        free = self.free[g]
+        for srv, n in servers:
+            free[srv] -= n
+
+    def place(self, g: int, need: int) -> tuple[tuple[int, int], ...] | None:
+        """Reserve ``need`` GPUs of type ``g``: one server when any fits (best fit), else spread."""
+        free = self.free[g]
+        best, best_free = -1, None
+        total = 0
+        for srv, f in enumerate(free):
+            total += f
+            if f >= need and (best_free is None or f < best_free):
+                best, best_free = srv, f
+        if best >= 0:
+            free[best] -= need
+            return ((best, need),)
+        if total < need:
+            return None
+        out = []
+        for srv in sorted(range(len(free)), key=lambda i: -free[i]):
+            n = min(free[srv], need)
+            if n <= 0:
+                break
+            free[srv] -= n
+            out.append((srv, n))
+            need -= n
+            if need == 0:
+                break
+        return tuple(out)
+
+
+def assign_round(
+    picked: Sequence[tuple[int, int]],
+    scale: np.ndarray,
+    gpus: Mapping[int, int],
+    previous: Mapping[int, tuple[int, tuple[tuple[int, int], ...]]],
+    gpus_per_server: int = GPUS_PER_SERVER,
+) -> list[Grant]:
+    """Place the picked (unit, type) pairs on servers; units keeping their type keep their GPUs.
+
+    Args:
+        previous: unit → (GPU type, servers) of last round (units indexed as in ``picked``).
+    """
+    pool = ServerPool(gpus, gpus_per_server)
+    grants: list[Grant] = []
+    fresh = []
+    for u, g in picked:
+        prev = previous.get(u)
+        if prev is not None and prev[0] == g:
+            pool.take(g, prev[1])
+            grants.append(Grant(u, g, prev[1], extended=True))
+        else:
+            fresh.append((u, g))
+    # Larger units first: they are the hardest to consolidate.
+    scale_l = scale.tolist()
+    for u, g in sorted(fresh, key=lambda ug: -scale_l[ug[0]]):
+        servers = pool.place(g, int(scale_l[u]))
+        if servers is not None:
+            grants.append(Grant(u, g, servers, extended=False))
+    return grants
+
+
+class RoundMechanism:
+    """Stateful driver for one cluster: time received per unit and type, leases, grants per round.
+
+    Arrays are aligned with the current units; ``set_units`` re-aligns them after a new allocation,
+    keyed by a hashable unit key (e.g. the tuple of job ids), so time received survives re-solves.
+    """
+
+    def __init__(self, gpus: Sequence[int], gpus_per_server: int = GPUS_PER_SERVER):
+        self.gpus = {g: int(c) for g, c in enumerate(gpus)}
+        self.gpus_per_server = gpus_per_server
+        self.keys: list[object] = []
+        self.rows = np.zeros(0, dtype=np.int64)
+        self.leases: dict[int, tuple[int, tuple[tuple[int, int], ...]]] = {}
+        # History of every unit ever seen, one row per key (rows are never reused).
+        self._row_of: dict[object, int] = {}
+        self._received = np.zeros((64, len(self.gpus)))
+        self._since = np.zeros(64)
+
+    @property
+    def received(self) -> np.ndarray:
+        """Seconds each current unit spent on each type (units × types)."""
+        return self._received[self.rows]
+
+    @property
+    def since(self) -> np.ndarray:
+        return self._since[self.rows]
+
+    def set_units(self, keys: Sequence[object], now: float) -> None:
+        """Adopt a new unit list; units seen before keep their history and lease."""
+        lease_by_key = {self.keys[u]: lease for u, lease in self.leases.items()}
+        rows = np.empty(len(keys), dtype=np.int64)
+        for u, k in enumerate(keys):
+            row = self._row_of.get(k)
+            if row is None:
+                row = self._row_of[k] = len(self._row_of)
+                if row >= len(self._since):
+                    self._received = np.concatenate([self._received, np.zeros_like(self._received)])
+                    self._since = np.concatenate([self._since, np.zeros_like(self._since)])
+                self._since[row] = now
+            rows[u] = row
+        self.keys, self.rows = list(keys), rows
+        self.leases = {u: lease_by_key[k] for u, k in enumerate(keys) if k in lease_by_key}
+
+    def schedule(
+        self,
+        now: float,
+        x: np.ndarray,
+        unit_jobs: Sequence[tuple[int, ...]],
+        scale: np.ndarray,
+        runnable: np.ndarray,
+        tiebreak: np.ndarray | None = None,
+    ) -> list[Grant]:
+        """Grants for the round starting at ``now`` (unit indices as in ``set_units``)."""
+        prio = priorities(x, self._received[self.rows], now - self._since[self.rows])
+        cap = np.array([self.gpus[g] for g in range(x.shape[1])], float)
+        ok = runnable & (cap[None, :] >= scale[:, None])
+        picked = pick_units(prio, ok, unit_jobs, scale, cap, tiebreak)
+        return assign_round(picked, scale, self.gpus, self.leases, self.gpus_per_server)
+
+    def record(self, grants: Sequence[Grant], seconds: float) -> None:
+        """Account a finished round: time received, and the leases the next round may extend."""
+        self.leases = {}
+        for gr in grants:
+            self._received[self.rows[gr.unit], gr.gpu_type] += seconds
+            self.leases[gr.unit] = (gr.gpu_type, gr.servers)
+
+    def drop_leases(self) -> int:
+        """Forget every lease (the GPUs were taken away, e.g. a spot preemption); returns how many."""
+        n = len(self.leases)
+        self.leases = {}
+        return n
+
+    def realised_fractions(self, now: float) -> np.ndarray:
+        """Fraction of its time so far each unit spent on each type (compare with X)."""
+        return self.received / np.maximum(now - self.since, 1e-9)[:, None]
+
+    def forget(self, keys: Sequence[object]) -> None:
+        """Drop the history of units that will never come back (finished jobs)."""
+        for k in keys:
+            self._row_of.pop(k, None)

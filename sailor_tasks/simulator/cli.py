@@ -1,0 +1,108 @@
+"""Arguments and driver of ``sailor simulate`` (kept here so the CLI module stays small).
+
+Workload sources are a mutually exclusive group (``--trace`` or ``--jobs``), and the cluster,
+policy and hooks are separate groups, so later modes (availability traces, recovery strategies,
+deadlines) add arguments without changing the existing ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from sailor_tasks.catalog.throughput import GAVEL_GPUS
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sailor_tasks.policies import policy_names
+
+    work = p.add_argument_group("workload").add_mutually_exclusive_group(required=True)
+    work.add_argument("--trace", help="Gavel trace file (10 tab-separated fields per line)")
+    work.add_argument("--jobs", type=int, help="generate N jobs (Poisson arrivals, Philly-like sizes)")
+    p.add_argument("--jobs-per-hour", type=float, default=10.0, help="arrival rate with --jobs (default 10)")
+    p.add_argument(
+        "--throughputs",
+        help="Gavel simulation_throughputs.json (with space-sharing pairs); default: the packaged table",
+    )
+    p.add_argument(
+        "--cluster",
+        default="v100=8,p100=16,k80=24",
+        help="GPUs per type, e.g. v100=8,p100=16,k80=24 (Gavel's lowercase or catalog names)",
+    )
+    p.add_argument("--regions", type=int, default=1, help="identical regions, each with --cluster GPUs")
+    p.add_argument("--policy", default="las", help=f"one of: {', '.join(policy_names())}")
+    p.add_argument("--round-s", type=float, default=360.0, help="round length in seconds (default 360)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--space-sharing", action="store_true", help="let two jobs share a GPU (las, makespan)")
+    p.add_argument(
+        "--market",
+        choices=("spot", "on_demand"),
+        default="on_demand",
+        help="catalog prices used for cost (and min_cost)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def parse_cluster(text: str, known: tuple[str, ...]) -> dict[str, int]:
+    """``"v100=8,p100=16"`` → ``{"V100": 8, "P100": 16}``.
+
+    Raises:
+        ValueError: a malformed item, a negative count, or a GPU type not in ``known``.
+    """
+    out: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, count = item.partition("=")
+        gpu = GAVEL_GPUS.get(name.strip().lower(), name.strip().upper())
+        if not sep or not count.strip().isdigit():
+            raise ValueError(f"--cluster item {item!r}: expected TYPE=COUNT, e.g. v100=8")
+        if gpu not in known:
+            raise ValueError(
+                f"--cluster GPU type {name!r} is not in the throughput table; valid: {', '.join(known)}"
+            )
+        out[gpu] = out.get(gpu, 0) + int(count)
+    if not out or sum(out.values()) == 0:
+        raise ValueError(f"--cluster {text!r}: no GPUs")
+    return out
+
+
+def catalog_prices(gpu_types, market: str) -> dict[str, float]:
+    """Cheapest USD per GPU-hour of each type in the catalog (types it does not sell are left out)."""
+    from sailor_tasks.catalog import load_catalog
+
+    prices: dict[str, float] = {}
+    for offer in load_catalog().offers:
+        if offer.gpu_type in gpu_types:
+            p = offer.usd_per_gpu_hour(market)
+            prices[offer.gpu_type] = min(p, prices.get(offer.gpu_type, p))
+    return prices
+
+
+def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
+    from sailor_tasks.catalog.throughput import load_gavel, load_packaged
+    from sailor_tasks.policies import get_policy
+    from sailor_tasks.simulator import Region, SimConfig, generate_jobs, read_gavel_trace, simulate
+
+    started = time.perf_counter()
+    get_policy(args.policy)  # unknown names fail here, listing the valid ones
+    table = load_gavel(args.throughputs) if args.throughputs else load_packaged()
+    if args.space_sharing and not table.pairs:
+        raise ValueError(
+            "--space-sharing needs pair throughputs: pass --throughputs simulation_throughputs.json"
+        )
+    gpus = parse_cluster(args.cluster, table.gpu_types)
+    if args.regions < 1:
+        raise ValueError(f"--regions {args.regions}: need ≥ 1")
+    if args.trace:
+        jobs = read_gavel_trace(args.trace, table)
+    else:
+        jobs = generate_jobs(args.jobs, args.jobs_per_hour, table, seed=args.seed)
+    prices = catalog_prices(set(gpus), args.market)
+    regions = [Region(f"region-{r}", gpus, prices) for r in range(args.regions)]
+    config = SimConfig(
+        policy=args.policy, round_s=args.round_s, seed=args.seed, space_sharing=args.space_sharing
+    )
+    result = simulate(jobs, regions, table, config).to_json()
+    result["cluster"] = gpus
+    result["wall_s"] = round(time.perf_counter() - started, 3)
+    return result

@@ -1,0 +1,122 @@
+"""The simulator's plug points: spot availability, job routing across regions, preemption recovery.
+
+Each is a small Protocol with a default implementation here, so the product's availability traces
+(``sailor_tasks.traces``) and recovery strategies (``sailor_tasks.strategies``) plug in without
+changing the engine. ``TraceAvailability`` is a minimal reader of the availability-trace JSON
+format; TODO(sailor): replace it with the ``sailor_tasks.traces`` reader once that lands.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """One simulated cluster: GPUs per type, their price, and whether they are spot capacity."""
+
+    name: str
+    gpus: Mapping[str, int]
+    usd_per_gpu_hour: Mapping[str, float] = field(default_factory=dict)
+    spot: bool = False
+
+
+@runtime_checkable
+class AvailabilityProvider(Protocol):
+    def capacity(self, region: Region, gpu_type: str, t: float) -> int:
+        """GPUs of ``gpu_type`` usable in ``region`` at simulated time ``t`` (≤ nominal)."""
+        ...
+
+
+class AlwaysAvailable:
+    """Every GPU is always there (on-demand capacity)."""
+
+    def capacity(self, region: Region, gpu_type: str, t: float) -> int:
+        return int(region.gpus.get(gpu_type, 0))
+
+
+@dataclass(frozen=True)
+class AvailabilityTrace:
+    """``{"metadata": {"gap_seconds": N}, "data": [...]}``: entry i covers [i·N, (i+1)·N) seconds.
+
+    Single-node traces: 1 = spot capacity unavailable (preempted), 0 = available. Multi-node
+    traces (``counts=True``): the number of instances available. The trace repeats past its end.
+    """
+
+    gap_seconds: float
+    data: tuple[int, ...]
+    counts: bool = False
+
+    @classmethod
+    def load(cls, path: str, counts: bool | None = None) -> AvailabilityTrace:
+        with open(path) as f:
+            doc = json.load(f)
+        try:
+            gap = float(doc["metadata"]["gap_seconds"])
+            data = tuple(int(v) for v in doc["data"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{path}: not an availability trace ({exc}); expected "
+                '{"metadata": {"gap_seconds": N}, "data": [0, 1, ...]}'
+            ) from None
+        if gap <= 0 or not data:
+            raise ValueError(f"{path}: gap_seconds={gap} and {len(data)} entries; need > 0 and ≥ 1")
+        if counts is None:
+            counts = any(v > 1 for v in data)
+        return cls(gap, data, counts)
+
+    def at(self, t: float) -> int:
+        return self.data[int(t // self.gap_seconds) % len(self.data)]
+
+
+class TraceAvailability:
+    """Spot regions follow availability traces (region name → trace); others are always available."""
+
+    def __init__(self, traces: Mapping[str, AvailabilityTrace]):
+        self.traces = dict(traces)
+
+    def capacity(self, region: Region, gpu_type: str, t: float) -> int:
+        nominal = int(region.gpus.get(gpu_type, 0))
+        trace = self.traces.get(region.name)
+        if trace is None or not region.spot:
+            return nominal
+        value = trace.at(t)
+        if trace.counts:
+            return min(nominal, value)
+        return 0 if value == 1 else nominal
+
+
+@runtime_checkable
+class Router(Protocol):
+    def route(self, scale_factor: int, runnable: Sequence[bool], load: Sequence[float]) -> int:
+        """Region index for a new job; ``load[r]`` = GPUs demanded / GPUs in region r."""
+        ...
+
+
+class LeastLoadedRouter:
+    """Send each job to the region with the lowest demand/supply among those that can run it."""
+
+    def route(self, scale_factor: int, runnable: Sequence[bool], load: Sequence[float]) -> int:
+        best, best_load = -1, float("inf")
+        for r, (ok, lr) in enumerate(zip(runnable, load, strict=True)):
+            if ok and lr < best_load:
+                best, best_load = r, lr
+        return best
+
+
+@runtime_checkable
+class RecoveryStrategy(Protocol):
+    def on_preemption(self, job_id: str, region: int, now: float, available: Sequence[bool]) -> int:
+        """Region index where a job preempted in ``region`` continues (``available[r]``: has
+        capacity now)."""
+        ...
+
+
+class StayInRegion:
+    """Wait for the spot capacity to come back in the same region."""
+
+    def on_preemption(self, job_id: str, region: int, now: float, available: Sequence[bool]) -> int:
+        return region

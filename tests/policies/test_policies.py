@@ -1,0 +1,181 @@
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from sailor_tasks.errors import InfeasibleAllocationError
+from sailor_tasks.policies import Allocation, PolicyJob, PolicyState, get_policy, policy_names
+from sailor_tasks.policies.base import singles
+from sailor_tasks.policies.fairness import equal_share_throughput, max_min
+
+from .conftest import random_state
+
+ALL_POLICIES = ("fifo", "ftf", "las", "las_agnostic", "makespan", "max_throughput", "min_cost")
+CLUSTERS = ({"K80": 4, "P100": 4, "V100": 4}, {"K80": 8, "P100": 2, "V100": 1}, {"V100": 3, "P100": 5})
+SCALE_SETS = ((1,), (1, 2), (1, 2, 4))
+
+
+def check_feasible(alloc: Allocation, state: PolicyState) -> None:
+    x = alloc.matrix
+    assert x.shape == (len(alloc.units), len(state.gpus))
+    assert (x >= 0).all() and (x <= 1).all()
+    per_job: dict[str, float] = {}
+    for u, unit in enumerate(alloc.units):
+        for job in unit:
+            per_job[job] = per_job.get(job, 0.0) + float(x[u].sum())
+    assert max(per_job.values(), default=0.0) <= 1 + 1e-6
+    for g, used in alloc.gpus_used().items():
+        assert used <= state.gpus[g] + 1e-6, (g, used)
+    ids = {j.job_id for j in state.jobs}
+    assert {j for unit in alloc.units for j in unit} <= ids
+    # A job never gets time on a GPU type it cannot run on.
+    by_id = {j.job_id: j for j in state.jobs}
+    for u, unit in enumerate(alloc.units):
+        for i, g in enumerate(alloc.gpu_types):
+            if x[u, i] > 1e-9:
+                assert all(by_id[j].throughput.get(g, 0) > 0 for j in unit)
+
+
+def test_registry_lists_every_policy_and_rejects_unknown_names():
+    assert set(ALL_POLICIES) <= set(policy_names())
+    with pytest.raises(ValueError, match="unknown policy 'gandiva'.*valid policies: .*las, las_agnostic"):
+        get_policy("gandiva")
+
+
+@pytest.mark.parametrize(
+    "policy, cluster, scales", list(itertools.product(ALL_POLICIES, CLUSTERS, SCALE_SETS))
+)
+def test_allocation_respects_capacity_and_bounds(table, policy, cluster, scales):
+    for seed in range(2):
+        state = random_state(table, n=12, gpus=cluster, seed=seed, scales=scales)
+        check_feasible(get_policy(policy).allocate(state), state)
+
+
+@pytest.mark.parametrize("policy, scales", list(itertools.product(("las", "makespan"), SCALE_SETS)))
+def test_space_sharing_respects_capacity_and_bounds(table, policy, scales):
+    state = random_state(table, n=40, gpus={"K80": 6, "P100": 6, "V100": 6}, seed=3, scales=scales)
+    alloc = get_policy(policy).allocate(replace(state, space_sharing=True))
+    check_feasible(alloc, state)
+    assert any(len(unit) == 2 for unit in alloc.units)  # pairs were offered
+
+
+def test_space_sharing_partitions_large_instances_and_stays_feasible(table):
+    state = random_state(table, n=300, gpus={"K80": 75, "P100": 75, "V100": 75}, seed=4, space_sharing=True)
+    alloc = get_policy("las").allocate(state)
+    check_feasible(alloc, state)
+    assert {j for unit in alloc.units for j in unit} == {j.job_id for j in state.jobs}
+
+
+def test_space_sharing_never_lowers_the_fair_share(table):
+    state = random_state(table, n=24, gpus={"K80": 3, "P100": 3, "V100": 3}, seed=5, scales=(1,))
+
+    def worst(alloc, st):
+        units = singles(st.jobs, st.gpus)
+        norm = equal_share_throughput(units, st.gpus)
+        eff = alloc.effective_throughput()
+        return min(eff[j.job_id] / (j.priority_weight * n) for j, n in zip(units.jobs, norm, strict=True))
+
+    alone = get_policy("las").allocate(state)
+    shared = get_policy("las").allocate(replace(state, space_sharing=True))
+    assert worst(shared, state) >= worst(alone, state) - 1e-6
+
+
+def test_las_with_equal_throughputs_equals_las_agnostic():
+    jobs = tuple(
+        PolicyJob(f"j{i}", {"K80": 2.0, "P100": 2.0, "V100": 2.0}, scale_factor=s, priority_weight=w)
+        for i, (s, w) in enumerate([(1, 1.0), (2, 1.0), (1, 2.0), (4, 1.0), (1, 1.0), (2, 3.0)])
+    )
+    state = PolicyState(jobs=jobs, gpus={"K80": 2, "P100": 3, "V100": 4})
+    las, agnostic = get_policy("las").allocate(state), get_policy("las_agnostic").allocate(state)
+    assert las.units == agnostic.units
+    np.testing.assert_allclose(las.matrix, agnostic.matrix, atol=1e-9)
+
+
+def test_las_fair_share_is_at_least_what_the_agnostic_allocation_delivers(table):
+    state = random_state(table, n=20, gpus={"K80": 3, "P100": 3, "V100": 3}, seed=6)
+    units = singles(state.jobs, state.gpus)
+    coef = get_policy("las").coefficients(units, state)
+
+    def worst(alloc):
+        e = alloc.effective_throughput()
+        return min(e[j.job_id] * c for j, c in zip(units.jobs, coef, strict=True))
+
+    las, agnostic = get_policy("las").allocate(state), get_policy("las_agnostic").allocate(state)
+    assert worst(las) >= worst(agnostic) - 1e-9
+    assert worst(las) > worst(agnostic) * 1.05  # heterogeneity pays on this instance
+
+
+def test_merging_identical_jobs_keeps_the_optimum(table):
+    state = random_state(table, n=60, gpus={"K80": 5, "P100": 5, "V100": 5}, seed=7, scales=(1, 2))
+    policy = get_policy("las")
+    merged = policy.allocate(state)  # identical jobs merged into counted rows
+    units = singles(state.jobs, state.gpus)
+    coef = policy.coefficients(units, state)
+    full = max_min(units, state.gpus, coef, "las")  # one row per job
+    e = merged.effective_throughput()
+    worst = min(e[j.job_id] * c for j, c in zip(units.jobs, coef, strict=True))
+    assert worst == pytest.approx(full[-1], rel=1e-6)
+
+
+def test_session_reuses_the_model_and_matches_fresh_solves(table):
+    policy = get_policy("las")
+    gpus = {"K80": 4, "P100": 4, "V100": 4}
+    session = policy.session(gpus)
+    pool = random_state(table, n=80, gpus=gpus, seed=8, scales=(1, 2)).jobs
+    rng = np.random.default_rng(0)
+    for _ in range(15):
+        pick = sorted(set(rng.integers(0, len(pool), 25).tolist()))
+        state = PolicyState(jobs=tuple(pool[i] for i in pick), gpus=gpus)
+        a, b = session.allocate(state), policy.allocate(state)
+        check_feasible(a, state)
+        units = singles(state.jobs, gpus)
+        coef = policy.coefficients(units, state)
+        ea, eb = a.effective_throughput(), b.effective_throughput()
+        worst = [min(e[j.job_id] * c for j, c in zip(units.jobs, coef, strict=True)) for e in (ea, eb)]
+        assert worst[0] == pytest.approx(worst[1], rel=1e-7)
+    assert session.solves == 15
+
+
+def test_min_cost_needs_prices_for_every_gpu_type(table):
+    state = random_state(table, n=4, gpus={"K80": 1, "V100": 1}, seed=0)
+    with pytest.raises(ValueError, match="positive price per GPU-hour for V100"):
+        get_policy("min_cost").allocate(replace(state, usd_per_gpu_hour={"K80": 0.4}))
+
+
+def test_min_cost_meets_deadlines_or_says_it_cannot(table):
+    job = PolicyJob("slo", {"K80": 1.0, "V100": 4.0}, steps_remaining=3600.0, deadline_s=1800.0)
+    prices = {"K80": 0.5, "V100": 2.5}
+    alloc = get_policy("min_cost").allocate(
+        PolicyState(jobs=(job,), gpus={"K80": 1, "V100": 1}, usd_per_gpu_hour=prices)
+    )
+    assert alloc.effective_throughput()["slo"] >= 2.0 - 1e-6  # 3600 steps in 1800 s
+    impossible = replace(job, deadline_s=100.0)
+    with pytest.raises(InfeasibleAllocationError, match="min_cost"):
+        get_policy("min_cost").allocate(
+            PolicyState(jobs=(impossible,), gpus={"K80": 1, "V100": 1}, usd_per_gpu_hour=prices)
+        )
+
+
+def test_fifo_serves_jobs_in_arrival_order(table):
+    jobs = tuple(PolicyJob(f"j{i}", {"V100": 1.0}, arrival_s=float(10 - i)) for i in range(3))
+    alloc = get_policy("fifo").allocate(PolicyState(jobs=jobs, gpus={"V100": 1}))
+    assert [j for j, s in alloc.shares().items() if s["V100"] == 1.0] == ["j2"]
+
+
+def test_policies_are_deterministic(table):
+    state = random_state(table, n=30, gpus={"K80": 4, "P100": 4, "V100": 4}, seed=9)
+    for name in ALL_POLICIES:
+        a, b = get_policy(name).allocate(state), get_policy(name).allocate(state)
+        np.testing.assert_array_equal(a.matrix, b.matrix)
+
+
+def test_flatten_and_unflatten_use_sorted_keys():
+    jobs = (PolicyJob("b", {"V100": 1.0, "K80": 0.5}), PolicyJob("a", {"V100": 2.0}))
+    units = singles(jobs, {"V100": 1, "K80": 1})
+    assert [j.job_id for j in units.jobs] == ["a", "b"] and units.gpu_types == ("K80", "V100")
+    vec = units.flatten({(("b",), "K80"): 0.25, (("a",), "V100"): 1.0})
+    np.testing.assert_array_equal(vec, [0.0, 1.0, 0.25, 0.0])
+    np.testing.assert_array_equal(units.unflatten(vec), [[0.0, 1.0], [0.25, 0.0]])
