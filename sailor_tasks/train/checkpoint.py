@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as DcpFsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
 from sailor_tasks import storage
@@ -38,14 +39,30 @@ def step_dir_name(step: int) -> str:
 
 
 def crc32c_of(uri: str) -> tuple[str, int]:
-    """(hex crc32c, size) of a file; crc32c is what GCS itself reports for objects."""
-    fs, path = storage.filesystem(uri)
-    crc, size = google_crc32c.Checksum(), 0
-    with fs.open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc.update(chunk)
-            size += len(chunk)
-    return crc.hexdigest().decode(), size
+    """(hex crc32c, size) of a file; crc32c is what GCS itself reports for objects, so on ``gs://``
+    it comes from the object's metadata instead of reading the checkpoint back."""
+    return storage.crc32c(uri, _CHUNK)
+
+
+class _ObjectStoreFileSystem(DcpFsspecFileSystem):
+    """DCP's fsspec filesystem whose final ``.metadata`` rename goes through ``storage.rename``
+    (copy + delete on object stores, which have no rename)."""
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        storage.rename(str(path), str(new_path))
+
+
+def _writer(uri: str) -> FsspecWriter:
+    writer = FsspecWriter(uri, sync_files=False, **storage.fs_options(storage.scheme_of(uri)))
+    if storage.scheme_of(uri) not in ("", "file"):
+        fs = _ObjectStoreFileSystem()
+        fs.fs = writer.fs.fs
+        writer.fs = fs
+    return writer
+
+
+def _reader(uri: str) -> FsspecReader:
+    return FsspecReader(uri, **storage.fs_options(storage.scheme_of(uri)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +119,7 @@ class CheckpointManager:
         fs, path = storage.filesystem(uri)
         if self.rank == 0 and fs.exists(path):
             fs.rm(path, recursive=True)  # a partial folder from a killed save of the same step
-        dcp.save(state, storage_writer=FsspecWriter(uri, sync_files=False), no_dist=not self.distributed)
+        dcp.save(state, storage_writer=_writer(uri), no_dist=not self.distributed)
         nbytes = 0
         if self.rank == 0:
             nbytes = self._commit(step)
@@ -143,6 +160,6 @@ class CheckpointManager:
 
     def load(self, step: int, state: dict[str, Any]) -> None:
         """Load step ``step`` into ``state`` in place (every rank calls this)."""
-        dcp.load(state, storage_reader=FsspecReader(self.step_uri(step)), no_dist=not self.distributed)
+        dcp.load(state, storage_reader=_reader(self.step_uri(step)), no_dist=not self.distributed)
         if self.rank == 0:
             logger.info("restored checkpoint step %d from %s", step, self.step_uri(step))
