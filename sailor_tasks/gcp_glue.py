@@ -1,0 +1,137 @@
+"""Airflow glue for Google Cloud: credentials from an Airflow connection, training pods on GKE.
+
+``install()`` (called by ``operators.run_stage`` before every stage) wires the Airflow-free core to
+Airflow: ``gcp_auth`` gets a provider that reads the connection (``SAILOR_GCP_CONN_ID``, default
+``google_cloud_default``) through the Google provider's ``GoogleBaseHook`` the first time gs:// or
+GKE is used, and the GKE backend gets a pod runner built on ``GKEStartPodOperator``. Credentials
+stay inside google-auth objects; nothing here logs or returns them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sailor_tasks import gcp_auth
+from sailor_tasks.backends import gke
+from sailor_tasks.backends.base import TrainLaunch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONN_ID = "google_cloud_default"
+POD_STARTUP_TIMEOUT_S = 30 * 60
+"""A fresh GPU node (autoscaler scale-up, image pull, driver install) takes minutes to be ready."""
+
+
+def conn_id_from_env(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get("SAILOR_GCP_CONN_ID") or DEFAULT_CONN_ID
+
+
+def connection_credentials(conn_id: str) -> gcp_auth.GcpCredentials:
+    """Credentials and project of an Airflow Google Cloud connection (key file, key JSON, ADC,
+    impersonation or anonymous, as the connection's extras say); ADC when it does not exist."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
+
+    try:
+        credentials, project = GoogleBaseHook(gcp_conn_id=conn_id).get_credentials_and_project_id()
+    except AirflowNotFoundException:
+        logger.info("Airflow connection %r does not exist; using application default credentials", conn_id)
+        return gcp_auth.GcpCredentials()
+    logger.info("Google Cloud credentials from Airflow connection %r (project %s)", conn_id, project)
+    return gcp_auth.GcpCredentials(credentials, project, source=f"Airflow connection {conn_id!r}")
+
+
+def install(conn_id: str | None = None) -> None:
+    """Point the core at Airflow: connection credentials (resolved lazily, once) and the pod runner."""
+    conn = conn_id or conn_id_from_env()
+    gcp_auth.set_provider(lambda: connection_credentials(conn))
+    gke.set_pod_runner(run_training_pods)
+
+
+def training_pod_operator(
+    config: gke.GkeConfig,
+    launch: TrainLaunch,
+    pod: Any,
+    *,
+    deferrable: bool = False,
+    task_id: str | None = None,
+) -> Any:
+    """The GKEStartPodOperator that runs one training pod (built by ``gke.build_training_pods``).
+
+    ``durable`` (reattach): a retried task finds the pod by its dag/task/run labels plus the run,
+    plan and node-rank labels, and follows it instead of starting a second one.
+    """
+    from airflow.providers.google.cloud.operators.kubernetes_engine import GKEStartPodOperator
+
+    pl = launch.placement
+    rank = pod.metadata.labels[f"{gke.LABEL_PREFIX}/node-rank"]
+    return GKEStartPodOperator(
+        task_id=task_id or f"train-node-{rank}",
+        project_id=config.project,
+        location=pl.region,
+        cluster_name=config.cluster_name(pl.region),
+        gcp_conn_id=config.gcp_conn_id,
+        namespace=config.namespace,
+        name=pod.metadata.name,
+        random_name_suffix=False,
+        full_pod_spec=pod,
+        labels=dict(pod.metadata.labels),
+        image=pod.spec.containers[0].image,
+        durable=True,
+        on_finish_action="delete_succeeded_pod",
+        termination_grace_period=gke.PREEMPTION_NOTICE_S,
+        startup_timeout_seconds=POD_STARTUP_TIMEOUT_S,
+        get_logs=True,
+        do_xcom_push=False,
+        deferrable=deferrable,
+    )
+
+
+def render_pod(config: gke.GkeConfig, launch: TrainLaunch, pod: Any) -> dict[str, Any]:
+    """The pod exactly as the operator would submit it (no cluster needed), as API JSON."""
+    op = training_pod_operator(config, launch, pod, deferrable=True)
+    return gke.serialize(op.build_pod_request_obj(context=None, dry_run=True))
+
+
+def _ensure_service(op: Any, service: Any) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        op.hook.core_v1_client.create_namespaced_service(service.metadata.namespace, service)
+    except ApiException as exc:
+        if exc.status != 409:  # already exists: a retry of the same run
+            raise
+
+
+def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence[Any], service: Any) -> int:
+    """Run the launch's pods to completion from inside the ``train`` task; 0 when every pod succeeded.
+
+    The operators run inline in the task (so the DAG keeps one ``train`` task for every backend),
+    which rules out deferral: the task holds its worker slot while pods run.
+    """
+    from airflow.sdk import get_current_context
+
+    context = get_current_context()
+    ops = [training_pod_operator(config, launch, pod) for pod in pods]
+    if service is not None:
+        _ensure_service(ops[0], service)
+        # Several pods from one task: reattach by labels (node-rank differs), not by the task's one
+        # persisted pod identity.
+        context = {k: v for k, v in context.items() if k != "task_state_store"}  # type: ignore[assignment]
+
+    def run(op: Any) -> int:
+        try:
+            op.execute(context)
+            return 0
+        except Exception:
+            logger.exception("training pod %s failed", op.name)
+            return 1
+
+    with ThreadPoolExecutor(max_workers=len(ops)) as pool:
+        codes = list(pool.map(run, ops))
+    return max(codes)
