@@ -144,6 +144,37 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- render --------------------------------------------------------------------------------------
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """Print what a run would submit to the cloud (no cloud call): node pool body, pod manifests."""
+    import contextlib
+
+    from sailor_tasks.errors import SailorError
+
+    params: dict[str, Any] = {}
+    if args.json:
+        with open(args.json) as f:
+            params = json.load(f)
+    for item in args.set or ():
+        key, _, value = item.partition("=")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # operator logs must not mix with the JSON
+            from sailor_tasks.gcp_glue import render_run
+
+            out = render_run(params, Settings.from_env(), run_id=args.run_id)
+    except (SailorError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2))
+    return 0
+
+
 # --- demo ----------------------------------------------------------------------------------------
 
 DEMO_PARAMS = {
@@ -266,6 +297,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one param (JSON value)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "render", help="print the node pool body and pod manifests a gke run of the params would submit"
+    )
+    p.add_argument("--backend", choices=["gke"], default="gke", help="backend to render for (gke)")
+    p.add_argument("--json", metavar="PARAMS_JSON", help="JSON file with sailor_train params")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one param (JSON value)")
+    p.add_argument("--run-id", default="manual__render", help="run id the names and labels derive from")
+    p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("demo-data", help=f"generate the demo dataset in the '{SOURCE_BUCKET}' bucket")
     p.set_defaults(func=cmd_demo_data)

@@ -9,6 +9,7 @@ stay inside google-auth objects; nothing here logs or returns them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -135,3 +136,59 @@ def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence
     with ThreadPoolExecutor(max_workers=len(ops)) as pool:
         codes = list(pool.map(run, ops))
     return max(codes)
+
+
+KUBERNETES_VERSION = "1.30"
+"""Kubernetes version the rendered manifests are validated against (GKE's oldest supported minor)."""
+
+
+def render_run(
+    params: Mapping[str, Any], settings: Any, run_id: str = "manual__render", state: Any = None
+) -> dict[str, Any]:
+    """What a ``backend=gke`` run of ``params`` would submit: the placement, the cluster and node
+    pool bodies (validated by ``container_v1`` types) and the pods/service as the operators build
+    them (validated by ``kubernetes-validate`` for ``KUBERNETES_VERSION``). No cloud call is made.
+
+    Raises:
+        InvalidRequestError: bad params (names the field and the valid choices).
+        kubernetes_validate.ValidationError: a manifest is not valid Kubernetes.
+    """
+    import kubernetes_validate
+
+    from sailor_tasks import storage
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.model import ClusterState, run_key, to_dict
+    from sailor_tasks.placement import plan
+    from sailor_tasks.request import from_params
+
+    notes = []
+    if storage.scheme_of(settings.bucket_uri("source")) != "gs":
+        settings = dataclasses.replace(settings, bucket_template=gke.GCS_BUCKET_TEMPLATE)
+        notes.append(f"SAILOR_BUCKET_TEMPLATE is not gs://; rendered with {gke.GCS_BUCKET_TEMPLATE}")
+    catalog = load_catalog()
+    request = from_params({**params, "backend": "gke"}, catalog)
+    placement = plan(request, catalog, state or ClusterState(), run_id)
+    config = gke.GkeConfig.from_env(settings)
+    key = run_key(run_id)
+    run_uri = storage.resolve(f"sailor://{placement.region}/runs/{key}", settings)
+    launch = TrainLaunch(
+        run_id, key, storage.join(run_uri, "train_config.json"), request.num_workers, placement
+    )
+    cluster = gke.build_cluster_body(config, placement.region)
+    node_pool = gke.build_node_pool_body(config, key, placement)
+    gke.validate_cluster_body(cluster)
+    gke.validate_node_pool_body(node_pool)
+    pods, service = gke.build_training_pods(config, launch), gke.build_rendezvous_service(config, launch)
+    manifests = [render_pod(config, launch, pod) for pod in pods]
+    if service is not None:
+        manifests.append(gke.serialize(service))
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+    return {
+        "placement": to_dict(placement),
+        "cluster": {"parent": f"projects/{config.project}/locations/{placement.region}", "cluster": cluster},
+        "node_pool": {"parent": config.cluster_path(placement.region), "node_pool": node_pool},
+        "manifests": manifests,
+        "kubernetes_version": KUBERNETES_VERSION,
+        "notes": notes,
+    }

@@ -55,6 +55,10 @@ RENDEZVOUS_PORT = 29500
 """torchrun's static rendezvous (TCPStore) port on node rank 0."""
 
 TEARDOWN_MODES = ("delete", "scale_to_zero")
+GCS_BUCKET_TEMPLATE = "gs://{project}-sailor-{bucket}"
+"""Suggested ``SAILOR_BUCKET_TEMPLATE`` on GCP: one bucket per region (and ``source``) per project."""
+CONTAINER_NAME = "base"
+"""The training container's name: KubernetesPodOperator follows the logs of the container called ``base``."""
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
 SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NO_SCHEDULE"}
 LABEL_PREFIX = "sailor.dev"
@@ -305,7 +309,7 @@ def build_training_pods(config: GkeConfig, launch: TrainLaunch) -> list[V1Pod]:
             env["MASTER_PORT"] = str(RENDEZVOUS_PORT)
         gpus = str(pl.gpus_per_node)
         container = k8s.V1Container(
-            name="trainer",
+            name=CONTAINER_NAME,
             image=config.image_for(pl.region),
             image_pull_policy="IfNotPresent",
             command=train_command(launch, rank, config.namespace),
@@ -377,6 +381,16 @@ def serialize(obj: Any) -> Any:
 # --- the backend ---------------------------------------------------------------------------------
 
 
+def require_gcs_buckets(settings: Settings) -> None:
+    """Pods on GKE read data and write checkpoints in region buckets they can reach: ``gs://``."""
+    probe = settings.bucket_uri("us-central1")
+    if storage.scheme_of(probe) != "gs":
+        raise ValueError(
+            f"backend='gke' needs gs:// region buckets, but SAILOR_BUCKET_TEMPLATE gives {probe!r}; "
+            f"set SAILOR_BUCKET_TEMPLATE={GCS_BUCKET_TEMPLATE} (see README, 'Run on Google Cloud')"
+        )
+
+
 class ClusterManager(Protocol):
     """The calls SAILOR makes on ``google.cloud.container_v1.ClusterManagerClient``."""
 
@@ -428,6 +442,7 @@ class GkeBackend:
     def __post_init__(self) -> None:
         if self.config is None:
             self.config = GkeConfig.from_env(self.settings)
+        require_gcs_buckets(self.settings)
 
     @property
     def cfg(self) -> GkeConfig:
