@@ -144,6 +144,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- buckets -------------------------------------------------------------------------------------
+
+
+def cmd_buckets(args: argparse.Namespace) -> int:
+    """List (and with --create, create) the source bucket and one bucket per region."""
+    from sailor_tasks import storage
+    from sailor_tasks.catalog import load_catalog
+
+    settings = Settings.from_env()
+    catalog = load_catalog()
+    bad = [r for r in args.region or () if r not in catalog.regions]
+    if bad:
+        print(
+            f"error: --region {', '.join(bad)} not in the catalog; valid: {', '.join(catalog.regions)}",
+            file=sys.stderr,
+        )
+        return 2
+    wanted = [(SOURCE_BUCKET, args.source_location), *((r, r) for r in (args.region or catalog.regions))]
+    for bucket, location in wanted:
+        uri = settings.bucket_uri(bucket)
+        created = storage.ensure_bucket(uri, location=location) if args.create else False
+        state = "created" if created else ("exists" if args.create else "")
+        print(f"{bucket:28s} {uri} {state}".rstrip())
+    return 0
+
+
 # --- render --------------------------------------------------------------------------------------
 
 
@@ -297,6 +323,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one param (JSON value)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "buckets", help="list the region buckets of SAILOR_BUCKET_TEMPLATE; --create makes missing ones"
+    )
+    p.add_argument("--create", action="store_true", help="create missing buckets (gs://: in their region)")
+    p.add_argument(
+        "--region", action="append", help="only this region (repeatable; default: every catalog region)"
+    )
+    p.add_argument("--source-location", default="US", help="location of the source bucket (default US)")
+    p.set_defaults(func=cmd_buckets)
 
     p = sub.add_parser(
         "render", help="print the node pool body and pod manifests a gke run of the params would submit"

@@ -170,3 +170,23 @@ def crc32c(uri: str, chunk_bytes: int = 8 * 1024 * 1024) -> tuple[str, int]:
             crc.update(chunk)
             size += len(chunk)
     return crc.hexdigest().decode(), size
+
+
+def ensure_bucket(uri: str, location: str | None = None) -> bool:
+    """Create the bucket (``gs://``) or folder (``file://``) holding ``uri`` unless it exists;
+    True when it was created. A GCS bucket is created in ``location`` (a region keeps data next to
+    the GPUs that read it)."""
+    fs, path = filesystem(uri)
+    if scheme_of(uri) in ("", "file"):
+        if fs.exists(path):
+            return False
+        fs.makedirs(path, exist_ok=True)
+        return True
+    bucket = path.split("/", 1)[0]
+    if fs.exists(bucket):
+        return False
+    try:
+        fs.mkdir(bucket, location=location)
+    except FileExistsError:  # created concurrently, or owned elsewhere (then the next write says so)
+        return False
+    return True
