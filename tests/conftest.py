@@ -58,8 +58,8 @@ def shared_data():
 
 @pytest.fixture(scope="session")
 def gcs_server():
-    """One GCS API server for the session (see tests/gcs_emulator.py); yields its URL."""
-    from tests.gcs_emulator import gcs_emulator
+    """One GCS API server for the session (see sailor_tasks/gcs_emulator.py); yields its URL."""
+    from sailor_tasks.gcs_emulator import gcs_emulator
 
     with gcs_emulator() as url:
         yield url

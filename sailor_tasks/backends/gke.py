@@ -416,6 +416,12 @@ def set_pod_runner(runner: PodRunner | None) -> None:
     _pod_runner = runner
 
 
+def _status_name(operation: Any) -> str:
+    """``Operation.status`` as a name (``RUNNING``, ``DONE``, ...); proto-plus enums print as numbers."""
+    status = getattr(operation, "status", "DONE")
+    return getattr(status, "name", str(status))
+
+
 def _is_already_exists(exc: BaseException) -> bool:
     from google.api_core import exceptions
 
@@ -460,20 +466,23 @@ class GkeBackend:
         return storage.resolve(f"sailor://{SOURCE_BUCKET}/_sailor/clusters/{run_key}.json", self.settings)
 
     def _wait(self, operation: Any, what: str) -> None:
-        """Poll a GKE operation until DONE; raise with its error message when it failed."""
+        """Poll a GKE operation until it is DONE; raise with its error message when it failed."""
         name = getattr(operation, "name", "") or ""
+        location = getattr(operation, "location", "") or "-"
         deadline = time.monotonic() + _OPERATION_TIMEOUT_S
         op = operation
-        while str(getattr(op, "status", "DONE")).rsplit(".", 1)[-1] not in ("DONE", "4"):
+        while _status_name(op) not in ("DONE", "ABORTING"):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"GKE operation {name} ({what}) not done after {_OPERATION_TIMEOUT_S} s")
             time.sleep(self.poll_s)
             op = self._client().get_operation(
-                name=f"projects/{self.cfg.project}/locations/{getattr(op, 'location', '') or '-'}/operations/{name}"
+                name=f"projects/{self.cfg.project}/locations/{location}/operations/{name}"
             )
-        error = getattr(op, "error", None)
-        if error is not None and getattr(error, "message", ""):
-            raise RuntimeError(f"GKE operation {name} ({what}) failed: {error.message}")
+        error = getattr(getattr(op, "error", None), "message", "") or (
+            getattr(op, "status_message", "") if _status_name(op) == "ABORTING" else ""
+        )
+        if error or _status_name(op) == "ABORTING":
+            raise RuntimeError(f"GKE operation {name} ({what}) failed: {error or 'aborted'}")
 
     def ensure_cluster(self, region: str) -> str:
         """Create the region's cluster unless it exists; "created" or "exists"."""

@@ -231,7 +231,9 @@ class FakeClusterManager:
         self.calls: list[str] = []
 
     def _op(self):
-        return SimpleNamespace(name="op", status="DONE", error=None)
+        from google.cloud.container_v1 import types
+
+        return types.Operation(name="op", status=types.Operation.Status.DONE, location="us-central1")
 
     def get_cluster(self, *, name):
         from google.api_core.exceptions import NotFound
@@ -346,3 +348,42 @@ def test_train_without_the_airflow_glue_says_how_to_run_it(settings, monkeypatch
     backend = GkeBackend(gs, config=CONFIG, client=FakeClusterManager())
     with pytest.raises(RuntimeError, match="GKEStartPodOperator"):
         backend.train(_launch(_placement("T4", 1, 1)))
+
+
+class SlowOperations(FakeClusterManager):
+    """Operations that run for a few polls, then end as ``final`` (with an error message if given)."""
+
+    def __init__(self, polls: int, error: str = ""):
+        super().__init__()
+        self.polls, self.error, self.asked = polls, error, []
+
+    def _op(self):
+        from google.cloud.container_v1 import types
+
+        return types.Operation(name="op-7", status=types.Operation.Status.RUNNING, location="europe-west4")
+
+    def get_operation(self, *, name):
+        from google.cloud.container_v1 import types
+
+        self.asked.append(name)
+        if len(self.asked) < self.polls:
+            return types.Operation(name="op-7", status=types.Operation.Status.RUNNING)
+        if self.error:
+            return types.Operation(
+                name="op-7", status=types.Operation.Status.DONE, error={"message": self.error}
+            )
+        return types.Operation(name="op-7", status=types.Operation.Status.DONE)
+
+
+@pytest.mark.gcs
+def test_provision_waits_for_running_operations_and_reports_their_errors(gke_settings):
+    slow = SlowOperations(polls=3)
+    backend = GkeBackend(gke_settings, config=CONFIG, client=slow, poll_s=0)
+    backend.provision("run-9", _placement("T4", 1, 1))
+    assert len(slow.asked) >= 3
+    assert slow.asked[0] == "projects/acme-ml/locations/europe-west4/operations/op-7"
+
+    failing = SlowOperations(polls=1, error="Insufficient regional quota to satisfy request: NVIDIA_T4_GPUS")
+    backend = GkeBackend(gke_settings, config=CONFIG, client=failing, poll_s=0)
+    with pytest.raises(RuntimeError, match="NVIDIA_T4_GPUS"):
+        backend.provision("run-10", _placement("T4", 1, 1))

@@ -1,4 +1,5 @@
-"""A real GCS JSON API server for tests: ``gcp-storage-emulator`` on 127.0.0.1 and a free port.
+"""A local GCS JSON API server for development, tests and benchmarks: ``gcp-storage-emulator`` on
+127.0.0.1 and a free port (docker-compose.yaml runs the same server as a service).
 
 gcsfs talks to it through ``STORAGE_EMULATOR_HOST`` with anonymous requests (``storage.fs_options``
 never sends credentials to an emulator). ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` keeps gcsfs
@@ -26,7 +27,10 @@ def free_port() -> int:
 
 @contextmanager
 def gcs_emulator() -> Iterator[str]:
-    """Start the emulator (in memory) and yield its URL; stop it by PID on exit."""
+    """Start the emulator (in memory) and yield its URL; stop it by PID on exit.
+
+    Point gcsfs at it with ``STORAGE_EMULATOR_HOST=<url>`` and ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``.
+    """
     port = free_port()
     exe = shutil.which("gcp-storage-emulator", path=os.path.dirname(sys.executable)) or shutil.which(
         "gcp-storage-emulator"
