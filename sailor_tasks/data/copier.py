@@ -14,6 +14,7 @@ server-side copy (bytes never pass through the worker) verified by crc32c. Files
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import time
@@ -45,19 +46,31 @@ class CopyResult:
     seconds: float
 
 
-def list_files(root: str) -> list[tuple[str, int]]:
-    """(relative path, size) of every file under ``root`` except the manifest, sorted."""
+def _listing(root: str) -> dict[str, dict]:
+    """relative path → fsspec info (size; on GCS also crc32c, md5Hash) of every file under ``root``
+    except the manifest, from one recursive listing. Raises FileNotFoundError when ``root`` is absent."""
     fs, base = storage.filesystem(root)
     if not fs.exists(base):
-        raise InvalidRequestError("dataset_uri", root, "dataset not found (no such folder or object)")
+        raise FileNotFoundError(root)
     found = fs.find(base, detail=True)
     base = base.rstrip("/")
-    files = []
+    out = {}
     for path, info in found.items():
         rel = path[len(base) :].lstrip("/") if path.startswith(base) else path
         if rel and rel != MANIFEST_NAME and info.get("type", "file") == "file":
-            files.append((rel, int(info["size"])))
-    return sorted(files)
+            out[rel] = info
+    return out
+
+
+def list_files(root: str) -> list[tuple[str, int]]:
+    """(relative path, size) of every file under ``root`` except the manifest, sorted."""
+    try:
+        listing = _listing(root)
+    except FileNotFoundError:
+        raise InvalidRequestError(
+            "dataset_uri", root, "dataset not found (no such folder or object)"
+        ) from None
+    return sorted((rel, int(info["size"])) for rel, info in listing.items())
 
 
 def _log_progress(done: int, total: int, elapsed: float) -> None:
@@ -89,20 +102,24 @@ def _is_object_store(uri: str) -> bool:
     return storage.scheme_of(uri) not in ("", "file")
 
 
-def _already_there(src: str, dst: str, want: ManifestEntry) -> bool:
+def _stored_crc(info: dict | None) -> str | None:
+    """Hex crc32c from a GCS listing entry (base64 big-endian in the JSON API), if present."""
+    value = (info or {}).get("crc32c")
+    return base64.b64decode(value).hex() if value else None
+
+
+def _already_there(src: str, dst: str, want: ManifestEntry, src_info: dict, dst_info: dict | None) -> bool:
     """Whether ``dst`` already holds the bytes of manifest entry ``want`` (copied by an earlier try).
 
-    Object store: size and the stored crc32c match the source's (metadata only, no reads of the
-    destination). Local disk: the destination's sha256 matches the manifest.
+    Object store: size and the stored crc32c match the source's, from the two listings (no reads;
+    a local source is hashed, which is cheap). Local disk: the destination's sha256 matches.
     """
-    if not storage.exists(dst):
+    if dst_info is None or int(dst_info["size"]) != want.size:
         return False
-    if _is_object_store(dst):
-        have_crc, have_size = storage.crc32c(dst)
-        if have_size != want.size:
-            return False
-        src_crc, src_size = storage.crc32c(src)
-        return src_size == want.size and src_crc == have_crc
+    have_crc = _stored_crc(dst_info)
+    if have_crc is not None:
+        src_crc = _stored_crc(src_info) or storage.crc32c(src)[0]
+        return int(src_info["size"]) == want.size and src_crc == have_crc
     have, have_size = sha256_of(dst)
     return have == want.sha256 and have_size == want.size
 
@@ -116,10 +133,16 @@ def _verify_stored(dst: str, crc: str, size: int) -> None:
 
 
 def _place_file(
-    rel: str, src: str, dst: str, want: ManifestEntry | None, server_side: bool
+    rel: str,
+    src: str,
+    dst: str,
+    want: ManifestEntry | None,
+    server_side: bool,
+    src_info: dict,
+    dst_info: dict | None,
 ) -> tuple[ManifestEntry, bool]:
     """Copy one file unless already there; return its manifest entry and whether bytes moved."""
-    if want is not None and _already_there(src, dst, want):
+    if want is not None and _already_there(src, dst, want, src_info, dst_info):
         return want, False
     if want is not None and server_side:
         storage.copy_object(src, dst)
@@ -167,7 +190,13 @@ def copy_dataset(
         raise ValueError(f"max_workers={max_workers} must be >= 1")
     start = time.monotonic()
     src_manifest = read_manifest(src_root)
-    files = list_files(src_root)
+    try:
+        src_listing = _listing(src_root)
+    except FileNotFoundError:
+        raise InvalidRequestError(
+            "dataset_uri", src_root, "dataset not found (no such folder or object)"
+        ) from None
+    files = sorted((rel, int(info["size"])) for rel, info in src_listing.items())
     total = sum(size for _, size in files)
     existing = read_manifest(dst_root)
     if existing is not None and src_manifest is not None and existing.files == src_manifest.files:
@@ -178,6 +207,11 @@ def copy_dataset(
         server_side = (
             src_manifest is not None and storage.scheme_of(src_root) == storage.scheme_of(dst_root) == "gs"
         )
+
+    try:
+        dst_listing = _listing(dst_root) if expected else {}
+    except FileNotFoundError:
+        dst_listing = {}
 
     entries: dict[str, ManifestEntry] = {}
     copied = skipped = 0
@@ -190,6 +224,8 @@ def copy_dataset(
                 storage.join(dst_root, rel),
                 expected.get(rel),
                 server_side,
+                src_listing[rel],
+                dst_listing.get(rel),
             ): (rel, size)
             for rel, size in files
         }
