@@ -72,9 +72,6 @@ def gcs(gcs_server, monkeypatch):
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server)
     monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    import fsspec
-
-    fsspec.config.conf.pop("gcs", None)
     from sailor_tasks.storage import filesystem
 
     made: list[str] = []
