@@ -174,7 +174,7 @@ def render_run(
     launch = TrainLaunch(
         run_id, key, storage.join(run_uri, "train_config.json"), request.num_workers, placement
     )
-    cluster = gke.build_cluster_body(config, placement.region)
+    cluster = gke.build_cluster_body(config, placement.region, placement.zone)
     node_pool = gke.build_node_pool_body(config, key, placement)
     gke.validate_cluster_body(cluster)
     gke.validate_node_pool_body(node_pool)

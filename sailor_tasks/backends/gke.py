@@ -150,10 +150,11 @@ def plan_hash(placement: Placement) -> str:
 # --- Google: cluster and node pool bodies ---------------------------------------------------------
 
 
-def build_cluster_body(config: GkeConfig, region: str) -> dict[str, Any]:
+def build_cluster_body(config: GkeConfig, region: str, system_zone: str | None = None) -> dict[str, Any]:
     """Body of ``ClusterManager.create_cluster`` for the region's cluster (regional, workload identity).
 
-    The cluster holds only a small CPU pool for system pods; GPU pools are added per run.
+    The cluster holds only a small CPU pool for system pods, in one zone (``system_zone``; else
+    every zone of the region, one node each); GPU pools are added per run.
     """
     return {
         "name": config.cluster_name(region),
@@ -173,6 +174,7 @@ def build_cluster_body(config: GkeConfig, region: str) -> dict[str, Any]:
                 },
                 "autoscaling": {"enabled": True, "min_node_count": 1, "max_node_count": 2},
                 "management": {"auto_repair": True, "auto_upgrade": True},
+                **({"locations": [system_zone]} if system_zone else {}),
             }
         ],
     }
@@ -484,9 +486,9 @@ class GkeBackend:
         if error or _status_name(op) == "ABORTING":
             raise RuntimeError(f"GKE operation {name} ({what}) failed: {error or 'aborted'}")
 
-    def ensure_cluster(self, region: str) -> str:
+    def ensure_cluster(self, region: str, system_zone: str | None = None) -> str:
         """Create the region's cluster unless it exists; "created" or "exists"."""
-        body = build_cluster_body(self.cfg, region)
+        body = build_cluster_body(self.cfg, region, system_zone)
         try:
             self._client().get_cluster(name=self.cfg.cluster_path(region))
             return "exists"
@@ -507,7 +509,7 @@ class GkeBackend:
         return "created"
 
     def provision(self, run_key: str, placement: Placement) -> dict[str, Any]:
-        cluster_state = self.ensure_cluster(placement.region)
+        cluster_state = self.ensure_cluster(placement.region, placement.zone)
         body = build_node_pool_body(self.cfg, run_key, placement)
         pool_path = f"{self.cfg.cluster_path(placement.region)}/nodePools/{body['name']}"
         pool_state = "created"

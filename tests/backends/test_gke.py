@@ -98,6 +98,8 @@ def test_cluster_body_is_valid_and_the_validator_rejects_unknown_fields():
     cluster = validate_cluster_body(body)
     assert cluster.name == "sailor-us-central1"
     assert cluster.workload_identity_config.workload_pool == "acme-ml.svc.id.goog"
+    (system,) = validate_cluster_body(build_cluster_body(CONFIG, "us-central1", "us-central1-b")).node_pools
+    assert list(system.locations) == ["us-central1-b"] and not system.config.accelerators
     with pytest.raises(ValueError):
         validate_cluster_body({**body, "spot_everything": True})
 
