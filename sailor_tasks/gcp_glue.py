@@ -109,6 +109,15 @@ def _ensure_service(op: Any, service: Any) -> None:
             raise
 
 
+def _exit_code(op: Any) -> int:
+    """The failed pod's container exit status (75 = preempted after saving), or 1 when unknown."""
+    try:
+        code = gke.container_exit_code(op.pod_manager.read_pod(op.pod)) if op.pod is not None else None
+    except Exception:  # the pod or its node is gone (e.g. the spot VM was reclaimed)
+        code = None
+    return 1 if code in (None, 0) else code
+
+
 def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence[Any], service: Any) -> int:
     """Run the launch's pods to completion from inside the ``train`` task; 0 when every pod succeeded.
 
@@ -131,7 +140,7 @@ def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence
             return 0
         except Exception:
             logger.exception("training pod %s failed", op.name)
-            return 1
+            return _exit_code(op)
 
     with ThreadPoolExecutor(max_workers=len(ops)) as pool:
         codes = list(pool.map(run, ops))

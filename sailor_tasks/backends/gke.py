@@ -373,6 +373,16 @@ def build_rendezvous_service(config: GkeConfig, launch: TrainLaunch) -> V1Servic
     )
 
 
+def container_exit_code(pod: Any, container: str = CONTAINER_NAME) -> int | None:
+    """Exit status of a finished pod's training container (75: stopped on a preemption notice after
+    saving, as on the local backend); None while it has not terminated."""
+    for status in getattr(getattr(pod, "status", None), "container_statuses", None) or ():
+        terminated = status.state.terminated if status.state else None
+        if status.name == container and terminated is not None:
+            return int(terminated.exit_code)
+    return None
+
+
 def serialize(obj: Any) -> Any:
     """A kubernetes client model as the JSON the API server receives (camelCase keys)."""
     from kubernetes.client import ApiClient

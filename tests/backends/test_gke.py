@@ -221,6 +221,28 @@ def test_sailor_render_names_a_bad_param(tmp_path, settings):
     assert proc.returncode == 2 and "gpu_type" in proc.stderr and "A100" in proc.stderr
 
 
+def test_exit_status_of_a_finished_training_container_is_read_from_the_pod():
+    from kubernetes.client import models as k8s
+
+    from sailor_tasks.backends.gke import container_exit_code
+
+    def pod(**state):
+        status = k8s.V1ContainerStatus(
+            name=CONTAINER_NAME,
+            image="i",
+            image_id="",
+            ready=False,
+            restart_count=0,
+            state=k8s.V1ContainerState(**state),
+        )
+        return k8s.V1Pod(status=k8s.V1PodStatus(container_statuses=[status]))
+
+    preempted = pod(terminated=k8s.V1ContainerStateTerminated(exit_code=75))
+    assert container_exit_code(preempted) == 75
+    assert container_exit_code(pod(running=k8s.V1ContainerStateRunning())) is None
+    assert container_exit_code(k8s.V1Pod()) is None
+
+
 # --- provisioning against an in-memory ClusterManager -------------------------------------------
 
 
