@@ -255,7 +255,9 @@ def rendezvous_service_name(run_key: str) -> str:
 def train_command(launch: TrainLaunch, node_rank: int, namespace: str) -> list[str]:
     """torchrun on one node: all its GPUs; static rendezvous on node 0 when the run spans nodes."""
     pl = launch.placement
-    nproc = max(1, min(pl.gpus_per_node, launch.num_workers))
+    nodes = max(1, pl.num_nodes)
+    # The run's workers spread evenly over its nodes, at most one per GPU.
+    nproc = max(1, min(pl.gpus_per_node, -(-launch.num_workers // nodes)))
     cmd = ["python", "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     if pl.num_nodes <= 1:
         cmd.append("--standalone")
