@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sailor_tasks import gcp_auth, storage
@@ -597,7 +597,3 @@ class GkeBackend:
             storage.write_json(uri, {**record, "status": "scaled_to_zero"})
         logger.info("GKE node pool %s: %s", record["node_pool"], self.cfg.teardown)
         return True
-
-
-def with_config(backend: GkeBackend, **changes: Any) -> GkeBackend:
-    return replace(backend, config=replace(backend.cfg, **changes))
