@@ -411,3 +411,13 @@ def test_provision_waits_for_running_operations_and_reports_their_errors(gke_set
     backend = GkeBackend(gke_settings, config=CONFIG, client=failing, poll_s=0)
     with pytest.raises(RuntimeError, match="NVIDIA_T4_GPUS"):
         backend.provision("run-10", _placement("T4", 1, 1))
+
+
+def test_gke_run_with_local_buckets_is_rejected_at_validate(ctx, demo_dataset):
+    from sailor_tasks import stages
+    from sailor_tasks.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="backend=.gke.*SAILOR_BUCKET_TEMPLATE=gs://"):
+        stages.validate({"backend": "gke", "dataset_uri": demo_dataset}, "manual__r1", ctx)
+    (run,) = ctx.ledger.list_runs()
+    assert run["status"] == "rejected" and ctx.ledger.live_reservations() == []
