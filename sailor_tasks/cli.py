@@ -192,8 +192,18 @@ def cmd_render(args: argparse.Namespace) -> int:
     try:
         with contextlib.redirect_stdout(sys.stderr):  # operator logs must not mix with the JSON
             from sailor_tasks.gcp_glue import render_run
+            from sailor_tasks.ledger import Ledger
+            from sailor_tasks.model import ClusterState
+            from sailor_tasks.params import DEMO_DATASET_URI
 
-            out = render_run(params, Settings.from_env(), run_id=args.run_id)
+            settings = Settings.from_env()
+            ledger = Ledger(settings.ledger_url)
+            state = ClusterState(  # the same snapshot `plan` would see
+                reservations=tuple(ledger.live_reservations()),
+                assignment=ledger.latest_assignment(),
+                replicas=ledger.replicas([params.get("dataset_uri", DEMO_DATASET_URI)]),
+            )
+            out = render_run(params, settings, run_id=args.run_id, state=state)
     except (SailorError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
