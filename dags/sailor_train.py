@@ -73,14 +73,16 @@ def sailor_train():
     @task
     def place_data(request: dict, placement: dict) -> dict:
         from sailor_tasks import stages
+        from sailor_tasks.operators import run_stage
 
-        return stages.place_data(request, placement, get_current_context()["run_id"])
+        return run_stage(stages.place_data, request, placement, get_current_context()["run_id"])
 
     @task
     def provision(request: dict, placement: dict) -> dict:
         from sailor_tasks import stages
+        from sailor_tasks.operators import run_stage
 
-        return stages.provision(request, placement, get_current_context()["run_id"])
+        return run_stage(stages.provision, request, placement, get_current_context()["run_id"])
 
     @task(
         retries=TRAIN_RECOVERY_ATTEMPTS,
@@ -90,24 +92,33 @@ def sailor_train():
     )
     def train(request: dict, placement: dict, data: dict) -> dict:
         from sailor_tasks import stages
+        from sailor_tasks.operators import run_stage
 
         ctx = get_current_context()
         ti = ctx["ti"]
-        return stages.train(
-            request, placement, data, ctx["run_id"], try_number=ti.try_number, max_tries=ti.max_tries
+        return run_stage(
+            stages.train,
+            request,
+            placement,
+            data,
+            ctx["run_id"],
+            try_number=ti.try_number,
+            max_tries=ti.max_tries,
         )
 
     @task
     def finalize(request: dict, placement: dict, data: dict, result: dict) -> dict:
         from sailor_tasks import stages
+        from sailor_tasks.operators import run_stage
 
-        return stages.finalize(request, placement, data, result, get_current_context()["run_id"])
+        return run_stage(stages.finalize, request, placement, data, result, get_current_context()["run_id"])
 
     @task(task_id="teardown")
     def release_capacity() -> dict:
         from sailor_tasks import stages
+        from sailor_tasks.operators import run_stage
 
-        return stages.teardown(get_current_context()["run_id"])
+        return run_stage(stages.teardown, get_current_context()["run_id"])
 
     request = validate()
     placement = plan(request)

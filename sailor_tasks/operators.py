@@ -20,7 +20,12 @@ CONFIG_ERRORS: tuple[type[Exception], ...] = (InvalidRequestError, NoFeasibleOff
 
 
 def run_stage(stage: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-    """Run ``stage``; a configuration error becomes ``AirflowFailException`` (no retries)."""
+    """Run ``stage``; a configuration error becomes ``AirflowFailException`` (no retries).
+
+    Google Cloud credentials come from the Airflow connection (``gcp_glue.install``)."""
+    from sailor_tasks import gcp_glue
+
+    gcp_glue.install()
     try:
         return stage(*args, **kwargs)
     except CONFIG_ERRORS as exc:

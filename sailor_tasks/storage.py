@@ -7,7 +7,9 @@ Paths stay ``str`` URIs throughout (``pathlib`` mangles ``gs://``).
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import posixpath
 import uuid
 from collections.abc import Mapping
@@ -16,10 +18,34 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
+from sailor_tasks import gcp_auth
 from sailor_tasks.settings import Settings
 
 SAILOR_SCHEME = "sailor://"
 ALLOWED_SCHEMES = ("sailor", "file", "gs")
+
+
+def fs_options(scheme: str) -> dict[str, Any]:
+    """Keyword arguments for the filesystem of ``scheme``.
+
+    ``file``: parent folders are created on write. ``gs``: credentials and project from
+    ``gcp_auth.current()`` (an Airflow connection when the glue installed one), else gcsfs's own
+    default (application default credentials). Against a local GCS API server
+    (``STORAGE_EMULATOR_HOST``) requests are anonymous, so no credential is ever sent to it.
+    """
+    if scheme in ("", "file"):
+        return {"auto_mkdir": True}
+    if scheme != "gs":
+        return {}
+    creds = gcp_auth.current()
+    options: dict[str, Any] = {}
+    if creds.project:
+        options["project"] = creds.project
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        options["token"] = "anon"
+    elif creds.credentials is not None:
+        options["token"] = creds.credentials
+    return options
 
 
 def scheme_of(uri: str) -> str:
@@ -41,9 +67,7 @@ def join(uri: str, *parts: str) -> str:
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """(filesystem, path) for a concrete URI; local writes create parent folders."""
-    scheme = scheme_of(uri) or "file"
-    kwargs: dict[str, Any] = {"auto_mkdir": True} if scheme == "file" else {}
-    return url_to_fs(uri, **kwargs)
+    return url_to_fs(uri, **fs_options(scheme_of(uri) or "file"))
 
 
 def exists(uri: str) -> bool:
@@ -68,7 +92,7 @@ def write_bytes(uri: str, data: bytes) -> None:
         with fs.open(tmp, "wb") as f:
             f.write(data)
         fs.mv(tmp, path)
-    else:
+    else:  # never rename on an object store (no atomic rename; the emulator answers moveTo with 501)
         with fs.open(path, "wb") as f:
             f.write(data)
 
@@ -93,3 +117,76 @@ def listdir(uri: str) -> list[str]:
     if not fs.exists(path):
         return []
     return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
+
+
+def info(uri: str) -> dict[str, Any]:
+    fs, path = filesystem(uri)
+    return fs.info(path)
+
+
+def rename(src: str, dst: str) -> None:
+    """Move an object or file. Local: an atomic rename. Object stores have no rename: a server-side
+    copy then a delete (what gcsfs falls back to anyway, without its moveTo round trip)."""
+    fs, spath = filesystem(src)
+    _, dpath = filesystem(dst)
+    if scheme_of(src) in ("", "file"):
+        fs.mv(spath, dpath)
+    else:
+        fs.copy(spath, dpath)
+        fs.rm(spath)
+
+
+def copy_object(src: str, dst: str) -> None:
+    """Server-side copy between two objects of the same object store (GCS rewrite; bytes never
+    pass through this process, even between regions)."""
+    if scheme_of(src) != scheme_of(dst) or scheme_of(src) in ("", "file"):
+        raise ValueError(f"copy_object needs two object-store URIs of one scheme, got {src!r} and {dst!r}")
+    fs, spath = filesystem(src)
+    _, dpath = filesystem(dst)
+    fs.copy(spath, dpath)
+
+
+def stored_crc32c(uri: str) -> str | None:
+    """Hex crc32c the object store recorded for ``uri`` (GCS object metadata), without reading the
+    object; None on a local filesystem or when the store does not report one."""
+    if scheme_of(uri) != "gs":
+        return None
+    value = info(uri).get("crc32c")
+    return base64.b64decode(value).hex() if value else None
+
+
+def crc32c(uri: str, chunk_bytes: int = 8 * 1024 * 1024) -> tuple[str, int]:
+    """(hex crc32c, size) of a file: from GCS metadata where available, else computed by reading."""
+    import google_crc32c
+
+    if scheme_of(uri) == "gs":
+        meta = info(uri)
+        if meta.get("crc32c"):
+            return base64.b64decode(meta["crc32c"]).hex(), int(meta["size"])
+    fs, path = filesystem(uri)
+    crc, size = google_crc32c.Checksum(), 0
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            crc.update(chunk)
+            size += len(chunk)
+    return crc.hexdigest().decode(), size
+
+
+def ensure_bucket(uri: str, location: str | None = None) -> bool:
+    """Create the bucket (``gs://``) or folder (``file://``) holding ``uri`` unless it exists;
+    True when it was created. A GCS bucket is created in ``location`` (a region keeps data next to
+    the GPUs that read it)."""
+    fs, path = filesystem(uri)
+    if scheme_of(uri) in ("", "file"):
+        if fs.exists(path):
+            return False
+        fs.makedirs(path, exist_ok=True)
+        return True
+    bucket = path.split("/", 1)[0]
+    if fs.exists(bucket):
+        return False
+    try:
+        fs.mkdir(bucket, location=location)
+    except FileExistsError:  # created concurrently, or owned elsewhere (then the next write says so)
+        return False
+    return True

@@ -54,3 +54,35 @@ def shared_data():
     if not SHARED_DATA.is_dir():
         pytest.skip(f"reference data folder {SHARED_DATA} is not present")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    """One GCS API server for the session (see sailor_tasks/gcs_emulator.py); yields its URL."""
+    from sailor_tasks.gcs_emulator import gcs_emulator
+
+    with gcs_emulator() as url:
+        yield url
+
+
+@pytest.fixture
+def gcs(gcs_server, monkeypatch):
+    """gcsfs pointed at the emulator; yields a function making a fresh, empty bucket (its gs:// URI)."""
+    import uuid
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server)
+    monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    from sailor_tasks.storage import filesystem
+
+    made: list[str] = []
+
+    def make_bucket(name: str | None = None) -> str:
+        name = name or f"t-{uuid.uuid4().hex[:12]}"
+        fs, _ = filesystem(f"gs://{name}")
+        fs.mkdir(name)
+        made.append(name)
+        return f"gs://{name}"
+
+    yield make_bucket
+    fs, _ = filesystem("gs://x")
+    fs.invalidate_cache()

@@ -1,17 +1,28 @@
-"""Copy a dataset between buckets with fsspec: streamed, checksummed, resumable, manifest last.
+"""Copy a dataset between buckets with fsspec: parallel, checksummed, resumable, manifest last.
 
 The same copier serves ``place_data`` (source → the run's region) and the nightly replication.
 A copy is complete only when the destination's manifest exists; files already present with the
 right checksum are not copied again, so a retried task resumes instead of starting over.
+
+Checksums: the manifest holds sha256 per file (hashed on the way while streaming). On GCS the
+copier also uses the crc32c the store records for every object, so nothing is read back: an upload
+is verified against the crc32c computed while streaming, an existing destination object is matched
+against its source by metadata, and a ``gs://`` → ``gs://`` copy with a source manifest is a
+server-side copy (bytes never pass through the worker) verified by crc32c. Files are copied by
+``max_workers`` threads.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+
+import google_crc32c
 
 from sailor_tasks import storage
 from sailor_tasks.data.manifest import CHUNK_BYTES, MANIFEST_NAME, read_manifest, sha256_of
@@ -23,6 +34,9 @@ logger = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int, float], None]
 """Called with (bytes done, bytes total, seconds elapsed)."""
 
+DEFAULT_COPY_WORKERS = 8
+"""Files copied at once: object-store copies are latency-bound, so threads overlap round trips."""
+
 
 @dataclass(frozen=True, slots=True)
 class CopyResult:
@@ -32,19 +46,31 @@ class CopyResult:
     seconds: float
 
 
-def list_files(root: str) -> list[tuple[str, int]]:
-    """(relative path, size) of every file under ``root`` except the manifest, sorted."""
+def _listing(root: str) -> dict[str, dict]:
+    """relative path → fsspec info (size; on GCS also crc32c, md5Hash) of every file under ``root``
+    except the manifest, from one recursive listing. Raises FileNotFoundError when ``root`` is absent."""
     fs, base = storage.filesystem(root)
     if not fs.exists(base):
-        raise InvalidRequestError("dataset_uri", root, "dataset not found (no such folder or object)")
+        raise FileNotFoundError(root)
     found = fs.find(base, detail=True)
     base = base.rstrip("/")
-    files = []
+    out = {}
     for path, info in found.items():
         rel = path[len(base) :].lstrip("/") if path.startswith(base) else path
         if rel and rel != MANIFEST_NAME and info.get("type", "file") == "file":
-            files.append((rel, int(info["size"])))
-    return sorted(files)
+            out[rel] = info
+    return out
+
+
+def list_files(root: str) -> list[tuple[str, int]]:
+    """(relative path, size) of every file under ``root`` except the manifest, sorted."""
+    try:
+        listing = _listing(root)
+    except FileNotFoundError:
+        raise InvalidRequestError(
+            "dataset_uri", root, "dataset not found (no such folder or object)"
+        ) from None
+    return sorted((rel, int(info["size"])) for rel, info in listing.items())
 
 
 def _log_progress(done: int, total: int, elapsed: float) -> None:
@@ -58,61 +84,162 @@ def _log_progress(done: int, total: int, elapsed: float) -> None:
     )
 
 
-def _copy_one(src: str, dst: str) -> tuple[str, int]:
-    """Stream ``src`` to ``dst`` hashing on the way; return (sha256, size)."""
+def _copy_one(src: str, dst: str) -> tuple[str, int, str]:
+    """Stream ``src`` to ``dst`` hashing on the way; return (sha256, size, crc32c)."""
     sfs, spath = storage.filesystem(src)
     dfs, dpath = storage.filesystem(dst)
-    digest, size = hashlib.sha256(), 0
+    digest, crc, size = hashlib.sha256(), google_crc32c.Checksum(), 0
     with sfs.open(spath, "rb") as fin, dfs.open(dpath, "wb") as fout:
         while chunk := fin.read(CHUNK_BYTES):
             digest.update(chunk)
+            crc.update(chunk)
             fout.write(chunk)
             size += len(chunk)
-    return digest.hexdigest(), size
+    return digest.hexdigest(), size, crc.hexdigest().decode()
 
 
-def copy_dataset(src_root: str, dst_root: str, progress: ProgressFn | None = _log_progress) -> CopyResult:
+def _is_object_store(uri: str) -> bool:
+    return storage.scheme_of(uri) not in ("", "file")
+
+
+def _stored_crc(info: dict | None) -> str | None:
+    """Hex crc32c from a GCS listing entry (base64 big-endian in the JSON API), if present."""
+    value = (info or {}).get("crc32c")
+    return base64.b64decode(value).hex() if value else None
+
+
+def _already_there(src: str, dst: str, want: ManifestEntry, src_info: dict, dst_info: dict | None) -> bool:
+    """Whether ``dst`` already holds the bytes of manifest entry ``want`` (copied by an earlier try).
+
+    Object store: size and the stored crc32c match the source's, from the two listings (no reads;
+    a local source is hashed, which is cheap). Local disk: the destination's sha256 matches.
+    """
+    if dst_info is None or int(dst_info["size"]) != want.size:
+        return False
+    have_crc = _stored_crc(dst_info)
+    if have_crc is not None:
+        src_crc = _stored_crc(src_info) or storage.crc32c(src)[0]
+        return int(src_info["size"]) == want.size and src_crc == have_crc
+    have, have_size = sha256_of(dst)
+    return have == want.sha256 and have_size == want.size
+
+
+def _verify_stored(dst: str, crc: str, size: int) -> None:
+    """An object store's recorded crc32c must equal what we sent (catches corrupted uploads)."""
+    stored = storage.stored_crc32c(dst) if _is_object_store(dst) else None
+    if stored is not None and stored != crc:
+        storage.remove(dst)
+        raise DataIntegrityError(dst, f"crc32c {crc} ({size} B) as uploaded", f"crc32c {stored} as stored")
+
+
+def _place_file(
+    rel: str,
+    src: str,
+    dst: str,
+    want: ManifestEntry | None,
+    server_side: bool,
+    src_info: dict,
+    dst_info: dict | None,
+) -> tuple[ManifestEntry, bool]:
+    """Copy one file unless already there; return its manifest entry and whether bytes moved."""
+    if want is not None and _already_there(src, dst, want, src_info, dst_info):
+        return want, False
+    if want is not None and server_side:
+        storage.copy_object(src, dst)
+        src_crc, _ = storage.crc32c(src)
+        dst_crc, dst_size = storage.crc32c(dst)
+        if dst_crc != src_crc or dst_size != want.size:
+            storage.remove(dst)
+            raise DataIntegrityError(
+                dst, f"crc32c {src_crc} ({want.size} B)", f"crc32c {dst_crc} ({dst_size} B)"
+            )
+        return want, True
+    sha, n, crc = _copy_one(src, dst)
+    if want is not None and (sha != want.sha256 or n != want.size):
+        storage.remove(dst)  # never leave bytes a later resume could mistake for a good copy
+        raise DataIntegrityError(src, want.sha256, sha)
+    _verify_stored(dst, crc, n)
+    return ManifestEntry(path=rel, size=n, sha256=sha), True
+
+
+def copy_dataset(
+    src_root: str,
+    dst_root: str,
+    progress: ProgressFn | None = _log_progress,
+    max_workers: int = DEFAULT_COPY_WORKERS,
+    server_side: bool | None = None,
+) -> CopyResult:
     """Copy every file of ``src_root`` to ``dst_root`` and write the manifest last.
 
     Args:
         src_root: concrete URI of the dataset folder (``file://`` or ``gs://``).
         dst_root: concrete URI of the destination folder.
         progress: called after each file with bytes done / total / seconds.
+        max_workers: files copied concurrently.
+        server_side: copy inside the object store (default: when both ends are ``gs://`` and the
+            source has a manifest, whose sha256 values the destination manifest then repeats).
 
     Returns:
         The manifest written, and how many bytes were copied or already in place.
 
     Raises:
-        DataIntegrityError: a file changed while being copied, or the source manifest disagrees.
+        DataIntegrityError: a file changed while being copied, the source manifest disagrees, or
+            the store recorded other bytes than were sent. The bad destination file is removed.
     """
+    if max_workers < 1:
+        raise ValueError(f"max_workers={max_workers} must be >= 1")
     start = time.monotonic()
     src_manifest = read_manifest(src_root)
-    files = list_files(src_root)
+    try:
+        src_listing = _listing(src_root)
+    except FileNotFoundError:
+        raise InvalidRequestError(
+            "dataset_uri", src_root, "dataset not found (no such folder or object)"
+        ) from None
+    files = sorted((rel, int(info["size"])) for rel, info in src_listing.items())
     total = sum(size for _, size in files)
     existing = read_manifest(dst_root)
     if existing is not None and src_manifest is not None and existing.files == src_manifest.files:
         logger.info("%s already holds a complete copy (%d files); nothing to do", dst_root, len(files))
         return CopyResult(existing, 0, existing.total_bytes, time.monotonic() - start)
     expected = {e.path: e for e in src_manifest.files} if src_manifest else {}
+    if server_side is None:
+        server_side = (
+            src_manifest is not None and storage.scheme_of(src_root) == storage.scheme_of(dst_root) == "gs"
+        )
 
-    entries, copied, skipped = [], 0, 0
-    for rel, size in files:
-        src, dst = storage.join(src_root, rel), storage.join(dst_root, rel)
-        want = expected.get(rel)
-        if want is not None and storage.exists(dst):
-            have, have_size = sha256_of(dst)
-            if have == want.sha256 and have_size == want.size:
-                entries.append(want)
+    try:
+        dst_listing = _listing(dst_root) if expected else {}
+    except FileNotFoundError:
+        dst_listing = {}
+
+    entries: dict[str, ManifestEntry] = {}
+    copied = skipped = 0
+    with ThreadPoolExecutor(max_workers=min(max_workers, max(1, len(files)))) as pool:
+        futures = {
+            pool.submit(
+                _place_file,
+                rel,
+                storage.join(src_root, rel),
+                storage.join(dst_root, rel),
+                expected.get(rel),
+                server_side,
+                src_listing[rel],
+                dst_listing.get(rel),
+            ): (rel, size)
+            for rel, size in files
+        }
+        for future in as_completed(futures):
+            rel, size = futures[future]
+            entry, moved = future.result()
+            entries[rel] = entry
+            if moved:
+                copied += entry.size
+            else:
                 skipped += size
-                continue
-        sha, n = _copy_one(src, dst)
-        if want is not None and (sha != want.sha256 or n != want.size):
-            raise DataIntegrityError(src, want.sha256, sha)
-        entries.append(ManifestEntry(path=rel, size=n, sha256=sha))
-        copied += n
-        if progress:
-            progress(copied + skipped, total, time.monotonic() - start)
-    manifest = DatasetManifest(dataset_uri=src_root, files=tuple(entries))
+            if progress and moved:
+                progress(copied + skipped, total, time.monotonic() - start)
+    manifest = DatasetManifest(dataset_uri=src_root, files=tuple(entries[rel] for rel, _ in files))
     storage.write_json(storage.join(dst_root, MANIFEST_NAME), manifest.to_json())
     return CopyResult(manifest, copied, skipped, time.monotonic() - start)
 

@@ -425,6 +425,7 @@ class Ledger:
         q = select(r.dataset_uri, func.max(r.bytes)).where(r.dataset_uri.in_(list(dataset_uris)))
         with self.engine.connect() as c:
             return {uri: int(n) for uri, n in c.execute(q.group_by(r.dataset_uri))}
+
     # --- nightly rebalance ---------------------------------------------------------------------
     def utilization_rows(self, since: dt.datetime, until: dt.datetime | None = None) -> list[dict[str, Any]]:
         """Utilization rows overlapping [since, until) with the run's dataset (for the rebalance)."""
@@ -457,6 +458,7 @@ class Ledger:
         q = select(t.rebalance_nights).order_by(t.rebalance_nights.c.id.desc()).limit(limit)
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings()]
+
     # --- per-job GPU-type allocations (heterogeneity-aware policies) ---------------------------
     def runs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
         """Runs whose status is one of ``statuses``, oldest first."""

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import crc32c
-import google_crc32c
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.utils.serialization.config as torch_serialization_config
@@ -59,14 +58,13 @@ def step_dir_name(step: int) -> str:
 
 
 def crc32c_of(uri: str) -> tuple[str, int]:
-    """(hex crc32c, size) of a file; crc32c is what GCS itself reports for objects."""
-    fs, path = storage.filesystem(uri)
-    crc, size = google_crc32c.Checksum(), 0
-    with fs.open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc.update(chunk)
-            size += len(chunk)
-    return crc.hexdigest().decode(), size
+    """(hex crc32c, size) of a file; crc32c is what GCS itself reports for objects, so on ``gs://``
+    it comes from the object's metadata instead of reading the checkpoint back."""
+    return storage.crc32c(uri, _CHUNK)
+
+
+def _reader(uri: str) -> FsspecReader:
+    return FsspecReader(uri, **storage.fs_options(storage.scheme_of(uri)))
 
 
 class _ChecksumStream:
@@ -102,7 +100,10 @@ class _ChecksummingFileSystem(_FsspecFileSystem):
             self.sums[posixpath.basename(str(path))] = {"crc32c": f"{proxy.crc:08x}", "size": proxy.size}
 
     def rename(self, path: Any, new_path: Any) -> None:
-        super().rename(path, new_path)
+        if storage.scheme_of(str(path)) in ("", "file"):
+            super().rename(path, new_path)
+        else:  # object stores have no rename: copy + delete (gcsfs's moveTo is not universal)
+            storage.rename(str(path), str(new_path))
         old = self.sums.pop(posixpath.basename(str(path)), None)
         if old is not None:
             self.sums[posixpath.basename(str(new_path))] = old
@@ -217,7 +218,12 @@ class CheckpointManager:
         fs, path = storage.filesystem(uri)
         if self.rank == 0 and fs.exists(path):
             fs.rm(path, recursive=True)  # a partial folder from a killed save of the same step
-        return ChecksummingFsspecWriter(uri, sync_files=False, thread_count=self.thread_count)
+        return ChecksummingFsspecWriter(
+            uri,
+            sync_files=False,
+            thread_count=self.thread_count,
+            **storage.fs_options(storage.scheme_of(uri)),
+        )
 
     def save(self, step: int, state: dict[str, Any]) -> SaveInfo:
         """Save ``state`` (DCP state dict, Stateful values allowed) as step ``step`` and commit it."""
@@ -348,7 +354,7 @@ class CheckpointManager:
         state: dict[str, Any] = {}
         dcp.load(
             state,
-            storage_reader=FsspecReader(self.step_uri(step)),
+            storage_reader=_reader(self.step_uri(step)),
             planner=_EmptyStateDictLoadPlanner(),
             no_dist=True,
         )
@@ -356,7 +362,7 @@ class CheckpointManager:
 
     def load(self, step: int, state: dict[str, Any]) -> None:
         """Load step ``step`` into ``state`` in place (every rank calls this)."""
-        dcp.load(state, storage_reader=FsspecReader(self.step_uri(step)), no_dist=not self.distributed)
+        dcp.load(state, storage_reader=_reader(self.step_uri(step)), no_dist=not self.distributed)
         if self.rank == 0:
             logger.info("restored checkpoint step %d from %s", step, self.step_uri(step))
 

@@ -1,0 +1,423 @@
+"""GKE backend offline: cluster/node-pool bodies checked by container_v1 types, training pods as
+GKEStartPodOperator builds them checked by kubernetes-validate (Kubernetes 1.30), and
+provision/teardown idempotency against an in-memory ClusterManager."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import kubernetes_validate
+import pytest
+
+from sailor_tasks.backends import TrainLaunch, get_backend
+from sailor_tasks.backends.gke import (
+    CONTAINER_NAME,
+    PREEMPTION_NOTICE_S,
+    GkeBackend,
+    GkeConfig,
+    accelerator_type,
+    build_cluster_body,
+    build_node_pool_body,
+    build_rendezvous_service,
+    build_training_pods,
+    node_pool_name,
+    serialize,
+    validate_cluster_body,
+    validate_node_pool_body,
+)
+from sailor_tasks.catalog import load_catalog
+from sailor_tasks.model import Placement
+
+pytestmark = pytest.mark.gke
+
+K8S = "1.30"
+CONFIG = GkeConfig(project="acme-ml")
+
+
+def _placement(gpu: str, gpus_per_node: int, num_nodes: int, market: str = "spot") -> Placement:
+    offer = next(o for o in load_catalog().offers if o.gpu_type == gpu and o.gpus_per_node == gpus_per_node)
+    return Placement(
+        run_id="manual__2026-11-22T05:00:00+00:00",
+        cloud="gcp",
+        region=offer.region,
+        zone=offer.zone,
+        gpu_type=gpu,
+        gpus_per_node=gpus_per_node,
+        num_nodes=num_nodes,
+        num_gpus=gpus_per_node * num_nodes,
+        market=market,
+        instance_type=offer.instance_type,
+        usd_per_hour=offer.usd_per_hour(market) * num_nodes,
+    )
+
+
+def _launch(placement: Placement) -> TrainLaunch:
+    key = "manual__2026-11-22T05_00_00_00_00"
+    uri = f"gs://acme-ml-sailor-{placement.region}/runs/{key}/train_config.json"
+    return TrainLaunch(placement.run_id, key, uri, placement.num_gpus, placement)
+
+
+# --- Google bodies ------------------------------------------------------------------------------
+
+
+def test_spot_node_pool_body_is_a_valid_gpu_pool_for_the_placement():
+    pl = _placement("A100", 4, 2)
+    body = build_node_pool_body(CONFIG, "run-1", pl)
+    pool = validate_node_pool_body(body)  # raises on unknown fields or wrong types
+    assert pool.config.spot is True
+    assert pool.config.machine_type == pl.instance_type
+    (acc,) = pool.config.accelerators
+    assert (acc.accelerator_type, acc.accelerator_count) == ("nvidia-tesla-a100", 4)
+    assert acc.gpu_driver_installation_config.gpu_driver_version.name == "DEFAULT"
+    assert list(pool.locations) == [pl.zone]
+    assert (pool.autoscaling.enabled, pool.autoscaling.min_node_count, pool.autoscaling.max_node_count) == (
+        True,
+        0,
+        2,
+    )
+    taints = {(t.key, t.value, t.effect.name) for t in pool.config.taints}
+    assert taints == {
+        ("nvidia.com/gpu", "present", "NO_SCHEDULE"),
+        ("cloud.google.com/gke-spot", "true", "NO_SCHEDULE"),
+    }
+    assert pool.name == node_pool_name("run-1") and len(pool.name) <= 40
+
+
+def test_on_demand_pool_has_no_spot_flag_or_taint():
+    pool = validate_node_pool_body(build_node_pool_body(CONFIG, "run-1", _placement("L4", 1, 1, "on_demand")))
+    assert pool.config.spot is False
+    assert [t.key for t in pool.config.taints] == ["nvidia.com/gpu"]
+
+
+def test_cluster_body_is_valid_and_the_validator_rejects_unknown_fields():
+    body = build_cluster_body(CONFIG, "us-central1")
+    cluster = validate_cluster_body(body)
+    assert cluster.name == "sailor-us-central1"
+    assert cluster.workload_identity_config.workload_pool == "acme-ml.svc.id.goog"
+    (system,) = validate_cluster_body(build_cluster_body(CONFIG, "us-central1", "us-central1-b")).node_pools
+    assert list(system.locations) == ["us-central1-b"] and not system.config.accelerators
+    with pytest.raises(ValueError):
+        validate_cluster_body({**body, "spot_everything": True})
+
+
+def test_every_catalog_gpu_has_an_accelerator_type_and_unknown_ones_are_named():
+    for gpu in load_catalog().gpu_types:
+        assert accelerator_type(gpu).startswith("nvidia-")
+    with pytest.raises(ValueError, match="TPUv9.*valid: A100"):
+        accelerator_type("TPUv9")
+
+
+def test_bad_teardown_mode_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="valid: delete, scale_to_zero"):
+        GkeConfig(project="p", teardown="shred")
+
+
+# --- training pods ------------------------------------------------------------------------------
+
+
+def _kpo_render(pod, launch):
+    from sailor_tasks.gcp_glue import training_pod_operator
+
+    op = training_pod_operator(CONFIG, launch, pod, deferrable=True)
+    return serialize(op.build_pod_request_obj(context=None, dry_run=True)), op
+
+
+def test_single_node_pod_targets_the_spot_pool_with_gpu_limits_and_notice_grace():
+    launch = _launch(_placement("A100", 4, 1))
+    (pod,) = build_training_pods(CONFIG, launch)
+    assert build_rendezvous_service(CONFIG, launch) is None
+    manifest, op = _kpo_render(pod, launch)
+    kubernetes_validate.validate(manifest, K8S, strict=True)
+    spec = manifest["spec"]
+    assert spec["nodeSelector"] == {
+        "cloud.google.com/gke-nodepool": node_pool_name(launch.run_key),
+        "cloud.google.com/gke-spot": "true",
+    }
+    assert {t["key"] for t in spec["tolerations"]} == {"nvidia.com/gpu", "cloud.google.com/gke-spot"}
+    assert spec["terminationGracePeriodSeconds"] == PREEMPTION_NOTICE_S == 30
+    assert spec["restartPolicy"] == "Never"
+    (container,) = spec["containers"]
+    assert container["name"] == CONTAINER_NAME
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert container["command"][:4] == ["python", "-m", "torch.distributed.run", "--nproc-per-node=4"]
+    assert "--standalone" in container["command"]
+    assert container["command"][-3:] == ["sailor_tasks.train", "--config", launch.config_uri]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["SAILOR_CHECKPOINT_URI"] == launch.config_uri.rsplit("/", 1)[0] + "/checkpoints"
+    assert manifest["metadata"]["labels"]["sailor.dev/run"] == launch.run_key.lower()
+    assert op.deferrable is True and op.reattach_on_restart is True
+    assert op.termination_grace_period == PREEMPTION_NOTICE_S
+
+
+def test_multi_node_pods_rendezvous_on_node_zero_through_a_headless_service():
+    launch = _launch(_placement("H100", 8, 3))
+    pods = build_training_pods(CONFIG, launch)
+    service = serialize(build_rendezvous_service(CONFIG, launch))
+    kubernetes_validate.validate(service, K8S, strict=True)
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"]["sailor.dev/node-rank"] == "0"
+    host = f"{service['metadata']['name']}.sailor.svc.cluster.local"
+    ranks = []
+    for pod in pods:
+        manifest, _ = _kpo_render(pod, launch)
+        kubernetes_validate.validate(manifest, K8S, strict=True)
+        cmd = manifest["spec"]["containers"][0]["command"]
+        assert "--nnodes=3" in cmd and f"--master-addr={host}" in cmd
+        ranks.append(next(a for a in cmd if a.startswith("--node-rank=")))
+    assert ranks == ["--node-rank=0", "--node-rank=1", "--node-rank=2"]
+    assert len({p.metadata.name for p in pods}) == 3
+
+
+def test_a_retried_task_finds_its_own_node_pods_not_the_others():
+    """KubernetesPodOperator reattaches by a label selector: dag/task/run (not try) + our labels."""
+    launch = _launch(_placement("H100", 8, 2))
+    ti = SimpleNamespace(dag_id="sailor_train", task_id="train", map_index=-1, try_number=2)
+    context = {"ti": ti, "run_id": launch.run_id, "dag": SimpleNamespace()}
+    selectors = [
+        _kpo_render(pod, launch)[1]._build_find_pod_label_selector(context)
+        for pod in build_training_pods(CONFIG, launch)
+    ]
+    for rank, selector in enumerate(selectors):
+        assert "dag_id=sailor_train" in selector and "task_id=train" in selector
+        assert f"sailor.dev/node-rank={rank}" in selector and "try_number" not in selector
+        assert "sailor.dev/plan=" in selector
+    assert selectors[0] != selectors[1]
+
+
+def test_sailor_render_prints_valid_node_pool_and_manifests(tmp_path, settings):
+    params = tmp_path / "params.json"
+    params.write_text(
+        json.dumps({"num_workers": 16, "gpu_type": "H100", "market": "spot", "max_usd_per_hour": 200})
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "sailor_tasks.cli", "render", "--backend", "gke", "--json", str(params)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    pool = validate_node_pool_body(out["node_pool"]["node_pool"])
+    assert pool.config.spot and pool.config.accelerators[0].accelerator_type == "nvidia-h100-80gb"
+    assert pool.autoscaling.max_node_count == out["placement"]["num_nodes"]
+    kinds = [m["kind"] for m in out["manifests"]]
+    assert kinds.count("Pod") == out["placement"]["num_nodes"]
+    for manifest in out["manifests"]:
+        kubernetes_validate.validate(manifest, K8S, strict=True)
+    assert out["manifests"][0]["spec"]["containers"][0]["command"][-1].startswith("gs://")
+
+
+def test_sailor_render_names_a_bad_param(tmp_path, settings):
+    proc = subprocess.run(
+        [sys.executable, "-m", "sailor_tasks.cli", "render", "--set", 'gpu_type="TPU"'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "gpu_type" in proc.stderr and "A100" in proc.stderr
+
+
+def test_exit_status_of_a_finished_training_container_is_read_from_the_pod():
+    from kubernetes.client import models as k8s
+
+    from sailor_tasks.backends.gke import container_exit_code
+
+    def pod(**state):
+        status = k8s.V1ContainerStatus(
+            name=CONTAINER_NAME,
+            image="i",
+            image_id="",
+            ready=False,
+            restart_count=0,
+            state=k8s.V1ContainerState(**state),
+        )
+        return k8s.V1Pod(status=k8s.V1PodStatus(container_statuses=[status]))
+
+    preempted = pod(terminated=k8s.V1ContainerStateTerminated(exit_code=75))
+    assert container_exit_code(preempted) == 75
+    assert container_exit_code(pod(running=k8s.V1ContainerStateRunning())) is None
+    assert container_exit_code(k8s.V1Pod()) is None
+
+
+# --- provisioning against an in-memory ClusterManager -------------------------------------------
+
+
+class FakeClusterManager:
+    """In-memory ClusterManager: clusters and pools by resource path, GKE's status codes as errors."""
+
+    def __init__(self):
+        self.clusters: dict[str, object] = {}
+        self.pools: dict[str, object] = {}
+        self.calls: list[str] = []
+
+    def _op(self):
+        from google.cloud.container_v1 import types
+
+        return types.Operation(name="op", status=types.Operation.Status.DONE, location="us-central1")
+
+    def get_cluster(self, *, name):
+        from google.api_core.exceptions import NotFound
+
+        self.calls.append("get_cluster")
+        if name not in self.clusters:
+            raise NotFound(name)
+        return self.clusters[name]
+
+    def create_cluster(self, *, parent, cluster):
+        from google.api_core.exceptions import AlreadyExists
+
+        self.calls.append("create_cluster")
+        path = f"{parent}/clusters/{cluster.name}"
+        if path in self.clusters:
+            raise AlreadyExists(path)
+        self.clusters[path] = cluster
+        return self._op()
+
+    def create_node_pool(self, *, parent, node_pool):
+        from google.api_core.exceptions import AlreadyExists
+
+        self.calls.append("create_node_pool")
+        path = f"{parent}/nodePools/{node_pool.name}"
+        if path in self.pools:
+            raise AlreadyExists(path)
+        self.pools[path] = node_pool
+        return self._op()
+
+    def set_node_pool_size(self, *, name, node_count):
+        from google.api_core.exceptions import NotFound
+
+        self.calls.append(f"set_node_pool_size={node_count}")
+        if name not in self.pools:
+            raise NotFound(name)
+        self.pools[name].initial_node_count = node_count
+        return self._op()
+
+    def delete_node_pool(self, *, name):
+        from google.api_core.exceptions import NotFound
+
+        self.calls.append("delete_node_pool")
+        if name not in self.pools:
+            raise NotFound(name)
+        del self.pools[name]
+        return self._op()
+
+    def get_node_pool(self, *, name):
+        return self.pools[name]
+
+    def set_node_pool_autoscaling(self, *, name, autoscaling):
+        raise NotImplementedError
+
+    def get_operation(self, *, name):
+        return self._op()
+
+
+@pytest.fixture
+def gke_settings(gcs, settings):
+    """Settings whose buckets are on the GCS API server (the backend keeps its records there)."""
+    import uuid
+
+    prefix = f"t-{uuid.uuid4().hex[:10]}"
+    gcs(f"{prefix}-source")
+    return dataclasses.replace(settings, bucket_template=f"gs://{prefix}-{{bucket}}")
+
+
+def test_gke_backend_refuses_local_buckets(settings):
+    with pytest.raises(ValueError, match="SAILOR_BUCKET_TEMPLATE=gs://"):
+        GkeBackend(settings, config=CONFIG, client=FakeClusterManager())
+    with pytest.raises(ValueError, match="gs://"):
+        get_backend("gke", settings)
+
+
+@pytest.mark.gcs
+def test_provision_is_idempotent_and_teardown_deletes_the_pool(gke_settings):
+    fake = FakeClusterManager()
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    pl = _placement("A100", 4, 2)
+    first = backend.provision("run-1", pl)
+    assert (first["cluster_state"], first["node_pool_state"]) == ("created", "created")
+    again = backend.provision("run-1", pl)  # a retried task
+    assert (again["cluster_state"], again["node_pool_state"]) == ("exists", "exists")
+    assert len(fake.clusters) == 1 and len(fake.pools) == 1
+    other = backend.provision("run-2", pl)  # another run in the same region reuses the cluster
+    assert other["cluster_state"] == "exists" and len(fake.pools) == 2
+    assert backend.teardown("run-1") is True
+    assert len(fake.pools) == 1
+    assert backend.teardown("run-1") is False  # idempotent
+
+
+@pytest.mark.gcs
+def test_scale_to_zero_teardown_keeps_the_pool_and_provision_scales_it_back(gke_settings):
+    fake = FakeClusterManager()
+    backend = GkeBackend(
+        gke_settings, config=dataclasses.replace(CONFIG, teardown="scale_to_zero"), client=fake, poll_s=0
+    )
+    pl = _placement("L4", 1, 3)
+    backend.provision("run-1", pl)
+    assert backend.teardown("run-1") is True
+    (pool,) = fake.pools.values()
+    assert pool.initial_node_count == 0 and "set_node_pool_size=0" in fake.calls
+    backend.provision("run-1", pl)
+    assert pool.initial_node_count == 3
+
+
+def test_train_without_the_airflow_glue_says_how_to_run_it(settings, monkeypatch):
+    import sailor_tasks.backends.gke as gke
+
+    monkeypatch.setattr(gke, "_pod_runner", None)
+    gs = dataclasses.replace(settings, bucket_template="gs://p-sailor-{bucket}")
+    backend = GkeBackend(gs, config=CONFIG, client=FakeClusterManager())
+    with pytest.raises(RuntimeError, match="GKEStartPodOperator"):
+        backend.train(_launch(_placement("T4", 1, 1)))
+
+
+class SlowOperations(FakeClusterManager):
+    """Operations that run for a few polls, then end as ``final`` (with an error message if given)."""
+
+    def __init__(self, polls: int, error: str = ""):
+        super().__init__()
+        self.polls, self.error, self.asked = polls, error, []
+
+    def _op(self):
+        from google.cloud.container_v1 import types
+
+        return types.Operation(name="op-7", status=types.Operation.Status.RUNNING, location="europe-west4")
+
+    def get_operation(self, *, name):
+        from google.cloud.container_v1 import types
+
+        self.asked.append(name)
+        if len(self.asked) < self.polls:
+            return types.Operation(name="op-7", status=types.Operation.Status.RUNNING)
+        if self.error:
+            return types.Operation(
+                name="op-7", status=types.Operation.Status.DONE, error={"message": self.error}
+            )
+        return types.Operation(name="op-7", status=types.Operation.Status.DONE)
+
+
+@pytest.mark.gcs
+def test_provision_waits_for_running_operations_and_reports_their_errors(gke_settings):
+    slow = SlowOperations(polls=3)
+    backend = GkeBackend(gke_settings, config=CONFIG, client=slow, poll_s=0)
+    backend.provision("run-9", _placement("T4", 1, 1))
+    assert len(slow.asked) >= 3
+    assert slow.asked[0] == "projects/acme-ml/locations/europe-west4/operations/op-7"
+
+    failing = SlowOperations(polls=1, error="Insufficient regional quota to satisfy request: NVIDIA_T4_GPUS")
+    backend = GkeBackend(gke_settings, config=CONFIG, client=failing, poll_s=0)
+    with pytest.raises(RuntimeError, match="NVIDIA_T4_GPUS"):
+        backend.provision("run-10", _placement("T4", 1, 1))
+
+
+def test_gke_run_with_local_buckets_is_rejected_at_validate(ctx, demo_dataset):
+    from sailor_tasks import stages
+    from sailor_tasks.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="backend=.gke.*SAILOR_BUCKET_TEMPLATE=gs://"):
+        stages.validate({"backend": "gke", "dataset_uri": demo_dataset}, "manual__r1", ctx)
+    (run,) = ctx.ledger.list_runs()
+    assert run["status"] == "rejected" and ctx.ledger.live_reservations() == []

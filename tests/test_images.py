@@ -1,0 +1,82 @@
+"""The training image installs every third-party package the training entrypoint imports."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, distributions, requires
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+OPTIONAL_IMPORTS = {
+    "dill": "torch imports it when installed (datapipe pickling), works without",
+    "tqdm": "torch imports it when installed (hub progress bars), works without",
+    "chardet": "requests prefers it when installed, else charset-normalizer (a dependency)",
+    "grpcio-status": "google-api-core imports it when installed (gRPC error details); gcsfs uses JSON",
+}
+"""Packages the probe sees only because this venv has them; the image runs without them."""
+
+
+def _train_image_packages() -> set[str]:
+    text = (ROOT / "docker" / "train.Dockerfile").read_text()
+    pattern = re.search(r"grep -E '\^\(([^)]*)\)==' requirements.txt", text)
+    assert pattern, "train.Dockerfile no longer selects its packages from requirements.txt"
+    names = set(pattern.group(1).split("|"))
+    pinned = {
+        line.split("==")[0] for line in (ROOT / "requirements.txt").read_text().splitlines() if "==" in line
+    }
+    assert names <= pinned, f"not pinned in requirements.txt: {names - pinned}"
+    return {n.lower() for n in names}
+
+
+def _imported_distributions() -> set[str]:
+    """Distributions owning a file of a module the entrypoint imports (file-level: ``google`` is a
+    namespace shared by many distributions)."""
+    code = (
+        "import sys, json, fsspec; import sailor_tasks.train.__main__, sailor_tasks.train.trainer; "
+        # what the entrypoint imports lazily: gcsfs for gs:// URIs, google_crc32c for checksums
+        "fsspec.get_filesystem_class('gs'); import google_crc32c; "
+        "print(json.dumps(sorted({getattr(m, '__file__', None) or '' for m in list(sys.modules.values())})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    files = {str(Path(f).resolve()) for f in json.loads(out.stdout.strip().splitlines()[-1]) if f}
+    owners = set()
+    for dist in distributions():
+        for rel in dist.files or ():
+            if rel.suffix == ".py" and str(Path(dist.locate_file(rel)).resolve()) in files:
+                owners.add(dist.metadata["Name"].lower().replace("_", "-"))
+                break
+    owners.discard("sailor-tasks")
+    return owners
+
+
+def _closure(names: set[str]) -> set[str]:
+    """``names`` and everything they depend on (what pip installs with them)."""
+    closure, frontier = set(names), list(names)
+    while frontier:
+        try:
+            reqs = requires(frontier.pop()) or ()
+        except PackageNotFoundError:  # a dependency only for other Python versions or platforms
+            continue
+        for req in reqs:
+            if "extra ==" in req:
+                continue
+            name = re.split(r"[ ;<>=!~\[(]", req, maxsplit=1)[0].lower().replace("_", "-")
+            if name not in closure:
+                closure.add(name)
+                frontier.append(name)
+    return closure
+
+
+def test_training_image_covers_the_entrypoints_imports():
+    needed = _imported_distributions()
+    assert "torch" in needed and "gcsfs" in needed  # the probe sees real imports
+    missing = needed - _closure(_train_image_packages()) - set(OPTIONAL_IMPORTS)
+    assert not missing, (
+        f"the training entrypoint imports packages the image does not install: {sorted(missing)}"
+    )
