@@ -31,6 +31,7 @@ from pathlib import Path
 import requests
 
 from sailor_tasks.airflow_api import AirflowClient
+from sailor_tasks.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +196,10 @@ class AirflowStack:
     @property
     def state_dir(self) -> Path:
         return self.root / "sailor"
+
+    def settings(self) -> Settings:
+        """SAILOR settings as the stack's task processes see them (state folder, ledger URL)."""
+        return Settings.from_env({k: v for k, v in self.env.items() if k.startswith("SAILOR_")})
 
     def client(self) -> AirflowClient:
         return AirflowClient(self.url, USERNAME, PASSWORD)
