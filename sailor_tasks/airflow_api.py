@@ -39,6 +39,17 @@ def _detail(resp: requests.Response) -> Any:
     return body.get("detail", body) if isinstance(body, dict) else body
 
 
+def _log_line(part: Any) -> str:
+    """One structured log record as text: the message, then any exception type and value."""
+    if not isinstance(part, dict):
+        return str(part)
+    line = str(part.get("event", ""))
+    for err in part.get("error_detail") or ():
+        if isinstance(err, dict):
+            line += f"\n{err.get('exc_type')}: {err.get('exc_value')}"
+    return line
+
+
 @dataclass
 class AirflowClient:
     """REST client bound to one Airflow deployment.
@@ -132,9 +143,7 @@ class AirflowClient:
         )
         content = body.get("content", body) if isinstance(body, dict) else body
         if isinstance(content, list):
-            return "\n".join(
-                str(part.get("event", part)) if isinstance(part, dict) else str(part) for part in content
-            )
+            return "\n".join(_log_line(part) for part in content)
         return str(content)
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:

@@ -6,6 +6,7 @@ A failing e2e test gets the tail of every service log and task log attached to i
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -47,7 +48,8 @@ def stack():
         raise
     yield s
     s.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    if not os.environ.get("SAILOR_E2E_KEEP"):  # set it to keep logs and state for a post-mortem
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _seed_demo_dataset(s: AirflowStack) -> None:
