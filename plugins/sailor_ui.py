@@ -146,7 +146,7 @@ def render_page(snap) -> str:
             for team, s in sorted(a["shares"].items())
         )
         assignment = (
-            f'<p id="assignment">Version <b>v{_e(a["version"])}</b>, published {_e(a["created_at"])} '
+            f'<p id="assignment">Version <b>v{_e(a["version"])}</b>, published {_e(str(a["created_at"])[:19].replace("T", " "))} UTC '
             f"by {_e(a['source'])}</p><ul>{shares}</ul>"
         )
     else:

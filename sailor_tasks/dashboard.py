@@ -75,8 +75,7 @@ def region_rows(catalog: Catalog, ledger: Ledger) -> tuple[RegionRow, ...]:
     reserved: dict[str, int] = defaultdict(int)
     for r in ledger.live_reservations():
         reserved[r.region] += r.gpus
-    assignment = ledger.latest_assignment()
-    load = dict(getattr(assignment, "region_load", None) or {}) if assignment else {}
+    load = latest_region_load(ledger)
     regions = sorted(set(by_type) | set(reserved))
     return tuple(
         RegionRow(
@@ -88,6 +87,16 @@ def region_rows(catalog: Catalog, ledger: Ledger) -> tuple[RegionRow, ...]:
         )
         for region in regions
     )
+
+
+def latest_region_load(ledger: Ledger) -> dict[str, float]:
+    """Region → demand/supply recorded with the newest assignment (empty when it recorded none)."""
+    from sqlalchemy import select
+
+    a = t.assignments.c
+    with ledger.engine.connect() as c:
+        row = c.execute(select(a.region_load).order_by(a.version.desc()).limit(1)).first()
+    return {str(k): float(v) for k, v in (row[0] or {}).items()} if row else {}
 
 
 def last_report_uri(ledger: Ledger) -> str | None:
