@@ -119,3 +119,30 @@ def test_train_dag_with_the_sailor_ledger_on_postgresql(stack, client, train_run
     # The default (SQLite) ledger did not see this run.
     assert Ledger(stack.settings().ledger_url).get_run(run["dag_run_id"]) is None
     assert os.path.exists(os.path.join(stack.state_dir, "ledger.db"))
+
+
+def test_sailor_submit_triggers_and_follows_a_run(stack, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps({**TINY, "job_name": "e2e-cli"}))
+    sailor = os.path.join(os.path.dirname(sys.executable), "sailor")
+    cmd = [sailor, "submit", str(params), "--airflow-url", stack.url, "--username", "admin", "--poll", "2"]
+    done = subprocess.run(
+        [*cmd, "--password", "admin"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id, state = done.stdout.split()
+    assert state == "success" and run_id.startswith("manual__")
+    assert "train=running" in done.stderr and "# SAILOR run" in done.stderr  # followed, then summarised
+    assert Ledger(stack.settings().ledger_url).get_run(run_id)["status"] == "success"
+
+    params.write_text(json.dumps({**TINY, "num_workers": 0}))
+    bad = subprocess.run([*cmd, "--password", "admin"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "num_workers" in bad.stderr and bad.stdout == ""
+
+    params.write_text(json.dumps(TINY))
+    denied = subprocess.run([*cmd, "--password", "wrong"], capture_output=True, text=True, timeout=120)
+    assert denied.returncode == 2 and "401" in denied.stderr
