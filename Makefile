@@ -17,6 +17,9 @@ export AIRFLOW__CORE__PLUGINS_FOLDER  := $(CURDIR)/plugins
 export AIRFLOW__CORE__PARALLELISM     := 4
 export AIRFLOW__CORE__UNIT_TEST_MODE  := False
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS := admin:admin
+# Local development only: a fixed password (admin) instead of a generated one, so the README's
+# REST examples work as written. Deployments use their own auth manager / passwords file.
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE := $(CURDIR)/.airflow/passwords.json
 # SAILOR's own state (region buckets, ledger) lives in .sailor/ unless overridden.
 export SAILOR_STATE_DIR ?= $(CURDIR)/.sailor
 
@@ -74,6 +77,7 @@ bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 airflow: $(DB_STAMP)
+	@test -f .airflow/passwords.json || echo '{"admin": "admin"}' > .airflow/passwords.json
 	$(BIN)/airflow standalone
 
 clean:
