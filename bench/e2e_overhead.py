@@ -127,6 +127,7 @@ def main() -> None:
         )
         bare_config = dataclasses.replace(config, output_uri=f"file://{root}/bare")
         bare_wall, bare_result = bare_train(stack, bare_config, workers)
+        dag_result = storage.read_json(config.result_uri)
         stages = {t["stage"]: round(t["seconds"], 2) for t in ledger.stage_timings(run_id) if t["ok"]}
         ledger.dispose()
     finally:
@@ -143,6 +144,9 @@ def main() -> None:
                 "num_workers": workers,
                 "train_task_wall_s": stages.get("train"),
                 "stage_s": stages,
+                # Training speed inside each: a gap here is CPU contention on the machine, not Airflow.
+                "samples_per_s_dag": round(dag_result["samples_per_s"], 1),
+                "samples_per_s_bare": round(bare_result["samples_per_s"], 1),
                 "final_loss_dag": record["final_loss"],
                 "final_loss_bare": bare_result["final_loss"],
                 "placed_in": f"{record['region']}/{record['gpu_type']}",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ROOT
+from tests.e2e.conftest import ROOT, RUN_TIMEOUT_S
 
 pytestmark = pytest.mark.e2e
 
@@ -105,6 +105,41 @@ def test_trigger_form_shows_the_params_by_section(stack, logged_in):
     chips = browser.find_elements(By.XPATH, "//*[normalize-space(text())='europe-west4']")
     assert chips, "the regions multi-select shows its chosen regions"
     assert (ARTIFACTS / "trigger_form.png").stat().st_size > 10_000
+
+
+def test_trigger_form_starts_a_run_with_typed_params(stack, client, logged_in):
+    """Fill two fields, press Trigger: the run's conf carries typed values (int, list of regions)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser, wait = logged_in, WebDriverWait(logged_in, 120)
+    browser.get(f"{stack.url}/dags/sailor_train")
+    wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid=trigger-dag-button]"))).click()
+    wait.until(ec.presence_of_element_located((By.XPATH, "//*[normalize-space(text())='Market and cost']")))
+    for _ in range(3):  # the accordion may come back with another section open: open Job
+        if [e for e in browser.find_elements(By.NAME, "element_job_name") if e.is_displayed()]:
+            break
+        _open_section(browser, wait, "Job")
+    for name, value in (("element_job_name", "ui-form"), ("element_total_steps", "60")):
+        field = wait.until(ec.visibility_of_element_located((By.NAME, name)))
+        field.send_keys(Keys.CONTROL, "a")
+        field.send_keys(value)
+    time.sleep(0.5)
+    wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]"))).click()
+
+    deadline = time.monotonic() + 120
+    run = None
+    while run is None and time.monotonic() < deadline:
+        runs = client.request("GET", "/api/v2/dags/sailor_train/dagRuns", params={"limit": 100})["dag_runs"]
+        run = next((r for r in runs if (r.get("conf") or {}).get("job_name") == "ui-form"), None)
+        time.sleep(1)
+    assert run is not None, "pressing Trigger created no run"
+    conf = run["conf"]
+    assert conf["total_steps"] == 60 and conf["num_workers"] == 2
+    assert isinstance(conf["regions"], list) and "us-central1" in conf["regions"]
+    assert client.wait("sailor_train", run["dag_run_id"], timeout_s=RUN_TIMEOUT_S) == "success"
 
 
 def test_sailor_page_shows_the_regions(stack, logged_in):
