@@ -12,7 +12,8 @@ capacity was reserved: releases the reservation and the cluster).
 - **place_data**: copies the dataset into the region's bucket (checksummed manifest written last).
 - **provision**: creates the cluster (local: a record + torchrun; gke: a spot GPU node pool).
 - **train**: `python -m sailor_tasks.train` under torchrun; resumes from the newest checkpoint.
-- **finalize**: records the result and writes the run summary (markdown) next to the checkpoints.
+- **finalize**: records the result and writes the run summary (markdown) next to the checkpoints;
+  the summary is also in its log and in its XCom (`summary_md`).
 """
 
 from __future__ import annotations
