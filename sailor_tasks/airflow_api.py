@@ -113,6 +113,9 @@ class AirflowClient:
     def unpause(self, dag_id: str) -> dict[str, Any]:
         return self.request("PATCH", f"/api/v2/dags/{quote(dag_id)}", json={"is_paused": False})
 
+    def pause(self, dag_id: str) -> dict[str, Any]:
+        return self.request("PATCH", f"/api/v2/dags/{quote(dag_id)}", json={"is_paused": True})
+
     def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None, note: str | None = None) -> dict:
         """Create a dag run now (``logical_date: null``) with ``conf`` as its params.
 

@@ -82,8 +82,12 @@ def test_sailor_page_requires_login_and_shows_regions_and_runs(stack, client, tr
 
 
 def test_rebalance_publishes_an_assignment_the_page_shows(stack, client, train_run):
-    run = client.trigger("sailor_rebalance", {})
-    state = client.wait("sailor_rebalance", run["dag_run_id"], timeout_s=RUN_TIMEOUT_S)
+    client.unpause("sailor_rebalance")
+    try:
+        run = client.trigger("sailor_rebalance", {})
+        state = client.wait("sailor_rebalance", run["dag_run_id"], timeout_s=RUN_TIMEOUT_S)
+    finally:  # no scheduled rebalance (replication) while later tests count bucket files
+        client.pause("sailor_rebalance")
     assert state == "success"
     assignment = Ledger(stack.settings().ledger_url).latest_assignment()
     assert assignment is not None and TINY["team"] in assignment.shares
