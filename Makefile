@@ -17,10 +17,13 @@ export AIRFLOW__CORE__PLUGINS_FOLDER  := $(CURDIR)/plugins
 export AIRFLOW__CORE__PARALLELISM     := 4
 export AIRFLOW__CORE__UNIT_TEST_MODE  := False
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS := admin:admin
+# Local development only: a fixed password (admin) instead of a generated one, so the README's
+# REST examples work as written. Deployments use their own auth manager / passwords file.
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE := $(CURDIR)/.airflow/passwords.json
 # SAILOR's own state (region buckets, ledger) lives in .sailor/ unless overridden.
 export SAILOR_STATE_DIR ?= $(CURDIR)/.sailor
 
-.PHONY: help venv airflow-db demo test lint bench airflow clean
+.PHONY: help venv airflow-db system-deps demo test lint bench airflow clean
 
 help:
 	@echo "make demo     set up and run a full training run through the Airflow DAGs (local backend)"
@@ -50,7 +53,21 @@ $(DB_STAMP): $(STAMP)
 demo: $(DB_STAMP)
 	$(BIN)/sailor demo
 
-test: $(DB_STAMP)
+# The e2e tests start PostgreSQL (Debian's server binaries) and drive headless Chromium through
+# chromedriver; install the Debian packages when missing (CI runs as root).
+system-deps:
+	@missing=""; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
+	{ command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || missing="$$missing postgresql"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "warning: missing$$missing (apt-get install$$missing); the e2e tests need them"; fi; \
+	fi
+
+test: $(DB_STAMP) system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -60,6 +77,7 @@ bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 airflow: $(DB_STAMP)
+	@test -f .airflow/passwords.json || echo '{"admin": "admin"}' > .airflow/passwords.json
 	$(BIN)/airflow standalone
 
 clean:

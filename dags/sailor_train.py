@@ -16,7 +16,8 @@ capacity was reserved: releases the reservation and the cluster).
   the retry asks the run's `recovery_strategy` where to go, re-plans / places data / provisions
   through the same stage code, moves the checkpoint if the region changed, and resumes. Each
   attempt is a try of this task and a row of the ledger's `run_attempts` and `preemptions`.
-- **finalize**: records the result and writes the run summary (markdown) next to the checkpoints.
+- **finalize**: records the result and writes the run summary (markdown) next to the checkpoints;
+  the summary is also in its log and in its XCom (`summary_md`).
 """
 
 from __future__ import annotations

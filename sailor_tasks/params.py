@@ -113,6 +113,9 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "minItems": 1,
             "uniqueItems": True,
             "items": {"type": "string", "enum": list(regions)},
+            # The Airflow 3 form renders an array as a multi-select only when the array itself lists
+            # its choices (``examples``, a non-validating annotation); ``items.enum`` alone gives a textarea.
+            "examples": list(regions),
             "title": "Allowed regions",
             "section": SECTION_RESOURCES,
             "description": "Regions the run may be placed in (default: all regions of the catalog).",

@@ -7,6 +7,7 @@ price cap that no offer meets, naming the cheapest offer). Nothing here has side
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,12 +26,23 @@ def _schema_of(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in spec.items() if k not in _NON_SCHEMA_KEYS}
 
 
+_SHOWN_CHARS = 80
+"""Longest value echoed back in an error message (hostile input may be megabytes)."""
+
+
+def _short(value: Any) -> Any:
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= _SHOWN_CHARS:
+        return value
+    return text[: _SHOWN_CHARS - 3] + f"... ({len(text)} chars)"
+
+
 def _check_schema(name: str, value: Any, spec: Mapping[str, Any]) -> InvalidRequestError | None:
     try:
         jsonschema.validate(value, _schema_of(spec))
     except jsonschema.ValidationError as exc:
         valid = spec.get("enum") or spec.get("items", {}).get("enum")
-        shown = value if not isinstance(value, str) or len(value) <= 80 else value[:77] + "..."
+        shown = _short(value)
         return InvalidRequestError(
             name, shown, exc.message if len(exc.message) < 300 else exc.message[:297] + "...", valid
         )
@@ -55,6 +67,19 @@ def check_dataset_uri(uri: str, regions: tuple[str, ...]) -> InvalidRequestError
     return None
 
 
+def check_file_roots(uri: str, roots: tuple[str, ...]) -> InvalidRequestError | None:
+    """A ``file://`` dataset must lie inside one of ``roots`` (the state folder and configured data
+    folders), so a run cannot copy arbitrary files of the machine (``file:///etc``) into a bucket."""
+    if not uri.startswith("file://"):
+        return None
+    path = os.path.realpath(uri[len("file://") :])
+    for root in roots:
+        real = os.path.realpath(root)
+        if path == real or path.startswith(real.rstrip("/") + "/"):
+            return None
+    return InvalidRequestError("dataset_uri", uri, "file:// datasets must lie inside a data folder", roots)
+
+
 def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> JobRequest:
     """Validate ``params`` (missing ones take their defaults) and build the ``JobRequest``.
 
@@ -65,7 +90,9 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
     errors: list[InvalidRequestError] = []
     unknown = sorted(set(params) - set(schemas))
     for name in unknown:
-        errors.append(InvalidRequestError(name, params[name], "unknown parameter", sorted(schemas)))
+        errors.append(
+            InvalidRequestError(_short(name), _short(params[name]), "unknown parameter", sorted(schemas))
+        )
     values = {name: params.get(name, spec["default"]) for name, spec in schemas.items()}
     for name, spec in schemas.items():
         err = _check_schema(name, values[name], spec)

@@ -11,6 +11,8 @@ run at another state folder without touching code.
 | SAILOR_BUCKET_TEMPLATE   | ``file://{state_dir}/buckets/{bucket}``   | URI of bucket ``{bucket}``           |
 | SAILOR_BACKEND           | ``local``                                 | default backend (``local``/``gke``)  |
 | SAILOR_GCP_PROJECT       | ``sailor-demo``                           | ``{project}`` in the bucket template |
+| SAILOR_DATA_ROOTS        | (none)                                    | extra folders file:// datasets may   |
+|                          |                                           | come from (``os.pathsep``-separated) |
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class Settings:
     """Default backend."""
     gcp_project: str = "sailor-demo"
     """GCP project used in bucket names on the gke backend."""
+    data_roots: tuple[str, ...] = ()
+    """Folders besides the state folder that ``file://`` datasets may be read from."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -50,6 +54,7 @@ class Settings:
             bucket_template=env.get("SAILOR_BUCKET_TEMPLATE") or "file://{state_dir}/buckets/{bucket}",
             backend=backend,
             gcp_project=env.get("SAILOR_GCP_PROJECT", "sailor-demo"),
+            data_roots=tuple(p for p in env.get("SAILOR_DATA_ROOTS", "").split(os.pathsep) if p),
         )
 
     def with_state_dir(self, state_dir: str) -> Settings:
@@ -66,6 +71,11 @@ class Settings:
         return self.bucket_template.format(
             bucket=bucket, region=bucket, project=self.gcp_project, state_dir=self.state_dir
         ).rstrip("/")
+
+    @property
+    def dataset_roots(self) -> tuple[str, ...]:
+        """Folders ``file://`` datasets may come from: the state folder and ``data_roots``."""
+        return (self.state_dir, *self.data_roots)
 
     @property
     def clusters_dir(self) -> str:

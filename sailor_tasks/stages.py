@@ -106,12 +106,15 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
     """
     ctx = _ctx(ctx)
     from sailor_tasks.placement.planner import price_cap_error
-    from sailor_tasks.request import from_params
+    from sailor_tasks.request import check_file_roots, from_params
 
     with _timed(ctx, run_id, "validate"):
         try:
             request = from_params(params, ctx.catalog)
             errors = []
+            root_err = check_file_roots(request.dataset_uri, ctx.settings.dataset_roots)
+            if root_err:
+                raise InvalidRequestErrors([root_err])  # never look at a path outside the data folders
             cap = price_cap_error(request, ctx.catalog)
             if cap:
                 errors.append(InvalidRequestError("max_usd_per_hour", request.max_usd_per_hour, cap))
@@ -313,8 +316,9 @@ def finalize(
         summary_uri = storage.join(ctx.run_uri(pl.region, run_id), "summary.md")
         storage.write_bytes(summary_uri, render_summary(summary).encode())
         ctx.ledger.upsert_run(run_id, status="success", usd_estimate=usd)
-    logger.info("run summary (%s):\n%s", summary_uri, render_summary(summary))
-    return {**summary, "summary_uri": summary_uri}
+    markdown = render_summary(summary)
+    logger.info("run summary (%s):\n%s", summary_uri, markdown)
+    return {**summary, "summary_uri": summary_uri, "summary_md": markdown}
 
 
 def teardown(run_id: str, ctx: StageContext | None = None) -> JSON:

@@ -71,3 +71,20 @@ def test_bad_placement_params_name_value_and_choices(catalog, params, field, fra
     with pytest.raises(InvalidRequestErrors, match=fragment) as err:
         from_params(params, catalog)
     assert err.value.field == field
+
+
+def test_huge_unknown_params_are_cut_in_the_message(catalog):
+    with pytest.raises(InvalidRequestErrors) as info:
+        from_params({"x" * 10_000: "y" * 1_000_000}, catalog)
+    assert len(str(info.value)) < 2_000 and "unknown parameter" in str(info.value)
+
+
+def test_file_datasets_must_lie_inside_the_data_folders(tmp_path):
+    from sailor_tasks.request import check_file_roots
+
+    roots = (str(tmp_path / "state"),)
+    assert check_file_roots(f"file://{tmp_path}/state/datasets/a", roots) is None
+    assert check_file_roots("sailor://source/datasets/a", roots) is None
+    for uri in ("file:///etc", f"file://{tmp_path}/state-other/a", f"file://{tmp_path}/state/../x"):
+        err = check_file_roots(uri, roots)
+        assert err is not None and err.field == "dataset_uri" and roots[0] in str(err)

@@ -1,0 +1,190 @@
+"""A small client of Airflow's REST API v2: log in, unpause, trigger a DAG with params, follow the run.
+
+Used by ``sailor submit``, the end-to-end tests and the overhead benchmark. It speaks plain HTTP
+through ``requests`` (no Airflow import), so it runs on a laptop that has only SAILOR installed.
+
+Flow (Airflow 3 with the simple or FAB auth manager): ``POST /auth/token`` with username and
+password → a JWT; every other call sends ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from sailor_tasks.errors import SailorError
+
+TERMINAL_RUN_STATES = ("success", "failed")
+"""Dag-run states after which nothing changes unless a person clears the run."""
+
+
+class AirflowAPIError(SailorError):
+    """Airflow answered with an error status; ``status`` and ``detail`` are what it said."""
+
+    def __init__(self, method: str, path: str, status: int, detail: Any):
+        self.method, self.path, self.status, self.detail = method, path, status, detail
+        super().__init__(f"{method} {path} -> HTTP {status}: {detail}")
+
+
+def _detail(resp: requests.Response) -> Any:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:2000]
+    return body.get("detail", body) if isinstance(body, dict) else body
+
+
+def _log_line(part: Any) -> str:
+    """One structured log record as text: the message, then any exception type and value."""
+    if not isinstance(part, dict):
+        return str(part)
+    line = str(part.get("event", ""))
+    for err in part.get("error_detail") or ():
+        if isinstance(err, dict):
+            line += f"\n{err.get('exc_type')}: {err.get('exc_value')}"
+    return line
+
+
+@dataclass
+class AirflowClient:
+    """REST client bound to one Airflow deployment.
+
+    Args:
+        base_url: the API server, e.g. ``http://localhost:8080``.
+        username, password: credentials for ``POST /auth/token`` (unused when ``token`` is given).
+        token: an access token obtained elsewhere.
+    """
+
+    base_url: str
+    username: str | None = None
+    password: str | None = None
+    token: str | None = None
+    timeout_s: float = 30.0
+    session: requests.Session = field(default_factory=requests.Session, repr=False)
+
+    def __post_init__(self) -> None:
+        self.base_url = self.base_url.rstrip("/")
+
+    # --- plumbing -------------------------------------------------------------------------------
+    def login(self) -> str:
+        """Exchange username/password for an access token (``POST /auth/token``)."""
+        if not self.username or self.password is None:
+            raise ValueError("give a token, or a username and password, to log in to Airflow")
+        resp = self.session.post(
+            f"{self.base_url}/auth/token",
+            json={"username": self.username, "password": self.password},
+            timeout=self.timeout_s,
+        )
+        if resp.status_code not in (200, 201):
+            raise AirflowAPIError("POST", "/auth/token", resp.status_code, _detail(resp))
+        self.token = resp.json()["access_token"]
+        return self.token
+
+    def request(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kwargs: Any) -> Any:
+        """Send one authenticated request; return the decoded JSON body (or raise AirflowAPIError)."""
+        if self.token is None:
+            self.login()
+        headers = {"Authorization": f"Bearer {self.token}", **kwargs.pop("headers", {})}
+        resp = self.session.request(
+            method, f"{self.base_url}{path}", headers=headers, timeout=self.timeout_s, **kwargs
+        )
+        if resp.status_code == 401 and self.username and self.password is not None:
+            self.login()  # token expired: log in once more and retry
+            headers["Authorization"] = f"Bearer {self.token}"
+            resp = self.session.request(
+                method, f"{self.base_url}{path}", headers=headers, timeout=self.timeout_s, **kwargs
+            )
+        if resp.status_code not in ok:
+            raise AirflowAPIError(method, path, resp.status_code, _detail(resp))
+        if not resp.content:
+            return None
+        ctype = resp.headers.get("content-type", "")
+        return resp.json() if "json" in ctype else resp.text
+
+    # --- DAGs and runs ----------------------------------------------------------------------------
+    def get_dag(self, dag_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/api/v2/dags/{quote(dag_id)}")
+
+    def unpause(self, dag_id: str) -> dict[str, Any]:
+        return self.request("PATCH", f"/api/v2/dags/{quote(dag_id)}", json={"is_paused": False})
+
+    def pause(self, dag_id: str) -> dict[str, Any]:
+        return self.request("PATCH", f"/api/v2/dags/{quote(dag_id)}", json={"is_paused": True})
+
+    def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None, note: str | None = None) -> dict:
+        """Create a dag run now (``logical_date: null``) with ``conf`` as its params.
+
+        Raises:
+            AirflowAPIError: e.g. HTTP 400 when the conf does not match the DAG's param schema.
+        """
+        body: dict[str, Any] = {"logical_date": None, "conf": dict(conf or {})}
+        if note:
+            body["note"] = note
+        return self.request("POST", f"/api/v2/dags/{quote(dag_id)}/dagRuns", ok=(200, 201), json=body)
+
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}")
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        body = self.request(
+            "GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances"
+        )
+        return body["task_instances"]
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """Text of a task instance's log for one try."""
+        body = self.request(
+            "GET",
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
+            f"{quote(task_id)}/logs/{try_number}",
+            headers={"Accept": "application/json"},
+        )
+        content = body.get("content", body) if isinstance(body, dict) else body
+        if isinstance(content, list):
+            return "\n".join(_log_line(part) for part in content)
+        return str(content)
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        body = self.request(
+            "GET",
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
+            f"{quote(task_id)}/xcomEntries/{quote(key)}",
+        )
+        return body.get("value")
+
+    def wait(
+        self,
+        dag_id: str,
+        run_id: str,
+        timeout_s: float = 1800.0,
+        poll_s: float = 2.0,
+        on_change: Callable[[str, dict[str, str]], None] | None = None,
+    ) -> str:
+        """Poll until the run ends; call ``on_change(run_state, {task_id: state})`` when anything moved.
+
+        Returns:
+            the final run state (``success`` or ``failed``).
+
+        Raises:
+            TimeoutError: the run did not end within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        last: tuple[str, dict[str, str]] | None = None
+        while True:
+            state = self.dag_run(dag_id, run_id)["state"]
+            tasks = {}
+            if on_change is not None:
+                tasks = {ti["task_id"]: ti["state"] or "none" for ti in self.task_instances(dag_id, run_id)}
+                if last != (state, tasks):
+                    on_change(state, tasks)
+                    last = (state, tasks)
+            if state in TERMINAL_RUN_STATES:
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"dag run {dag_id}/{run_id} still {state} after {timeout_s:.0f} s")
+            time.sleep(poll_s)
