@@ -12,7 +12,7 @@ WORKDIR /opt/sailor
 COPY requirements.txt /opt/sailor/requirements.txt
 # Only what the training entrypoint imports (tests/test_images.py checks this list against the
 # entrypoint's real imports), at the versions pinned in requirements.txt.
-RUN grep -E '^(torch|numpy|fsspec|gcsfs|google-crc32c|PyYAML)==' requirements.txt > train-requirements.txt \
+RUN grep -E '^(torch|numpy|fsspec|gcsfs|google-crc32c|crc32c|PyYAML)==' requirements.txt > train-requirements.txt \
  && pip install -r train-requirements.txt
 
 COPY pyproject.toml README.md /opt/sailor/

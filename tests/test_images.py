@@ -16,6 +16,7 @@ OPTIONAL_IMPORTS = {
     "tqdm": "torch imports it when installed (hub progress bars), works without",
     "chardet": "requests prefers it when installed, else charset-normalizer (a dependency)",
     "grpcio-status": "google-api-core imports it when installed (gRPC error details); gcsfs uses JSON",
+    "pysocks": "urllib3 imports it when installed (SOCKS proxies; here via selenium), works without",
 }
 """Packages the probe sees only because this venv has them; the image runs without them."""
 
