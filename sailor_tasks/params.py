@@ -147,7 +147,8 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         },
         "exclude_regions": {
             "default": [],
-            "type": "array",
+            "type": ["null", "array"],
+            "examples": list(regions),
             "uniqueItems": True,
             "items": {"type": "string", "enum": list(regions)},
             "title": "Excluded regions",
@@ -156,7 +157,8 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         },
         "data_residency": {
             "default": [],
-            "type": "array",
+            "type": ["null", "array"],
+            "examples": list(DATA_RESIDENCY_CHOICES),
             "uniqueItems": True,
             "items": {"type": "string", "enum": list(DATA_RESIDENCY_CHOICES)},
             "title": "Data residency",
@@ -182,7 +184,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         },
         "inject_preemptions": {
             "default": [],
-            "type": "array",
+            "type": ["null", "array"],
             "items": {"type": "integer", "minimum": 1},
             "uniqueItems": True,
             "title": "Inject preemptions at steps",
@@ -192,7 +194,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         },
         "inject_kills": {
             "default": [],
-            "type": "array",
+            "type": ["null", "array"],
             "items": {"type": "integer", "minimum": 1},
             "uniqueItems": True,
             "title": "Inject kills without notice at steps",
@@ -211,7 +213,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         },
         "preemption_trace_uri": {
             "default": "",
-            "type": "string",
+            "type": ["null", "string"],
             "maxLength": 1024,
             "pattern": r"^$|^(gs|file)://[A-Za-z0-9._/-]+$",
             "title": "Availability trace",

@@ -19,6 +19,15 @@ from sailor_tasks.model import ANY_GPU, JobRequest
 from sailor_tasks.params import train_param_schemas
 from sailor_tasks.settings import SOURCE_BUCKET
 
+_NULL_MEANS_EMPTY: dict[str, Any] = {
+    "exclude_regions": [],
+    "data_residency": [],
+    "inject_preemptions": [],
+    "inject_kills": [],
+    "preemption_trace_uri": "",
+}
+"""Optional params whose null (an empty field in the trigger form) means the empty value."""
+
 _NON_SCHEMA_KEYS = ("default", "description", "title", "section", "values_display")
 
 
@@ -100,6 +109,10 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
             errors.append(err)
     if errors:
         raise InvalidRequestErrors(errors)
+    # Airflow's trigger form sends an untouched optional field as null; null means "none".
+    for name, empty in _NULL_MEANS_EMPTY.items():
+        if values[name] is None:
+            values[name] = empty
 
     if values["checkpoint_every_steps"] > values["total_steps"]:
         errors.append(
