@@ -143,6 +143,22 @@ def cmd_catalog_derive(args: argparse.Namespace) -> int:
 # --- plan ----------------------------------------------------------------------------------------
 
 
+def _load_params(path: str | None, overrides: Sequence[str] | None) -> dict[str, Any]:
+    """sailor_train params from a JSON file (optional), then ``KEY=VALUE`` overrides (JSON values,
+    else plain strings)."""
+    params: dict[str, Any] = {}
+    if path:
+        with open(path) as f:
+            params = json.load(f)
+    for item in overrides or ():
+        key, _, value = item.partition("=")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from sailor_tasks.catalog import load_catalog
     from sailor_tasks.errors import SailorError
@@ -151,16 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from sailor_tasks.placement.reservations import ledger_state
     from sailor_tasks.request import from_params
 
-    params: dict[str, Any] = {}
-    if args.request:
-        with open(args.request) as f:
-            params = json.load(f)
-    for item in args.set or ():
-        key, _, value = item.partition("=")
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
+    params = _load_params(args.request, args.set)
     catalog = load_catalog()
     try:
         request = from_params(params, catalog)
@@ -300,16 +307,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     from sailor_tasks.errors import SailorError
 
-    params: dict[str, Any] = {}
-    if args.json:
-        with open(args.json) as f:
-            params = json.load(f)
-    for item in args.set or ():
-        key, _, value = item.partition("=")
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
+    params = _load_params(args.json, args.set)
     try:
         with contextlib.redirect_stdout(sys.stderr):  # operator logs must not mix with the JSON
             from sailor_tasks.gcp_glue import render_run
