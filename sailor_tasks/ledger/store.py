@@ -52,6 +52,23 @@ def _engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
+def _replace_reservation(conn: Any, r: Reservation) -> None:
+    """Inside the caller's transaction: the run's reservation becomes ``r`` (a retried plan replaces,
+    never doubles)."""
+    conn.execute(delete(t.reservations).where(t.reservations.c.run_id == r.run_id))
+    conn.execute(
+        insert(t.reservations).values(
+            run_id=r.run_id,
+            region=r.region,
+            zone=r.zone,
+            gpu_type=r.gpu_type,
+            gpus=r.gpus,
+            market=r.market,
+            created_at=utcnow(),
+        )
+    )
+
+
 class Ledger:
     def __init__(self, url: str):
         self.url = url
@@ -115,18 +132,7 @@ class Ledger:
     def reserve(self, reservation: Reservation) -> None:
         """Hold capacity for a run; re-reserving the same run replaces its live reservation."""
         with self.engine.begin() as c:
-            c.execute(delete(t.reservations).where(t.reservations.c.run_id == reservation.run_id))
-            c.execute(
-                insert(t.reservations).values(
-                    run_id=reservation.run_id,
-                    region=reservation.region,
-                    zone=reservation.zone,
-                    gpu_type=reservation.gpu_type,
-                    gpus=reservation.gpus,
-                    market=reservation.market,
-                    created_at=utcnow(),
-                )
-            )
+            _replace_reservation(c, reservation)
 
     def reserve_if_free(self, reservation: Reservation, capacity_gpus: int | None) -> bool:
         """Reserve only if the (zone, GPU type) still has room: optimistic concurrency (ParSync).
@@ -156,18 +162,7 @@ class Ledger:
                 ).scalar_one()
                 if int(used) + r.gpus > capacity_gpus:
                     return False
-            c.execute(delete(t.reservations).where(cols.run_id == r.run_id))
-            c.execute(
-                insert(t.reservations).values(
-                    run_id=r.run_id,
-                    region=r.region,
-                    zone=r.zone,
-                    gpu_type=r.gpu_type,
-                    gpus=r.gpus,
-                    market=r.market,
-                    created_at=utcnow(),
-                )
-            )
+            _replace_reservation(c, r)
         return True
 
     @functools.cached_property
