@@ -284,6 +284,7 @@ def test_execute_on_gke_starts_the_pods_and_defers_on_the_provider_trigger(gke_e
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
 
+    assert op.template_fields == ("request", "placement", "data")  # XComArgs of validate/plan/place_data
     assert deferred.value.method_name == "resume_train" and deferred.value.timeout is None
     classpath, kwargs = deferred.value.trigger.serialize()
     assert classpath == "airflow.providers.google.cloud.triggers.kubernetes_engine.GKEStartPodTrigger"
