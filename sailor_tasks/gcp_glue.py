@@ -232,9 +232,21 @@ class TrainingPods:
     def start(self) -> list[PodStep]:
         if self.service is not None:
             _ensure_service(self.op(0), self.service)
-        return [
-            self._drive(i, lambda op: op.execute_async(self.context), ended=False) for i in range(len(self))
-        ]
+        return [self._drive(i, self._create_or_follow, ended=False) for i in range(len(self))]
+
+    def _create_or_follow(self, op: Any) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            op.execute_async(self.context)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            # The pod exists but an earlier try already followed it to its end (``already_checked``,
+            # so the label search skipped it): follow it again for its exit status.
+            logger.info("training pod %s already exists and has ended; reading its outcome", op.name)
+            op.pod = op.hook.get_pod(op.name, self.config.namespace)
+            op.invoke_defer_method(context=self.context)
 
     def resume(self, index: int, event: Mapping[str, Any]) -> PodStep:
         return self._drive(index, lambda op: op.trigger_reentry(self.context, dict(event)), ended=True)

@@ -326,6 +326,18 @@ def test_a_retried_task_reattaches_to_the_running_pods_instead_of_starting_new_o
     (attempt,) = gke_env.ctx.ledger.attempts(run_id)  # still one attempt, still running
     assert attempt["outcome"] == "running"
 
+    # Node 0 is preempted (kept, labelled already_checked by the provider); then the wait on node 1
+    # times out and Airflow retries the task (try 3): node 0 is read again, not recreated.
+    gke_env.core.pods[created[0]]["exit"] = 1
+    op, context = _operator(request, placement, data), _context(run_id, try_number=2)
+    with pytest.raises(TaskDeferred) as on_node1:
+        op.resume_train(context, event=_event(deferred.value, "failed"))
+    assert on_node1.value.trigger.pod_name == created[1]
+    assert gke_env.core.pods[created[0]]["labels"]["already_checked"] == "True"
+    with pytest.raises(TaskDeferred) as again:
+        _operator(request, placement, data).execute(_context(run_id, try_number=3))
+    assert sorted(gke_env.core.pods) == created and again.value.trigger.pod_name == created[0]
+
 
 def test_resume_follows_each_pod_in_turn_then_fails_clearly_on_a_failed_pod(gke_env):
     from airflow.sdk.exceptions import TaskDeferred
