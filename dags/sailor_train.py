@@ -11,11 +11,14 @@ capacity was reserved: releases the reservation and the cluster).
 - **plan**: picks region / zone / GPU type / market from the catalog and reserves the capacity.
 - **place_data**: copies the dataset into the region's bucket (checksummed manifest written last).
 - **provision**: creates the cluster (local: a record + torchrun; gke: a spot GPU node pool).
-- **train**: `python -m sailor_tasks.train` under torchrun; resumes from the newest checkpoint.
-  On a spot preemption the try fails with `PreemptedError` and is retried with exponential backoff;
-  the retry asks the run's `recovery_strategy` where to go, re-plans / places data / provisions
-  through the same stage code, moves the checkpoint if the region changed, and resumes. Each
-  attempt is a try of this task and a row of the ledger's `run_attempts` and `preemptions`.
+- **train** (`SailorTrainOperator`): `python -m sailor_tasks.train` under torchrun; resumes from
+  the newest checkpoint. Local: on a spot preemption the try fails with `PreemptedError` and is
+  retried with exponential backoff; the retry asks the run's `recovery_strategy` where to go,
+  re-plans / places data / provisions through the same stage code, moves the checkpoint if the
+  region changed, and resumes (each attempt a try). GKE: the task starts the pods and *defers*
+  (the triggerer watches them, no worker slot is held); a preempted attempt recovers the same way
+  and defers again within the try. Every attempt is a row of the ledger's `run_attempts` (and
+  `preemptions`).
 - **finalize**: records the result and writes the run summary (markdown) next to the checkpoints;
   the summary is also in its log and in its XCom (`summary_md`).
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from sailor_tasks.operators import SailorTrainOperator
 from sailor_tasks.params import train_param_schemas
 
 TRAIN_RECOVERY_ATTEMPTS = 5
@@ -85,28 +89,6 @@ def sailor_train():
 
         return run_stage(stages.provision, request, placement, get_current_context()["run_id"])
 
-    @task(
-        retries=TRAIN_RECOVERY_ATTEMPTS,
-        retry_delay=timedelta(seconds=1),
-        retry_exponential_backoff=True,
-        max_retry_delay=timedelta(minutes=10),
-    )
-    def train(request: dict, placement: dict, data: dict) -> dict:
-        from sailor_tasks import stages
-        from sailor_tasks.operators import run_stage
-
-        ctx = get_current_context()
-        ti = ctx["ti"]
-        return run_stage(
-            stages.train,
-            request,
-            placement,
-            data,
-            ctx["run_id"],
-            try_number=ti.try_number,
-            max_tries=ti.max_tries,
-        )
-
     @task
     def finalize(request: dict, placement: dict, data: dict, result: dict) -> dict:
         from sailor_tasks import stages
@@ -125,7 +107,17 @@ def sailor_train():
     placement = plan(request)
     data = place_data(request, placement)
     cluster = provision(request, placement)
-    result = train(request, placement, data)
+    train = SailorTrainOperator(
+        task_id="train",
+        request=request,
+        placement=placement,
+        data=data,
+        retries=TRAIN_RECOVERY_ATTEMPTS,
+        retry_delay=timedelta(seconds=1),
+        retry_exponential_backoff=True,
+        max_retry_delay=timedelta(minutes=10),
+    )
+    result = train.output
     data >> cluster >> result
     done = finalize(request, placement, data, result)
     done >> release_capacity().as_teardown(setups=placement)

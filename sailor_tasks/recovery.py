@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sailor_tasks import storage
@@ -155,6 +155,9 @@ def train_attempt(
 ) -> JSON:
     """Run one attempt of training (recovering first when the previous attempt was preempted).
 
+    ``begin_attempt`` → the backend's ``train`` (blocking) → ``finish_attempt``; a deferrable
+    orchestrator calls the two halves itself around its wait (``operators.SailorTrainOperator``).
+
     Args:
         placement, data: the first attempt's placement and placed data (the plan/place_data outputs).
         try_number: the orchestrator's try number of this call (1-based).
@@ -170,7 +173,49 @@ def train_attempt(
         RecoveryExhaustedError: preempted on the last allowed try (lists every attempt).
         TrainingFailedError: the process group failed for another reason.
     """
-    from sailor_tasks.train.checkpoint import CheckpointManager
+    backend = get_backend(from_dict(JobRequest, request).backend, ctx.settings)
+    att = begin_attempt(ctx, request, placement, data, run_id, try_number)
+    rc = backend.train(att.launch)
+    return finish_attempt(ctx, att, rc, try_number, max_tries)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One launched attempt of the train stage, between ``begin_attempt`` and ``finish_attempt``."""
+
+    run_id: str
+    req: JobRequest
+    number: int
+    placement: Placement
+    data: JSON
+    config: Any
+    """The ``TrainConfig`` every worker of the attempt reads (at ``launch.config_uri``)."""
+    launch: TrainLaunch
+    started: dt.datetime
+    prior: list[JSON]
+    """The run's earlier attempts as the ledger held them when this one began, oldest first."""
+    reattached: bool = False
+    """True when a retried task took over this attempt from a try that died while it ran."""
+
+
+def begin_attempt(
+    ctx: Any,
+    request: JSON,
+    placement: JSON,
+    data: JSON,
+    run_id: str,
+    try_number: int = 1,
+    *,
+    reattach: bool = False,
+) -> Attempt:
+    """Start the run's next attempt: recover first when the previous one was preempted (re-plan,
+    place data, move the checkpoint, provision), write its train config, record it in the ledger.
+
+    Args:
+        reattach: when the previous try died while its attempt ran (ledger outcome ``running``),
+            take that attempt over (its pods may still run) instead of ending it as failed and
+            starting another (what a backend that can follow a running launch wants: gke).
+    """
     from sailor_tasks.train.config import TrainConfig
 
     req = from_dict(JobRequest, request)
@@ -180,6 +225,11 @@ def train_attempt(
     if attempts:
         last = attempts[-1]
         pl, data = from_dict(Placement, last["placement"]), last["data"]
+        if last["outcome"] == "running" and reattach:
+            logger.info(
+                "attempt %d of run %s is still recorded as running: reattaching", last["attempt"], run_id
+            )
+            return resume_attempt(ctx, request, run_id, last["attempt"], reattached=True)
         if last["outcome"] == "running":  # the previous try died before recording its end
             ctx.ledger.end_attempt(run_id, last["attempt"], "failed", detail="ended without a report")
         if last["outcome"] == "preempted":
@@ -203,14 +253,62 @@ def train_attempt(
     for stale in (config.result_uri, report_uri):  # outputs of an earlier attempt must not be read as ours
         storage.remove(stale)
     storage.write_bytes(config_uri, config.to_json().encode())
-    backend = get_backend(req.backend, ctx.settings)
     ctx.ledger.start_attempt(run_id, attempt, try_number, to_dict(pl), data)
     ctx.ledger.upsert_run(run_id, status="running", region=pl.region, zone=pl.zone, market=pl.market)
     started = utcnow()
     launch = TrainLaunch(
         run_id, run_key(run_id), config_uri, req.num_workers, pl, injection_spec(req), attempt
     )
-    rc = backend.train(launch)
+    return Attempt(run_id, req, attempt, pl, data, config, launch, started, attempts)
+
+
+def resume_attempt(
+    ctx: Any, request: JSON, run_id: str, attempt: int, *, reattached: bool = False
+) -> Attempt:
+    """The launched ``attempt`` of the run rebuilt from the ledger and its train config, in another
+    process than the one that began it (a deferred task resuming, or a retried one reattaching).
+
+    Raises:
+        ValueError: the ledger has no running attempt ``attempt`` for the run (names what it has).
+    """
+    from sailor_tasks.train.config import TrainConfig
+
+    req = from_dict(JobRequest, request)
+    rows = ctx.ledger.attempts(run_id)
+    row = next((r for r in rows if r["attempt"] == attempt), None)
+    if row is None or row["outcome"] != "running":
+        have = ", ".join(f"{r['attempt']}={r['outcome']}" for r in rows) or "none"
+        raise ValueError(f"run {run_id} has no running attempt {attempt} to resume; attempts: {have}")
+    pl, data = from_dict(Placement, row["placement"]), row["data"]
+    config_uri = storage.join(ctx.run_uri(pl.region, run_id), "train_config.json")
+    config = TrainConfig.from_json(storage.read_bytes(config_uri).decode())
+    launch = TrainLaunch(
+        run_id, run_key(run_id), config_uri, req.num_workers, pl, injection_spec(req), attempt
+    )
+    prior = [r for r in rows if r["attempt"] < attempt]
+    return Attempt(
+        run_id, req, attempt, pl, data, config, launch, _aware(row["started_at"]), prior, reattached
+    )
+
+
+def finish_attempt(
+    ctx: Any, att: Attempt, rc: int, try_number: int = 1, max_tries: int = 0, *, final: bool | None = None
+) -> JSON:
+    """End a launched attempt from its process group's exit status and what the trainer wrote:
+    record it (utilization, checkpoint, preemption) and return the result, or raise.
+
+    Args:
+        rc: the process group's exit status (0 done, 75 preempted after saving).
+        final: whether a preemption ends the run (default: ``try_number > max_tries``).
+
+    Raises:
+        PreemptedError, RecoveryExhaustedError, TrainingFailedError: as ``train_attempt``.
+    """
+    from sailor_tasks.train.checkpoint import CheckpointManager
+
+    req, run_id, attempt, attempts = att.req, att.run_id, att.number, att.prior
+    pl, data, config, started = att.placement, att.data, att.config, att.started
+    report_uri = storage.join(ctx.run_uri(pl.region, run_id), "launch.json")
     ended = utcnow()
     ctx.ledger.record_utilization(run_id, req.team, pl.region, pl.gpu_type, pl.num_gpus, started, ended)
     report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
@@ -263,7 +361,7 @@ def train_attempt(
         resume_step,
         lost,
     )
-    if try_number > max_tries:
+    if (try_number > max_tries) if final is None else final:
         raise RecoveryExhaustedError(run_id, describe_attempts(ctx, run_id))
     raise PreemptedError(run_id, pl.zone, reached, noticed)
 

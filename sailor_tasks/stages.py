@@ -279,6 +279,57 @@ def train(
         return train_attempt(ctx, request, placement, data, run_id, try_number, max_tries)
 
 
+def launch_train(
+    request: JSON,
+    placement: JSON,
+    data: JSON,
+    run_id: str,
+    ctx: StageContext | None = None,
+    *,
+    try_number: int = 1,
+) -> Any:
+    """Deferrable ``train``, first half: begin the run's next attempt (recovering first after a
+    preemption, through the same code as ``train``) or take over the attempt a dead try left
+    running. Returns the ``recovery.Attempt``; its ``launch`` is what the backend starts.
+    """
+    ctx = _ctx(ctx)
+    from sailor_tasks.recovery import begin_attempt
+
+    with _timed(ctx, run_id, "train_launch", try_number):
+        return begin_attempt(ctx, request, placement, data, run_id, try_number, reattach=True)
+
+
+def finish_train(
+    request: JSON,
+    run_id: str,
+    attempt: int,
+    exit_status: int,
+    ctx: StageContext | None = None,
+    *,
+    try_number: int = 1,
+    max_tries: int = 0,
+) -> JSON:
+    """Deferrable ``train``, second half: end launched ``attempt`` from its exit status (0 done,
+    75 preempted after saving) and what the trainer wrote, as ``train`` does.
+
+    A deferrable task recovers inside one try, so the run's attempts are bounded by number: a
+    preemption of attempt ``max_tries + 1`` (or on the last try) is final, the same budget as
+    ``train``'s one attempt per try.
+
+    Raises:
+        PreemptedError: preempted with attempts left; launch the next one (``launch_train``).
+        RecoveryExhaustedError: preempted on the last allowed attempt (lists every attempt).
+        TrainingFailedError: the process group failed for another reason.
+    """
+    ctx = _ctx(ctx)
+    from sailor_tasks.recovery import finish_attempt, resume_attempt
+
+    with _timed(ctx, run_id, "train", try_number):
+        att = resume_attempt(ctx, request, run_id, attempt)
+        final = try_number > max_tries or attempt > max_tries
+        return finish_attempt(ctx, att, exit_status, try_number, max_tries, final=final)
+
+
 def finalize(
     request: JSON, placement: JSON, data: JSON, result: JSON, run_id: str, ctx: StageContext | None = None
 ) -> JSON:

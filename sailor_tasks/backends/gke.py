@@ -248,8 +248,16 @@ def run_labels(run_key: str, placement: Placement) -> dict[str, str]:
     }
 
 
-def rendezvous_service_name(run_key: str) -> str:
-    return f"{node_pool_name(run_key)}-rdzv"
+def rendezvous_service_name(run_key: str, attempt: int = 1) -> str:
+    """Headless service of an attempt's node 0: one per attempt, so a recovered run never resolves
+    to a pod of an earlier attempt."""
+    return f"{node_pool_name(run_key)}-a{attempt}-rdzv"
+
+
+def training_pod_name(run_key: str, attempt: int, node_rank: int) -> str:
+    """Stable per (run, attempt, node): a retried task finds its pods, a recovery starts new ones
+    beside the earlier attempt's (kept when they failed, for inspection)."""
+    return f"{node_pool_name(run_key)}-a{attempt}-node-{node_rank}"
 
 
 def train_command(launch: TrainLaunch, node_rank: int, namespace: str) -> list[str]:
@@ -262,7 +270,7 @@ def train_command(launch: TrainLaunch, node_rank: int, namespace: str) -> list[s
     if pl.num_nodes <= 1:
         cmd.append("--standalone")
     else:
-        host = f"{rendezvous_service_name(launch.run_key)}.{namespace}.svc.cluster.local"
+        host = f"{rendezvous_service_name(launch.run_key, launch.attempt)}.{namespace}.svc.cluster.local"
         cmd += [
             f"--nnodes={pl.num_nodes}",
             f"--node-rank={node_rank}",
@@ -277,8 +285,10 @@ def build_training_pods(config: GkeConfig, launch: TrainLaunch) -> list[V1Pod]:
 
     Pods land only on the run's node pool (nodeSelector) and tolerate its GPU/spot taints; the
     grace period equals the spot preemption notice, so the trainer's SIGTERM handler checkpoints
-    before the VM stops. Labels carry the run and plan hash; the orchestrator adds dag/task/run/try
-    labels and reattaches to a pod that already runs instead of starting a second one.
+    before the VM stops. Labels carry the run, plan hash, attempt and node rank; the orchestrator
+    adds dag/task/run/try labels and reattaches to a pod that already runs instead of starting a
+    second one. Pod (and rendezvous service) names carry the attempt: a recovered run's pods never
+    collide with the preempted attempt's.
     """
     from kubernetes.client import models as k8s
 
@@ -308,7 +318,7 @@ def build_training_pods(config: GkeConfig, launch: TrainLaunch) -> list[V1Pod]:
         }
         if pl.num_nodes > 1:
             env["MASTER_ADDR"] = (
-                f"{rendezvous_service_name(launch.run_key)}.{config.namespace}.svc.cluster.local"
+                f"{rendezvous_service_name(launch.run_key, launch.attempt)}.{config.namespace}.svc.cluster.local"
             )
             env["MASTER_PORT"] = str(RENDEZVOUS_PORT)
         gpus = str(pl.gpus_per_node)
@@ -329,9 +339,13 @@ def build_training_pods(config: GkeConfig, launch: TrainLaunch) -> list[V1Pod]:
                 api_version="v1",
                 kind="Pod",
                 metadata=k8s.V1ObjectMeta(
-                    name=f"{pool}-node-{rank}",
+                    name=training_pod_name(launch.run_key, launch.attempt, rank),
                     namespace=config.namespace,
-                    labels={**run_labels(launch.run_key, pl), f"{LABEL_PREFIX}/node-rank": str(rank)},
+                    labels={
+                        **run_labels(launch.run_key, pl),
+                        f"{LABEL_PREFIX}/attempt": str(launch.attempt),
+                        f"{LABEL_PREFIX}/node-rank": str(rank),
+                    },
                     annotations={
                         f"{LABEL_PREFIX}/run-id": launch.run_id,
                         f"{LABEL_PREFIX}/config-uri": launch.config_uri,
@@ -359,17 +373,23 @@ def build_rendezvous_service(config: GkeConfig, launch: TrainLaunch) -> V1Servic
         return None
     from kubernetes.client import models as k8s
 
-    labels = run_labels(launch.run_key, launch.placement)
+    labels = {**run_labels(launch.run_key, launch.placement), f"{LABEL_PREFIX}/attempt": str(launch.attempt)}
     return k8s.V1Service(
         api_version="v1",
         kind="Service",
         metadata=k8s.V1ObjectMeta(
-            name=rendezvous_service_name(launch.run_key), namespace=config.namespace, labels=labels
+            name=rendezvous_service_name(launch.run_key, launch.attempt),
+            namespace=config.namespace,
+            labels=labels,
         ),
         spec=k8s.V1ServiceSpec(
             cluster_ip="None",
             publish_not_ready_addresses=True,
-            selector={f"{LABEL_PREFIX}/run": labels[f"{LABEL_PREFIX}/run"], f"{LABEL_PREFIX}/node-rank": "0"},
+            selector={
+                f"{LABEL_PREFIX}/run": labels[f"{LABEL_PREFIX}/run"],
+                f"{LABEL_PREFIX}/attempt": str(launch.attempt),
+                f"{LABEL_PREFIX}/node-rank": "0",
+            },
             ports=[k8s.V1ServicePort(name="rdzv", port=RENDEZVOUS_PORT, target_port=RENDEZVOUS_PORT)],
         ),
     )
