@@ -86,14 +86,16 @@ class MarketContext:
     """Market of the attempt that is running now (None: nothing running)."""
     spot_launch_h: float = 0.0
     on_demand_launch_h: float = 0.0
+    on_demand_fallback_h: float | None = None
+    """Hours to get on-demand training once the spot attempt is lost (from the spot zone, where the
+    data and checkpoint will then be); None: the same as ``on_demand_launch_h``."""
     spot_usd_per_hour: float = 0.0
     on_demand_usd_per_hour: float = 0.0
     preemption_rate_per_hour: float = 0.0
     """Expected spot preemptions per hour of the spot candidate (catalog supply rates)."""
     lost_h_per_preemption: float = 0.0
-    """Work lost by one preemption (0 when the notice is used to checkpoint), restart excluded."""
-    decision_interval_h: float = 0.0
-    """Hours until the strategy is asked again if nothing happens (the slack it must keep for that)."""
+    """Work lost by one preemption (the notice window when the notice is used to checkpoint, else
+    half a checkpoint interval), restart excluded."""
 
     @property
     def time_left_h(self) -> float:

@@ -67,7 +67,9 @@ class SpotRestart:
 
     def next_constraint(self, ctx: RecoveryContext) -> PlacementConstraint:
         zone = ctx.current.zone
-        return PlacementConstraint(wait_zone=zone, reason=f"spot_restart: waiting for {zone} to have capacity")
+        return PlacementConstraint(
+            wait_zone=zone, reason=f"spot_restart: waiting for {zone} to have capacity"
+        )
 
 
 def expected_overhead_h(ctx: MarketContext) -> float:
@@ -79,11 +81,12 @@ def expected_overhead_h(ctx: MarketContext) -> float:
 class Sailor:
     """Deadline-aware spot: the placement's ``market=auto`` slack rule applied at every decision point.
 
-    Spot is chosen when, after the spot launch, the slack minus a reserve still passes
-    ``placement.market.slack_allows_spot`` for the expected preemption loss, and spot stays cheaper
-    once that loss is paid for. The reserve is one changeover to on-demand (its launch, at least a
-    restart), the time until the next decision and the work an unnoticed preemption loses: whatever
-    happens before the next decision, the run can still finish on-demand by the deadline.
+    Spot is chosen when the slack left after the spot launch passes
+    ``placement.market.slack_allows_spot`` for the expected preemption loss, still holds a reserve
+    of one changeover to on-demand (its launch, at least a restart, plus the work a preemption
+    loses), and spot stays cheaper once that loss is paid for. While no spot zone has capacity the
+    caller passes the next decision plus a launch as the spot launch, so waiting also keeps the
+    reserve: the run can always still finish on-demand by the deadline (Can't Be Late's rule).
     """
 
     checkpoint_on_notice = True
@@ -91,7 +94,9 @@ class Sailor:
     def choose_market(self, ctx: MarketContext) -> MarketDecision:
         slack = slack_of(ctx)
         if ctx.requested_market in ("spot", "on_demand"):
-            return MarketDecision(ctx.requested_market, f"sailor: market {ctx.requested_market} requested", slack)
+            return MarketDecision(
+                ctx.requested_market, f"sailor: market {ctx.requested_market} requested", slack
+            )
         overhead = expected_overhead_h(ctx)
         launch = ctx.spot_launch_h
         if ctx.on_demand_usd_per_hour > 0 and math.isfinite(launch):
@@ -106,21 +111,22 @@ class Sailor:
                 )
         if ctx.deadline_h is None:
             return MarketDecision("spot", "sailor: no deadline (slack unbounded) → spot", None)
-        reserve = (
-            max(ctx.on_demand_launch_h, RESTART_HOURS) + ctx.decision_interval_h + ctx.lost_h_per_preemption
-        )
-        spot_slack = ctx.time_left_h - ctx.remaining_h - launch - reserve
-        if spot_slack >= 0 and bool(slack_allows_spot(spot_slack, ctx.remaining_h, overhead)):
+        # One changeover to on-demand (and the work a preemption loses) must always fit: whatever
+        # happens on spot, the run can still finish on-demand by the deadline.
+        fallback = ctx.on_demand_launch_h if ctx.on_demand_fallback_h is None else ctx.on_demand_fallback_h
+        reserve = max(fallback, RESTART_HOURS) + ctx.lost_h_per_preemption
+        spot_slack = ctx.time_left_h - ctx.remaining_h - launch
+        if spot_slack >= reserve and bool(slack_allows_spot(spot_slack, ctx.remaining_h, overhead)):
             return MarketDecision(
                 "spot",
-                f"sailor: {spot_slack:.2f} h slack after the spot launch and an on-demand reserve of "
-                f"{reserve:.2f} h covers {overhead:.2g} h expected preemption loss → spot",
+                f"sailor: {spot_slack:.2f} h slack after the spot launch keeps a {reserve:.2f} h "
+                f"on-demand reserve and covers {overhead:.2g} h expected preemption loss → spot",
                 slack,
             )
         if not math.isfinite(launch):
             why = "no spot capacity now"
         else:
-            why = f"{spot_slack:.2f} h slack after a spot launch of {launch:.2f} h and a {reserve:.2f} h reserve"
+            why = f"{spot_slack:.2f} h slack after a spot launch of {launch:.2f} h (reserve {reserve:.2f} h)"
         return MarketDecision(
             "on_demand",
             f"sailor: {why} does not cover {overhead:.2g} h expected preemption loss → on-demand",

@@ -58,7 +58,6 @@ def market_ctx(**kw) -> MarketContext:
         spot_usd_per_hour=1.0,
         on_demand_usd_per_hour=3.0,
         preemption_rate_per_hour=0.1,
-        decision_interval_h=TICK_H,
     )
     base.update(kw)
     return MarketContext(**base)
@@ -130,16 +129,22 @@ def test_sailor_long_stock_out_waits_then_switches_to_on_demand_then_back():
     assert deadline - first_od - 8.0 - RESTART_HOURS >= 0
     # on on-demand with most work done: the expected loss is small and slack returns → spot again
     back = s.choose_market(
-        market_ctx(now_h=5.0, remaining_h=3.0, deadline_h=deadline, current_market="on_demand", on_demand_launch_h=0.0)
+        market_ctx(
+            now_h=5.0,
+            remaining_h=3.0,
+            deadline_h=deadline,
+            current_market="on_demand",
+            on_demand_launch_h=0.0,
+        )
     )
     assert back.market == "spot"
 
 
 def test_sailor_slack_exhausted_goes_on_demand_and_says_why():
     s = get_strategy("sailor")
-    d = s.choose_market(market_ctx(now_h=1.5, remaining_h=8.0, current_market="spot", spot_launch_h=0.0))
+    d = s.choose_market(market_ctx(now_h=1.6, remaining_h=8.0, current_market="spot", spot_launch_h=0.0))
     assert d.market == "on_demand"
-    assert d.slack_h == pytest.approx(1.2 * 8.1 - 1.5 - 8.0 - RESTART_HOURS)
+    assert d.slack_h == pytest.approx(1.2 * 8.1 - 1.6 - 8.0 - RESTART_HOURS)
     assert "does not cover" in d.reason
 
 
@@ -158,9 +163,10 @@ def test_sailor_keeps_an_explicit_market_request():
 def test_sailor_uses_the_placement_slack_rule():
     """The strategy's choice agrees with placement.market.slack_allows_spot on the same numbers."""
     s = get_strategy("sailor")
-    for now in (0.0, 0.5, 1.0, 1.3, 1.4):
+    for now in (0.0, 0.5, 1.0, 1.3, 1.4, 1.6):
         ctx = market_ctx(now_h=now, current_market="spot", spot_launch_h=0.0)
-        reserve = RESTART_HOURS + TICK_H
-        spot_slack = ctx.time_left_h - ctx.remaining_h - reserve
-        expected = spot_slack >= 0 and bool(slack_allows_spot(spot_slack, ctx.remaining_h, expected_overhead_h(ctx)))
+        spot_slack = ctx.time_left_h - ctx.remaining_h
+        expected = spot_slack >= RESTART_HOURS and bool(
+            slack_allows_spot(spot_slack, ctx.remaining_h, expected_overhead_h(ctx))
+        )
         assert (s.choose_market(ctx).market == "spot") == expected
