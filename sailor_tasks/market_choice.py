@@ -43,10 +43,12 @@ def launch_context(
 ) -> tuple[MarketContext, dict[str, dict[str, Any] | None]]:
     """The strategy's inputs for the next launch, and the placement estimates they came from."""
     remaining_steps = max(1, req.total_steps - steps_done)
+    # Estimates without the deadline validator: the strategy weighs the deadline itself.
     rest = replace(
         req,
         total_steps=remaining_steps,
         checkpoint_every_steps=min(req.checkpoint_every_steps, remaining_steps),
+        deadline_hours=None,
     )
     est = {m: _estimate(rest, m, catalog, state) for m in ("spot", "on_demand")}
     spot, od = est["spot"], est["on_demand"]
