@@ -49,6 +49,9 @@ from sailor_tasks.strategies.base import (
 
 @register("on_demand")
 class OnDemand:
+    """Never spot. Events: launch on-demand in the cheapest zone → run to completion (a preemption
+    cannot happen; a failed attempt re-plans on-demand)."""
+
     checkpoint_on_notice = True
 
     def choose_market(self, ctx: MarketContext) -> MarketDecision:
@@ -60,6 +63,10 @@ class OnDemand:
 
 @register("spot_restart")
 class SpotRestart:
+    """Spot, deadline-unaware, periodic checkpoints only. Events: launch spot in the cheapest zone
+    with capacity → preempted in z1 (work since the last periodic checkpoint lost) → wait until z1
+    has capacity again → relaunch in z1 → ... (live runs plan only z1: every other zone blocked)."""
+
     checkpoint_on_notice = False
 
     def choose_market(self, ctx: MarketContext) -> MarketDecision:
@@ -80,6 +87,10 @@ def expected_overhead_h(ctx: MarketContext) -> float:
 @register("sailor")
 class Sailor:
     """Deadline-aware spot: the placement's ``market=auto`` slack rule applied at every decision point.
+
+    Events: launch (slack covers the loss → spot in the cheapest zone) → notice in z1 → checkpoint,
+    z1 blocked → spot in the cheapest other zone with capacity, or wait while the reserve holds →
+    slack short → on-demand → remaining work small enough, slack covers a spot launch → spot again.
 
     Spot is chosen when the slack left after the spot launch passes
     ``placement.market.slack_allows_spot`` for the expected preemption loss, still holds a reserve

@@ -36,6 +36,8 @@ SAME_ZONE_MAX_PREEMPTIONS = 2
 
 @register("same_zone_first")
 class SameZoneFirst:
+    """Events: preempted in z1 → retry z1 → preempted in z1 again → z1 blocked → cheapest other zone."""
+
     checkpoint_on_notice = True
 
     def choose_market(self, ctx: MarketContext) -> MarketDecision:
@@ -54,6 +56,10 @@ class SameZoneFirst:
 
 @register("eager_next_region")
 class EagerNextRegion:
+    """Spot (the request's market, ``auto`` read as spot). Events: preempted in r1/z1 → r1 blocked →
+    cheapest zone of r2 with capacity (data and checkpoint follow) → preempted → r1, r2 blocked →
+    r3 → ...; when every region is blocked, only the last one stays blocked."""
+
     checkpoint_on_notice = False
 
     def choose_market(self, ctx: MarketContext) -> MarketDecision:
