@@ -8,17 +8,19 @@ Trigger with params (the form groups them by section). Stages, each a task calli
 capacity was reserved: releases the reservation and the cluster).
 
 - **validate**: params → a frozen `JobRequest`; bad values fail here, nothing is reserved or copied.
-- **plan**: picks region / zone / GPU type / market from the catalog and reserves the capacity.
+- **plan**: the run's market `strategy` (default `sailor`: spot while the deadline's slack covers
+  the expected preemption loss, else on-demand) picks the market; the planner picks region / zone /
+  GPU type from the catalog and reserves the capacity.
 - **place_data**: copies the dataset into the region's bucket (checksummed manifest written last).
 - **provision**: creates the cluster (local: a record + torchrun; gke: a spot GPU node pool).
 - **train** (`SailorTrainOperator`): `python -m sailor_tasks.train` under torchrun; resumes from
   the newest checkpoint. Local: on a spot preemption the try fails with `PreemptedError` and is
-  retried with exponential backoff; the retry asks the run's `recovery_strategy` where to go,
-  re-plans / places data / provisions through the same stage code, moves the checkpoint if the
-  region changed, and resumes (each attempt a try). GKE: the task starts the pods and *defers*
-  (the triggerer watches them, no worker slot is held); a preempted attempt recovers the same way
-  and defers again within the try. Every attempt is a row of the ledger's `run_attempts` (and
-  `preemptions`).
+  retried with exponential backoff; the retry asks the run's `strategy` (or its `recovery_strategy`
+  override) where to go and on which market, re-plans / places data / provisions through the same
+  stage code, moves the checkpoint if the region changed, and resumes (each attempt a try). GKE: the
+  task starts the pods and *defers* (the triggerer watches them, no worker slot is held); a
+  preempted attempt recovers the same way and defers again within the try. Every attempt is a row
+  of the ledger's `run_attempts`, `attempt_markets` (market, why, slack left, cost) and `preemptions`.
 - **finalize**: records the result and writes the run summary (markdown) next to the checkpoints;
   the summary is also in its log and in its XCom (`summary_md`).
 """

@@ -435,7 +435,8 @@ def recovery_lines(ledger: Any, run_id: str) -> list[str]:
     if not preemptions:
         return []
     run = ledger.get_run(run_id)
-    strategy = (run.get("request") or {}).get("recovery_strategy", "?")
+    req = run.get("request") or {}
+    strategy = req.get("recovery_strategy") or req.get("strategy", "?")
     lines = [f"Recovery     {len(preemptions)} preemption(s), {len(attempts)} attempts (strategy {strategy})"]
     for a in attempts:
         where = f"attempt {a['attempt']} in {a['region']}/{a['zone']}"

@@ -96,8 +96,11 @@ class JobRequest:
     exclude_regions: tuple[str, ...] = ()
     """Regions the run must not use (deny list, applied after ``regions``)."""
     # Spot resilience (see sailor_tasks.recovery and backends.preemption)
-    recovery_strategy: str = "same_zone_first"
-    """Named strategy (``sailor_tasks.strategies``) that decides where a preempted run resumes."""
+    strategy: str = "sailor"
+    """Market strategy (``sailor_tasks.strategies``): spot or on-demand at each launch, and where a
+    preempted run resumes unless ``recovery_strategy`` overrides it."""
+    recovery_strategy: str | None = None
+    """Recovery strategy overriding the market strategy's choice of where to resume (None: none)."""
     inject_preemptions: tuple[int, ...] = ()
     """Steps at which the local backend delivers a preemption notice (SIGTERM, then SIGKILL)."""
     inject_kills: tuple[int, ...] = ()

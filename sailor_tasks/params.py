@@ -12,7 +12,7 @@ from typing import Any
 from sailor_tasks.catalog import packaged_choices
 from sailor_tasks.model import ANY_GPU, MARKET_CHOICES
 from sailor_tasks.settings import BACKENDS
-from sailor_tasks.strategies import strategy_names
+from sailor_tasks.strategies import MARKET_STRATEGIES, RECOVERY_STRATEGIES
 from sailor_tasks.train.specs import MODEL_NAMES, MODEL_SPECS
 
 DEMO_DATASET_URI = "sailor://source/datasets/demo-text"
@@ -173,14 +173,25 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "section": SECTION_CHECKPOINT,
             "description": "Checkpoint interval; at most the steps one can afford to redo after an unnoticed preemption.",
         },
-        "recovery_strategy": {
-            "default": "same_zone_first",
+        "strategy": {
+            "default": "sailor",
             "type": "string",
-            "enum": list(strategy_names()),
-            "title": "Recovery strategy",
+            "enum": list(MARKET_STRATEGIES),
+            "title": "Market strategy",
+            "section": SECTION_MARKET,
+            "description": "Spot or on-demand at launch and after each preemption: sailor (spot while the "
+            "deadline's slack covers the expected preemption loss, else on-demand), on_demand, spot_restart "
+            "(spot; wait for the preempted zone) or eager_next_region (spot; move to the next region).",
+        },
+        "recovery_strategy": {
+            "default": None,
+            "type": ["null", "string"],
+            "enum": [None, *RECOVERY_STRATEGIES],
+            "title": "Recovery strategy (override)",
             "section": SECTION_RESILIENCE,
-            "description": "Where a preempted run resumes: same_zone_first (retry the zone; block it after "
-            "2 preemptions) or eager_next_region (block the preempted region, move to the next one).",
+            "description": "Where a preempted run resumes, overriding the market strategy's own rule: "
+            "same_zone_first (retry the zone; block it after 2 preemptions) or eager_next_region (block the "
+            "preempted region, move to the next one). Empty: the market strategy decides.",
         },
         "inject_preemptions": {
             "default": [],

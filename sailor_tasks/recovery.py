@@ -86,6 +86,22 @@ def describe_attempts(ctx: Any, run_id: str) -> list[str]:
     return lines
 
 
+def attempt_markets(ctx: Any, run_id: str) -> list[JSON]:
+    """Per attempt: the market used, why, the slack left at the decision and the attempt's cost."""
+    return [
+        {
+            "attempt": m["attempt"],
+            "strategy": m["strategy"],
+            "market": m["market"],
+            "why": m["reason"],
+            "slack_h": None if m["slack_h"] is None else round(m["slack_h"], 4),
+            "hours": None if m["hours"] is None else round(m["hours"], 6),
+            "usd": m["usd"],
+        }
+        for m in ctx.ledger.attempt_markets(run_id)
+    ]
+
+
 def recover(
     ctx: Any, req: JobRequest, lost: Placement, data: JSON, run_id: str, attempt: int
 ) -> tuple[Placement, JSON]:
@@ -93,7 +109,8 @@ def recover(
     from sailor_tasks import stages
     from sailor_tasks.train.checkpoint import CheckpointManager
 
-    strategy = get_strategy(req.recovery_strategy)
+    # The market strategy decides where to resume unless the request names a recovery strategy.
+    strategy = get_strategy(req.recovery_strategy or req.strategy)
     zones_by_region: dict[str, tuple[str, ...]] = {}
     for o in ctx.catalog.offers:
         zones_by_region.setdefault(o.region, ())
@@ -101,6 +118,9 @@ def recover(
             zones_by_region[o.region] += (o.zone,)
     constraint = strategy.next_constraint(RecoveryContext(req, lost, history(ctx, run_id), zones_by_region))
     blocked = constraint.all_blocked_zones(zones_by_region)
+    if constraint.wait_zone:  # live runs cannot wait in the planner: plan only that zone
+        blocked |= {z for zs in zones_by_region.values() for z in zs if z != constraint.wait_zone}
+    progress = _progress(ctx, run_id)
     plan_req = replace(req, market=constraint.market) if constraint.market else req
     logger.info(
         "recovery attempt %d (%s): %s; blocked zones: %s",
@@ -110,13 +130,15 @@ def recover(
         ", ".join(sorted(blocked)) or "none",
     )
     try:
-        placed = stages.plan(to_dict(plan_req), run_id, ctx, blocked_zones=blocked, attempt=attempt)
+        placed = stages.plan(
+            to_dict(plan_req), run_id, ctx, blocked_zones=blocked, attempt=attempt, **progress
+        )
     except NoFeasibleOfferError:
         if blocked <= {lost.zone}:
             raise
         logger.warning("no offer outside %d blocked zones; blocking only %s", len(blocked), lost.zone)
         placed = stages.plan(
-            to_dict(plan_req), run_id, ctx, blocked_zones=frozenset({lost.zone}), attempt=attempt
+            to_dict(plan_req), run_id, ctx, blocked_zones=frozenset({lost.zone}), attempt=attempt, **progress
         )
     pl = from_dict(Placement, placed)
     if pl.region != lost.region:
@@ -134,6 +156,15 @@ def recover(
         )
     stages.provision(to_dict(req), placed, run_id, ctx)
     return pl, data
+
+
+def _progress(ctx: Any, run_id: str) -> dict[str, Any]:
+    """Hours since the run was submitted and the step its newest checkpoint holds (market choice)."""
+    run = ctx.ledger.get_run(run_id)
+    elapsed_h = (utcnow() - _aware(run["created_at"])).total_seconds() / 3600.0 if run else 0.0
+    last = ctx.ledger.preemptions(run_id, limit=1)
+    steps_done = max(0, (last[0]["step"] or 0) - (last[0]["steps_lost"] or 0)) if last else 0
+    return {"elapsed_h": max(0.0, elapsed_h), "steps_done": steps_done}
 
 
 def _ts(epoch: float | None) -> dt.datetime | None:
@@ -311,6 +342,9 @@ def finish_attempt(
     report_uri = storage.join(ctx.run_uri(pl.region, run_id), "launch.json")
     ended = utcnow()
     ctx.ledger.record_utilization(run_id, req.team, pl.region, pl.gpu_type, pl.num_gpus, started, ended)
+    ctx.ledger.end_attempt_market(
+        run_id, attempt, (ended - started).total_seconds() / 3600.0, pl.usd_per_hour, pl.market, req.strategy
+    )
     report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
     result = storage.read_json(config.result_uri) if storage.exists(config.result_uri) else None
 
@@ -338,6 +372,7 @@ def finish_attempt(
             "placement": to_dict(pl),
             "data": data,
             "attempts": describe_attempts(ctx, run_id),
+            "markets": attempt_markets(ctx, run_id),
         }
 
     if preemption is None and not (result and result["status"] == "preempted"):

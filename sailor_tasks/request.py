@@ -158,6 +158,7 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
         deadline_hours=None if values["deadline_hours"] is None else float(values["deadline_hours"]),
         exclude_regions=tuple(values["exclude_regions"]),
         data_residency=tuple(values["data_residency"]),
+        strategy=values["strategy"],
         recovery_strategy=values["recovery_strategy"],
         inject_preemptions=tuple(sorted(values["inject_preemptions"])),
         inject_kills=tuple(sorted(values["inject_kills"])),

@@ -12,6 +12,7 @@ from the CLI, tests and benchmarks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import hashlib
@@ -174,32 +175,57 @@ def plan(
     *,
     blocked_zones: frozenset[str] = frozenset(),
     attempt: int = 1,
+    elapsed_h: float = 0.0,
+    steps_done: int = 0,
 ) -> JSON:
     """Place the run and reserve its capacity (keyed by run_id, so a retry replaces, never doubles).
 
-    ``blocked_zones`` and ``attempt`` are set by preemption recovery (``sailor_tasks.recovery``),
-    which re-plans through this same function. The engine plans on a fresh ledger snapshot (live
+    The run's market strategy first picks the market (``sailor_tasks.market_choice``); the decision,
+    its reason and the slack left go to the ledger (``attempt_markets``) and to the placement's
+    explanation. ``blocked_zones``, ``attempt``, ``elapsed_h`` and ``steps_done`` are set by
+    preemption recovery (``sailor_tasks.recovery``), which re-plans through this same function. The engine plans on a fresh ledger snapshot (live
     reservations, assignment, the dataset's replicas and size); the reservation is checked in one
     transaction, and a conflict with another planner re-plans (bounded) before
     ``CapacityUnavailableError`` (retryable).
     """
     ctx = _ctx(ctx)
     from sailor_tasks.data.manifest import read_manifest
+    from sailor_tasks.market_choice import decide_market
     from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
 
     req = from_dict(JobRequest, request)
     with _timed(ctx, run_id, "plan"):
         manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
         nbytes = manifest.total_bytes if manifest is not None else None
+        blocked = frozenset(blocked_zones)
+        decision = decide_market(
+            req,
+            ctx.catalog,
+            ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
+            elapsed_h=elapsed_h,
+            steps_done=steps_done,
+        )
+        req = dataclasses.replace(req, market=decision.market)
         reserved = plan_and_reserve(
             req,
             ctx.catalog,
             ctx.ledger,
             run_id,
-            snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, frozenset(blocked_zones)),
+            snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
         )
-        placement = reserved.placement
+        placement = dataclasses.replace(
+            reserved.placement, explanation=(*reserved.placement.explanation, f"market: {decision.reason}")
+        )
         ctx.ledger.record_placement(placement, attempt=attempt)
+        ctx.ledger.record_attempt_market(
+            run_id,
+            attempt,
+            req.strategy,
+            placement.market,
+            decision.reason,
+            decision.slack_h,
+            placement.usd_per_hour,
+        )
         ctx.ledger.upsert_run(
             run_id,
             status="planned",
@@ -363,6 +389,10 @@ def finalize(
             "train_wall_s": round(result["train_wall_s"], 2),
             "samples_per_s": round(result["samples_per_s"], 1),
             "attempts": result.get("attempts", []),
+            "strategy": req.strategy,
+            "deadline_hours": req.deadline_hours,
+            "markets": result.get("markets", []),
+            "usd_attempts": sum(m["usd"] or 0.0 for m in result.get("markets", [])),
         }
         summary_uri = storage.join(ctx.run_uri(pl.region, run_id), "summary.md")
         storage.write_bytes(summary_uri, render_summary(summary).encode())
@@ -401,6 +431,14 @@ def render_summary(s: Mapping[str, Any]) -> str:
         f"- **Checkpoint**: {s['checkpoint_uri']}",
         f"- **Estimated cost**: ${s['usd_estimate']:.4f} (price × training wall time)",
     ]
+    if s.get("markets"):
+        lines.append(
+            f"- **Market per attempt** (strategy {s.get('strategy', '?')}, all attempts ${s['usd_attempts']:.4f}):"
+        )
+        for m in s["markets"]:
+            slack = "no deadline" if m["slack_h"] is None else f"{m['slack_h']:.3g} h slack"
+            cost = "?" if m["usd"] is None else f"${m['usd']:.4f}"
+            lines.append(f"  - attempt {m['attempt']}: {m['market']}, {cost}, {slack}: {m['why']}")
     if len(s.get("attempts") or ()) > 1:
         lines.append(f"- **Recovered from preemption**: {len(s['attempts'])} attempts")
         lines += [f"  - {a}" for a in s["attempts"]]

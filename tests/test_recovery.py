@@ -76,3 +76,27 @@ def test_exhausted_attempts_fail_with_a_message_listing_every_attempt(settings, 
     assert attempts[0]["zone"] == attempts[1]["zone"]  # same_zone_first retried the zone once
     run = Ledger(settings.ledger_url).get_run("doomed")
     assert run["status"] == "failed"
+
+
+def test_each_attempt_records_its_market_why_cost_and_slack(settings, ctx, demo_dataset):
+    """Default strategy (sailor) with a deadline: the plan and the recovery each ask it for a market;
+    the summary and the ledger hold the market, the reason, the slack left and the attempt's cost."""
+    summary = run_stages(
+        {**BASE, "dataset_uri": demo_dataset, "deadline_hours": 2.0, "inject_preemptions": [6]},
+        "economics",
+        ctx,
+    )
+    assert summary["strategy"] == "sailor" and summary["deadline_hours"] == 2.0
+    markets = summary["markets"]
+    assert [m["attempt"] for m in markets] == [1, 2]
+    for m in markets:
+        assert m["strategy"] == "sailor" and m["market"] in ("spot", "on_demand")
+        assert m["why"].startswith("sailor: ")
+        assert 0 < m["slack_h"] < 2.0  # hours to spare before the 2 h deadline at the decision
+        assert m["hours"] > 0 and m["usd"] > 0
+    assert markets[1]["slack_h"] < markets[0]["slack_h"]  # time passed between the two decisions
+    assert summary["usd_attempts"] == pytest.approx(sum(m["usd"] for m in markets))
+    rows = Ledger(settings.ledger_url).attempt_markets("economics")
+    assert [(r["attempt"], r["market"]) for r in rows] == [(m["attempt"], m["market"]) for m in markets]
+    assert all(r["usd"] == pytest.approx(r["hours"] * r["usd_per_hour"]) for r in rows)
+    assert "Market per attempt" in summary["summary_md"]

@@ -8,9 +8,12 @@ from sailor_tasks.errors import InvalidRequestError
 from sailor_tasks.request import from_params
 
 
-def test_defaults_inject_nothing_and_recover_same_zone_first():
+def test_defaults_inject_nothing_and_let_the_sailor_strategy_recover():
     req = from_params({})
-    assert req.recovery_strategy == "same_zone_first"
+    assert req.strategy == "sailor" and req.recovery_strategy is None  # null: the strategy decides
+    assert (
+        from_params({"recovery_strategy": None}).recovery_strategy is None
+    )  # the trigger form's empty field
     assert (req.inject_preemptions, req.inject_kills, req.preemption_rate_per_hour) == ((), (), 0.0)
     assert req.preemption_notice_s == 30.0 and not req.async_checkpoint
 
@@ -18,6 +21,16 @@ def test_defaults_inject_nothing_and_recover_same_zone_first():
 def test_unknown_recovery_strategy_lists_the_valid_ones():
     with pytest.raises(InvalidRequestError, match=r"recovery_strategy='nope'.*eager_next_region"):
         from_params({"recovery_strategy": "nope"})
+
+
+def test_unknown_market_strategy_lists_the_valid_ones():
+    with pytest.raises(InvalidRequestError, match=r"strategy='cheapest'.*on_demand.*spot_restart.*sailor"):
+        from_params({"strategy": "cheapest"})
+
+
+def test_a_market_strategy_is_not_a_recovery_override():
+    with pytest.raises(InvalidRequestError, match=r"recovery_strategy='on_demand'"):
+        from_params({"recovery_strategy": "on_demand"})
 
 
 def test_injection_steps_beyond_the_run_are_rejected():

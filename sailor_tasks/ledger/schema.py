@@ -196,6 +196,23 @@ run_attempts = Table(
     Column("detail", Text),
 )
 
+attempt_markets = Table(
+    # One row per attempt of a run: the market its strategy chose, why, the slack left, the cost.
+    # A table of its own (not columns of run_attempts) so existing ledgers gain it with create_all.
+    "attempt_markets",
+    metadata,
+    Column("run_id", String(250), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("strategy", String(40), nullable=False),
+    Column("market", String(20), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("slack_h", Float),  # hours to spare if the run went on-demand at the decision (None: no deadline)
+    Column("usd_per_hour", Float),
+    Column("decided_at", DateTime(timezone=True), nullable=False),
+    Column("hours", Float),  # billed hours of the attempt (set when it ends)
+    Column("usd", Float),  # usd_per_hour x hours
+)
+
 gpu_allocations = Table(
     "gpu_allocations",
     metadata,

@@ -361,6 +361,73 @@ class Ledger:
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
+    # --- market decision and cost per attempt --------------------------------------------------
+    def record_attempt_market(
+        self,
+        run_id: str,
+        attempt: int,
+        strategy: str,
+        market: str,
+        reason: str,
+        slack_h: float | None,
+        usd_per_hour: float | None = None,
+    ) -> None:
+        """The market the run's strategy chose for ``attempt`` (a retried plan replaces its row)."""
+        a = t.attempt_markets.c
+        with self.engine.begin() as c:
+            c.execute(delete(t.attempt_markets).where(a.run_id == run_id, a.attempt == attempt))
+            c.execute(
+                insert(t.attempt_markets).values(
+                    run_id=run_id,
+                    attempt=attempt,
+                    strategy=strategy,
+                    market=market,
+                    reason=reason,
+                    slack_h=slack_h,
+                    usd_per_hour=usd_per_hour,
+                    decided_at=utcnow(),
+                )
+            )
+
+    def end_attempt_market(
+        self, run_id: str, attempt: int, hours: float, usd_per_hour: float, market: str, strategy: str
+    ) -> None:
+        """The attempt's billed hours and cost; an attempt launched without a new plan (a try that
+        died) reuses the previous placement and gets a row saying so."""
+        a = t.attempt_markets.c
+        usd = hours * usd_per_hour
+        with self.engine.begin() as c:
+            done = c.execute(
+                update(t.attempt_markets)
+                .where(a.run_id == run_id, a.attempt == attempt)
+                .values(hours=hours, usd=usd, usd_per_hour=usd_per_hour)
+            )
+            if done.rowcount == 0:
+                c.execute(
+                    insert(t.attempt_markets).values(
+                        run_id=run_id,
+                        attempt=attempt,
+                        strategy=strategy,
+                        market=market,
+                        reason="relaunched on the previous attempt's placement",
+                        slack_h=None,
+                        usd_per_hour=usd_per_hour,
+                        decided_at=utcnow(),
+                        hours=hours,
+                        usd=usd,
+                    )
+                )
+
+    def attempt_markets(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's market decisions and costs, oldest attempt first."""
+        q = (
+            select(t.attempt_markets)
+            .where(t.attempt_markets.c.run_id == run_id)
+            .order_by(t.attempt_markets.c.attempt)
+        )
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
     # --- assignments and replicas -------------------------------------------------------------
     def publish_assignment(
         self,

@@ -25,6 +25,22 @@ SLACK_SAFETY = 2.0
 """Slack must cover this many times the expected preemption overhead (variance margin)."""
 
 
+def slack_allows_spot(slack_h, hours, overhead_h):
+    """The Can't-Be-Late slack test: spot is safe when the slack covers its expected preemption loss.
+
+    Shared by market=auto at placement (numpy arrays, one entry per offer) and the ``sailor``
+    strategy's decisions during a run (floats).
+
+    Args:
+        slack_h: hours to spare before the deadline once the work and transfers are done.
+        hours: hours of work left.
+        overhead_h: expected hours spot preemptions cost over that work.
+    """
+    slack_rich = slack_h >= SLACK_SAFETY * overhead_h + RESTART_HOURS
+    short = (hours <= SHORT_JOB_HOURS) & (slack_h >= overhead_h)
+    return slack_rich | short
+
+
 def spot_preferred(ctx: RequestContext) -> np.ndarray:
     """Per candidate row: True when market=auto picks spot for the row's offer."""
     c = ctx.c
@@ -36,10 +52,7 @@ def spot_preferred(ctx: RequestContext) -> np.ndarray:
         ok &= c.spot_price * (hours + overhead) < c.od_price * hours
     deadline = ctx.request.deadline_hours
     if deadline is not None:
-        slack = deadline - hours - ctx.data_hours
-        slack_rich = slack >= SLACK_SAFETY * overhead + RESTART_HOURS
-        short = (hours <= SHORT_JOB_HOURS) & (slack >= overhead)
-        ok &= slack_rich | short
+        ok &= slack_allows_spot(deadline - hours - ctx.data_hours, hours, overhead)
     return ok
 
 

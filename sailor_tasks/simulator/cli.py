@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="catalog prices used for cost (and min_cost)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from sailor_tasks.simulator.spot_cli import add_spot_arguments
+
+    add_spot_arguments(p.add_argument_group("spot economics (with --strategy; see simulator/spot.py)"))
 
 
 def parse_cluster(text: str, known: tuple[str, ...]) -> dict[str, int]:
@@ -83,6 +86,10 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
     from sailor_tasks.policies import get_policy
     from sailor_tasks.simulator import Region, SimConfig, generate_jobs, read_gavel_trace, simulate
 
+    if getattr(args, "strategy", None):
+        from sailor_tasks.simulator.spot_cli import run_spot_simulation
+
+        return run_spot_simulation(args)
     started = time.perf_counter()
     get_policy(args.policy)  # unknown names fail here, listing the valid ones
     table = load_gavel(args.throughputs) if args.throughputs else load_packaged()

@@ -1,11 +1,17 @@
-"""The strategy interface: preemption history in, the next placement constraint out; and a registry.
+"""The strategy interface and registry: where a preempted run goes next, and which market it uses.
 
-A strategy is stateless: everything it may use is in ``RecoveryContext`` (the request, the
-placement that was just lost, the run's preemption history, the catalog's zones per region). It
-answers with a ``PlacementConstraint`` (zones/regions to avoid, market to use) that the stage turns
-into ``ClusterState.blocked_zones`` (and a market override) and hands to the same planner as the
-first placement. Recovery strategies (``same_zone_first``, ``eager_next_region``) and market
-strategies (``on_demand``, ``spot_restart``, ``sailor``) share this interface and registry.
+A strategy is stateless and answers two questions, each from a context holding everything it may use:
+
+* ``next_constraint(RecoveryContext) -> PlacementConstraint``: after a preemption, the zones/regions
+  to avoid (or the one zone to wait for) given the request, the lost placement, the run's preemption
+  history and the catalog's zones per region. The stage turns it into ``ClusterState.blocked_zones``
+  and hands it to the same planner as the first placement.
+* ``choose_market(MarketContext) -> MarketDecision``: at launch, after each preemption and at every
+  decision tick, spot or on-demand, with the reason and the slack left. The live ``train`` stage and
+  the spot simulator (``sailor_tasks.simulator.spot``) call the same method.
+
+Recovery strategies (``same_zone_first``, ``eager_next_region``) and market strategies
+(``on_demand``, ``spot_restart``, ``sailor``) share this interface and registry.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class PlacementConstraint:
     market: str | None = None
     """Market to plan in; None keeps the request's market."""
     reason: str = ""
+    wait_zone: str | None = None
+    """Relaunch only in this zone, waiting for its capacity to come back (``spot_restart``)."""
 
     def all_blocked_zones(self, zones_by_region: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
         """Blocked zones plus every zone of a blocked region."""
@@ -58,12 +66,77 @@ class PlacementConstraint:
         return frozenset(zones)
 
 
+@dataclass(frozen=True, slots=True)
+class MarketContext:
+    """What a market decision may use, in hours from the run's submission (all figures per run).
+
+    ``remaining_h`` is the work left on the run's GPUs without preemptions. The launch figures are
+    the hours from now until an attempt of that market would be training (provisioning plus data and
+    checkpoint transfer; 0 for the market the run is training on now; ``inf`` when no spot zone has
+    capacity now, so a spot choice means waiting).
+    """
+
+    now_h: float
+    remaining_h: float
+    deadline_h: float | None
+    """Deadline in hours from submission; None: no deadline (slack unbounded)."""
+    requested_market: str = "auto"
+    """The request's ``market`` (spot, on_demand or auto)."""
+    current_market: str | None = None
+    """Market of the attempt that is running now (None: nothing running)."""
+    spot_launch_h: float = 0.0
+    on_demand_launch_h: float = 0.0
+    on_demand_fallback_h: float | None = None
+    """Hours to get on-demand training once the spot attempt is lost (from the spot zone, where the
+    data and checkpoint will then be); None: the same as ``on_demand_launch_h``."""
+    spot_usd_per_hour: float = 0.0
+    on_demand_usd_per_hour: float = 0.0
+    preemption_rate_per_hour: float = 0.0
+    """Expected spot preemptions per hour of the spot candidate (catalog supply rates)."""
+    lost_h_per_preemption: float = 0.0
+    """Work lost by one preemption (the notice window when the notice is used to checkpoint, else
+    half a checkpoint interval), restart excluded."""
+
+    @property
+    def time_left_h(self) -> float:
+        return float("inf") if self.deadline_h is None else self.deadline_h - self.now_h
+
+    @property
+    def on_demand_slack_h(self) -> float:
+        """Hours to spare if the run switched to (or stayed on) on-demand now."""
+        return self.time_left_h - self.remaining_h - self.on_demand_launch_h
+
+
+@dataclass(frozen=True, slots=True)
+class MarketDecision:
+    market: str
+    """``spot`` or ``on_demand``."""
+    reason: str
+    slack_h: float | None = None
+    """Slack left if the run went on-demand now (None: no deadline)."""
+
+
 @runtime_checkable
 class Strategy(Protocol):
     name: ClassVar[str]
+    checkpoint_on_notice: ClassVar[bool]
+    """Whether the run checkpoints when a preemption notice arrives (else only periodically)."""
 
     def next_constraint(self, ctx: RecoveryContext) -> PlacementConstraint:
         """The constraint for the next placement after the preemption at the end of ``ctx.history``."""
+
+    def choose_market(self, ctx: MarketContext) -> MarketDecision:
+        """Spot or on-demand for the next stretch of the run (launch, after a preemption, each tick)."""
+
+
+def requested_or_spot(ctx: MarketContext, who: str) -> MarketDecision:
+    """The request's market, with ``auto`` read as spot (the deadline-unaware strategies)."""
+    market = "spot" if ctx.requested_market == "auto" else ctx.requested_market
+    return MarketDecision(market, f"{who}: market {ctx.requested_market} → {market}", slack_of(ctx))
+
+
+def slack_of(ctx: MarketContext) -> float | None:
+    return None if ctx.deadline_h is None else ctx.on_demand_slack_h
 
 
 _REGISTRY: dict[str, type] = {}

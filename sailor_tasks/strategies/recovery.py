@@ -11,14 +11,24 @@ checkpoint follow).
 
     preempted in r1/z1 → r1 blocked → cheapest zone of r2 → preempted → r1, r2 blocked → r3 → ...
 
-Both block by value (zone/region names), never by position, and leave the market as requested.
+Both block by value (zone/region names), never by position, and leave the market as requested
+(``auto`` read as spot). ``eager_next_region`` is also the SkyPilot baseline of the spot simulator:
+there it checkpoints only periodically (SkyPilot managed jobs do not act on the preemption notice),
+while ``same_zone_first`` runs SAILOR's trainer, which saves on the notice.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from sailor_tasks.strategies.base import PlacementConstraint, RecoveryContext, register
+from sailor_tasks.strategies.base import (
+    MarketContext,
+    MarketDecision,
+    PlacementConstraint,
+    RecoveryContext,
+    register,
+    requested_or_spot,
+)
 
 SAME_ZONE_MAX_PREEMPTIONS = 2
 """Preemptions in one zone after which ``same_zone_first`` stops retrying it."""
@@ -26,6 +36,13 @@ SAME_ZONE_MAX_PREEMPTIONS = 2
 
 @register("same_zone_first")
 class SameZoneFirst:
+    """Events: preempted in z1 → retry z1 → preempted in z1 again → z1 blocked → cheapest other zone."""
+
+    checkpoint_on_notice = True
+
+    def choose_market(self, ctx: MarketContext) -> MarketDecision:
+        return requested_or_spot(ctx, self.name)
+
     def next_constraint(self, ctx: RecoveryContext) -> PlacementConstraint:
         counts = Counter(p.zone for p in ctx.history)
         blocked = frozenset(z for z, n in counts.items() if n >= SAME_ZONE_MAX_PREEMPTIONS)
@@ -39,6 +56,15 @@ class SameZoneFirst:
 
 @register("eager_next_region")
 class EagerNextRegion:
+    """Spot (the request's market, ``auto`` read as spot). Events: preempted in r1/z1 → r1 blocked →
+    cheapest zone of r2 with capacity (data and checkpoint follow) → preempted → r1, r2 blocked →
+    r3 → ...; when every region is blocked, only the last one stays blocked."""
+
+    checkpoint_on_notice = False
+
+    def choose_market(self, ctx: MarketContext) -> MarketDecision:
+        return requested_or_spot(ctx, self.name)
+
     def next_constraint(self, ctx: RecoveryContext) -> PlacementConstraint:
         regions = frozenset(p.region for p in ctx.history)
         zones = frozenset(p.zone for p in ctx.history)

@@ -1,0 +1,152 @@
+"""Market strategies: spot or on-demand over a run's life, and where to go after a preemption.
+
+Each strategy answers ``choose_market`` at launch, after every preemption and at every decision
+tick, and ``next_constraint`` after every preemption (``base`` has the interface). The live
+``train`` stage and the spot simulator call them through the registry.
+
+``on_demand`` never uses spot::
+
+    launch on-demand in the cheapest zone → run to completion (never preempted)
+
+``spot_restart`` uses spot and, after a preemption, waits for the same zone (checkpoints only
+periodically, so a preemption loses the work since the last checkpoint)::
+
+    launch spot in the cheapest zone with capacity → preempted in z1 → wait until z1 has capacity
+    → relaunch in z1 (resume from the last periodic checkpoint) → ...
+
+``eager_next_region`` (in ``recovery``; SkyPilot's managed-job strategy) blocks every region that
+preempted the run and relaunches spot in the cheapest zone of another region.
+
+``sailor`` (placement engine + ``market=auto``, Can't-Be-Late style) checkpoints on every notice and
+re-decides the market at each decision point from the slack left::
+
+    launch: slack after the spot launch covers the expected preemption loss → spot in the cheapest zone
+    notice in z1 → checkpoint (no work lost) → z1 blocked → slack still covers → spot in the cheapest
+        other zone with capacity (same region preferred when cheaper: no transfer)
+    long stock-out: no zone has capacity → wait, re-checking each tick → slack no longer covers one
+        changeover to on-demand plus the expected loss → on-demand
+    on on-demand, the remaining work shrinks, so does its expected loss → slack covers a spot launch
+        again and spot is cheaper → back to spot
+    slack exhausted (deadline closer than the work on spot could guarantee) → on-demand to the end
+"""
+
+from __future__ import annotations
+
+import math
+
+from sailor_tasks.placement.context import RESTART_HOURS
+from sailor_tasks.placement.market import slack_allows_spot
+from sailor_tasks.strategies.base import (
+    MarketContext,
+    MarketDecision,
+    PlacementConstraint,
+    RecoveryContext,
+    register,
+    requested_or_spot,
+    slack_of,
+)
+
+
+@register("on_demand")
+class OnDemand:
+    """Never spot. Events: launch on-demand in the cheapest zone → run to completion (a preemption
+    cannot happen; a failed attempt re-plans on-demand)."""
+
+    checkpoint_on_notice = True
+
+    def choose_market(self, ctx: MarketContext) -> MarketDecision:
+        return MarketDecision("on_demand", "on_demand: never spot", slack_of(ctx))
+
+    def next_constraint(self, ctx: RecoveryContext) -> PlacementConstraint:
+        return PlacementConstraint(market="on_demand", reason="on_demand: re-plan on-demand")
+
+
+@register("spot_restart")
+class SpotRestart:
+    """Spot, deadline-unaware, periodic checkpoints only. Events: launch spot in the cheapest zone
+    with capacity → preempted in z1 (work since the last periodic checkpoint lost) → wait until z1
+    has capacity again → relaunch in z1 → ... (live runs plan only z1: every other zone blocked)."""
+
+    checkpoint_on_notice = False
+
+    def choose_market(self, ctx: MarketContext) -> MarketDecision:
+        return requested_or_spot(ctx, self.name)
+
+    def next_constraint(self, ctx: RecoveryContext) -> PlacementConstraint:
+        zone = ctx.current.zone
+        return PlacementConstraint(
+            wait_zone=zone, reason=f"spot_restart: waiting for {zone} to have capacity"
+        )
+
+
+def expected_overhead_h(ctx: MarketContext) -> float:
+    """Hours spot preemptions are expected to cost over the remaining work (loss + restart each)."""
+    return ctx.preemption_rate_per_hour * ctx.remaining_h * (ctx.lost_h_per_preemption + RESTART_HOURS)
+
+
+@register("sailor")
+class Sailor:
+    """Deadline-aware spot: the placement's ``market=auto`` slack rule applied at every decision point.
+
+    Events: launch (slack covers the loss → spot in the cheapest zone) → notice in z1 → checkpoint,
+    z1 blocked → spot in the cheapest other zone with capacity, or wait while the reserve holds →
+    slack short → on-demand → remaining work small enough, slack covers a spot launch → spot again.
+
+    Spot is chosen when the slack left after the spot launch passes
+    ``placement.market.slack_allows_spot`` for the expected preemption loss, still holds a reserve
+    of one changeover to on-demand (its launch, at least a restart, plus the work a preemption
+    loses), and spot stays cheaper once that loss is paid for. While no spot zone has capacity the
+    caller passes the next decision plus a launch as the spot launch, so waiting also keeps the
+    reserve: the run can always still finish on-demand by the deadline (Can't Be Late's rule).
+    """
+
+    checkpoint_on_notice = True
+
+    def choose_market(self, ctx: MarketContext) -> MarketDecision:
+        slack = slack_of(ctx)
+        if ctx.requested_market in ("spot", "on_demand"):
+            return MarketDecision(
+                ctx.requested_market, f"sailor: market {ctx.requested_market} requested", slack
+            )
+        overhead = expected_overhead_h(ctx)
+        launch = ctx.spot_launch_h
+        if ctx.on_demand_usd_per_hour > 0 and math.isfinite(launch):
+            spot_usd = ctx.spot_usd_per_hour * (ctx.remaining_h + overhead + launch)
+            od_usd = ctx.on_demand_usd_per_hour * (ctx.remaining_h + ctx.on_demand_launch_h)
+            if spot_usd >= od_usd:
+                return MarketDecision(
+                    "on_demand",
+                    f"sailor: spot not cheaper (${spot_usd:.2f} with {overhead:.2g} h expected loss "
+                    f"vs ${od_usd:.2f} on-demand)",
+                    slack,
+                )
+        if ctx.deadline_h is None:
+            return MarketDecision("spot", "sailor: no deadline (slack unbounded) → spot", None)
+        # One changeover to on-demand (and the work a preemption loses) must always fit: whatever
+        # happens on spot, the run can still finish on-demand by the deadline.
+        fallback = ctx.on_demand_launch_h if ctx.on_demand_fallback_h is None else ctx.on_demand_fallback_h
+        reserve = max(fallback, RESTART_HOURS) + ctx.lost_h_per_preemption
+        spot_slack = ctx.time_left_h - ctx.remaining_h - launch
+        if spot_slack >= reserve and bool(slack_allows_spot(spot_slack, ctx.remaining_h, overhead)):
+            return MarketDecision(
+                "spot",
+                f"sailor: {spot_slack:.2f} h slack after the spot launch keeps a {reserve:.2f} h "
+                f"on-demand reserve and covers {overhead:.2g} h expected preemption loss → spot",
+                slack,
+            )
+        if not math.isfinite(launch):
+            why = "no spot capacity now"
+        else:
+            why = f"{spot_slack:.2f} h slack after a spot launch of {launch:.2f} h (reserve {reserve:.2f} h)"
+        return MarketDecision(
+            "on_demand",
+            f"sailor: {why} does not cover {overhead:.2g} h expected preemption loss → on-demand",
+            slack,
+        )
+
+    def next_constraint(self, ctx: RecoveryContext) -> PlacementConstraint:
+        zone = ctx.current.zone
+        return PlacementConstraint(
+            blocked_zones=frozenset({zone}),
+            reason=f"sailor: {zone} just lost its spot capacity: blocked; cheapest other zone next",
+        )

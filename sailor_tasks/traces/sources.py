@@ -1,0 +1,160 @@
+"""Every spot availability source the simulator reads, turned into per-zone availability traces.
+
+Accepted inputs (files, or folders searched recursively):
+
+* ``*.json`` in the common format ``{"metadata": {"gap_seconds": N}, "data": [...]}`` (1 =
+  unavailable; multi-node traces hold counts). The file stem may name where it was recorded:
+  ``<zone>`` or ``<GPU>_<zone>`` (``V100_us-west1-b``).
+* ``*.json`` as in the Sailor planner's data: ``[{"Time": seconds, "GPUs": n}, ...]`` (counts of one
+  pool; the gap is the median spacing of ``Time``).
+* ``*.csv`` as in the Sailor planner's data: ``,Timestamp,<GPU>-<mem>_<zone>,...`` (GPUs available
+  per zone column over time).
+* ``*.out``: the GCP 2020 preemptible-GPU logs (``gcp_2020``), one trace per (zone, GPU type).
+
+Each trace keeps the zone and catalog GPU type it was recorded for when the source says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sailor_tasks.traces.availability import AvailabilityTrace, parse_availability_trace
+from sailor_tasks.traces.gcp_2020 import load_gcp_logs, parse_gcp_log, to_availability_trace
+
+SUFFIXES = (".json", ".csv", ".out")
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneTrace:
+    name: str
+    trace: AvailabilityTrace
+    zone: str | None = None
+    """Zone the trace was recorded in (None: not said by the source)."""
+    gpu_type: str | None = None
+    """Catalog GPU type it was recorded for (None: not said)."""
+
+
+def catalog_gpu(name: str) -> str:
+    """``nvidia-tesla-v100`` / ``A100-40`` / ``v100`` → ``V100`` / ``A100`` / ``V100``."""
+    n = name.lower().removeprefix("nvidia-").removeprefix("tesla-")
+    n = n.split("-")[0] if n.split("-")[-1].isdigit() else n
+    return n.upper()
+
+
+def _is_zone(text: str) -> bool:
+    """``us-west1-b``-like: region-part, a digit-ending middle, a zone letter."""
+    parts = text.split("-")
+    return len(parts) >= 3 and parts[-2][-1:].isdigit() and len(parts[-1]) == 1
+
+
+def _from_stem(stem: str) -> tuple[str | None, str | None]:
+    """(zone, GPU type) a file stem or CSV column names, where it names them."""
+    gpu, sep, zone = stem.partition("_")
+    if sep and _is_zone(zone):
+        return zone, catalog_gpu(gpu)
+    return (stem, None) if _is_zone(stem) else (None, None)
+
+
+def _from_times(points: list[dict], source: str) -> AvailabilityTrace:
+    times = [float(p["Time"]) for p in points]
+    counts = [int(p["GPUs"]) for p in points]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
+    gap = statistics.median(gaps) if gaps else 3600.0
+    return AvailabilityTrace(gap, tuple(counts), "available_count", source)
+
+
+def load_json(path: Path) -> list[ZoneTrace]:
+    with path.open() as f:
+        doc = json.load(f)
+    zone, gpu = _from_stem(path.stem)
+    if isinstance(doc, list) and doc and isinstance(doc[0], dict) and {"Time", "GPUs"} <= doc[0].keys():
+        return [ZoneTrace(path.stem, _from_times(doc, str(path)), zone, gpu)]
+    if isinstance(doc, dict) and "metadata" in doc:
+        return [ZoneTrace(path.stem, parse_availability_trace(doc, source=str(path)), zone, gpu)]
+    return []  # another JSON file (prices, quotas, ...): not a trace
+
+
+def load_csv(path: Path) -> list[ZoneTrace]:
+    """Sailor GPU availability CSV: one count trace per ``<GPU>_<zone>`` column."""
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    if len(rows) < 2 or "Timestamp" not in rows[0]:
+        return []
+    header = rows[0]
+    ts_col = header.index("Timestamp")
+    times = [float(r[ts_col]) for r in rows[1:]]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
+    gap = statistics.median(gaps) if gaps else 3600.0
+    out = []
+    for col, name in enumerate(header):
+        if col == ts_col or "_" not in name:
+            continue
+        zone, gpu = _from_stem(name)
+        data = tuple(int(float(r[col])) for r in rows[1:])
+        trace = AvailabilityTrace(gap, data, "available_count", f"{path}:{name}")
+        out.append(ZoneTrace(f"{path.stem}:{name}", trace, zone, gpu))
+    return out
+
+
+def load_gcp(files: Iterable[Path]) -> list[ZoneTrace]:
+    """GCP 2020 logs: one single-node trace per (zone, GPU type) over all the given files."""
+    files = list(files)
+    if not files:
+        return []
+    folders = {p.parent for p in files}
+    if len(files) == 1:
+        with files[0].open() as f:
+            log = parse_gcp_log(f, source=str(files[0]))
+    else:
+        log = load_gcp_logs(Path(*_common(folders)))
+    pairs = sorted({(lf.zone, lf.gpu_type) for lf in log.lives})
+    return [
+        ZoneTrace(f"gcp_2020:{zone}:{gpu}", to_availability_trace(log, zone, gpu), zone, catalog_gpu(gpu))
+        for zone, gpu in pairs
+    ]
+
+
+def _common(folders: set[Path]) -> tuple[str, ...]:
+    parts = [p.resolve().parts for p in folders]
+    common = []
+    for level in zip(*parts, strict=False):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return tuple(common)
+
+
+def load_sources(paths: Iterable[str]) -> list[ZoneTrace]:
+    """Every availability trace under ``paths`` (files or folders), in a stable order.
+
+    Raises:
+        ValueError: a path that does not exist, or no trace found at all (names the paths).
+    """
+    files: list[Path] = []
+    paths = list(paths)
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            files.extend(sorted(f for f in path.rglob("*") if f.suffix in SUFFIXES and f.is_file()))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ValueError(f"--availability {p!r}: no such file or folder")
+    out: list[ZoneTrace] = []
+    for f in files:
+        if f.suffix == ".json":
+            out.extend(load_json(f))
+        elif f.suffix == ".csv":
+            out.extend(load_csv(f))
+    out.extend(load_gcp([f for f in files if f.suffix == ".out"]))
+    if not out:
+        raise ValueError(
+            f"--availability {', '.join(paths)}: no availability trace found (expected trace JSON, "
+            "Sailor GPU-trace CSV/JSON or GCP 2020 *.out logs)"
+        )
+    return out

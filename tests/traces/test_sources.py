@@ -1,0 +1,69 @@
+"""Every availability source → per-zone traces: formats, zone/GPU binding, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sailor_tasks.traces.sources import catalog_gpu, load_sources
+
+
+def test_each_format_becomes_traces_bound_to_the_zone_it_names(tmp_path):
+    (tmp_path / "V100_us-west1-b.json").write_text(
+        json.dumps({"metadata": {"gap_seconds": 60}, "data": [0, 1, 0]})
+    )
+    (tmp_path / "pool.json").write_text(json.dumps([{"Time": 0, "GPUs": 4}, {"Time": 63, "GPUs": 2}]))
+    (tmp_path / "prices.json").write_text(json.dumps({"not": "a trace"}))
+    (tmp_path / "gpus.csv").write_text(
+        ",Timestamp,A100-40_us-central1-a,V100-16_us-central1-b\n0,100.0,8,4\n1,220.0,0,4\n2,340.0,8,2\n"
+    )
+    traces = {t.name: t for t in load_sources([str(tmp_path)])}
+    assert set(traces) == {
+        "V100_us-west1-b",
+        "pool",
+        "gpus:A100-40_us-central1-a",
+        "gpus:V100-16_us-central1-b",
+    }
+    flag = traces["V100_us-west1-b"]
+    assert (flag.zone, flag.gpu_type, flag.trace.kind, flag.trace.data) == (
+        "us-west1-b",
+        "V100",
+        "unavailable_flag",
+        (0, 1, 0),
+    )
+    pool = traces["pool"]
+    assert (pool.zone, pool.gpu_type, pool.trace.gap_seconds, pool.trace.data) == (None, None, 63.0, (4, 2))
+    a100 = traces["gpus:A100-40_us-central1-a"]
+    assert (a100.zone, a100.gpu_type, a100.trace.kind) == ("us-central1-a", "A100", "available_count")
+    assert a100.trace.gap_seconds == 120.0 and a100.trace.data == (8, 0, 8)
+
+
+def test_gcp_2020_logs_become_one_trace_per_zone_and_gpu(tmp_path):
+    (tmp_path / "run.out").write_text(
+        "[2020-03-01T10:00:00.000Z] Created instance i0 with 1 GPU(s) of type nvidia-tesla-v100 in zone us-west1-b\n"
+        "[2020-03-01T10:15:00.000Z] Instance i0 running in zone us-west1-b\n"
+        "[2020-03-01T10:30:00.000Z] Instance i0 running in zone us-west1-b\n"
+        "[2020-03-01T10:45:00.000Z] Instance i0 not running in zone us-west1-b\n"
+    )
+    (t,) = load_sources([str(tmp_path / "run.out")])
+    assert (t.zone, t.gpu_type, t.trace.gap_seconds) == ("us-west1-b", "V100", 900.0)
+    assert t.trace.data == (0, 0, 0)  # alive at 10:00, 10:15 and 10:30 (its last running ping)
+
+
+def test_missing_paths_and_folders_without_traces_are_named(tmp_path):
+    with pytest.raises(ValueError, match=r"--availability '/nope/x': no such file or folder"):
+        load_sources(["/nope/x"])
+    (tmp_path / "readme.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"no availability trace found"):
+        load_sources([str(tmp_path)])
+
+
+def test_gpu_names_map_to_catalog_types():
+    assert [catalog_gpu(n) for n in ("nvidia-tesla-v100", "A100-40", "V100-16", "p100", "nvidia-l4")] == [
+        "V100",
+        "A100",
+        "V100",
+        "P100",
+        "L4",
+    ]
