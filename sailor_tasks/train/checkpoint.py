@@ -537,14 +537,20 @@ class CheckpointManager:
     def load_all(self, step: int) -> dict[str, Any]:
         """Everything saved at ``step`` (all ranks' entries) as a plain nested dict, in one process."""
         from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+        # ``dcp.load`` only fills keys the given dict already has (an empty dict stays empty);
+        # ``_load_state_dict`` fills the dict the planner builds from the metadata, as DCP's own
+        # ``format_utils.dcp_to_torch_save`` does.
         state: dict[str, Any] = {}
-        dcp.load(
+        _load_state_dict(
             state,
             storage_reader=_reader(self.step_uri(step)),
             planner=_EmptyStateDictLoadPlanner(),
             no_dist=True,
         )
+        if not state:
+            raise ValueError(f"checkpoint {self.step_uri(step)} holds no entries")
         return state
 
     def load(self, step: int, state: dict[str, Any]) -> None:
