@@ -8,7 +8,8 @@ Layout under the run's checkpoint root (a ``file://`` or ``gs://`` URI)::
 The marker is written last, by global rank 0, after every rank's data is on storage. A folder
 without a marker (killed mid-save) or whose files no longer match the marker (corruption) is never
 loaded: ``latest_valid_step`` falls back to the previous committed step. The newest
-``keep_latest_k`` committed checkpoints are kept.
+``keep_latest_k`` committed checkpoints are kept: older ones are deleted after each commit, in the
+background thread (``wait`` joins it), since unlinking hundreds of MB takes tens of ms.
 
 DCP plans the checkpoint and writes ``.metadata``; the data files are written by
 ``ChecksummingFsspecWriter``: every tensor's bytes go straight from the tensor's buffer to the file
@@ -17,8 +18,10 @@ thread, and the crc32c of each file is computed on the same chunks as they are w
 pass, no read-back). Each rank leaves a small ``__<rank>_crc32c.json`` sidecar with its files'
 crc32c and size, and rank 0 merges them into the marker. Tensor entries are tagged
 ``RAW_TENSOR_FORMAT`` in the DCP metadata and read back by ``RawTensorFsspecReader`` (which still
-reads ``torch.save`` entries of older checkpoints). Verification on load reads the files (that is
-where corruption is caught).
+reads ``torch.save`` entries of older checkpoints; DCP's stock reader refuses the tag with "Unknown
+extension" rather than misreading it). Verification on load reads the files (that is where
+corruption is caught). Files are not fsynced: a file torn by a machine crash fails its crc32c and
+the previous checkpoint is used.
 
 ``save_async`` copies the state into staging buffers reused by every save of the run and writes it
 in a background thread; the marker is written there too, once the write completed, so an
@@ -390,18 +393,18 @@ class CheckpointManager:
 
         Args:
             step: the step the checkpoint is named after.
-            state: DCP state dict (Stateful values allowed); ``state_dict()`` of Stateful values is
-                taken here, in the caller's thread.
-            pipelined: also copy into the staging buffers in the background, overlapping the
-                caller's next forward/backward. The caller must then call ``wait_staged`` before
-                anything changes the saved tensors in place (the optimizer step). Without it, the
-                snapshot is complete when this returns.
+            state: DCP state dict (Stateful values allowed).
+            pipelined: take the snapshot (``state_dict()`` of Stateful values and the copy into
+                the staging buffers) in the background too, overlapping the caller's next
+                forward/backward. The caller must then call ``wait_staged`` before anything
+                changes the saved state in place (the optimizer step), and the Stateful values'
+                ``state_dict()`` must only read. Without it, the snapshot is complete when this
+                returns.
         """
         self.wait()
         start = time.monotonic()
-        resolved = _resolve_stateful(state)
         staged = threading.Event()
-        fut = self._background().submit(self._stage_and_save, step, resolved, staged, start)
+        fut = self._background().submit(self._stage_and_save, step, state, staged, start)
         self._pending = _PendingSave(step, fut, staged)
         if not pipelined:
             self.wait_staged()
@@ -410,7 +413,7 @@ class CheckpointManager:
         self, step: int, state: dict[str, Any], staged: threading.Event, start: float
     ) -> SaveInfo:
         try:
-            snapshot = self._staging.stage(state)
+            snapshot = self._staging.stage(_resolve_stateful(state))
         finally:
             staged.set()  # also on failure: the error surfaces in poll()/wait(), never a hang
         del state

@@ -51,7 +51,12 @@ class TrainResult:
 
 
 class _ModelOptimState(Stateful):
-    """DCP Stateful for model + optimizer; handles DDP-wrapped modules transparently."""
+    """DCP Stateful for model + optimizer; handles DDP-wrapped modules transparently.
+
+    Pipelined async saves call ``state_dict()`` in the checkpoint thread while the next
+    forward/backward runs. It only reads there: ``get_state_dict`` writes (a zero-lr optimizer
+    step) only to initialise an optimizer without state, and the trainer saves after optimizer steps.
+    """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.model, self.optimizer = model, optimizer
