@@ -255,8 +255,8 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "type": "boolean",
             "title": "Asynchronous checkpoints",
             "section": SECTION_CHECKPOINT,
-            "description": "Write periodic checkpoints in the background (torch.distributed.checkpoint.async_save); "
-            "saves on a preemption notice and at the end stay synchronous.",
+            "description": "Write periodic checkpoints in the background (the state copy overlaps the next "
+            "step's forward/backward); saves on a preemption notice and at the end stay synchronous.",
         },
         "batch_size": {
             "default": 16,

@@ -37,8 +37,9 @@ class TrainConfig:
     log_every_steps: int = 10
     """Progress line every N steps (step, loss, samples/s, ETA)."""
     async_checkpoint: bool = False
-    """Write periodic checkpoints in the background (DCP async_save): training stalls only while the
-    state is copied to CPU memory. Saves on a preemption notice and at the end stay synchronous."""
+    """Write periodic checkpoints in the background: the copy of the state into reused CPU buffers
+    overlaps the next step's forward/backward, and only that step's optimizer step waits for it
+    (CheckFreq). Saves on a preemption notice and at the end stay synchronous."""
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_NAMES:

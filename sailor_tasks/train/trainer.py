@@ -51,7 +51,12 @@ class TrainResult:
 
 
 class _ModelOptimState(Stateful):
-    """DCP Stateful for model + optimizer; handles DDP-wrapped modules transparently."""
+    """DCP Stateful for model + optimizer; handles DDP-wrapped modules transparently.
+
+    Pipelined async saves call ``state_dict()`` in the checkpoint thread while the next
+    forward/backward runs. It only reads there: ``get_state_dict`` writes (a zero-lr optimizer
+    step) only to initialise an optimizer without state, and the trainer saves after optimizer steps.
+    """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.model, self.optimizer = model, optimizer
@@ -171,7 +176,7 @@ class Trainer:
     def save(self, *, blocking: bool = True) -> None:
         """Checkpoint the current step; in the background when configured and not ``blocking``."""
         if self.config.async_checkpoint and not blocking:
-            self.checkpoints.save_async(self.step, self.state())
+            self.checkpoints.save_async(self.step, self.state(), pipelined=True)
             return
         info = self.checkpoints.save(self.step, self.state())  # waits for a pending async save first
         self.last_checkpoint_step = info.step
@@ -214,6 +219,9 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss_t.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            # A pipelined async save copies the weights and optimizer state while this step's
+            # forward/backward runs; the optimizer step changes them in place, so it waits.
+            self.checkpoints.wait_staged()
             self.optimizer.step()
             self.scheduler.step()
             self.step += 1
@@ -249,6 +257,7 @@ class Trainer:
                 if self.rank == 0:
                     logger.warning("preemption notice: saved step %d, stopping", self.step)
                 break
+        self.checkpoints.wait()  # old checkpoints beyond keep_latest_k are deleted in the background
         final_loss = self.evaluate() if status == "completed" else None
         wall = time.monotonic() - start
         done = self.step - first_step

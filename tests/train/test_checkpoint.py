@@ -10,9 +10,17 @@ import time
 
 import pytest
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from sailor_tasks import storage
-from sailor_tasks.train.checkpoint import MARKER, CheckpointManager, crc32c_of
+from sailor_tasks.train.checkpoint import (
+    MARKER,
+    RAW_TENSOR_FORMAT,
+    CheckpointManager,
+    RawTensorFsspecReader,
+    crc32c_of,
+    diff_states,
+)
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.trainer import Trainer
 
@@ -42,6 +50,72 @@ def test_async_save_commits_when_written_and_loads_back(tmp_path):
     out = _state(200_000, 0.0)
     mgr.load(2, out)
     assert torch.equal(out["w"], torch.full((200_000,), 2.0))
+
+
+def _odd_tensors() -> dict:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    return {
+        "f32": torch.randn(3, 5),
+        "bf16": torch.randn(7).to(torch.bfloat16),
+        "i64": torch.arange(-3, 9),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+        "transposed": base.t(),  # not contiguous
+        "slice": base[1:3],  # a view into a larger storage
+        "nested": {"x": torch.ones(2, 2, dtype=torch.float16), "n": 7, "s": "text"},
+    }
+
+
+def test_raw_tensor_entries_round_trip_every_dtype_and_layout(tmp_path):
+    mgr = CheckpointManager(f"file://{tmp_path}/ck")
+    saved = _odd_tensors()
+    mgr.save(1, saved)
+    reader = RawTensorFsspecReader(mgr.step_uri(1))
+    infos = reader.read_metadata().storage_data
+    tagged = {idx.fqn for idx, info in infos.items() if info.transform_descriptors == [RAW_TENSOR_FORMAT]}
+    assert {"f32", "bf16", "transposed", "slice", "nested.x"} <= tagged
+
+    into = {k: v for k, v in _odd_tensors().items()}
+    for key in ("f32", "bf16", "i64", "bool", "scalar", "transposed", "slice"):
+        into[key] = torch.zeros_like(saved[key])
+    into["nested"] = {"x": torch.zeros(2, 2, dtype=torch.float16), "n": 0, "s": ""}
+    mgr.load(1, into)
+    assert diff_states(into, saved) == []
+    assert diff_states(mgr.load_all(1), saved) == []  # no template: shapes from the metadata
+
+
+def test_checkpoint_in_dcp_torch_save_format_still_loads(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    mgr = CheckpointManager(f"file://{tmp_path}/ck")
+    saved = _odd_tensors()
+    dcp.save(saved, storage_writer=FsspecWriter(mgr.step_uri(3), sync_files=False), no_dist=True)
+    assert diff_states(mgr.load_all(3), saved) == []
+
+
+def test_pipelined_async_save_snapshots_the_state_once_staged(tmp_path):
+    mgr = CheckpointManager(f"file://{tmp_path}/ck")
+    state = _state(2_000_000, 2.0)
+    mgr.save_async(2, state, pipelined=True)  # returns before the staging copy is done
+    mgr.wait_staged()  # what the trainer does before the optimizer step
+    state["w"].fill_(9.0)
+    info = mgr.wait()
+    assert info is not None and info.step == 2
+    out = _state(2_000_000, 0.0)
+    mgr.load(mgr.latest_valid_step(), out)
+    assert torch.equal(out["w"], torch.full((2_000_000,), 2.0))
+
+
+def test_failed_async_save_raises_from_wait_and_commits_nothing(tmp_path):
+    (tmp_path / "ck").write_text("a file where the checkpoint folder should be")
+    mgr = CheckpointManager(f"file://{tmp_path}/ck")
+    mgr.save_async(1, _state(1000, 1.0), pipelined=True)
+    mgr.wait_staged()  # never hangs on a failed save
+    with pytest.raises(CheckpointException, match="Not a directory"):
+        mgr.wait()
+    assert mgr.pending_step is None
 
 
 _WRITER = """
@@ -98,12 +172,16 @@ def test_async_checkpointing_trains_bit_identically_to_sync(data_uri, tmp_path):
         )
         trainer = Trainer(cfg)
         trainer.train()
-        assert CheckpointManager(cfg.checkpoint_uri).committed_steps() == [8, 9]
-        return trainer.model.state_dict()
+        mgr = CheckpointManager(cfg.checkpoint_uri)
+        assert mgr.committed_steps() == [8, 9]
+        return trainer.model.state_dict(), mgr.load_all(8)
 
-    sync, asyn = run("sync", False), run("async", True)
+    (sync, sync_ckpt), (asyn, async_ckpt) = run("sync", False), run("async", True)
     for name, tensor in sync.items():
         assert torch.equal(tensor, asyn[name]), name
+    # The pipelined snapshot of step 8 (copied while step 9's forward/backward ran) is step 8's
+    # state bit for bit: model, optimizer, LR schedule, RNG, step.
+    assert diff_states(async_ckpt, sync_ckpt) == []
 
 
 def test_copy_latest_moves_a_verified_checkpoint(tmp_path):

@@ -30,6 +30,7 @@ def test_checkpoint_round_trip_on_gcs(gcs):
         mgr.save(step, _state(step))
     # No gcsfs moveTo retry loop (~35 s against the emulator) on DCP's .metadata rename.
     assert time.monotonic() - started < 20
+    mgr.wait()  # old checkpoints are deleted in the background
     assert mgr.committed_steps() == [20, 30]  # keep_latest_k=2
     assert mgr.latest_valid_step() == 30
     marker = storage.read_json(f"{root}/step-00000030/{MARKER}")
