@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import math
 
-from sailor_tasks.placement.context import RESTART_HOURS
-from sailor_tasks.placement.market import slack_allows_spot
 from sailor_tasks.strategies.base import (
     MarketContext,
     MarketDecision,
@@ -81,6 +79,8 @@ class SpotRestart:
 
 def expected_overhead_h(ctx: MarketContext) -> float:
     """Hours spot preemptions are expected to cost over the remaining work (loss + restart each)."""
+    from sailor_tasks.placement.context import RESTART_HOURS
+
     return ctx.preemption_rate_per_hour * ctx.remaining_h * (ctx.lost_h_per_preemption + RESTART_HOURS)
 
 
@@ -103,6 +103,11 @@ class Sailor:
     checkpoint_on_notice = True
 
     def choose_market(self, ctx: MarketContext) -> MarketDecision:
+        # Imported here: the DAG file imports this registry (params' enum), and the placement
+        # package pulls in numpy and the engine, which would triple sailor_train's parse time.
+        from sailor_tasks.placement.context import RESTART_HOURS
+        from sailor_tasks.placement.market import slack_allows_spot
+
         slack = slack_of(ctx)
         if ctx.requested_market in ("spot", "on_demand"):
             return MarketDecision(

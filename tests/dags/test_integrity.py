@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,6 @@ import pytest
 
 DAGS_DIR = Path(__file__).resolve().parents[2] / "dags"
 DAG_FILES = sorted(p for p in DAGS_DIR.glob("*.py") if not p.name.startswith("_"))
-PARSE_BUDGET_S = 0.3
 
 
 @pytest.fixture(scope="module")
@@ -75,18 +73,34 @@ def test_dag_params_are_typed_and_described(dagbag):
         assert params.get_param(name).description, f"param {name} has no description"
 
 
+PARSE_HEAVY_MODULES = (
+    "torch",
+    "numpy",
+    "scipy",
+    "highspy",
+    "kubernetes",
+    "google.cloud",
+    "gcsfs",
+    "pandas",
+    "matplotlib",
+    "sailor_tasks.placement",
+    "sailor_tasks.ledger",
+    "sailor_tasks.train.trainer",
+)
+"""Modules a DAG file must not pull in when the dag-processor parses it (each costs 0.05-1 s per
+parse). The parse time itself is measured by bench/dag_parse.py (target < 0.3 s), not here."""
+
+
 @pytest.mark.parametrize("path", DAG_FILES, ids=[p.stem for p in DAG_FILES])
-def test_dag_parses_within_budget(path):
-    """Median of 5 fresh-interpreter parses of the file alone, minus the interpreter's Airflow import."""
+def test_dag_parse_imports_no_heavy_modules(path):
+    """Parse the file in a fresh interpreter; list what it imported beyond Airflow's SDK."""
     code = (
-        "import time, runpy, airflow.sdk; t = time.perf_counter(); "
-        f"runpy.run_path({str(path)!r}); print(time.perf_counter() - t)"
+        "import sys, runpy, airflow.sdk; before = set(sys.modules); "
+        f"runpy.run_path({str(path)!r}); print('\\n'.join(sorted(set(sys.modules) - before)))"
     )
-    samples = [
-        float(subprocess.check_output([sys.executable, "-c", code], text=True).strip().splitlines()[-1])
-        for _ in range(5)
-    ]
-    assert statistics.median(samples) < PARSE_BUDGET_S, samples
+    loaded = subprocess.check_output([sys.executable, "-c", code], text=True).split()
+    heavy = sorted(m for m in loaded if m.startswith(PARSE_HEAVY_MODULES))
+    assert not heavy, f"parsing {path.name} imports {heavy[:10]}"
 
 
 def test_dag_files_do_not_import_heavy_libraries():
