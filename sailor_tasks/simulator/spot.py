@@ -286,9 +286,6 @@ class Option:
     transfer_usd: float
     usd_per_hour: float
 
-    def expected_usd(self, remaining_h: float) -> float:
-        return self.usd_per_hour * (remaining_h + self.launch_h) + self.transfer_usd
-
 
 SIM_MODEL = "small_gpt"
 """Model named in the simulator's placement requests: the engine turns steps into hours with the
@@ -341,7 +338,11 @@ def launch_request(
 
 
 def launch_state(job: SpotJob, data_regions: Sequence[str], blocked_zones: frozenset[str]) -> ClusterState:
-    """The snapshot a (re)launch plans against: the dataset's replicas and size, the blocked zones."""
+    """The snapshot a (re)launch plans against: the dataset's replicas and size, the blocked zones.
+
+    The engine knows a copy only in a region of its catalog (the job's simulated zones): a home
+    region without a zone for the job is invisible to it, so no transfer is priced there (the
+    simulator still charges it). Generated jobs live in a region of their own zones."""
     uri = dataset_uri(job)
     return ClusterState(
         replicas={uri: tuple(sorted(data_regions))},
