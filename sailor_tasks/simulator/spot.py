@@ -11,9 +11,11 @@ is the launch of the best on-demand option at arrival (provisioning + data trans
 a job run on-demand from arrival always finishes with ``slack × on-demand time`` to spare.
 
 Each job runs independently (the traces are the capacity signal; jobs do not compete for it).
-Events, per job: arrival → the strategy's ``choose_market`` → launch in the cheapest zone of that
-market with capacity (cost of the remaining work + transfers, as the placement's cost preference),
-or wait when no spot zone has capacity → provisioning (``restart_h`` + transfer hours, billed) →
+Events, per job: arrival → the strategy's ``choose_market`` → launch where SAILOR's placement
+engine puts that market (``place``: the same ``placement.engine.plan`` the live ``plan`` stage
+calls, on a catalog made of the job's simulated zones, with the strategy's blocked zones and, for
+spot, every zone whose trace has no capacity now), or wait when no spot zone has capacity →
+provisioning (``restart_h`` + transfer hours, billed) →
 training (1 work-hour per hour, periodic checkpoints every ``checkpoint_every_h`` of work) → at a
 trace slot where the zone loses capacity: preemption. A strategy that ``checkpoint_on_notice``
 saves at the notice (``notice_s`` before the loss) and loses only the notice window; the others
@@ -28,16 +30,20 @@ Deterministic: the only randomness is the job generator's and the trace offsets'
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from sailor_tasks.catalog.offers import Catalog
 from sailor_tasks.catalog.transfer import TransferTable
-from sailor_tasks.model import JobRequest, Placement
+from sailor_tasks.errors import NoFeasibleOfferError
+from sailor_tasks.model import ClusterState, JobRequest, Offer, Placement
 from sailor_tasks.placement.context import BITS_PER_BYTE, RESTART_HOURS, SECONDS_PER_HOUR
+from sailor_tasks.placement.engine import plan
 from sailor_tasks.strategies import (
     MarketContext,
     PlacementConstraint,
@@ -56,6 +62,11 @@ CHECKPOINT_EVERY_H = 0.5
 """Periodic checkpoint interval in work hours (a common 30-minute setting for multi-hour jobs)."""
 TICK_S = 300.0
 """How often a run's strategy is asked again when nothing happens (5 minutes)."""
+ESTIMATE_SLOT_S = 900.0
+"""Between launches the strategy's inputs for the market a run is not on (where and at what price
+it would launch) come from one engine placement per job and 15-minute slot (the GCP traces' ping
+interval); the blocked zones and data locations are part of the cache key, so only the remaining
+work and the time to the deadline are up to one slot old. Launches always plan afresh."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +137,45 @@ class SpotZone:
 class SpotMarket:
     zones: tuple[SpotZone, ...]
     transfer: TransferTable
+    _catalogs: dict[tuple[str, int], Catalog] = field(default_factory=dict, compare=False, repr=False)
 
     def zones_for(self, gpu_type: str, gpus: int) -> tuple[SpotZone, ...]:
         return tuple(z for z in self.zones if z.gpu_type == gpu_type and gpus in z.on_demand_usd)
+
+    def engine_catalog(self, gpu_type: str, gpus: int) -> Catalog:
+        """The catalog the placement engine plans a ``gpus``-GPU ``gpu_type`` job on: one offer (a
+        ``gpus``-GPU VM) per simulated zone that sells it, with the zone's prices and catalog
+        preemption rate. A simulated job runs on one VM, so other VM shapes are not offered; capacity
+        is left unlimited (the trace is the spot capacity signal: unavailable zones are blocked at
+        planning time). Cached per (GPU type, GPUs) with the transfer table of this market."""
+        key = (gpu_type, gpus)
+        cat = self._catalogs.get(key)
+        if cat is None:
+            offers = []
+            for z in self.zones_for(gpu_type, gpus):
+                od = z.on_demand_usd[gpus]
+                spot = z.spot_usd.get(gpus)
+                offers.append(
+                    Offer(
+                        cloud="gcp",
+                        region=z.region,
+                        zone=z.zone,
+                        gpu_type=gpu_type,
+                        gpus_per_node=gpus,
+                        instance_type=f"sim-{gpu_type.lower()}-{gpus}g",
+                        ondemand_usd_per_hour=od,
+                        # No clean spot price: never sold on spot (always blocked for spot requests).
+                        spot_usd_per_hour=od if spot is None else spot,
+                        spot_above_ondemand=spot is None,
+                        preemption_rate_per_hour=z.preemption_rate_per_hour,
+                    )
+                )
+            cat = Catalog(offers=tuple(offers))
+            # ``Catalog.transfer`` is a cached property loading the packaged table: give it this
+            # market's table so the engine prices moves exactly as the simulator charges them.
+            cat.__dict__["transfer"] = self.transfer
+            self._catalogs[key] = cat
+        return cat
 
     def zones_by_region(self) -> dict[str, tuple[str, ...]]:
         out: dict[str, tuple[str, ...]] = {}
@@ -239,14 +286,97 @@ class Option:
     transfer_usd: float
     usd_per_hour: float
 
-    def expected_usd(self, remaining_h: float) -> float:
-        return self.usd_per_hour * (remaining_h + self.launch_h) + self.transfer_usd
+
+SIM_MODEL = "small_gpt"
+"""Model named in the simulator's placement requests: the engine turns steps into hours with the
+throughput table, so a job's remaining hours become ``hours × steps/s`` of this model on the job's
+GPU type (it has a throughput entry on every simulated GPU type)."""
+SIM_TEAM = "sim"
+
+
+@functools.lru_cache(maxsize=64)
+def steps_per_s(gpu_type: str) -> float:
+    """Steps/s of ``SIM_MODEL`` on one VM of ``gpu_type`` in the packaged throughput table (the one
+    the placement engine's index uses)."""
+    from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, load_packaged
+
+    return load_packaged().throughput(MODEL_JOB_TYPES[SIM_MODEL], gpu_type, True)
+
+
+def dataset_uri(job: SpotJob) -> str:
+    """The job's dataset as a SAILOR URI: its home region's bucket (the engine's first source)."""
+    return f"sailor://{job.home_region}/datasets/{job.job_id}"
+
+
+def launch_request(
+    job: SpotJob,
+    market_name: str,
+    remaining_h: float,
+    time_left_h: float | None,
+    checkpoint_every_h: float = CHECKPOINT_EVERY_H,
+    strategy: str = "sailor",
+) -> JobRequest:
+    """The ``JobRequest`` a (re)launch of ``job`` plans with: its GPU type and count on one VM, the
+    market the strategy chose, the remaining work as steps of ``SIM_MODEL``, its checkpoint interval
+    and the hours left to its deadline (None: no deadline)."""
+    speed = steps_per_s(job.gpu_type)
+    steps = max(1, round(remaining_h * SECONDS_PER_HOUR * speed))
+    return JobRequest(
+        job_name=job.job_id,
+        team=SIM_TEAM,
+        dataset_uri=dataset_uri(job),
+        model=SIM_MODEL,
+        num_workers=1,
+        gpus_per_worker=job.num_gpus,
+        gpu_type=job.gpu_type,
+        market=market_name,
+        total_steps=steps,
+        checkpoint_every_steps=max(1, min(steps, round(checkpoint_every_h * SECONDS_PER_HOUR * speed))),
+        deadline_hours=None if time_left_h is None else max(time_left_h, 1e-9),
+        strategy=strategy,
+    )
+
+
+def launch_state(job: SpotJob, data_regions: Sequence[str], blocked_zones: frozenset[str]) -> ClusterState:
+    """The snapshot a (re)launch plans against: the dataset's replicas and size, the blocked zones.
+
+    The engine knows a copy only in a region of its catalog (the job's simulated zones): a home
+    region without a zone for the job is invisible to it, so no transfer is priced there (the
+    simulator still charges it). Generated jobs live in a region of their own zones."""
+    uri = dataset_uri(job)
+    return ClusterState(
+        replicas={uri: tuple(sorted(data_regions))},
+        blocked_zones=frozenset(blocked_zones),
+        dataset_bytes={uri: int(round(job.data_gb * 1e9))},
+    )
+
+
+def place(job: SpotJob, market: SpotMarket, request: JobRequest, state: ClusterState) -> Placement | None:
+    """Where the placement engine puts ``request`` (``placement.engine.plan``, as the live ``plan``
+    stage, without the ledger), or None when no candidate is feasible.
+
+    When no candidate fits the deadline (the job is late whatever it does), the request is planned
+    again without it: a live run would fail with ``NoFeasibleOfferError``; the simulated job goes on,
+    late, so that its cost and lateness are measured.
+    """
+    catalog = market.engine_catalog(job.gpu_type, job.num_gpus)
+    if not catalog.offers:
+        return None
+    try:
+        return plan(request, catalog, state, run_id=job.job_id)
+    except NoFeasibleOfferError:
+        if request.deadline_hours is None:
+            return None
+    try:
+        return plan(replace(request, deadline_hours=None), catalog, state, run_id=job.job_id)
+    except NoFeasibleOfferError:
+        return None
 
 
 def on_demand_time_h(job: SpotJob, market: SpotMarket, params: SpotParams = SpotParams()) -> float:
     """Hours from arrival to the end of the job if it ran on-demand in its best zone at once."""
     sim = _JobSim(job, market, get_strategy("on_demand"), params)
-    best = sim.best("on_demand", job.work_h, PlacementConstraint(), job.arrival_s, need_capacity=False)
+    best = sim.best("on_demand", job.work_h, PlacementConstraint(), job.arrival_s)
     if best is None:
         raise ValueError(f"job {job.job_id}: no on-demand offer for {job.num_gpus}× {job.gpu_type}")
     return best.launch_h + job.work_h
@@ -283,9 +413,12 @@ class _JobSim:
         self.out = JobOutcome(job)
         self.zbr = market.zones_by_region()
         self._transfers: dict[tuple, tuple[float, float]] = {}
-        self.request = JobRequest(
-            job_name=job.job_id, team="sim", dataset_uri="sailor://source/sim", model="sim", num_workers=1
-        )
+        self.request = launch_request(job, "spot", job.work_h, None, params.checkpoint_every_h)
+        self._zone_by_name = {z.zone: z for z in self.zones}
+        self._zone_names = frozenset(self._zone_by_name)
+        self._placed: dict[tuple, Placement | None] = {}
+        """Engine placements of this job by (request, blocked zones, data regions): repeated asks
+        (waiting, a tick inside one trace slot with nothing changed) do not plan again."""
 
     # --- where a launch would go -------------------------------------------------------------
     def _transfer(
@@ -332,38 +465,67 @@ class _JobSim:
         remaining_h: float,
         c: PlacementConstraint,
         t: float,
-        need_capacity: bool = True,
-        max_launch_h: float = math.inf,
+        time_left_h: float | None = None,
+        exact: bool = True,
     ) -> Option | None:
-        """Cheapest option of ``market`` under the constraint (with capacity now, for spot), among
-        those training within ``max_launch_h`` (the fastest one when none does)."""
-        blocked = c.all_blocked_zones(self.zbr) if market == "spot" else frozenset()
-        options = []
-        for z in self.zones:
-            price = z.usd_per_hour(market, self.job.num_gpus)
-            if not math.isfinite(price) or z.zone in blocked:
-                continue
-            if market == "spot" and c.wait_zone is not None and z.zone != c.wait_zone:
-                continue
-            if market == "spot" and need_capacity and not z.spot_available(t, self.job.num_gpus):
-                continue
-            hours, usd = self._transfer(z.region)
-            options.append(Option(z, market, self.p.restart_h + hours, usd, price))
-        if not options:
+        """Where the placement engine launches ``market`` now (``place``), or None when nothing is
+        feasible. Blocked: the constraint's zones and regions (every zone but ``wait_zone`` when it
+        is set, as live recovery plans), and for spot every zone the trace gives no capacity now.
+        ``exact=False``: an estimate for the strategy's inputs, planned once per ``ESTIMATE_SLOT_S``."""
+        k = self.job.num_gpus
+        blocked = set(c.all_blocked_zones(self.zbr))
+        if c.wait_zone is not None:
+            blocked.update(z.zone for z in self.zones if z.zone != c.wait_zone)
+        if market == "spot":
+            blocked.update(z.zone for z in self.zones if not z.spot_available(t, k))
+        blocked &= self._zone_names
+        request = launch_request(
+            self.job, market, remaining_h, time_left_h, self.p.checkpoint_every_h, self.strategy.name
+        )
+        state_key = (frozenset(blocked), frozenset(self.data_regions))
+        if exact:
+            key: tuple = (request, *state_key)
+        else:
+            key = (market, int((t - self.job.arrival_s) // ESTIMATE_SLOT_S), *state_key)
+        if key in self._placed:
+            placed = self._placed[key]
+        else:
+            if len(blocked) == len(self._zone_names):
+                placed = None  # every zone blocked: nothing to ask the engine
+            else:
+                placed = place(
+                    self.job,
+                    self.market,
+                    request,
+                    launch_state(self.job, self.data_regions, frozenset(blocked)),
+                )
+            if len(self._placed) >= 4096:
+                self._placed.clear()
+            self._placed[key] = placed
+        if placed is None:
             return None
-        in_time = [o for o in options if o.launch_h <= max_launch_h + 1e-9]
-        if not in_time:
-            return min(options, key=lambda o: (o.launch_h, o.zone.zone))
-        return min(in_time, key=lambda o: (o.expected_usd(remaining_h), o.zone.zone))
+        z = self._zone_by_name[placed.zone]
+        hours, usd = self._transfer(z.region)
+        return Option(z, market, self.p.restart_h + hours, usd, z.usd_per_hour(market, k))
 
-    def spot_choice(self, t: float) -> tuple[Option | None, bool]:
-        """(best spot option now, whether any spot zone exists at all under the constraint)."""
-        remaining = self.job.work_h - self.saved_h
-        opt = self.best("spot", remaining, self.constraint, t)
-        if opt is not None:
-            return opt, True
-        exists = self.best("spot", remaining, self.constraint, t, need_capacity=False)
-        if exists is None and (self.constraint.blocked_zones or self.constraint.blocked_regions):
+    def _spot_zone_exists(self, c: PlacementConstraint) -> bool:
+        """Whether any zone sells spot to this job under the constraint (capacity or not)."""
+        blocked = c.all_blocked_zones(self.zbr)
+        return any(
+            z.trace is not None
+            and self.job.num_gpus in z.spot_usd
+            and z.zone not in blocked
+            and (c.wait_zone is None or z.zone == c.wait_zone)
+            for z in self.zones
+        )
+
+    def spot_choice(
+        self, t: float, remaining: float, time_left_h: float | None, exact: bool = False
+    ) -> tuple[Option | None, bool]:
+        """(the engine's spot launch now, whether any spot zone exists at all under the constraint)."""
+        if not self._spot_zone_exists(self.constraint) and (
+            self.constraint.blocked_zones or self.constraint.blocked_regions
+        ):
             # every spot zone is blocked: keep waiting for the last one only (as live recovery does)
             last = self.history[-1].zone if self.history else None
             self.constraint = PlacementConstraint(
@@ -371,25 +533,34 @@ class _JobSim:
                 wait_zone=self.constraint.wait_zone,
                 reason="every zone blocked: only the last preempted one stays blocked",
             )
-            opt = self.best("spot", remaining, self.constraint, t)
-            exists = self.best("spot", remaining, self.constraint, t, need_capacity=False)
-        return opt, exists is not None
+        opt = self.best("spot", remaining, self.constraint, t, time_left_h, exact)
+        return opt, opt is not None or self._spot_zone_exists(self.constraint)
+
+    def on_demand_choice(
+        self, t: float, remaining: float, time_left_h: float | None, exact: bool = False
+    ) -> Option | None:
+        """The engine's on-demand launch now under the constraint; as live recovery, when it blocks
+        every zone only the last preempted zone stays blocked, then none."""
+        last = self.history[-1].zone if self.history else None
+        for c in (
+            self.constraint,
+            PlacementConstraint(blocked_zones=frozenset({last}) if last else frozenset()),
+            PlacementConstraint(),
+        ):
+            opt = self.best("on_demand", remaining, c, t, time_left_h, exact)
+            if opt is not None:
+                return opt
+        return None
 
     def decide(self, t: float, current: Option | None) -> tuple[str, str, float | None, Option | None]:
         """Ask the strategy; returns (market, why, slack_h, option to launch or None to wait)."""
         job = self.job
         remaining = job.work_h - (self.progress_h if current else self.saved_h)
-        spot, spot_exists = self.spot_choice(t)
-        time_left_h = math.inf if job.deadline_s is None else (job.deadline_s - t) / SECONDS_PER_HOUR
-        od = self.best(
-            "on_demand",
-            remaining,
-            PlacementConstraint(),
-            t,
-            need_capacity=False,
-            max_launch_h=time_left_h - remaining,
-        )
+        time_left_h = None if job.deadline_s is None else (job.deadline_s - t) / SECONDS_PER_HOUR
         running = current.market if current else None
+        # Only the market the run is not on needs a placement (the running one stays where it is).
+        spot, spot_exists = (None, True) if running == "spot" else self.spot_choice(t, remaining, time_left_h)
+        od = current if running == "on_demand" else self.on_demand_choice(t, remaining, time_left_h)
         tick_h = self.p.tick_s / SECONDS_PER_HOUR
         if running == "spot":
             spot_launch = 0.0
@@ -424,9 +595,16 @@ class _JobSim:
             ),
         )
         d = self.strategy.choose_market(ctx)
+        # A launch (or a switch) goes where the engine places it now, planned afresh.
         if d.market == "spot":
-            return "spot", d.reason, d.slack_h, (current if running == "spot" else spot)
-        return "on_demand", d.reason, d.slack_h, (current if running == "on_demand" else od)
+            if running == "spot":
+                return "spot", d.reason, d.slack_h, current
+            launch = self.spot_choice(t, remaining, time_left_h, exact=True)[0] if spot else None
+            return "spot", d.reason, d.slack_h, launch
+        if running == "on_demand":
+            return "on_demand", d.reason, d.slack_h, current
+        launch = self.on_demand_choice(t, remaining, time_left_h, exact=True) if od else None
+        return "on_demand", d.reason, d.slack_h, launch
 
     # --- the event loop ----------------------------------------------------------------------
     def run(self) -> JobOutcome:

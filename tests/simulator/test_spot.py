@@ -204,3 +204,81 @@ def test_shared_traces_bind_to_their_real_zones(shared_data):
     assert ("us-west1-b", "V100") in bound and ("us-central1-a", "A100") in bound
     gcp = [t for t in traces if t.name.startswith("gcp_2020:") and t.gpu_type == "V100"]
     assert gcp and all(t.trace.gap_seconds == 900.0 for t in gcp)
+
+
+def _engine_zone(j, market, market_name, remaining_h, t, data_regions, blocked) -> str:
+    """The zone ``placement.engine.plan`` picks for this launch (what the live ``plan`` stage calls)."""
+    from sailor_tasks.placement.engine import plan
+    from sailor_tasks.simulator.spot import launch_request, launch_state
+
+    time_left = None if j.deadline_s is None else (j.deadline_s - t) / HOUR
+    return plan(
+        launch_request(j, market_name, remaining_h, time_left),
+        market.engine_catalog(j.gpu_type, j.num_gpus),
+        launch_state(j, data_regions, frozenset(blocked)),
+        run_id=j.job_id,
+    ).zone
+
+
+def test_first_launch_of_every_strategy_is_the_placement_engines_choice(shared_data):
+    """16 generated jobs on the real catalog and shared traces, all four strategies: each first
+    launch is where ``placement.engine.plan`` puts the same request (the job's GPU type and count,
+    the chosen market, its work, the hours to its deadline, its dataset in its home region), with
+    every zone the trace gives no spot capacity at that moment blocked for spot."""
+    traces = load_sources([str(shared_data / "gcp_preemption_2020"), str(shared_data / "sailor")])
+    market = build_market(load_catalog(), traces, seed=0)
+    jobs = with_deadlines(generate_spot_jobs(16, market, seed=3), market, 0.2)
+    checked = 0
+    for name in ("on_demand", "spot_restart", "eager_next_region", "sailor"):
+        for j, out in zip(jobs, simulate_spot(jobs, market, name).outcomes, strict=True):
+            if not out.attempts:
+                continue
+            first = out.attempts[0]
+            blocked = (
+                {
+                    z.zone
+                    for z in market.zones_for(j.gpu_type, j.num_gpus)
+                    if not z.spot_available(first.start_s, j.num_gpus)
+                }
+                if first.market == "spot"
+                else set()
+            )
+            expected = _engine_zone(
+                j, market, first.market, j.work_h, first.start_s, {j.home_region}, blocked
+            )
+            assert first.zone == expected, (name, j)
+            checked += 1
+    assert checked >= 50
+
+
+def test_relaunch_after_a_preemption_is_the_placement_engines_choice(transfer):
+    """sailor is preempted in a at 1 h (saved at the notice); b has no capacity then; the engine
+    plans with a (the strategy's blocked zone) and b (no capacity) blocked: c or d, whichever the
+    engine prefers for the remaining work, the deadline left and the data in us-central1."""
+    a = zone("us-central1-a", [0, 1] + [0] * 20)
+    b = zone("us-central1-b", [1, 1] + [0] * 20)
+    c = zone("us-central1-c", [0] * 22)
+    d = zone("us-east1-b", [0] * 22)
+    market = SpotMarket((a, b, c, d), transfer)
+    [j] = with_deadlines([job(work_h=3.0, data_gb=50.0)], market, 0.5)
+    out = simulate_spot([j], market, "sailor").outcomes[0]
+    assert out.attempts[0].zone == "us-central1-a" and out.attempts[0].outcome == "preempted"
+    relaunch = out.attempts[1]
+    saved = 0.9 - SpotParams().notice_s / HOUR
+    expected = _engine_zone(
+        j, market, "spot", 3.0 - saved, HOUR, {"us-central1"}, {"us-central1-a", "us-central1-b"}
+    )
+    assert relaunch.start_s == pytest.approx(HOUR) and relaunch.zone == expected == "us-central1-c"
+
+
+def test_spot_launch_weighs_the_catalog_preemption_rate_as_the_engine_does(transfer):
+    """b is 10% cheaper on spot but its catalog preemption rate is 2/h: the engine's
+    preemption_loss preference (rate × hours × (half a checkpoint interval + restart) × price)
+    outweighs the saving, so the launch goes to c (a price-only rule would pick b)."""
+    from dataclasses import replace
+
+    b = replace(zone("us-central1-b", [0] * 10), spot_usd={1: 0.9 * SPOT}, preemption_rate_per_hour=2.0)
+    c = replace(zone("us-central1-c", [0] * 10), preemption_rate_per_hour=0.0)
+    market = SpotMarket((b, c), transfer)
+    out = simulate_spot([job(work_h=2.0)], market, "spot_restart").outcomes[0]
+    assert [x.zone for x in out.attempts] == ["us-central1-c"]
