@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sailor_tasks.catalog import Catalog
-from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, ThroughputTable, load_packaged
+from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, JobKey, ThroughputTable, load_packaged
 from sailor_tasks.model import ClusterState, Offer
 
 UNLIMITED_GPUS = 1 << 40
@@ -115,6 +115,9 @@ class CatalogIndex:
     c_spot_rate: np.ndarray
     """The row's offer's spot preemption rate (same on both rows of an offer)."""
     c_spot_dirty: np.ndarray
+    job_types: Mapping[str, JobKey] = field(default_factory=lambda: dict(MODEL_JOB_TYPES))
+    """Model name (``JobRequest.model``) → the throughput table's job key: SAILOR's built-in models
+    by default; the simulator names each simulated job type (``simulator/routing.py``)."""
     _speed_cache: dict[tuple[str, bool], np.ndarray] = field(default_factory=dict)
     _subset_cache: dict[tuple[str, int], Subset] = field(default_factory=dict)
     _subset_speed_cache: dict[tuple[str, str, int], np.ndarray] = field(default_factory=dict)
@@ -129,7 +132,7 @@ class CatalogIndex:
         key = (model, consolidated)
         cached = self._speed_cache.get(key)
         if cached is None:
-            job = MODEL_JOB_TYPES[model]
+            job = self.job_types[model]
             per_gpu = np.array([self.throughput.throughput(job, g, consolidated) for g in self.gpu_types])
             cached = per_gpu[self.c_gpu]
             self._speed_cache[key] = cached
@@ -194,7 +197,13 @@ class CatalogIndex:
         return used
 
 
-def build_index(catalog: Catalog, throughput: ThroughputTable | None = None) -> CatalogIndex:
+def build_index(
+    catalog: Catalog,
+    throughput: ThroughputTable | None = None,
+    job_types: Mapping[str, JobKey] | None = None,
+) -> CatalogIndex:
+    """Arrays over ``catalog``'s candidates; speeds from ``throughput`` (default: the packaged table)
+    for the models named in ``job_types`` (default: SAILOR's built-in models)."""
     offers = catalog.offers
     regions = tuple(sorted({o.region for o in offers}))
     zones = tuple(sorted({o.zone for o in offers}))
@@ -253,6 +262,7 @@ def build_index(catalog: Catalog, throughput: ThroughputTable | None = None) -> 
         region_continent=tuple(transfer.continent(r) for r in regions),
         bucket_usd_per_gb=usd,
         bucket_gbps=gbps,
+        job_types=dict(MODEL_JOB_TYPES if job_types is None else job_types),
     )
 
 
