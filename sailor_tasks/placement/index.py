@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sailor_tasks.catalog import Catalog
-from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, JobKey, ThroughputTable, load_packaged
+from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, JobKey, ThroughputTable, packaged_with_measured
 from sailor_tasks.model import ClusterState, Offer
 
 UNLIMITED_GPUS = 1 << 40
@@ -266,28 +266,29 @@ def build_index(
     )
 
 
-_PACKAGED_THROUGHPUT: ThroughputTable | None = None
 _LOCK = threading.Lock()
-_INDEXES: dict[int, tuple[Catalog, CatalogIndex]] = {}
+_INDEXES: dict[tuple[int, int], tuple[Catalog, ThroughputTable | None, CatalogIndex]] = {}
 
 
 def _packaged_throughput() -> ThroughputTable:
-    global _PACKAGED_THROUGHPUT
-    if _PACKAGED_THROUGHPUT is None:
-        _PACKAGED_THROUGHPUT = load_packaged()
-    return _PACKAGED_THROUGHPUT
+    """The packaged table without measurements: the same object as ``packaged_with_measured(())``,
+    so a planner with no measured speeds shares the default index."""
+    return packaged_with_measured(())
 
 
-def index_for(catalog: Catalog) -> CatalogIndex:
-    """The (cached) index of ``catalog``; built on first use, keyed by identity."""
-    entry = _INDEXES.get(id(catalog))
-    if entry is not None and entry[0] is catalog:
-        return entry[1]
+def index_for(catalog: Catalog, throughput: ThroughputTable | None = None) -> CatalogIndex:
+    """The (cached) index of ``catalog`` with speeds from ``throughput`` (default: the packaged
+    table); built on first use, keyed by the identity of both."""
+    throughput = throughput if throughput is not None else _packaged_throughput()
+    key = (id(catalog), id(throughput))
+    entry = _INDEXES.get(key)
+    if entry is not None and entry[0] is catalog and entry[1] is throughput:
+        return entry[2]
     with _LOCK:
-        index = build_index(catalog)
+        index = build_index(catalog, throughput)
         if len(_INDEXES) >= 16:
             _INDEXES.clear()
-        _INDEXES[id(catalog)] = (catalog, index)
+        _INDEXES[key] = (catalog, throughput, index)
     return index
 
 
