@@ -217,6 +217,12 @@ class PlacementRouter:
         """GPU type the engine chose per routed job (the region's policy then time-shares types)."""
 
     def route(self, job: SimJob, runnable: Sequence[bool], load: Sequence[float]) -> int:
+        """The engine's region for ``job`` (``runnable`` is not consulted: the engine's own
+        validators decide which regions can run it).
+
+        Raises:
+            ValueError: no region can run the job (the engine's error is in the message).
+        """
         p = self.sim.place(job, load)
         if p is None:
             raise ValueError(
