@@ -25,12 +25,14 @@ from sailor_tasks.placement.context import RESTART_HOURS
 from sailor_tasks.strategies import MarketContext, MarketDecision, get_strategy
 
 
-def _estimate(req: JobRequest, market: str, catalog: Catalog, state: ClusterState) -> dict[str, Any] | None:
+def _estimate(
+    req: JobRequest, market: str, catalog: Catalog, state: ClusterState, index: Any = None
+) -> dict[str, Any] | None:
     """The placement engine's best candidate on ``market`` (None: no feasible offer)."""
     from sailor_tasks.placement.engine import explain
 
     try:
-        winner = explain(replace(req, market=market), catalog, state).get("winner")
+        winner = explain(replace(req, market=market), catalog, state, index=index).get("winner")
     except ValueError:
         return None
     if winner is None or not math.isfinite(winner["expected_hours"]):
@@ -39,9 +41,16 @@ def _estimate(req: JobRequest, market: str, catalog: Catalog, state: ClusterStat
 
 
 def launch_context(
-    req: JobRequest, catalog: Catalog, state: ClusterState, *, elapsed_h: float = 0.0, steps_done: int = 0
+    req: JobRequest,
+    catalog: Catalog,
+    state: ClusterState,
+    *,
+    elapsed_h: float = 0.0,
+    steps_done: int = 0,
+    index: Any = None,
 ) -> tuple[MarketContext, dict[str, dict[str, Any] | None]]:
-    """The strategy's inputs for the next launch, and the placement estimates they came from."""
+    """The strategy's inputs for the next launch, and the placement estimates they came from
+    (``index``: the catalog index the planner uses, i.e. the same throughput matrix)."""
     remaining_steps = max(1, req.total_steps - steps_done)
     # Estimates without the deadline validator: the strategy weighs the deadline itself.
     rest = replace(
@@ -50,7 +59,7 @@ def launch_context(
         checkpoint_every_steps=min(req.checkpoint_every_steps, remaining_steps),
         deadline_hours=None,
     )
-    est = {m: _estimate(rest, m, catalog, state) for m in ("spot", "on_demand")}
+    est = {m: _estimate(rest, m, catalog, state, index) for m in ("spot", "on_demand")}
     spot, od = est["spot"], est["on_demand"]
     ref = spot or od
     hours = ref["expected_hours"] if ref else 0.0
@@ -80,7 +89,13 @@ def launch_context(
 
 
 def decide_market(
-    req: JobRequest, catalog: Catalog, state: ClusterState, *, elapsed_h: float = 0.0, steps_done: int = 0
+    req: JobRequest,
+    catalog: Catalog,
+    state: ClusterState,
+    *,
+    elapsed_h: float = 0.0,
+    steps_done: int = 0,
+    index: Any = None,
 ) -> MarketDecision:
     """Spot or on-demand for the run's next attempt, by its strategy (see the module doc).
 
@@ -88,7 +103,9 @@ def decide_market(
     and the reason says so; the planner then explains any further infeasibility.
     """
     strategy = get_strategy(req.strategy)
-    ctx, est = launch_context(req, catalog, state, elapsed_h=elapsed_h, steps_done=steps_done)
+    ctx, est = launch_context(
+        req, catalog, state, elapsed_h=elapsed_h, steps_done=steps_done, index=index
+    )
     decision = strategy.choose_market(ctx)
     other = "on_demand" if decision.market == "spot" else "spot"
     if est[decision.market] is None and est[other] is not None and req.market == "auto":

@@ -189,14 +189,19 @@ def plan(
     ``CapacityUnavailableError`` (retryable).
     """
     ctx = _ctx(ctx)
+    from sailor_tasks.catalog.throughput import packaged_with_measured
     from sailor_tasks.data.manifest import read_manifest
     from sailor_tasks.market_choice import decide_market
+    from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
 
     req = from_dict(JobRequest, request)
     with _timed(ctx, run_id, "plan"):
         manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
         nbytes = manifest.total_bytes if manifest is not None else None
+        # The throughput matrix of the GPU-type policies (allocate_gpu_types), measured speeds included.
+        table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
+        index = index_for(ctx.catalog, table)
         blocked = frozenset(blocked_zones)
         decision = decide_market(
             req,
@@ -204,6 +209,7 @@ def plan(
             ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
             elapsed_h=elapsed_h,
             steps_done=steps_done,
+            index=index,
         )
         req = dataclasses.replace(req, market=decision.market)
         reserved = plan_and_reserve(
@@ -212,6 +218,7 @@ def plan(
             ctx.ledger,
             run_id,
             snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
+            index=index,
         )
         placement = dataclasses.replace(
             reserved.placement, explanation=(*reserved.placement.explanation, f"market: {decision.reason}")
@@ -612,12 +619,12 @@ def allocate_gpu_types(
     in (feedback). ``utilization`` only orders this after ``collect_utilization``.
     """
     ctx = _ctx(ctx)
-    from sailor_tasks.catalog.throughput import load_packaged
+    from sailor_tasks.catalog.throughput import packaged_with_measured
     from sailor_tasks.policies import get_policy
     from sailor_tasks.policies.regions import ACTIVE_RUN_STATUSES, allocate_region
 
     get_policy(policy)  # an unknown name fails before anything is read or written
-    table = load_packaged().with_measured(ctx.ledger.measured_throughputs())
+    table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
     by_region: dict[str, list[dict]] = {}
     for run in ctx.ledger.runs_with_status(ACTIVE_RUN_STATUSES):
         if run["region"]:

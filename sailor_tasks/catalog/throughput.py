@@ -16,6 +16,7 @@ GPU type names follow the catalog (``V100``, ``A100``, ...); Gavel's lowercase n
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -189,6 +190,15 @@ def load_packaged() -> ThroughputTable:
 
     table = ThroughputTable(alone=load(doc["alone"]), unconsolidated=load(doc["unconsolidated"]))
     return table.with_relative_gpus()
+
+
+@functools.lru_cache(maxsize=4)
+def packaged_with_measured(measurements: tuple[tuple[str, str, float], ...]) -> ThroughputTable:
+    """The one matrix both placement (``stages.plan``) and the GPU-type policies
+    (``stages.allocate_gpu_types``) use: the packaged table with SAILOR's measured
+    ``(model, GPU type, steps/s)`` blended in (``Ledger.measured_throughputs``). Cached per
+    measurements, so the placement index built on it is reused until a new measurement lands."""
+    return load_packaged().with_measured(measurements)
 
 
 def model_speed(table: ThroughputTable, model: str, gpu_types: Iterable[str]) -> dict[str, float]:

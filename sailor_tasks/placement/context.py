@@ -49,14 +49,15 @@ class PlanningView:
                 blocked[i] = True
         load = state.assignment.region_load if state.assignment is not None else {}
         r_load = region_load_array(index, load or {})
-        known = ~np.isnan(r_load)
+        # Unknown loads (NaN) count as balanced (1.0): neither overload nor underload.
+        balanced = np.where(np.isnan(r_load), 1.0, r_load)
         return cls(
             used=index.used_gpus(state),
             blocked_zones=frozenset(state.blocked_zones),
             blocked_mask=blocked,
             r_load=r_load,
-            r_over=np.where(known, np.maximum(np.nan_to_num(r_load) - 1.0, 0.0), 0.0),
-            r_under=np.where(known, np.maximum(1.0 - np.nan_to_num(r_load, nan=1.0), 0.0), 0.0),
+            r_over=np.maximum(balanced - 1.0, 0.0),
+            r_under=np.maximum(1.0 - balanced, 0.0),
         )
 
     def copy(self) -> PlanningView:

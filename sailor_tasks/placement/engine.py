@@ -50,8 +50,13 @@ def view_for(index: CatalogIndex, state: ClusterState) -> PlanningView:
     return view
 
 
-def check_request(request: JobRequest, catalog: Catalog) -> None:
+def check_request(
+    request: JobRequest, catalog: Catalog, job_types: Mapping[str, Any] = MODEL_JOB_TYPES
+) -> None:
     """Reject names the catalog does not know, listing the valid ones.
+
+    Args:
+        job_types: the models the index has throughputs for (``CatalogIndex.job_types``).
 
     Raises:
         InvalidRequestError: unknown GPU type, region or model.
@@ -64,8 +69,8 @@ def check_request(request: JobRequest, catalog: Catalog) -> None:
         bad = [r for r in getattr(request, field_name) if r not in catalog.regions]
         if bad:
             raise InvalidRequestError(field_name, bad, "not in the catalog", catalog.regions)
-    if request.model not in MODEL_JOB_TYPES:
-        raise InvalidRequestError("model", request.model, "no throughput entry", sorted(MODEL_JOB_TYPES))
+    if request.model not in job_types:
+        raise InvalidRequestError("model", request.model, "no throughput entry", sorted(job_types))
     continents = sorted(set(catalog.transfer.continent_of_prefix.values()))
     bad = [c for c in request.data_residency if c not in continents]
     if bad:
@@ -305,8 +310,13 @@ def plan(
     state: ClusterState,
     run_id: str,
     weights: Mapping[str, float] | None = None,
+    index: CatalogIndex | None = None,
 ) -> Placement:
     """Choose where ``request`` runs (no side effects; ``reservations.plan_and_reserve`` reserves).
+
+    Args:
+        index: the catalog's index built with another throughput table or model map
+            (``index.build_index``); default: the cached packaged one (``index_for``).
 
     Raises:
         InvalidRequestError: a GPU type, region, model or continent the catalog does not know.
@@ -314,9 +324,17 @@ def plan(
         NoFeasibleOfferError: no candidate survives the validators (counts per rule; the cheapest
             offer when only the price cap stands in the way).
     """
-    check_request(request, catalog)
-    index = index_for(catalog)
+    index = _index(catalog, index)
+    check_request(request, catalog, index.job_types)
     return _plan_on_view(request, index, state, view_for(index, state), run_id, weights)
+
+
+def _index(catalog: Catalog, index: CatalogIndex | None) -> CatalogIndex:
+    if index is None:
+        return index_for(catalog)
+    if index.catalog is not catalog:
+        raise ValueError("index was built for another catalog; build it with build_index(catalog, ...)")
+    return index
 
 
 def _plan_on_view(
@@ -340,11 +358,13 @@ def explain(
     state: ClusterState,
     run_id: str = "explain",
     weights: Mapping[str, float] | None = None,
+    index: CatalogIndex | None = None,
 ) -> dict[str, Any]:
     """The full decision as JSON: the placement, winner and runners-up with every rule's
-    contribution, the region ranking (tier 1), and each rejected candidate with its validator."""
+    contribution, the region ranking (tier 1), and each rejected candidate with its validator.
+    ``index`` as in ``plan``."""
     check_request(request, catalog)
-    index = index_for(catalog)
+    index = index if index is not None else index_for(catalog)
     ev = evaluate(request, index, state, view_for(index, state), weights)
     idx, ctx = ev.index, ev.ctx
 
@@ -470,22 +490,23 @@ def plan_many(
     state: ClusterState,
     weights: Mapping[str, float] | None = None,
     full_explanations: bool = False,
+    index: CatalogIndex | None = None,
 ) -> list[PlanOutcome]:
     """Plan a queue in priority order (then arrival, then queue position) against one snapshot.
 
     Each placement's GPUs are held in the view before the next request is planned, so the batch
     never overcommits a (zone, GPU type). Requests that cannot be placed get an ``error`` (the
     batch goes on). Returns outcomes in planning order. Nothing is written to the ledger.
-    Explanations keep the winner's lines only unless ``full_explanations``.
+    Explanations keep the winner's lines only unless ``full_explanations``. ``index`` as in ``plan``.
     """
-    index = index_for(catalog)
+    index = _index(catalog, index)
     view = view_for(index, state).copy()
     order = sorted(range(len(queue)), key=lambda i: (-queue[i].priority, queue[i].arrival, i))
     outcomes: list[PlanOutcome] = []
     for i in order:
         q = queue[i]
         try:
-            check_request(q.request, catalog)
+            check_request(q.request, catalog, index.job_types)
             p = _plan_on_view(q.request, index, state, view, q.run_id, weights, full_explanations)
         except (InvalidRequestError, NoFeasibleOfferError, CapacityUnavailableError) as exc:
             outcomes.append(PlanOutcome(q.run_id, None, f"{type(exc).__name__}: {exc}"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sailor_tasks.catalog import Catalog
-from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, ThroughputTable, load_packaged
+from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, JobKey, ThroughputTable, packaged_with_measured
 from sailor_tasks.model import ClusterState, Offer
 
 UNLIMITED_GPUS = 1 << 40
@@ -115,6 +115,9 @@ class CatalogIndex:
     c_spot_rate: np.ndarray
     """The row's offer's spot preemption rate (same on both rows of an offer)."""
     c_spot_dirty: np.ndarray
+    job_types: Mapping[str, JobKey] = field(default_factory=lambda: dict(MODEL_JOB_TYPES))
+    """Model name (``JobRequest.model``) → the throughput table's job key: SAILOR's built-in models
+    by default; the simulator names each simulated job type (``simulator/routing.py``)."""
     _speed_cache: dict[tuple[str, bool], np.ndarray] = field(default_factory=dict)
     _subset_cache: dict[tuple[str, int], Subset] = field(default_factory=dict)
     _subset_speed_cache: dict[tuple[str, str, int], np.ndarray] = field(default_factory=dict)
@@ -129,7 +132,7 @@ class CatalogIndex:
         key = (model, consolidated)
         cached = self._speed_cache.get(key)
         if cached is None:
-            job = MODEL_JOB_TYPES[model]
+            job = self.job_types[model]
             per_gpu = np.array([self.throughput.throughput(job, g, consolidated) for g in self.gpu_types])
             cached = per_gpu[self.c_gpu]
             self._speed_cache[key] = cached
@@ -194,7 +197,13 @@ class CatalogIndex:
         return used
 
 
-def build_index(catalog: Catalog, throughput: ThroughputTable | None = None) -> CatalogIndex:
+def build_index(
+    catalog: Catalog,
+    throughput: ThroughputTable | None = None,
+    job_types: Mapping[str, JobKey] | None = None,
+) -> CatalogIndex:
+    """Arrays over ``catalog``'s candidates; speeds from ``throughput`` (default: the packaged table)
+    for the models named in ``job_types`` (default: SAILOR's built-in models)."""
     offers = catalog.offers
     regions = tuple(sorted({o.region for o in offers}))
     zones = tuple(sorted({o.zone for o in offers}))
@@ -253,31 +262,33 @@ def build_index(catalog: Catalog, throughput: ThroughputTable | None = None) -> 
         region_continent=tuple(transfer.continent(r) for r in regions),
         bucket_usd_per_gb=usd,
         bucket_gbps=gbps,
+        job_types=dict(MODEL_JOB_TYPES if job_types is None else job_types),
     )
 
 
-_PACKAGED_THROUGHPUT: ThroughputTable | None = None
 _LOCK = threading.Lock()
-_INDEXES: dict[int, tuple[Catalog, CatalogIndex]] = {}
+_INDEXES: dict[tuple[int, int], tuple[Catalog, ThroughputTable | None, CatalogIndex]] = {}
 
 
 def _packaged_throughput() -> ThroughputTable:
-    global _PACKAGED_THROUGHPUT
-    if _PACKAGED_THROUGHPUT is None:
-        _PACKAGED_THROUGHPUT = load_packaged()
-    return _PACKAGED_THROUGHPUT
+    """The packaged table without measurements: the same object as ``packaged_with_measured(())``,
+    so a planner with no measured speeds shares the default index."""
+    return packaged_with_measured(())
 
 
-def index_for(catalog: Catalog) -> CatalogIndex:
-    """The (cached) index of ``catalog``; built on first use, keyed by identity."""
-    entry = _INDEXES.get(id(catalog))
-    if entry is not None and entry[0] is catalog:
-        return entry[1]
+def index_for(catalog: Catalog, throughput: ThroughputTable | None = None) -> CatalogIndex:
+    """The (cached) index of ``catalog`` with speeds from ``throughput`` (default: the packaged
+    table); built on first use, keyed by the identity of both."""
+    throughput = throughput if throughput is not None else _packaged_throughput()
+    key = (id(catalog), id(throughput))
+    entry = _INDEXES.get(key)
+    if entry is not None and entry[0] is catalog and entry[1] is throughput:
+        return entry[2]
     with _LOCK:
-        index = build_index(catalog)
+        index = build_index(catalog, throughput)
         if len(_INDEXES) >= 16:
             _INDEXES.clear()
-        _INDEXES[id(catalog)] = (catalog, index)
+        _INDEXES[key] = (catalog, throughput, index)
     return index
 
 

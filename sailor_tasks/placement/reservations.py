@@ -16,6 +16,7 @@ from sailor_tasks.errors import CapacityUnavailableError
 from sailor_tasks.ledger import Ledger
 from sailor_tasks.model import ClusterState, JobRequest, Placement, Reservation
 from sailor_tasks.placement.engine import plan
+from sailor_tasks.placement.index import CatalogIndex
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +60,11 @@ def plan_and_reserve(
     run_id: str,
     snapshot: Callable[[], ClusterState] | None = None,
     max_attempts: int = MAX_ATTEMPTS,
+    index: CatalogIndex | None = None,
 ) -> ReservedPlacement:
     """Plan on a fresh snapshot and reserve in one checked transaction; on conflict, re-plan.
+
+    ``index``: the catalog's index with the throughput table to plan with (``engine.plan``).
 
     Raises:
         CapacityUnavailableError: every attempt lost its capacity to another planner, or the
@@ -72,7 +76,7 @@ def plan_and_reserve(
     history: list[str] = []
     for attempt in range(1, max_attempts + 1):
         try:
-            placement = plan(request, catalog, take(), run_id)
+            placement = plan(request, catalog, take(), run_id, index=index)
         except CapacityUnavailableError as exc:
             raise CapacityUnavailableError(
                 exc.region, exc.gpu_type, exc.gpus, [*history, *exc.history]

@@ -12,6 +12,8 @@ from sailor_tasks.simulator.hooks import (
     StayInRegion,
     TraceAvailability,
 )
+from sailor_tasks.simulator.recovery import StrategyRecovery, make_recovery, recovery_names
+from sailor_tasks.simulator.routing import ROUTERS, PlacementRouter, SimPlacement, make_router
 from sailor_tasks.simulator.workload import SimJob, generate_jobs, read_gavel_trace
 
 __all__ = [
@@ -19,15 +21,22 @@ __all__ = [
     "AvailabilityProvider",
     "AvailabilityTrace",
     "LeastLoadedRouter",
+    "PlacementRouter",
+    "ROUTERS",
     "RecoveryStrategy",
     "Region",
     "Router",
     "SimConfig",
     "SimJob",
+    "SimPlacement",
     "SimResult",
     "StayInRegion",
+    "StrategyRecovery",
     "TraceAvailability",
     "generate_jobs",
+    "make_recovery",
+    "make_router",
     "read_gavel_trace",
+    "recovery_names",
     "simulate",
 ]

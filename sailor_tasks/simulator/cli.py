@@ -41,6 +41,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="on_demand",
         help="catalog prices used for cost (and min_cost)",
     )
+    from sailor_tasks.simulator.recovery import DEFAULT_RECOVERY, recovery_names
+    from sailor_tasks.simulator.routing import ROUTERS
+
+    hooks = p.add_argument_group("routing and recovery (the placement engine and strategies registry)")
+    hooks.add_argument(
+        "--router",
+        default="placement",
+        help=f"how arriving jobs pick a region: {' or '.join(ROUTERS)} (baseline); default placement",
+    )
+    hooks.add_argument(
+        "--recovery",
+        default=DEFAULT_RECOVERY,
+        help=f"where a preempted job continues: one of {', '.join(recovery_names())}; "
+        f"default {DEFAULT_RECOVERY}",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from sailor_tasks.simulator.spot_cli import add_spot_arguments
 
@@ -69,6 +84,23 @@ def parse_cluster(text: str, known: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
+def check_hooks(router: str, recovery: str) -> None:
+    """Reject an unknown ``--router`` or ``--recovery`` before any work, listing the valid names.
+
+    Raises:
+        ValueError: the message names the bad value and the valid choices.
+    """
+    from sailor_tasks.simulator.recovery import recovery_names
+    from sailor_tasks.simulator.routing import ROUTERS
+
+    if router not in ROUTERS:
+        raise ValueError(f"--router {router!r} is not a router; valid: {', '.join(ROUTERS)}")
+    if recovery not in recovery_names():
+        raise ValueError(
+            f"--recovery {recovery!r} is not a recovery strategy; valid: {', '.join(recovery_names())}"
+        )
+
+
 def catalog_prices(gpu_types, market: str) -> dict[str, float]:
     """Cheapest USD per GPU-hour of each type in the catalog (types it does not sell are left out)."""
     from sailor_tasks.catalog import load_catalog
@@ -85,6 +117,8 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
     from sailor_tasks.catalog.throughput import load_gavel, load_packaged
     from sailor_tasks.policies import get_policy
     from sailor_tasks.simulator import Region, SimConfig, generate_jobs, read_gavel_trace, simulate
+    from sailor_tasks.simulator.recovery import make_recovery
+    from sailor_tasks.simulator.routing import PlacementRouter, SimPlacement, make_router
 
     if getattr(args, "strategy", None):
         from sailor_tasks.simulator.spot_cli import run_spot_simulation
@@ -92,6 +126,7 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
         return run_spot_simulation(args)
     started = time.perf_counter()
     get_policy(args.policy)  # unknown names fail here, listing the valid ones
+    check_hooks(args.router, args.recovery)
     table = load_gavel(args.throughputs) if args.throughputs else load_packaged()
     if args.space_sharing and not table.pairs:
         raise ValueError(
@@ -107,9 +142,19 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
     prices = catalog_prices(set(gpus), args.market)
     regions = [Region(f"region-{r}", gpus, prices) for r in range(args.regions)]
     config = SimConfig(
-        policy=args.policy, round_s=args.round_s, seed=args.seed, space_sharing=args.space_sharing
+        policy=args.policy,
+        round_s=args.round_s,
+        seed=args.seed,
+        space_sharing=args.space_sharing,
+        router=args.router,
+        recovery=args.recovery,
     )
-    result = simulate(jobs, regions, table, config).to_json()
+    placement = SimPlacement(regions, table, config.gpus_per_server)
+    router = make_router(config.router, placement)
+    strategy = make_recovery(config.recovery, placement)
+    result = simulate(jobs, regions, table, config, router=router, strategy=strategy).to_json()
     result["cluster"] = gpus
+    if isinstance(router, PlacementRouter):
+        result["routed_gpu_types"] = router.summary()
     result["wall_s"] = round(time.perf_counter() - started, 3)
     return result

@@ -1,12 +1,14 @@
 """Round-based discrete-event simulator running SAILOR's own policies and round mechanism.
 
 Time advances in rounds (6 minutes by default, as in Gavel). At each round boundary, per region:
-jobs that arrived are admitted (routed by a ``Router``), spot capacity is read from an
-``AvailabilityProvider`` (lost capacity preempts the jobs on it; a ``RecoveryStrategy`` says where
-they continue), the policy is re-solved only if the region's job set or capacity changed, the
-``RoundMechanism`` grants GPUs, and jobs progress at their measured throughput (consolidated or
-not, alone or space-shared) with exact completion times inside the round. Deterministic for a
-seed: the only randomness is the workload generator's and the policies' seeded partitioning.
+jobs that arrived are admitted (routed by a ``Router``: by default the placement engine,
+``routing.py``), spot capacity is read from an ``AvailabilityProvider`` (lost capacity preempts the
+jobs on it; a ``RecoveryStrategy`` says where they continue: by default a strategy of the registry
+re-planned by the same engine, ``recovery.py``), the policy is re-solved only if the region's job
+set or capacity changed, the ``RoundMechanism`` grants GPUs, and jobs progress at their measured
+throughput (consolidated or not, alone or space-shared) with exact completion times inside the
+round. Deterministic for a seed: the only randomness is the workload generator's and the
+policies' seeded partitioning.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ from sailor_tasks.policies.mechanism import GPUS_PER_SERVER, RoundMechanism
 from sailor_tasks.simulator.hooks import (
     AlwaysAvailable,
     AvailabilityProvider,
-    LeastLoadedRouter,
     RecoveryStrategy,
     Region,
     Router,
-    StayInRegion,
 )
+from sailor_tasks.simulator.recovery import DEFAULT_RECOVERY, StrategyRecovery, make_recovery
+from sailor_tasks.simulator.routing import SimPlacement, make_router
 from sailor_tasks.simulator.workload import SimJob
 
 logger = logging.getLogger(__name__)
@@ -50,6 +52,10 @@ class SimConfig:
     horizon_s: float = 10 * 365 * 86400.0
     """Stop here even if jobs remain (e.g. spot capacity that never comes back); they count as
     not completed and are left out of the JCT statistics."""
+    router: str = "placement"
+    """``placement`` (the placement engine) or the ``least_loaded`` baseline (``routing.ROUTERS``)."""
+    recovery: str = DEFAULT_RECOVERY
+    """A strategy of ``sailor_tasks.strategies`` or the ``stay_in_region`` baseline."""
 
     def __post_init__(self) -> None:
         if self.round_s <= 0 or self.gpus_per_server < 1:
@@ -73,6 +79,12 @@ class SimResult:
     wall_s: float
     regions: int = 1
     space_sharing: bool = False
+    router: str = ""
+    recovery: str = ""
+    recovery_moves: int = 0
+    """Preempted jobs that recovery sent to another region."""
+    recovery_waits: int = 0
+    """Preempted jobs for which recovery found no feasible region (they waited where they were)."""
     jct_s: tuple[float, ...] = field(default=(), repr=False)
 
     def to_json(self) -> dict:
@@ -126,8 +138,10 @@ def simulate(
     started = time.perf_counter()
     policy = get_policy(config.policy)
     availability = availability or AlwaysAvailable()
-    router = router or LeastLoadedRouter()
-    strategy = strategy or StayInRegion()
+    if router is None or strategy is None:
+        placement = SimPlacement(regions, table, config.gpus_per_server)
+        router = router or make_router(config.router, placement)
+        strategy = strategy or make_recovery(config.recovery, placement)
     sims = [_RegionSim(r, config.gpus_per_server) for r in regions]
     n = len(jobs)
     order = sorted(range(n), key=lambda i: (jobs[i].arrival_s, i))
@@ -257,7 +271,7 @@ def simulate(
     t = 0.0 if not n else np.floor(arrival[order[0]] / round_s) * round_s
     next_arrival = 0
     done = 0
-    rounds = solves = preemptions = reused = 0
+    rounds = solves = preemptions = reused = moves = 0
     busy_gpu_s = cost = 0.0
     last_cap = [r.capacity.copy() for r in sims]
     static_capacity = type(availability) is AlwaysAvailable
@@ -266,7 +280,7 @@ def simulate(
         while next_arrival < n and arrival[order[next_arrival]] <= t:
             i = order[next_arrival]
             load = [(r.demand + scale[i]) / max(float(r.capacity.sum()), 1.0) for r in sims]
-            admit(i, router.route(int(scale[i]), runnable_in[jobs[i].job_type], load))
+            admit(i, router.route(jobs[i], runnable_in[jobs[i].job_type], load))
             next_arrival += 1
         if not any(r.active for r in sims):
             t = np.ceil(arrival[order[next_arrival]] / round_s) * round_s
@@ -286,12 +300,20 @@ def simulate(
                     lost = [u for u, (g, _) in r.mech.leases.items() if cap[g] < last_cap[ri][g]]
                     # effectful: capacity shrank, so every lease on the shrunk types is revoked.
                     r.mech.leases = {u: v for u, v in r.mech.leases.items() if u not in lost}
-                    available = [bool(c.sum() > 0) for c in caps]
+                    available = [
+                        dict(zip(s.gpu_types, c.tolist(), strict=True))
+                        for s, c in zip(sims, caps, strict=True)
+                    ]
                     for u in lost:
                         for j in r.unit_jobs[u]:
                             preemptions += 1
-                            dest = strategy.on_preemption(ids[j], ri, t, available)
+                            load = [
+                                (s.demand + (0.0 if s is r else scale[j])) / max(float(s.capacity.sum()), 1.0)
+                                for s in sims
+                            ]
+                            dest = strategy.on_preemption(jobs[j], ri, t, available, load)
                             if dest != ri:
+                                moves += 1
                                 leave(j)
                                 admit(j, dest)
                 r.mech.gpus = {g: int(c) for g, c in enumerate(cap)}
@@ -380,5 +402,9 @@ def simulate(
         wall_s=time.perf_counter() - started,
         regions=len(regions),
         space_sharing=config.space_sharing,
+        router=getattr(router, "name", type(router).__name__),
+        recovery=getattr(strategy, "name", type(strategy).__name__),
+        recovery_moves=moves,
+        recovery_waits=strategy.waits if isinstance(strategy, StrategyRecovery) else 0,
         jct_s=tuple(jct.tolist()),
     )

@@ -1,9 +1,10 @@
 """The simulator's plug points: spot availability, job routing across regions, preemption recovery.
 
-Each is a small Protocol with a default implementation here, so the product's availability traces
-(``sailor_tasks.traces``) and recovery strategies (``sailor_tasks.strategies``) plug in without
-changing the engine. ``TraceAvailability`` is a minimal reader of the availability-trace JSON
-format; TODO(sailor): replace it with the ``sailor_tasks.traces`` reader once that lands.
+Each is a small Protocol. The defaults call the product's own code: routing by the placement
+engine (``routing.py``) and recovery by the strategies registry (``recovery.py``); the simple
+implementations here are the explicitly named baselines ``least_loaded`` and ``stay_in_region``.
+``TraceAvailability`` is a minimal reader of the availability-trace JSON format; TODO(sailor):
+replace it with the ``sailor_tasks.traces`` reader once that lands.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from sailor_tasks.simulator.workload import SimJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +95,19 @@ class TraceAvailability:
 
 @runtime_checkable
 class Router(Protocol):
-    def route(self, scale_factor: int, runnable: Sequence[bool], load: Sequence[float]) -> int:
-        """Region index for a new job; ``load[r]`` = GPUs demanded / GPUs in region r."""
+    def route(self, job: SimJob, runnable: Sequence[bool], load: Sequence[float]) -> int:
+        """Region index for a newly arrived job; ``runnable[r]``: region r has a GPU type that can
+        run it; ``load[r]`` = GPUs demanded (this job included) / GPUs in region r."""
         ...
 
 
 class LeastLoadedRouter:
-    """Send each job to the region with the lowest demand/supply among those that can run it."""
+    """Baseline (``--router least_loaded``): the region with the lowest demand/supply among those
+    that can run the job. The default router is the placement engine (``routing.PlacementRouter``)."""
 
-    def route(self, scale_factor: int, runnable: Sequence[bool], load: Sequence[float]) -> int:
+    name = "least_loaded"
+
+    def route(self, job: SimJob, runnable: Sequence[bool], load: Sequence[float]) -> int:
         best, best_load = -1, float("inf")
         for r, (ok, lr) in enumerate(zip(runnable, load, strict=True)):
             if ok and lr < best_load:
@@ -109,14 +117,33 @@ class LeastLoadedRouter:
 
 @runtime_checkable
 class RecoveryStrategy(Protocol):
-    def on_preemption(self, job_id: str, region: int, now: float, available: Sequence[bool]) -> int:
-        """Region index where a job preempted in ``region`` continues (``available[r]``: has
-        capacity now)."""
+    def on_preemption(
+        self,
+        job: SimJob,
+        region: int,
+        now: float,
+        available: Sequence[Mapping[str, int]],
+        load: Sequence[float],
+    ) -> int:
+        """Region index where ``job``, preempted in ``region`` at ``now``, continues.
+
+        ``available[r]``: GPUs of each type usable in region r now; ``load[r]``: GPUs demanded /
+        GPUs in region r if the job continued there."""
         ...
 
 
 class StayInRegion:
-    """Wait for the spot capacity to come back in the same region."""
+    """Baseline (``--recovery stay_in_region``): wait for the capacity to come back in the same
+    region. The default is the registry's ``same_zone_first`` (``recovery.StrategyRecovery``)."""
 
-    def on_preemption(self, job_id: str, region: int, now: float, available: Sequence[bool]) -> int:
+    name = "stay_in_region"
+
+    def on_preemption(
+        self,
+        job: SimJob,
+        region: int,
+        now: float,
+        available: Sequence[Mapping[str, int]],
+        load: Sequence[float],
+    ) -> int:
         return region

@@ -77,3 +77,28 @@ def test_measured_throughput_from_the_ledger_feeds_back_into_the_table(ctx):
     before = table.throughput(key, "A100")
     after = table.with_measured(measured).throughput(key, "A100")
     assert after == pytest.approx(0.5 * before + 0.5 * 20.0)
+
+
+def test_plan_stage_places_with_the_policies_throughput_matrix(ctx, demo_dataset):
+    """Placement and the GPU-type policies read one matrix: measured speeds reach both."""
+    from sailor_tasks.catalog.throughput import packaged_with_measured
+    from sailor_tasks.placement.index import index_for
+
+    params = {"dataset_uri": demo_dataset, "num_workers": 1, "gpu_type": "A100"}
+    request = stages.validate(params, "before", ctx)
+    key = MODEL_JOB_TYPES["tiny_gpt"]
+    packaged = load_packaged().throughput(key, "A100")
+    assert f"at {packaged:.3g} steps/s" in stages.plan(request, "before", ctx)["explanation"][2]
+    add_run(ctx.ledger, "m", "success", "us-central1", model="tiny_gpt", steps=1200, backend="gke")
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    ctx.ledger.record_utilization(
+        "m", "research", "us-central1", "A100", 1, start, start + dt.timedelta(seconds=60)
+    )
+    measured = tuple(ctx.ledger.measured_throughputs())
+    blended = packaged_with_measured(measured).throughput(key, "A100")
+    assert blended == pytest.approx(0.5 * packaged + 0.5 * 20.0)
+    request = stages.validate(params, "after", ctx)
+    assert f"at {blended:.3g} steps/s" in stages.plan(request, "after", ctx)["explanation"][2]
+    assert index_for(ctx.catalog, packaged_with_measured(measured)).throughput is packaged_with_measured(
+        measured
+    )

@@ -105,8 +105,8 @@ def test_recovery_strategy_can_move_preempted_jobs():
             return 0 if region.name == "spot" and t >= 600 else int(region.gpus.get(gpu_type, 0))
 
     class NextRegion:
-        def on_preemption(self, job_id, region, now, available):
-            return next(r for r, ok in enumerate(available) if ok)
+        def on_preemption(self, job, region, now, available, load):
+            return next(r for r, gpus in enumerate(available) if sum(gpus.values()) > 0)
 
     key = ("ResNet-50 (batch size 64)", 1)
     jobs = [
@@ -116,7 +116,7 @@ def test_recovery_strategy_can_move_preempted_jobs():
     regions = [Region("spot", {"V100": 2}, spot=True), Region("ondemand", {"V100": 2})]
 
     class SpotFirst:
-        def route(self, scale_factor, runnable, load):
+        def route(self, job, runnable, load):
             return 0
 
     result = simulate(
