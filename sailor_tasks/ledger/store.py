@@ -52,20 +52,26 @@ def _engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def _replace_reservation(conn: Any, r: Reservation) -> None:
-    """Inside the caller's transaction: the run's reservation becomes ``r`` (a retried plan replaces,
+def _replace_row(conn: Any, table: Any, key: Mapping[str, Any], **values: Any) -> None:
+    """Inside the caller's transaction: the row of ``table`` identified by ``key`` becomes
+    ``key | values`` (delete then insert: portable across SQLite and PostgreSQL; a retry replaces,
     never doubles)."""
-    conn.execute(delete(t.reservations).where(t.reservations.c.run_id == r.run_id))
-    conn.execute(
-        insert(t.reservations).values(
-            run_id=r.run_id,
-            region=r.region,
-            zone=r.zone,
-            gpu_type=r.gpu_type,
-            gpus=r.gpus,
-            market=r.market,
-            created_at=utcnow(),
-        )
+    conn.execute(delete(table).where(*(table.c[k] == v for k, v in key.items())))
+    conn.execute(insert(table).values(**key, **values))
+
+
+def _replace_reservation(conn: Any, r: Reservation) -> None:
+    """Inside the caller's transaction: the run's reservation becomes ``r``."""
+    _replace_row(
+        conn,
+        t.reservations,
+        {"run_id": r.run_id},
+        region=r.region,
+        zone=r.zone,
+        gpu_type=r.gpu_type,
+        gpus=r.gpus,
+        market=r.market,
+        created_at=utcnow(),
     )
 
 
@@ -373,20 +379,17 @@ class Ledger:
         usd_per_hour: float | None = None,
     ) -> None:
         """The market the run's strategy chose for ``attempt`` (a retried plan replaces its row)."""
-        a = t.attempt_markets.c
         with self.engine.begin() as c:
-            c.execute(delete(t.attempt_markets).where(a.run_id == run_id, a.attempt == attempt))
-            c.execute(
-                insert(t.attempt_markets).values(
-                    run_id=run_id,
-                    attempt=attempt,
-                    strategy=strategy,
-                    market=market,
-                    reason=reason,
-                    slack_h=slack_h,
-                    usd_per_hour=usd_per_hour,
-                    decided_at=utcnow(),
-                )
+            _replace_row(
+                c,
+                t.attempt_markets,
+                {"run_id": run_id, "attempt": attempt},
+                strategy=strategy,
+                market=market,
+                reason=reason,
+                slack_h=slack_h,
+                usd_per_hour=usd_per_hour,
+                decided_at=utcnow(),
             )
 
     def end_attempt_market(
@@ -463,20 +466,14 @@ class Ledger:
 
     def record_replica(self, dataset_uri: str, region: str, uri: str, nbytes: int, files: int) -> None:
         with self.engine.begin() as c:
-            c.execute(
-                delete(t.replicas).where(
-                    t.replicas.c.dataset_uri == dataset_uri, t.replicas.c.region == region
-                )
-            )
-            c.execute(
-                insert(t.replicas).values(
-                    dataset_uri=dataset_uri,
-                    region=region,
-                    uri=uri,
-                    bytes=nbytes,
-                    files=files,
-                    created_at=utcnow(),
-                )
+            _replace_row(
+                c,
+                t.replicas,
+                {"dataset_uri": dataset_uri, "region": region},
+                uri=uri,
+                bytes=nbytes,
+                files=files,
+                created_at=utcnow(),
             )
 
     def replicas(self, dataset_uris: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
