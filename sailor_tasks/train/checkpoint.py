@@ -303,7 +303,10 @@ class ChecksummingFsspecWriter(FsspecWriter):
                 pool = stack.enter_context(
                     ThreadPoolExecutor(len(buckets) - 1, thread_name_prefix="sailor-ckpt-write")
                 )
-            others = [pool.submit(self._write_file, n, b, planner) for n, b in zip(names[1:], buckets[1:], strict=True)]
+            others = [
+                pool.submit(self._write_file, n, b, planner)
+                for n, b in zip(names[1:], buckets[1:], strict=True)
+            ]
             per_file = [self._write_file(names[0], buckets[0], planner)] if buckets else []
             per_file += [f.result() for f in others]
         if self._sidecar:
@@ -541,7 +544,9 @@ class CheckpointManager:
         if self.rank == 0 and fs.exists(path):
             fs.rm(path, recursive=True)  # a partial folder from a killed save of the same step
         if self._write_pool is None and self.thread_count > 1:
-            self._write_pool = ThreadPoolExecutor(self.thread_count - 1, thread_name_prefix="sailor-ckpt-write")
+            self._write_pool = ThreadPoolExecutor(
+                self.thread_count - 1, thread_name_prefix="sailor-ckpt-write"
+            )
         return ChecksummingFsspecWriter(
             uri,
             sync_files=False,

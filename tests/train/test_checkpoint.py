@@ -120,9 +120,11 @@ def test_unchanged_structure_reuses_the_plan_and_every_save_loads_its_own_values
         assert diff_states(mgr.load_all(step), state) == [], step
         metadata = _metadata_as_dcp_reads_it(mgr.step_uri(step))
         assert type(metadata.state_dict_metadata) is dict and type(metadata.storage_data) is dict
-        assert set(metadata.state_dict_metadata) == set(metadata.planner_data) == {
-            k if not isinstance(v, dict) else f"{k}.step" for k, v in state.items()
-        }
+        assert (
+            set(metadata.state_dict_metadata)
+            == set(metadata.planner_data)
+            == {k if not isinstance(v, dict) else f"{k}.step" for k, v in state.items()}
+        )
         assert metadata.storage_meta.checkpoint_id.endswith(f"step-{step:08d}")
     fresh = CheckpointManager(f"file://{tmp_path}/fresh")  # its first save: planned and pickled afresh
     fresh.save(2, saves[2])
