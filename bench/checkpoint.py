@@ -5,9 +5,11 @@ then an async save inside real training steps, then a restore. Every figure is t
 repeats.
 
 - sync_save_s: ``CheckpointManager.save`` end to end: state_dict, DCP planning, data files
-  (written from the tensors' buffers with crc32c computed on the fly), ``.metadata``, per-rank
-  sidecar, commit marker. Deleting checkpoints beyond ``keep_latest_k`` runs in the background
-  afterwards, as in training, and is not counted.
+  (written from the tensors' buffers with crc32c computed on the fly), ``.metadata``, commit
+  marker (and per-rank sidecars when several ranks save). As in training, every save after a
+  run's first reuses the previous save's DCP plan and metadata while the state's structure is
+  unchanged (here the untimed first save, an async one, plans it). Deleting checkpoints beyond
+  ``keep_latest_k`` runs in the background afterwards, as in training, and is not counted.
 - write_mb_s vs raw_fsspec_write_mb_s: checkpoint bytes per second of that sync save (end to
   end, as above), against plain fsspec writes of the same bytes (the checkpoint's files, held in
   memory, single thread) to the same filesystem, timed the same way. Two plain writes are timed,
