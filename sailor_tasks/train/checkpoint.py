@@ -54,6 +54,8 @@ from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint._sharded_tensor_utils import _flatten_sharded_tensors
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _split_by_size_and_type, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata
@@ -215,8 +217,11 @@ class _CachingSavePlanner(DefaultSavePlanner):
         self._hit = False
 
     def set_up_planner(self, state_dict: Any, storage_meta: Any = None, is_coordinator: bool = False) -> None:
-        super().set_up_planner(state_dict, storage_meta, is_coordinator)
-        self._key = _plan_key(self.state_dict, self.mappings) if is_coordinator else None
+        flat, self.mappings = flatten_state_dict(state_dict)
+        self._key = _plan_key(flat, self.mappings) if is_coordinator else None
+        # A key means plain tensors only: no ShardedTensor for _flatten_sharded_tensors to rewrite.
+        self.state_dict = flat if self._key is not None else _flatten_sharded_tensors(flat)
+        self.is_coordinator = is_coordinator
         self._hit = self._key is not None and self._key == self._cache.key
 
     def create_local_plan(self) -> SavePlan:
