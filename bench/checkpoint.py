@@ -13,7 +13,7 @@ repeats.
 - write_mb_s vs raw_fsspec_write_mb_s: checkpoint bytes per second of that sync save (end to
   end, as above), against plain fsspec writes of the same bytes (the checkpoint's files, held in
   memory, single thread) to the same filesystem, timed the same way. Two plain writes are timed,
-  each file in 8 MiB ``write`` calls like the checkpoint's (raw_fsspec_8mib_writes_mb_s) and in
+  each file in 8 MiB ``write`` calls (raw_fsspec_8mib_writes_mb_s; the checkpoint writes 1 MiB) and in
   one ``write`` call (raw_fsspec_one_write_mb_s); on this shared VM either can be the faster one
   from run to run, so the baseline (raw_fsspec_write_mb_s, write_fraction_of_raw) is the faster
   of the two medians.

@@ -13,7 +13,7 @@ background thread (``wait`` joins it), since unlinking hundreds of MB takes tens
 
 DCP plans the checkpoint and writes ``.metadata``; the data files are written by
 ``ChecksummingFsspecWriter``: every tensor's bytes go straight from the tensor's buffer to the file
-in 8 MiB writes (no ``torch.save`` archive per tensor, no intermediate copy), one file per writer
+in 1 MiB writes (no ``torch.save`` archive per tensor, no intermediate copy), one file per writer
 thread, and the crc32c of each file is computed on the same chunks as they are written (no second
 pass, no read-back). Each rank leaves a small ``__<rank>_crc32c.json`` sidecar with its files'
 crc32c and size, and rank 0 merges them into the marker. Tensor entries are tagged
@@ -73,7 +73,12 @@ SIDECAR_SUFFIX = "crc32c.json"
 """Per-rank checksum sidecars (``__0_crc32c.json``); not part of the checkpoint itself."""
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 _CHUNK = 8 * 1024 * 1024
-"""Write/read size: large enough for full-speed I/O, small enough to stay in cache for crc32c."""
+"""Read/copy size: large enough for full-speed I/O."""
+_WRITE_CHUNK = 1024 * 1024
+"""Write size of the checkpoint writer: each chunk's crc32c is computed just before the chunk is
+written, so it is still in cache (L2 512 KiB per core, L3 32 MiB here) when the write copies it. With 2
+writer threads, 20-30% faster and steadier than 8 MiB chunks in interleaved runs on this VM
+(2026-11-22, median 52-61 ms vs 67-79 ms for 306 MB); no difference with one thread."""
 _METADATA = ".metadata"
 """DCP's metadata file (``filesystem._metadata_fn``)."""
 RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
@@ -251,7 +256,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
 
     DCP's own writer serialises every tensor as a ``torch.save`` archive (pickler, zip records,
     dozens of small writes per tensor): 4-5x slower than writing the same bytes. Here each file is
-    written by one thread in ``_CHUNK`` writes taken straight from the tensors' buffers, and each
+    written by one thread in ``_WRITE_CHUNK`` writes taken straight from the tensors' buffers, and each
     chunk's crc32c is computed just before it is written, while it is still in cache. Tensor
     entries are tagged ``RAW_TENSOR_FORMAT`` (dtype and shape are in DCP's metadata already);
     non-tensor entries stay DCP's ``torch.save`` bytes, written after the tensors of their file
@@ -358,8 +363,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
                 else:
                     buf, descriptors = _tensor_bytes(data), [RAW_TENSOR_FORMAT]
                 size = buf.nbytes
-                for start in range(0, size, _CHUNK):
-                    chunk = buf[start : start + _CHUNK]
+                for start in range(0, size, _WRITE_CHUNK):
+                    chunk = buf[start : start + _WRITE_CHUNK]
                     crc = crc32c.crc32c(chunk, crc)
                     f.write(chunk)
                 results.append(
