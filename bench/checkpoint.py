@@ -5,13 +5,15 @@ then an async save inside real training steps, then a restore. Every figure is t
 repeats.
 
 - sync_save_s: ``CheckpointManager.save`` end to end: state_dict, DCP planning, data files
-  (written from the tensors' buffers with crc32c computed on the fly), ``.metadata``, per-rank
-  sidecar, commit marker. Deleting checkpoints beyond ``keep_latest_k`` runs in the background
-  afterwards, as in training, and is not counted.
+  (written from the tensors' buffers with crc32c computed on the fly), ``.metadata``, commit
+  marker (and per-rank sidecars when several ranks save). As in training, every save after a
+  run's first reuses the previous save's DCP plan and metadata while the state's structure is
+  unchanged (here the untimed first save, an async one, plans it). Deleting checkpoints beyond
+  ``keep_latest_k`` runs in the background afterwards, as in training, and is not counted.
 - write_mb_s vs raw_fsspec_write_mb_s: checkpoint bytes per second of that sync save (end to
   end, as above), against plain fsspec writes of the same bytes (the checkpoint's files, held in
   memory, single thread) to the same filesystem, timed the same way. Two plain writes are timed,
-  each file in 8 MiB ``write`` calls like the checkpoint's (raw_fsspec_8mib_writes_mb_s) and in
+  each file in 8 MiB ``write`` calls (raw_fsspec_8mib_writes_mb_s; the checkpoint writes 1 MiB) and in
   one ``write`` call (raw_fsspec_one_write_mb_s); on this shared VM either can be the faster one
   from run to run, so the baseline (raw_fsspec_write_mb_s, write_fraction_of_raw) is the faster
   of the two medians.

@@ -13,7 +13,7 @@ background thread (``wait`` joins it), since unlinking hundreds of MB takes tens
 
 DCP plans the checkpoint and writes ``.metadata``; the data files are written by
 ``ChecksummingFsspecWriter``: every tensor's bytes go straight from the tensor's buffer to the file
-in 8 MiB writes (no ``torch.save`` archive per tensor, no intermediate copy), one file per writer
+in 1 MiB writes (no ``torch.save`` archive per tensor, no intermediate copy), one file per writer
 thread, and the crc32c of each file is computed on the same chunks as they are written (no second
 pass, no read-back). Each rank leaves a small ``__<rank>_crc32c.json`` sidecar with its files'
 crc32c and size, and rank 0 merges them into the marker. Tensor entries are tagged
@@ -35,13 +35,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import pickle
 import posixpath
 import re
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import crc32c
@@ -52,8 +54,12 @@ from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint.filesystem import _split_by_size_and_type, _StorageInfo
-from torch.distributed.checkpoint.planner import WriteItemType
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint._sharded_tensor_utils import _flatten_sharded_tensors
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _split_by_size_and_type, _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
@@ -67,7 +73,14 @@ SIDECAR_SUFFIX = "crc32c.json"
 """Per-rank checksum sidecars (``__0_crc32c.json``); not part of the checkpoint itself."""
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 _CHUNK = 8 * 1024 * 1024
-"""Write/read size: large enough for full-speed I/O, small enough to stay in cache for crc32c."""
+"""Read/copy size: large enough for full-speed I/O."""
+_WRITE_CHUNK = 1024 * 1024
+"""Write size of the checkpoint writer: each chunk's crc32c is computed just before the chunk is
+written, so it is still in cache (L2 512 KiB per core, L3 32 MiB here) when the write copies it. With 2
+writer threads, 20-30% faster and steadier than 8 MiB chunks in interleaved runs on this VM
+(2026-11-22, median 52-61 ms vs 67-79 ms for 306 MB); no difference with one thread."""
+_METADATA = ".metadata"
+"""DCP's metadata file (``filesystem._metadata_fn``)."""
 RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
 """DCP storage tag of a tensor entry stored as its raw bytes (dtype and shape in the metadata)."""
 
@@ -135,41 +148,210 @@ class _ChecksummingFileSystem(_FsspecFileSystem):
             self.sums[posixpath.basename(str(new_path))] = old
 
 
+def _plan_key(flat: dict[str, Any], mappings: dict[str, Any]) -> tuple | None:
+    """What DCP's default save plan of a flattened state dict depends on: every entry's FQN and
+    nesting path, and for a tensor its shape and ``TensorProperties`` fields. None when an entry
+    is a tensor subclass (DTensor, ShardedTensor) or plans its own writes: those are planned every
+    time."""
+    entries = []
+    for fqn, value in flat.items():
+        if isinstance(value, torch.Tensor):
+            if type(value) not in (torch.Tensor, torch.nn.Parameter):
+                return None
+            entries.append(
+                (fqn, tuple(value.shape), value.dtype, value.layout, value.requires_grad, value.is_pinned())
+            )
+        elif hasattr(value, "__create_write_items__"):
+            return None
+        else:
+            entries.append((fqn,))
+    return tuple(entries), tuple(mappings.items())
+
+
+class _Pickled:
+    """An object pickled ahead of time. It pickles as those bytes: plain ``pickle.load`` calls
+    ``pickle.loads`` on them, which rebuilds the original object, then sets ``items`` into it (a
+    dict), so a reader needs nothing but pickle itself."""
+
+    __slots__ = ("data", "items")
+
+    def __init__(self, data: bytes, items: list[tuple[Any, Any]]):
+        self.data, self.items = data, items
+
+    def __reduce__(self) -> tuple:
+        return (pickle.loads, (self.data,), None, None, iter(self.items))
+
+
+@dataclass(slots=True)
+class _SaveCache:
+    """What the single-process saves of one ``CheckpointManager`` reuse while the state's structure
+    (``_plan_key``) is unchanged: DCP's local and global plans and metadata, the split of the
+    write items into files, and the pickles of ``.metadata``'s unchanged parts. Everything here is
+    derived from the structure only, never from tensor values."""
+
+    key: Any = None
+    local_plan: SavePlan | None = None
+    global_plan: list[SavePlan] | None = None
+    metadata: Metadata | None = None
+    split: tuple[list[Any], list[list[Any]]] | None = None
+    """(plan items, the items of each file): kept while the cached plan's item list is reused."""
+    pickles: dict[str, tuple[Any, bytes]] = field(default_factory=dict)
+
+    def pickled(self, name: str, obj: Any, items: list[tuple[Any, Any]] | None = None) -> _Pickled:
+        """``obj`` as a ``_Pickled``, re-pickled only when it differs from the last one of ``name``."""
+        cached = self.pickles.get(name)
+        if cached is None or not (cached[0] is obj or cached[0] == obj):
+            cached = self.pickles[name] = (obj, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        return _Pickled(cached[1], items or [])
+
+
+class _CachingSavePlanner(DefaultSavePlanner):
+    """``DefaultSavePlanner`` of single-process saves that reuses the previous save's plans and
+    metadata when the flattened state has the same structure (``_plan_key``).
+
+    DCP plans every save from scratch: write items per tensor, dedup across ranks, metadata per
+    tensor, validation (~15-30 ms for 400 tensors). With one process there is nothing to dedup or
+    agree on, and the plan is a function of the structure alone, so an unchanged structure gets
+    the very same plan objects (which also lets the writer reuse its file split).
+    """
+
+    def __init__(self, cache: _SaveCache):
+        super().__init__()
+        self._cache = cache
+        self._key: Any = None
+        self._hit = False
+
+    def set_up_planner(self, state_dict: Any, storage_meta: Any = None, is_coordinator: bool = False) -> None:
+        flat, self.mappings = flatten_state_dict(state_dict)
+        self._key = _plan_key(flat, self.mappings) if is_coordinator else None
+        # A key means plain tensors only: no ShardedTensor for _flatten_sharded_tensors to rewrite.
+        self.state_dict = flat if self._key is not None else _flatten_sharded_tensors(flat)
+        self.is_coordinator = is_coordinator
+        self._hit = self._key is not None and self._key == self._cache.key
+
+    def create_local_plan(self) -> SavePlan:
+        if self._hit:
+            self.plan = self._cache.local_plan
+            return self.plan
+        return super().create_local_plan()
+
+    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        cache = self._cache
+        if self._hit and len(all_plans) == 1 and all_plans[0] is cache.local_plan:
+            self.global_plan = cache.global_plan
+            # The writer sets storage_data/storage_meta/version on it: a shallow copy per save.
+            self.metadata = replace(cache.metadata)
+            return self.global_plan, self.metadata
+        global_plan, metadata = super().create_global_plan(all_plans)
+        if self._key is not None and len(all_plans) == 1:
+            cache.key, cache.local_plan, cache.global_plan = self._key, all_plans[0], global_plan
+            cache.metadata, cache.split = replace(metadata), None
+        else:
+            cache.key = None
+        return global_plan, metadata
+
+
 class ChecksummingFsspecWriter(FsspecWriter):
     """``FsspecWriter`` whose data files hold raw tensor bytes, checksummed while written.
 
     DCP's own writer serialises every tensor as a ``torch.save`` archive (pickler, zip records,
     dozens of small writes per tensor): 4-5x slower than writing the same bytes. Here each file is
-    written by one thread in ``_CHUNK`` writes taken straight from the tensors' buffers, and each
+    written by one thread in ``_WRITE_CHUNK`` writes taken straight from the tensors' buffers, and each
     chunk's crc32c is computed just before it is written, while it is still in cache. Tensor
     entries are tagged ``RAW_TENSOR_FORMAT`` (dtype and shape are in DCP's metadata already);
-    non-tensor entries stay DCP's ``torch.save`` bytes. Each rank writes a sidecar with its files'
-    crc32c and size.
+    non-tensor entries stay DCP's ``torch.save`` bytes, written after the tensors of their file
+    (so tensor offsets do not move when a pickled value changes size). With ``sidecar`` each rank
+    writes a sidecar with its files' crc32c and size (a single process hands them over directly).
+
+    Args:
+        path: the checkpoint folder's URI.
+        cache: a single-process manager's ``_SaveCache``: the file split and the pickles of
+            ``.metadata``'s unchanged parts are reused from the previous save.
+        pool: threads for all files but the first (written by the calling thread); without it,
+            threads are started for this save.
+        sidecar: write the per-rank checksum sidecar.
     """
 
-    def __init__(self, path: str, **kwargs: Any):
+    def __init__(
+        self,
+        path: str,
+        *,
+        cache: _SaveCache | None = None,
+        pool: ThreadPoolExecutor | None = None,
+        sidecar: bool = True,
+        **kwargs: Any,
+    ):
         super().__init__(path, **kwargs)
         fs = _ChecksummingFileSystem()
         fs.fs = self.fs.fs
         self.fs = fs
+        self._cache, self._pool, self._sidecar = cache, pool, sidecar
+
+    def _split(self, items: list[Any]) -> list[list[Any]]:
+        """Items per file, tensors first; reused while the cached plan's item list is."""
+        cache = self._cache
+        if cache is not None and cache.split is not None and cache.split[0] is items:
+            return cache.split[1]
+        buckets = [
+            sorted(b, key=lambda wi: wi.type == WriteItemType.BYTE_IO)  # stable: tensors, then bytes
+            for b in _split_by_size_and_type(self.thread_count, items)
+            if b
+        ]
+        if cache is not None:
+            cache.split = (items, buckets)
+        return buckets
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         prefix = plan.storage_data.prefix  # "__<rank>_": unique per rank
-        buckets = [b for b in _split_by_size_and_type(self.thread_count, plan.items) if b]
+        buckets = self._split(plan.items)
         names = [f"{prefix}{i}.distcp" for i in range(len(buckets))]
         # Non-tensor entries are pickled by the planner (torch.save); their zip CRC32 would be a
         # second checksum over those bytes: crc32c below covers the files end to end.
-        with torch_serialization_config.patch({"save.compute_crc32": False}):
-            if len(buckets) <= 1:
-                per_file = [self._write_file(n, b, planner) for n, b in zip(names, buckets, strict=True)]
-            else:
-                with ThreadPoolExecutor(len(buckets), thread_name_prefix="sailor-ckpt-write") as pool:
-                    per_file = list(pool.map(self._write_file, names, buckets, [planner] * len(buckets)))
-        with self.fs.fs.open(posixpath.join(str(self.path), f"{prefix}{SIDECAR_SUFFIX}"), "w") as f:
-            json.dump({n: self.fs.sums[n] for n in names}, f)
+        with torch_serialization_config.patch({"save.compute_crc32": False}), contextlib.ExitStack() as stack:
+            pool = self._pool
+            if pool is None and len(buckets) > 1:
+                pool = stack.enter_context(
+                    ThreadPoolExecutor(len(buckets) - 1, thread_name_prefix="sailor-ckpt-write")
+                )
+            others = [
+                pool.submit(self._write_file, n, b, planner)
+                for n, b in zip(names[1:], buckets[1:], strict=True)
+            ]
+            per_file = [self._write_file(names[0], buckets[0], planner)] if buckets else []
+            per_file += [f.result() for f in others]
+        if self._sidecar:
+            with self.fs.fs.open(posixpath.join(str(self.path), f"{prefix}{SIDECAR_SUFFIX}"), "w") as f:
+                json.dump({n: self.fs.sums[n] for n in names}, f)
         fut: TorchFuture = TorchFuture()
         fut.set_result([r for results in per_file for r in results])
         return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Write ``.metadata`` as DCP does, but straight to its name (no temporary file and rename,
+        a copy + delete on object stores): the commit marker, written after it, is what makes a
+        checkpoint loadable. With a cache, the per-tensor parts unchanged since the previous save
+        are not pickled again (``_Pickled``); plain ``pickle.load`` reads the same ``Metadata``."""
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_data = {wr.index: wr.storage_data for wr_list in results for wr in wr_list}
+        metadata.storage_meta = self.storage_meta()
+        content: Any = metadata
+        if self._cache is not None:
+            tensors, rest = {}, []
+            for index, info in metadata.storage_data.items():
+                if info.transform_descriptors == [RAW_TENSOR_FORMAT]:
+                    tensors[index] = info
+                else:
+                    rest.append((index, info))
+            content = replace(
+                metadata,
+                state_dict_metadata=self._cache.pickled("state_dict_metadata", metadata.state_dict_metadata),
+                storage_data=self._cache.pickled("tensor_storage_data", tensors, rest),
+            )
+        with self.fs.create_stream(self.fs.concat_path(self.path, _METADATA), "wb") as f:
+            pickle.dump(content, f)
+            if self.sync_files:
+                f.flush()
+                os.fsync(f.fileno())
 
     def _write_file(self, name: str, items: list[Any], planner: Any) -> list[WriteResult]:
         results, crc, offset = [], 0, 0
@@ -181,8 +363,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
                 else:
                     buf, descriptors = _tensor_bytes(data), [RAW_TENSOR_FORMAT]
                 size = buf.nbytes
-                for start in range(0, size, _CHUNK):
-                    chunk = buf[start : start + _CHUNK]
+                for start in range(0, size, _WRITE_CHUNK):
+                    chunk = buf[start : start + _WRITE_CHUNK]
                     crc = crc32c.crc32c(chunk, crc)
                     f.write(chunk)
                 results.append(
@@ -330,6 +512,8 @@ class CheckpointManager:
         self._pending: _PendingSave | None = None
         self._staging = _StagingBuffers()
         self._executor: ThreadPoolExecutor | None = None
+        self._write_pool: ThreadPoolExecutor | None = None
+        self._save_cache = _SaveCache()
         self._retention: Future | None = None
 
     def step_uri(self, step: int) -> str:
@@ -369,19 +553,31 @@ class CheckpointManager:
         fs, path = storage.filesystem(uri)
         if self.rank == 0 and fs.exists(path):
             fs.rm(path, recursive=True)  # a partial folder from a killed save of the same step
+        if self._write_pool is None and self.thread_count > 1:
+            self._write_pool = ThreadPoolExecutor(
+                self.thread_count - 1, thread_name_prefix="sailor-ckpt-write"
+            )
         return ChecksummingFsspecWriter(
             uri,
             sync_files=False,
             thread_count=self.thread_count,
+            cache=None if self.distributed else self._save_cache,
+            pool=self._write_pool,
+            sidecar=self.distributed,
             **storage.fs_options(storage.scheme_of(uri)),
         )
+
+    def _planner(self) -> _CachingSavePlanner | None:
+        """Single process: reuse the plan while the state's structure is unchanged. Several ranks:
+        DCP's default planner (plans are agreed on and deduplicated across ranks)."""
+        return None if self.distributed else _CachingSavePlanner(self._save_cache)
 
     def save(self, step: int, state: dict[str, Any]) -> SaveInfo:
         """Save ``state`` (DCP state dict, Stateful values allowed) as step ``step`` and commit it."""
         self.wait()
         start = time.monotonic()
         writer = self._writer(step)
-        dcp.save(state, storage_writer=writer, no_dist=not self.distributed)
+        dcp.save(state, storage_writer=writer, planner=self._planner(), no_dist=not self.distributed)
         info = self._finish(step, writer, start)
         if self.rank == 0:  # deleting old checkpoints need not hold up training
             self._retention = self._background().submit(self._retain)
@@ -419,7 +615,11 @@ class CheckpointManager:
         del state
         writer = self._writer(step)
         dcp.save(
-            snapshot, storage_writer=writer, no_dist=not self.distributed, process_group=self.process_group
+            snapshot,
+            storage_writer=writer,
+            planner=self._planner(),
+            no_dist=not self.distributed,
+            process_group=self.process_group,
         )
         info = self._finish(step, writer, start)
         if self.rank == 0:
@@ -463,7 +663,8 @@ class CheckpointManager:
         uri = self.step_uri(step)
         nbytes = 0
         if self.rank == 0:
-            nbytes = self._commit(step, writer.fs.sums)
+            # A single process wrote every file itself (no sidecars to collect, nothing to list).
+            nbytes = self._commit(step, writer.fs.sums, complete=not self.distributed)
         info = SaveInfo(step=step, uri=uri, bytes=nbytes, seconds=time.monotonic() - start)
         if self.rank == 0:
             logger.info(
@@ -471,10 +672,13 @@ class CheckpointManager:
             )
         return info
 
-    def _commit(self, step: int, own_sums: dict[str, dict[str, Any]] | None = None) -> int:
-        """Write the marker: checksums from the writers' sidecars (files with none are read back)."""
+    def _commit(
+        self, step: int, own_sums: dict[str, dict[str, Any]] | None = None, *, complete: bool = False
+    ) -> int:
+        """Write the marker: checksums from the writers' sidecars (files with none are read back).
+        With ``complete``, ``own_sums`` covers every file of the folder: it is not listed."""
         uri = self.step_uri(step)
-        names = storage.listdir(uri)
+        names = list(own_sums or {}) if complete else storage.listdir(uri)
         known: dict[str, dict[str, Any]] = dict(own_sums or {})
         for name in names:
             if name.endswith(SIDECAR_SUFFIX):
