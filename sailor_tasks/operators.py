@@ -94,15 +94,7 @@ class SailorTrainOperator(BaseOperator):
                 try_number=ti.try_number,
                 max_tries=ti.max_tries,
             )
-        attempt = run_stage(
-            stages.launch_train,
-            self.request,
-            self.placement,
-            self.data,
-            context["run_id"],
-            try_number=ti.try_number,
-        )
-        return self._launch(context, attempt)
+        return self._launch(context, self._begin(context))
 
     def resume_train(self, context: Any, event: Mapping[str, Any] | None = None, **_: Any) -> Any:
         """Re-entry from the pod trigger: finish that pod, then defer on the next, or end the attempt."""
@@ -126,6 +118,19 @@ class SailorTrainOperator(BaseOperator):
         return self._advance(context, pods, attempt.number, codes, {})
 
     # --- gke helpers -------------------------------------------------------------------------
+
+    def _begin(self, context: Any) -> Any:
+        """The run's next attempt (recovering first after a preemption), or the one a dead try left."""
+        from sailor_tasks import stages
+
+        return run_stage(
+            stages.launch_train,
+            self.request,
+            self.placement,
+            self.data,
+            context["run_id"],
+            try_number=context["ti"].try_number,
+        )
 
     def _pods(self, context: Any, ctx: Any, attempt: Any) -> Any:
         from sailor_tasks import gcp_glue
@@ -195,12 +200,4 @@ class SailorTrainOperator(BaseOperator):
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
         except PreemptedError as exc:
             self.log.warning("%s: recovering, then deferring on the next attempt's pods", exc)
-        nxt = run_stage(
-            stages.launch_train,
-            self.request,
-            self.placement,
-            self.data,
-            context["run_id"],
-            try_number=ti.try_number,
-        )
-        return self._launch(context, nxt)
+        return self._launch(context, self._begin(context))

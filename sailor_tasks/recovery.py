@@ -118,8 +118,6 @@ def recover(
             zones_by_region[o.region] += (o.zone,)
     constraint = strategy.next_constraint(RecoveryContext(req, lost, history(ctx, run_id), zones_by_region))
     blocked = constraint.all_blocked_zones(zones_by_region)
-    if constraint.wait_zone:  # live runs cannot wait in the planner: plan only that zone
-        blocked |= {z for zs in zones_by_region.values() for z in zs if z != constraint.wait_zone}
     progress = _progress(ctx, run_id)
     plan_req = replace(req, market=constraint.market) if constraint.market else req
     logger.info(
@@ -279,7 +277,7 @@ def begin_attempt(
         learning_rate=req.learning_rate,
         async_checkpoint=req.async_checkpoint,
     )
-    config_uri = storage.join(run_uri, "train_config.json")
+    config_uri = _config_uri(ctx, pl, run_id)
     report_uri = storage.join(run_uri, "launch.json")
     for stale in (config.result_uri, report_uri):  # outputs of an earlier attempt must not be read as ours
         storage.remove(stale)
@@ -287,10 +285,27 @@ def begin_attempt(
     ctx.ledger.start_attempt(run_id, attempt, try_number, to_dict(pl), data)
     ctx.ledger.upsert_run(run_id, status="running", region=pl.region, zone=pl.zone, market=pl.market)
     started = utcnow()
-    launch = TrainLaunch(
-        run_id, run_key(run_id), config_uri, req.num_workers, pl, injection_spec(req), attempt
+    return Attempt(
+        run_id,
+        req,
+        attempt,
+        pl,
+        data,
+        config,
+        _launch(req, run_id, pl, attempt, config_uri),
+        started,
+        attempts,
     )
-    return Attempt(run_id, req, attempt, pl, data, config, launch, started, attempts)
+
+
+def _config_uri(ctx: Any, pl: Placement, run_id: str) -> str:
+    """Where an attempt's ``TrainConfig`` lives: the run's folder in the placement's region bucket."""
+    return storage.join(ctx.run_uri(pl.region, run_id), "train_config.json")
+
+
+def _launch(req: JobRequest, run_id: str, pl: Placement, attempt: int, config_uri: str) -> TrainLaunch:
+    """What the backend starts for ``attempt``."""
+    return TrainLaunch(run_id, run_key(run_id), config_uri, req.num_workers, pl, injection_spec(req), attempt)
 
 
 def resume_attempt(
@@ -311,11 +326,9 @@ def resume_attempt(
         have = ", ".join(f"{r['attempt']}={r['outcome']}" for r in rows) or "none"
         raise ValueError(f"run {run_id} has no running attempt {attempt} to resume; attempts: {have}")
     pl, data = from_dict(Placement, row["placement"]), row["data"]
-    config_uri = storage.join(ctx.run_uri(pl.region, run_id), "train_config.json")
+    config_uri = _config_uri(ctx, pl, run_id)
     config = TrainConfig.from_json(storage.read_bytes(config_uri).decode())
-    launch = TrainLaunch(
-        run_id, run_key(run_id), config_uri, req.num_workers, pl, injection_spec(req), attempt
-    )
+    launch = _launch(req, run_id, pl, attempt, config_uri)
     prior = [r for r in rows if r["attempt"] < attempt]
     return Attempt(
         run_id, req, attempt, pl, data, config, launch, _aware(row["started_at"]), prior, reattached

@@ -474,8 +474,6 @@ class _JobSim:
         ``exact=False``: an estimate for the strategy's inputs, planned once per ``ESTIMATE_SLOT_S``."""
         k = self.job.num_gpus
         blocked = set(c.all_blocked_zones(self.zbr))
-        if c.wait_zone is not None:
-            blocked.update(z.zone for z in self.zones if z.zone != c.wait_zone)
         if market == "spot":
             blocked.update(z.zone for z in self.zones if not z.spot_available(t, k))
         blocked &= self._zone_names
@@ -512,10 +510,7 @@ class _JobSim:
         """Whether any zone sells spot to this job under the constraint (capacity or not)."""
         blocked = c.all_blocked_zones(self.zbr)
         return any(
-            z.trace is not None
-            and self.job.num_gpus in z.spot_usd
-            and z.zone not in blocked
-            and (c.wait_zone is None or z.zone == c.wait_zone)
+            z.trace is not None and self.job.num_gpus in z.spot_usd and z.zone not in blocked
             for z in self.zones
         )
 

@@ -59,10 +59,13 @@ class PlacementConstraint:
     """Relaunch only in this zone, waiting for its capacity to come back (``spot_restart``)."""
 
     def all_blocked_zones(self, zones_by_region: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
-        """Blocked zones plus every zone of a blocked region."""
+        """Blocked zones plus every zone of a blocked region; with ``wait_zone``, every other zone
+        too (a planner cannot wait: planning only that zone is how a relaunch waits for it)."""
         zones = set(self.blocked_zones)
         for region in self.blocked_regions:
             zones.update(zones_by_region.get(region, ()))
+        if self.wait_zone is not None:
+            zones.update(z for zs in zones_by_region.values() for z in zs if z != self.wait_zone)
         return frozenset(zones)
 
 
