@@ -386,8 +386,15 @@ def solve(lp: LinearProgram, policy: str) -> np.ndarray:
     return np.asarray(h.getSolution().col_value)
 
 
-def make_allocation(policy: str, units: Units, vec: np.ndarray, started: float) -> Allocation:
-    """Validate the solver's X (bounds, with a 1e-6 tolerance), clip round-off, wrap it."""
+def make_allocation(
+    policy: str,
+    units: Units,
+    vec: np.ndarray,
+    started: float,
+    unit_ids: tuple[tuple[JobId, ...], ...] | None = None,
+) -> Allocation:
+    """Validate the solver's X (bounds, with a 1e-6 tolerance), clip round-off, wrap it.
+    ``unit_ids``: the units as job ids, when the caller has them already."""
     x = units.unflatten(vec)
     if x.size and (x.min() < -1e-6 or x.max() > 1 + 1e-6):
         raise InfeasibleAllocationError(policy, f"solution outside [0, 1]: {x.min()}..{x.max()}")
@@ -396,7 +403,9 @@ def make_allocation(policy: str, units: Units, vec: np.ndarray, started: float) 
     return Allocation(
         policy=policy,
         gpu_types=units.gpu_types,
-        units=tuple(tuple(units.jobs[j].job_id for j in unit) for unit in units.units),
+        units=unit_ids
+        if unit_ids is not None
+        else tuple(tuple(units.jobs[j].job_id for j in unit) for unit in units.units),
         matrix=x,
         unit_throughput=units.thr,
         unit_scale=units.scale,

@@ -266,9 +266,10 @@ class MaxMinSession:
         for g in self.gpu_types:
             h.addRow(-self._inf, self.gpus[g], 0, np.array([], np.int32), np.array([]))
         self.classes: dict[object, int] = {}
-        self.counts: list[float] = []
-        self.scale: list[float] = []
-        self.thr: list[np.ndarray] = []
+        self.counts = np.zeros(0)
+        """Jobs of each class in the model now."""
+        self.scale = np.zeros(0)
+        self.thr = np.zeros((0, len(self.gpu_types)))
         self._job_class: dict[str, tuple[PolicyJob, int]] = {}
         self.solves = 0
 
@@ -287,9 +288,9 @@ class MaxMinSession:
         self.h.addRow(-self._inf, 1.0, m, cols, np.ones(m))
         row = np.concatenate([[1.0], -coef * thr if coef > 0 else np.zeros(m)])
         self.h.addRow(-self._inf, self._inf, m + 1, np.concatenate([[0], cols]).astype(np.int32), row)
-        self.counts.append(0.0)
-        self.scale.append(float(job.scale_factor))
-        self.thr.append(one.thr[0, :, 0])
+        self.counts = np.append(self.counts, 0.0)
+        self.scale = np.append(self.scale, float(job.scale_factor))
+        self.thr = np.vstack([self.thr, one.thr[0, :, 0]])
         return c
 
     def allocate(self, state: PolicyState) -> Allocation:
@@ -318,13 +319,14 @@ class MaxMinSession:
             cls[u] = c
             count[u] = job.count
         counts = np.bincount(cls, weights=count, minlength=len(self.counts))
-        for c in np.nonzero(counts != np.array(self.counts))[0].tolist():
+        for c in np.nonzero(counts != self.counts)[0].tolist():
             n = float(counts[c])
+            coeff = n * float(self.scale[c])
             for i in range(m):
-                self.h.changeCoeff(i, 1 + c * m + i, n * self.scale[c])
+                self.h.changeCoeff(i, 1 + c * m + i, coeff)
             if (n > 0) != (self.counts[c] > 0):
                 self.h.changeRowBounds(m + 2 * c + 1, -self._inf, 0.0 if n > 0 else self._inf)
-            self.counts[c] = n
+        self.counts = counts
         self.h.run()
         status = self.h.getModelStatus()
         if status != highspy.HighsModelStatus.kOptimal:
@@ -335,8 +337,10 @@ class MaxMinSession:
             jobs=tuple(jobs),
             gpu_types=self.gpu_types,
             units=tuple((j,) for j in range(len(jobs))),
-            thr=np.array(self.thr)[cls][:, :, None],
-            scale=np.array(self.scale)[cls],
+            thr=self.thr[cls][:, :, None],
+            scale=self.scale[cls],
             count=count,
         )
-        return make_allocation(self.policy.name, units, x_class[cls].ravel(), started)
+        return make_allocation(
+            self.policy.name, units, x_class[cls].ravel(), started, unit_ids=tuple((j.job_id,) for j in jobs)
+        )

@@ -12,7 +12,7 @@ fractions converge to X (Gavel, OSDI'20, §5).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,9 +20,8 @@ GPUS_PER_SERVER = 4
 """GPUs per server of each type (Gavel's simulated cluster uses 4-GPU servers)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """One unit's GPUs for a round."""
+class Grant(NamedTuple):
+    """One unit's GPUs for a round (a named tuple: the simulator makes millions of them)."""
 
     unit: int
     gpu_type: int
@@ -30,18 +29,14 @@ class Grant:
     """(server index, GPUs on it)."""
     extended: bool
     """The unit ran on the same GPUs last round (lease extension: no restart)."""
-
-    @property
-    def consolidated(self) -> bool:
-        return len(self.servers) == 1
+    consolidated: bool
+    """All its GPUs are on one server."""
 
 
 def priorities(x: np.ndarray, received_s: np.ndarray, age_s: np.ndarray) -> np.ndarray:
     """X / (fraction of time received on each type); inf where X > 0 and nothing received yet."""
     frac = received_s / np.maximum(age_s, 1e-9)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.where(frac > 0, x / frac, np.where(x > 0, np.inf, 0.0))
-    return p
+    return np.divide(x, frac, out=np.where(x > 0, np.inf, 0.0), where=frac > 0)
 
 
 def pick_units(
@@ -66,16 +61,32 @@ def pick_units(
     flat = np.where(runnable, prio, -1.0).ravel()
     keys = (-flat,) if tiebreak is None else (-tiebreak.ravel(), -flat)
     order = np.lexsort(keys)
-    order = order[flat[order] >= 0].tolist()
+    order = order[flat[order] >= 0]
     # Plain Python lists: this loop runs every round for every cluster, on small arrays.
+    units_o, types_o = np.divmod(order, m)
     free_l = [float(f) for f in free]
     scale_l = scale.tolist()
     min_scale = min(scale_l)
     open_types = sum(1 for f in free_l if f >= min_scale)
-    placed: set[int] = set()
     granted: list[tuple[int, int]] = []
-    for idx in order:
-        u, g = divmod(idx, m)
+    if all(len(jobs) == 1 for jobs in unit_jobs):
+        # One job per unit (no space sharing): "job placed" is "unit placed".
+        done = bytearray(n_units)
+        for u, g in zip(units_o.tolist(), types_o.tolist()):
+            s = scale_l[u]
+            if done[u] or free_l[g] < s:
+                continue
+            done[u] = 1
+            before = free_l[g]
+            free_l[g] = before - s
+            granted.append((u, g))
+            if before >= min_scale > free_l[g]:
+                open_types -= 1
+                if open_types == 0:
+                    break
+        return granted
+    placed: set[int] = set()
+    for u, g in zip(units_o.tolist(), types_o.tolist()):
         s = scale_l[u]
         if free_l[g] < s:
             continue
@@ -111,16 +122,16 @@ class ServerPool:
     def place(self, g: int, need: int) -> tuple[tuple[int, int], ...] | None:
         """Reserve ``need`` GPUs of type ``g``: one server when any fits (best fit), else spread."""
         free = self.free[g]
-        best, best_free = -1, None
-        total = 0
+        best, best_free = -1, 1 << 62
         for srv, f in enumerate(free):
-            total += f
-            if f >= need and (best_free is None or f < best_free):
+            if need <= f < best_free:
                 best, best_free = srv, f
+                if f == need:  # an exact fit: no later server fits better
+                    break
         if best >= 0:
             free[best] -= need
             return ((best, need),)
-        if total < need:
+        if sum(free) < need:
             return None
         out = []
         for srv in sorted(range(len(free)), key=lambda i: -free[i]):
@@ -153,16 +164,23 @@ def assign_round(
     for u, g in picked:
         prev = previous.get(u)
         if prev is not None and prev[0] == g:
-            pool.take(g, prev[1])
-            grants.append(Grant(u, g, prev[1], extended=True))
+            servers = prev[1]
+            free = pool.free[g]
+            for srv, n in servers:
+                free[srv] -= n
+            grants.append(Grant(u, g, servers, True, len(servers) == 1))
         else:
             fresh.append((u, g))
+    if not fresh:
+        return grants
     # Larger units first: they are the hardest to consolidate.
     scale_l = scale.tolist()
-    for u, g in sorted(fresh, key=lambda ug: -scale_l[ug[0]]):
+    if len(fresh) > 1:
+        fresh.sort(key=lambda ug: -scale_l[ug[0]])
+    for u, g in fresh:
         servers = pool.place(g, int(scale_l[u]))
         if servers is not None:
-            grants.append(Grant(u, g, servers, extended=False))
+            grants.append(Grant(u, g, servers, False, len(servers) == 1))
     return grants
 
 
@@ -227,10 +245,10 @@ class RoundMechanism:
 
     def record(self, grants: Sequence[Grant], seconds: float) -> None:
         """Account a finished round: time received, and the leases the next round may extend."""
-        self.leases = {}
-        for gr in grants:
-            self._received[self.rows[gr.unit], gr.gpu_type] += seconds
-            self.leases[gr.unit] = (gr.gpu_type, gr.servers)
+        self.leases = {gr.unit: (gr.gpu_type, gr.servers) for gr in grants}
+        if grants:
+            units, types = np.array([(gr.unit, gr.gpu_type) for gr in grants]).T
+            self._received[self.rows[units], types] += seconds  # a unit is granted once a round
 
     def drop_leases(self) -> int:
         """Forget every lease (the GPUs were taken away, e.g. a spot preemption); returns how many."""

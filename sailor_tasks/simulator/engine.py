@@ -108,17 +108,40 @@ class _RegionSim:
         self.dirty = False
         self.mech = RoundMechanism(list(self.capacity), gpus_per_server)
         self.unit_jobs: list[tuple[int, ...]] = []
+        self.first = np.zeros(0, dtype=np.int64)
+        """The (first) job of each unit."""
+        self.singles = True
+        """Every unit is one job (no space sharing): the round's arrays are built without loops."""
         self.x = np.zeros((0, len(self.gpu_types)))
         self.scale = np.zeros(0)
         self.thr = np.zeros((0, len(self.gpu_types), 2))
         self.thr_unc = self.thr
         self.runnable = np.zeros((0, len(self.gpu_types)), bool)
         self.alive = np.zeros(0, bool)
-        self.job_units: dict[int, list[int]] = {}
+        self.job_units: dict[int, Sequence[int]] = {}
         self.gcols = np.zeros(0, dtype=np.int64)
         self.session = None
         self.frozen: tuple | None = None
         """Last round's grants and work when they are sure to repeat (see the round loop)."""
+
+
+def _granted_work(
+    r: _RegionSim, grants: Sequence, units: np.ndarray, types: np.ndarray, consolidated: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(job, steps/s, unit) of every job the grants run: units on one server (or of one GPU) at
+    their consolidated throughput, units spread over servers at the unconsolidated one."""
+    whole = consolidated | (r.scale[units] <= 1)
+    if r.singles:
+        rate = np.where(whole, r.thr[units, types, 0], r.thr_unc[units, types, 0])
+        return r.first[units], rate, units
+    js, rates, unit_of = [], [], []
+    for gr, w in zip(grants, whole.tolist(), strict=True):
+        source = r.thr if w else r.thr_unc
+        for k, j in enumerate(r.unit_jobs[gr.unit]):
+            js.append(j)
+            rates.append(source[gr.unit, gr.gpu_type, k])
+            unit_of.append(gr.unit)
+    return np.array(js), np.array(rates), np.array(unit_of)
 
 
 def simulate(
@@ -228,26 +251,37 @@ def simulate(
             seed=config.seed,
         )
         alloc = (r.session or policy).allocate(state)
-        unit_jobs = [tuple(index[j] for j in unit) for unit in alloc.units]
-        n_units, m = len(unit_jobs), len(r.gpu_types)
+        n_units, m = len(alloc.units), len(r.gpu_types)
         thr = np.zeros((n_units, m, 2))
         thr[:, :, : alloc.unit_throughput.shape[2]] = alloc.unit_throughput[:, :, :2]
         thr_unc = thr.copy()
-        sizes = np.fromiter((len(u) for u in unit_jobs), dtype=np.int64, count=n_units)
-        for k in range(2):
-            has = sizes > k
-            members = np.fromiter(
-                (u[k] if len(u) > k else 0 for u in unit_jobs), dtype=np.int64, count=n_units
-            )
-            ratio = unc_ratio[members][:, r.gcols]
-            thr_unc[:, :, k] = np.where(has[:, None], thr[:, :, k] * ratio, thr[:, :, k])
-        runnable = (thr[:, :, 0] > 0) & ((sizes[:, None] < 2) | (thr[:, :, 1] > 0))
+        singles = all(len(unit) == 1 for unit in alloc.units)
+        if singles:
+            first = np.fromiter((index[unit[0]] for unit in alloc.units), dtype=np.int64, count=n_units)
+            first_l = first.tolist()
+            unit_jobs = [(j,) for j in first_l]
+            thr_unc[:, :, 0] *= unc_ratio[first][:, r.gcols]
+            runnable = thr[:, :, 0] > 0
+            r.job_units = {j: (u,) for u, j in enumerate(first_l)}
+        else:
+            unit_jobs = [tuple(index[j] for j in unit) for unit in alloc.units]
+            sizes = np.fromiter((len(u) for u in unit_jobs), dtype=np.int64, count=n_units)
+            for k in range(2):
+                has = sizes > k
+                members = np.fromiter(
+                    (u[k] if len(u) > k else 0 for u in unit_jobs), dtype=np.int64, count=n_units
+                )
+                ratio = unc_ratio[members][:, r.gcols]
+                thr_unc[:, :, k] = np.where(has[:, None], thr[:, :, k] * ratio, thr[:, :, k])
+            runnable = (thr[:, :, 0] > 0) & ((sizes[:, None] < 2) | (thr[:, :, 1] > 0))
+            first = np.fromiter((u[0] for u in unit_jobs), dtype=np.int64, count=n_units)
+            r.job_units = {}
+            for u, unit in enumerate(unit_jobs):
+                for j in unit:
+                    r.job_units.setdefault(j, []).append(u)
         r.unit_jobs, r.x, r.scale, r.thr, r.thr_unc = unit_jobs, alloc.matrix, alloc.unit_scale, thr, thr_unc
+        r.first, r.singles = first, singles
         r.runnable, r.alive = runnable, np.ones(n_units, bool)
-        r.job_units = {}
-        for u, unit in enumerate(unit_jobs):
-            for j in unit:
-                r.job_units.setdefault(j, []).append(u)
         r.mech.set_units(unit_jobs, now)
         r.frozen = None
         r.dirty = False
@@ -293,7 +327,7 @@ def simulate(
                 np.array([availability.capacity(r.region, g, t) for g in r.gpu_types], dtype=np.int64)
                 for r in sims
             ]
-        for ri, r in enumerate(sims):
+        for ri, r in enumerate(() if static_capacity else sims):
             cap = caps[ri]
             if (cap != last_cap[ri]).any():
                 if (cap < last_cap[ri]).any() and r.mech.leases:
@@ -332,31 +366,24 @@ def simulate(
             if r.frozen is not None and not r.dirty:
                 # Nothing changed and every unit ran on the only type X gives it: the greedy would
                 # grant the same units the same leased GPUs again, so reuse last round's grants.
-                grants, (js_a, rate, unit_a) = r.frozen
+                grants, (js_a, rate, unit_a, units, types) = r.frozen
                 reused += 1
             else:
                 grants = r.mech.schedule(t, r.x, r.unit_jobs, r.scale, r.runnable & r.alive[:, None], r.x)
                 if not grants:
                     planned.append((r, grants, None))
                     continue
-                js, rates, unit_of = [], [], []
-                for gr in grants:
-                    source = r.thr if gr.consolidated or r.scale[gr.unit] <= 1 else r.thr_unc
-                    for k, j in enumerate(r.unit_jobs[gr.unit]):
-                        js.append(j)
-                        rates.append(source[gr.unit, gr.gpu_type, k])
-                        unit_of.append(gr.unit)
-                js_a, rate, unit_a = np.array(js), np.array(rates), np.array(unit_of)
+                cols = list(zip(*grants))  # Grant fields: unit, gpu_type, servers, extended, consolidated
+                units, types = np.array(cols[0]), np.array(cols[1])
+                js_a, rate, unit_a = _granted_work(r, grants, units, types, np.array(cols[4]))
                 r.frozen = None
                 if config.reuse_stable_rounds and len(grants) == int(r.alive.sum()):
-                    units = np.array([gr.unit for gr in grants])
-                    types = np.array([gr.gpu_type for gr in grants])
                     support = r.x[units] > 0
                     if support[np.arange(len(units)), types].all() and (support.sum(axis=1) == 1).all():
-                        r.frozen = (grants, (js_a, rate, unit_a))
+                        r.frozen = (grants, (js_a, rate, unit_a, units, types))
             need = remaining[js_a] / np.maximum(rate, 1e-12)
             round_len = max(round_len, float(min(need.max(), round_s)))
-            planned.append((r, grants, (js_a, rate, unit_a, need)))
+            planned.append((r, grants, (js_a, rate, unit_a, need, units, types)))
         # Phase 2: the round lasts until its last unit finishes, at most round_s (as in Gavel).
         if round_len <= 0:
             round_len = round_s
@@ -364,20 +391,25 @@ def simulate(
             r.mech.record(grants, round_len)
             if work is None:
                 continue
-            js_a, rate, unit_a, need = work
+            js_a, rate, unit_a, need, units, types = work
             run_s = np.minimum(need, round_len)
             finished = need <= round_len
             remaining[js_a] = np.maximum(remaining[js_a] - rate * round_len, 0.0)
-            # A unit occupies its GPUs until its last job finishes (or the round ends).
-            unit_run = np.zeros(len(r.unit_jobs))
-            np.maximum.at(unit_run, unit_a, run_s)
-            unit_gpu = np.zeros(len(r.unit_jobs), dtype=np.int64)
-            for gr in grants:
-                unit_gpu[gr.unit] = gr.gpu_type
-            used = np.unique(unit_a)
-            gpu_s = r.scale[used] * unit_run[used]
+            # A unit occupies its GPUs until its last job finishes (or the round ends); units in
+            # ascending order (the order of the sums below).
+            if r.singles:
+                by_unit = np.argsort(units)
+                used, used_run, used_gpu = units[by_unit], run_s[by_unit], types[by_unit]
+            else:
+                unit_run = np.zeros(len(r.unit_jobs))
+                np.maximum.at(unit_run, unit_a, run_s)
+                unit_gpu = np.zeros(len(r.unit_jobs), dtype=np.int64)
+                unit_gpu[units] = types
+                used = np.unique(unit_a)
+                used_run, used_gpu = unit_run[used], unit_gpu[used]
+            gpu_s = r.scale[used] * used_run
             busy_gpu_s += float(gpu_s.sum())
-            cost += float((gpu_s * r.price[unit_gpu[used]]).sum()) / 3600.0
+            cost += float((gpu_s * r.price[used_gpu]).sum()) / 3600.0
             for j, dt_s in zip(js_a[finished].tolist(), need[finished].tolist(), strict=True):
                 if np.isnan(finish[j]):
                     finish[j] = t + dt_s
