@@ -244,11 +244,17 @@ class MaxMinSession:
     job-class counts change between calls (what a simulator round or a nightly re-run changes).
 
     Jobs are merged into classes by ``merge_key`` (exact, as in ``allocate``). The model has the
-    variable t, then X[c, m] per class c; rows: capacity per type, then per class "one place" and
-    "t ≤ coef_c · throughput_c" (deactivated, upper bound +inf, while the class has no jobs).
+    variable t, then one slot per class in it: X[c, m] for every type; rows: capacity per type,
+    then per slot "one place" and "t ≤ coef_c · throughput_c" (deactivated, upper bound +inf,
+    while the class has no jobs). HiGHS' work per solve grows with the model even when few
+    classes have jobs, so once more than ``COMPACT_ABOVE`` (and more than half) of the slots are
+    idle, their columns and rows are deleted; a class that gets jobs again is appended.
     ``allocate`` returns what the policy's own ``allocate`` returns (same LP, same optimum); states
     with space sharing or other GPU counts are passed to the policy unchanged.
     """
+
+    COMPACT_ABOVE = 8
+    """Idle slots kept before compaction (a class often gets jobs again soon)."""
 
     def __init__(self, policy: _MaxMinPolicy, gpus):
         import highspy
@@ -265,33 +271,69 @@ class MaxMinSession:
         h.addCol(1.0, 0.0, self._inf, 0, np.array([], np.int32), np.array([]))
         for g in self.gpu_types:
             h.addRow(-self._inf, self.gpus[g], 0, np.array([], np.int32), np.array([]))
+        m = len(self.gpu_types)
         self.classes: dict[object, int] = {}
         self.counts = np.zeros(0)
         """Jobs of each class in the model now."""
         self.scale = np.zeros(0)
-        self.thr = np.zeros((0, len(self.gpu_types)))
+        self.thr = np.zeros((0, m))
+        """Each class's steps/s per type (as the job runs it: X is executed at these)."""
+        self._coef_thr = np.zeros((0, m))
+        """coef_c · throughput_c as the LP sees it (``as_solved``), 0 where coef_c = 0."""
+        self._ub = np.zeros((0, m))
+        self._slot = np.zeros(0, dtype=np.int64)
+        """Each class's slot in the model, -1 when it has none."""
+        self._slot_class: list[int] = []
         self._job_class: dict[str, tuple[PolicyJob, int]] = {}
         self.solves = 0
+        self.compactions = 0
 
     def _add_class(self, job: PolicyJob, state: PolicyState) -> int:
-        m = len(self.gpu_types)
         c = len(self.counts)
         one = singles((job,), self.gpu_types)
         solved = self.policy.as_solved(one)
         coef = float(self.policy.coefficients(solved, state)[0])
-        thr = solved.thr[0, :, 0]
-        ub = np.where(one.thr[0, :, 0] > 0, 1.0, 0.0)
-        first_col = 1 + c * m
-        none_i, none_f = np.array([], np.int32), np.array([])
-        self.h.addCols(m, np.zeros(m), np.zeros(m), ub, 0, none_i, none_i, none_f)
-        cols = np.arange(first_col, first_col + m, dtype=np.int32)
-        self.h.addRow(-self._inf, 1.0, m, cols, np.ones(m))
-        row = np.concatenate([[1.0], -coef * thr if coef > 0 else np.zeros(m)])
-        self.h.addRow(-self._inf, self._inf, m + 1, np.concatenate([[0], cols]).astype(np.int32), row)
+        thr = one.thr[0, :, 0]
         self.counts = np.append(self.counts, 0.0)
         self.scale = np.append(self.scale, float(job.scale_factor))
-        self.thr = np.vstack([self.thr, one.thr[0, :, 0]])
+        self.thr = np.vstack([self.thr, thr])
+        self._coef_thr = np.vstack([self._coef_thr, coef * solved.thr[0, :, 0] if coef > 0 else 0 * thr])
+        self._ub = np.vstack([self._ub, np.where(thr > 0, 1.0, 0.0)])
+        self._slot = np.append(self._slot, -1)
         return c
+
+    def _add_slot(self, c: int) -> None:
+        """Append class ``c``'s columns and rows (no jobs yet: capacity coefficients 0, fairness
+        row deactivated)."""
+        m = len(self.gpu_types)
+        slot = len(self._slot_class)
+        first_col = 1 + slot * m
+        none_i, none_f = np.array([], np.int32), np.array([])
+        self.h.addCols(m, np.zeros(m), np.zeros(m), self._ub[c], 0, none_i, none_i, none_f)
+        cols = np.arange(first_col, first_col + m, dtype=np.int32)
+        self.h.addRow(-self._inf, 1.0, m, cols, np.ones(m))
+        row = np.concatenate([[1.0], -self._coef_thr[c]])
+        self.h.addRow(-self._inf, self._inf, m + 1, np.concatenate([[0], cols]).astype(np.int32), row)
+        self._slot[c] = slot
+        self._slot_class.append(c)
+
+    def _compact(self, counts: np.ndarray) -> None:
+        """Delete the slots of classes without jobs now and before this call (their columns are
+        0 in every row that binds; HiGHS keeps the rest of the basis)."""
+        m = len(self.gpu_types)
+        in_model = np.array(self._slot_class, dtype=np.int64)
+        idle = np.nonzero((counts[in_model] == 0) & (self.counts[in_model] == 0))[0].tolist()
+        if len(idle) <= max(self.COMPACT_ABOVE, len(self._slot_class) // 2):
+            return
+        cols = np.array([1 + s * m + i for s in idle for i in range(m)], dtype=np.int32)
+        rows = np.array([m + 2 * s + k for s in idle for k in range(2)], dtype=np.int32)
+        self.h.deleteCols(len(cols), cols)
+        self.h.deleteRows(len(rows), rows)
+        gone = set(idle)
+        self._slot_class = [c for s, c in enumerate(self._slot_class) if s not in gone]
+        self._slot[:] = -1
+        self._slot[self._slot_class] = np.arange(len(self._slot_class))
+        self.compactions += 1
 
     def allocate(self, state: PolicyState) -> Allocation:
         import highspy
@@ -319,20 +361,24 @@ class MaxMinSession:
             cls[u] = c
             count[u] = job.count
         counts = np.bincount(cls, weights=count, minlength=len(self.counts))
+        self._compact(counts)
         for c in np.nonzero(counts != self.counts)[0].tolist():
             n = float(counts[c])
+            if self._slot[c] < 0:
+                self._add_slot(c)
+            slot = int(self._slot[c])
             coeff = n * float(self.scale[c])
             for i in range(m):
-                self.h.changeCoeff(i, 1 + c * m + i, coeff)
+                self.h.changeCoeff(i, 1 + slot * m + i, coeff)
             if (n > 0) != (self.counts[c] > 0):
-                self.h.changeRowBounds(m + 2 * c + 1, -self._inf, 0.0 if n > 0 else self._inf)
+                self.h.changeRowBounds(m + 2 * slot + 1, -self._inf, 0.0 if n > 0 else self._inf)
         self.counts = counts
         self.h.run()
         status = self.h.getModelStatus()
         if status != highspy.HighsModelStatus.kOptimal:
             raise InfeasibleAllocationError(self.policy.name, self.h.modelStatusToString(status))
         self.solves += 1
-        x_class = np.asarray(self.h.getSolution().col_value)[1:].reshape(len(self.counts), m)
+        x_slot = np.asarray(self.h.getSolution().col_value)[1:].reshape(len(self._slot_class), m)
         units = Units(
             jobs=tuple(jobs),
             gpu_types=self.gpu_types,
@@ -342,5 +388,9 @@ class MaxMinSession:
             count=count,
         )
         return make_allocation(
-            self.policy.name, units, x_class[cls].ravel(), started, unit_ids=tuple((j.job_id,) for j in jobs)
+            self.policy.name,
+            units,
+            x_slot[self._slot[cls]].ravel(),
+            started,
+            unit_ids=tuple((j.job_id,) for j in jobs),
         )

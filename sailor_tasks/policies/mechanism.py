@@ -46,6 +46,7 @@ def pick_units(
     scale: np.ndarray,
     free: np.ndarray,
     tiebreak: np.ndarray | None = None,
+    singles: bool | None = None,
 ) -> list[tuple[int, int]]:
     """Greedy grant in priority order: [(unit, GPU type)], each job at most once, capacity respected.
 
@@ -54,6 +55,7 @@ def pick_units(
         unit_jobs: job indices of each unit (one, or two when space-sharing).
         scale: GPUs each unit needs; ``free``: free GPUs per type (not modified).
         tiebreak: (units × types) secondary key, larger first (e.g. throughput) for equal priority.
+        singles: every unit is one job (None: look).
     """
     n_units, m = prio.shape
     if n_units == 0:
@@ -64,12 +66,12 @@ def pick_units(
     order = order[flat[order] >= 0]
     # Plain Python lists: this loop runs every round for every cluster, on small arrays.
     units_o, types_o = np.divmod(order, m)
-    free_l = [float(f) for f in free]
+    free_l = np.asarray(free, dtype=float).tolist()
     scale_l = scale.tolist()
     min_scale = min(scale_l)
     open_types = sum(1 for f in free_l if f >= min_scale)
     granted: list[tuple[int, int]] = []
-    if all(len(jobs) == 1 for jobs in unit_jobs):
+    if singles if singles is not None else all(len(jobs) == 1 for jobs in unit_jobs):
         # One job per unit (no space sharing): "job placed" is "unit placed".
         done = bytearray(n_units)
         for u, g in zip(units_o.tolist(), types_o.tolist()):
@@ -107,12 +109,26 @@ def pick_units(
 class ServerPool:
     """Free GPUs per server of each type; consolidated best-fit placement, spread otherwise."""
 
-    def __init__(self, gpus: Mapping[int, int], gpus_per_server: int = GPUS_PER_SERVER):
+    def __init__(
+        self,
+        gpus: Mapping[int, int],
+        gpus_per_server: int = GPUS_PER_SERVER,
+        template: Mapping[int, list[int]] | None = None,
+    ):
+        """``template``: the free lists of these ``gpus`` (``ServerPool.empty``), copied."""
         self.per_server = gpus_per_server
-        self.free: dict[int, list[int]] = {}
+        if template is None:
+            template = self.empty(gpus, gpus_per_server)
+        self.free: dict[int, list[int]] = {g: free.copy() for g, free in template.items()}
+
+    @staticmethod
+    def empty(gpus: Mapping[int, int], gpus_per_server: int = GPUS_PER_SERVER) -> dict[int, list[int]]:
+        """Free GPUs per server of each type when nothing is placed."""
+        out = {}
         for g, count in gpus.items():
             full, rest = divmod(int(count), gpus_per_server)
-            self.free[g] = [gpus_per_server] * full + ([rest] if rest else [])
+            out[g] = [gpus_per_server] * full + ([rest] if rest else [])
+        return out
 
     def take(self, g: int, servers: Sequence[tuple[int, int]]) -> None:
         free = self.free[g]
@@ -152,13 +168,15 @@ def assign_round(
     gpus: Mapping[int, int],
     previous: Mapping[int, tuple[int, tuple[tuple[int, int], ...]]],
     gpus_per_server: int = GPUS_PER_SERVER,
+    template: Mapping[int, list[int]] | None = None,
 ) -> list[Grant]:
     """Place the picked (unit, type) pairs on servers; units keeping their type keep their GPUs.
 
     Args:
         previous: unit → (GPU type, servers) of last round (units indexed as in ``picked``).
+        template: ``ServerPool.empty(gpus, gpus_per_server)``, when the caller keeps it.
     """
-    pool = ServerPool(gpus, gpus_per_server)
+    pool = ServerPool(gpus, gpus_per_server, template)
     grants: list[Grant] = []
     fresh = []
     for u, g in picked:
@@ -192,15 +210,27 @@ class RoundMechanism:
     """
 
     def __init__(self, gpus: Sequence[int], gpus_per_server: int = GPUS_PER_SERVER):
-        self.gpus = {g: int(c) for g, c in enumerate(gpus)}
         self.gpus_per_server = gpus_per_server
+        self.gpus = {g: int(c) for g, c in enumerate(gpus)}
         self.keys: list[object] = []
         self.rows = np.zeros(0, dtype=np.int64)
+        self._rows_l: list[int] = []
         self.leases: dict[int, tuple[int, tuple[tuple[int, int], ...]]] = {}
         # History of every unit ever seen, one row per key (rows are never reused).
         self._row_of: dict[object, int] = {}
         self._received = np.zeros((64, len(self.gpus)))
         self._since = np.zeros(64)
+
+    @property
+    def gpus(self) -> dict[int, int]:
+        """GPUs of each type (type index → count); assign a new dict when capacity changes."""
+        return self._gpus
+
+    @gpus.setter
+    def gpus(self, gpus: Mapping[int, int]) -> None:
+        self._gpus = dict(gpus)
+        self._cap = np.array([float(self._gpus[g]) for g in range(len(self._gpus))])
+        self._empty_pool = ServerPool.empty(self._gpus, self.gpus_per_server)
 
     @property
     def received(self) -> np.ndarray:
@@ -224,7 +254,7 @@ class RoundMechanism:
                     self._since = np.concatenate([self._since, np.zeros_like(self._since)])
                 self._since[row] = now
             rows[u] = row
-        self.keys, self.rows = list(keys), rows
+        self.keys, self.rows, self._rows_l = list(keys), rows, rows.tolist()
         self.leases = {u: lease_by_key[k] for u, k in enumerate(keys) if k in lease_by_key}
 
     def schedule(
@@ -235,20 +265,23 @@ class RoundMechanism:
         scale: np.ndarray,
         runnable: np.ndarray,
         tiebreak: np.ndarray | None = None,
+        singles: bool | None = None,
     ) -> list[Grant]:
-        """Grants for the round starting at ``now`` (unit indices as in ``set_units``)."""
+        """Grants for the round starting at ``now`` (unit indices as in ``set_units``;
+        ``singles``: every unit is one job)."""
         prio = priorities(x, self._received[self.rows], now - self._since[self.rows])
-        cap = np.array([self.gpus[g] for g in range(x.shape[1])], float)
+        cap = self._cap
         ok = runnable & (cap[None, :] >= scale[:, None])
-        picked = pick_units(prio, ok, unit_jobs, scale, cap, tiebreak)
-        return assign_round(picked, scale, self.gpus, self.leases, self.gpus_per_server)
+        picked = pick_units(prio, ok, unit_jobs, scale, cap, tiebreak, singles)
+        return assign_round(picked, scale, self._gpus, self.leases, self.gpus_per_server, self._empty_pool)
 
     def record(self, grants: Sequence[Grant], seconds: float) -> None:
         """Account a finished round: time received, and the leases the next round may extend."""
         self.leases = {gr.unit: (gr.gpu_type, gr.servers) for gr in grants}
         if grants:
-            units, types = np.array([(gr.unit, gr.gpu_type) for gr in grants]).T
-            self._received[self.rows[units], types] += seconds  # a unit is granted once a round
+            rows, m = self._rows_l, self._received.shape[1]
+            flat = self._received.reshape(-1)  # a view: the array is C-contiguous
+            flat[[rows[gr.unit] * m + gr.gpu_type for gr in grants]] += seconds  # a unit is granted once a round
 
     def drop_leases(self) -> int:
         """Forget every lease (the GPUs were taken away, e.g. a spot preemption); returns how many."""

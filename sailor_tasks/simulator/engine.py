@@ -369,7 +369,9 @@ def simulate(
                 grants, (js_a, rate, unit_a, units, types) = r.frozen
                 reused += 1
             else:
-                grants = r.mech.schedule(t, r.x, r.unit_jobs, r.scale, r.runnable & r.alive[:, None], r.x)
+                grants = r.mech.schedule(
+                    t, r.x, r.unit_jobs, r.scale, r.runnable & r.alive[:, None], r.x, r.singles
+                )
                 if not grants:
                     planned.append((r, grants, None))
                     continue
