@@ -8,11 +8,20 @@ repeats.
   (written from the tensors' buffers with crc32c computed on the fly), ``.metadata``, commit
   marker (and per-rank sidecars when several ranks save). As in training, every save after a
   run's first reuses the previous save's DCP plan and metadata while the state's structure is
-  unchanged (here the untimed first save, an async one, plans it). Deleting checkpoints beyond
+  unchanged (here the untimed first save, an async one, plans it). Retiring checkpoints beyond
   ``keep_latest_k`` runs in the background afterwards, as in training, and is not counted.
+  On a local root (the default) the timed sync saves write into recycled files: the data files
+  of the checkpoint rotated out of ``keep_latest_k`` by the previous save, overwritten in place
+  (their blocks and cached pages reused), as in training from a run's fourth save on (an untimed
+  save before the repeats gets there); recycled_files says whether every timed sync save did.
+  sync_save_first_s is a single sync save into new files (the run's first sync save, after the
+  async one, when nothing is recycled yet; not in the median): the honest new-file figure.
 - write_mb_s vs raw_fsspec_write_mb_s: checkpoint bytes per second of that sync save (end to
   end, as above), against plain fsspec writes of the same bytes (the checkpoint's files, held in
-  memory, single thread) to the same filesystem, timed the same way. Two plain writes are timed,
+  memory, single thread) to the same filesystem, timed the same way. The plain writes create new
+  files while the sync save overwrites recycled ones, so write_fraction_of_raw credits the
+  checkpoint with file recycling (new files cost block and page allocation); the new-file
+  checkpoint write is sync_save_first_s (a single save). Two plain writes are timed,
   each file in 8 MiB ``write`` calls (raw_fsspec_8mib_writes_mb_s; the checkpoint writes 1 MiB) and in
   one ``write`` call (raw_fsspec_one_write_mb_s); on this shared VM either can be the faster one
   from run to run, so the baseline (raw_fsspec_write_mb_s, write_fraction_of_raw) is the faster
@@ -20,7 +29,7 @@ repeats.
   Neither fsyncs (the checkpoint writes with ``sync_files=False``: a file torn by a machine crash
   fails its crc32c and an older checkpoint is used). Untimed, before each timed write: the raw
   bytes are read once (so they are as hot in memory as the model the checkpoint writes from, which
-  every training step reads), the background deletion of old checkpoints is waited for, and
+  every training step reads), the background retirement of old checkpoints is waited for, and
   ``os.sync()`` runs, so that no write pays for dirty pages or file deletions the bench itself
   left behind (other processes' I/O can still slow either).
   ``--threads 1`` gives the single-threaded checkpoint writer's figure.
@@ -106,13 +115,14 @@ def main() -> None:
         mgr.wait()
         os.sync()
 
-    def timed_sync_save() -> tuple[float, int]:
+    def timed_sync_save() -> tuple[float, int, int]:
+        """(seconds, bytes, data files written into recycled files) of one sync save."""
         nonlocal step
         step += 1
         settle()
         t = time.perf_counter()
         info = mgr.save(step, state())
-        return time.perf_counter() - t, info.bytes
+        return time.perf_counter() - t, info.bytes, info.recycled_files
 
     def timed_raw_write(blobs: dict[str, bytes], chunk: int | None) -> float:
         fs, base = storage.filesystem(storage.join(root, f"raw-{step}-{chunk}"))
@@ -158,21 +168,30 @@ def main() -> None:
         return stall, loop - steps * statistics.median(plain), statistics.median(plain)
 
     # First saves, not counted (reported): the staging buffers are allocated by the first async
-    # save, and the first sync save's files are the bytes of every raw write.
+    # save, and the first sync save's files are the bytes of every raw write. With only one
+    # committed checkpoint before it, nothing is recycled yet: it writes new files.
     mgr.save_async(0, state())
     mgr.wait()
-    first_sync_s, _ = timed_sync_save()
+    first_sync_s, _, first_recycled = timed_sync_save()
+    if first_recycled:
+        raise RuntimeError(f"the first sync save reused {first_recycled} files: use an empty --uri")
     marker = storage.read_json(storage.join(mgr.step_uri(step), MARKER))
     blobs = {n: storage.read_bytes(storage.join(mgr.step_uri(step), n)) for n in marker["files"]}
+    # One more untimed save: its commit retires the first checkpoint (keep_latest_k=2), so, as in
+    # training from the fourth save on, every timed save finds recycled files on a local root.
+    step += 1
+    mgr.save(step, state())
 
     sync, raw, raw_single, stall, loop, plain, restore = [], [], [], [], [], [], []
+    recycled: list[int] = []
     nbytes = 0
     for i in range(max(1, args.repeat)):
         writes = ["sync", "raw", "raw_single"]
         for what in writes[i % 3 :] + writes[: i % 3]:  # rotate which write goes first
             if what == "sync":
-                seconds, nbytes = timed_sync_save()
+                seconds, nbytes, reused = timed_sync_save()
                 sync.append(seconds)
+                recycled.append(reused)
             elif what == "raw":
                 raw.append(timed_raw_write(blobs, _CHUNK))
             else:
@@ -189,8 +208,9 @@ def main() -> None:
         restore.append(time.perf_counter() - t)
     mgr.wait()
     logging.getLogger("bench").info(
-        "per repeat: sync %s raw %s raw_single %s stall %s loop %s restore %s",
+        "per repeat: sync %s raw %s raw_single %s stall %s loop %s restore %s; recycled files per sync %s",
         *([round(v, 3) for v in series] for series in (sync, raw, raw_single, stall, loop, restore)),
+        recycled,
     )
     if sum(len(b) for b in blobs.values()) != nbytes:
         raise RuntimeError("raw writes and checkpoint differ in size")
@@ -203,6 +223,7 @@ def main() -> None:
             {
                 "sync_save_s": round(sync_s, 3),
                 "sync_save_first_s": round(first_sync_s, 3),
+                "recycled_files": all(recycled),
                 "async_stall_s": round(stall_s, 4),
                 "async_stall_fraction_of_sync": round(stall_s / sync_s, 3),
                 "async_loop_overhead_s": round(statistics.median(loop), 3),

@@ -4,12 +4,33 @@ Layout under the run's checkpoint root (a ``file://`` or ``gs://`` URI)::
 
     step-00000050/          DCP files (.metadata, __0_0.distcp, ...)
     step-00000050/COMMITTED.json   commit marker: step, world size, crc32c and size of every file
+    .recycle/               local roots only: data files of a retired checkpoint, to be reused
 
 The marker is written last, by global rank 0, after every rank's data is on storage. A folder
 without a marker (killed mid-save) or whose files no longer match the marker (corruption) is never
 loaded: ``latest_valid_step`` falls back to the previous committed step. The newest
-``keep_latest_k`` committed checkpoints are kept: older ones are deleted after each commit, in the
+``keep_latest_k`` committed checkpoints are kept: older ones are retired after each commit, in the
 background thread (``wait`` joins it), since unlinking hundreds of MB takes tens of ms.
+
+On an object store (``gs://``) a retired checkpoint is deleted. On a local root (``file://`` or a
+plain path) its data files (``*.distcp``) are recycled, as PostgreSQL recycles WAL segments:
+writing a new file pays for block and page allocation, overwriting an existing one whose pages are
+still cached does not (306 MB: 87 ms new vs 41 ms overwritten, single thread, on this VM).
+Retention first removes the retired checkpoint's marker (it can never be loaded again), then moves
+its data files into ``.recycle/`` (as ``step-00000048.__0_0.distcp``) and deletes the rest of the
+folder; ``.recycle/`` keeps at most as many files as the newest checkpoint has data files (the
+most recently recycled; the others are deleted), so a local root holds at most one checkpoint's
+worth of data beyond the newest ``keep_latest_k``. The writer renames a recycled file (preferably
+one of the same name) to each data file it writes while any is left, overwrites it from offset 0
+and truncates it to what it wrote; the crc32c is computed over exactly the bytes written, as for a
+new file. Crash safety is that of new files: a recycled file never belongs to a committed
+checkpoint, and a partly overwritten one lives only in the uncommitted folder of the save that
+took it (a kill -9 leaves the previous checkpoints as they were). In one process, retention and
+saves never overlap (async saves and retention run on one single-worker executor, and ``save``
+waits for it first); with several ranks, a rank's save may overlap rank 0's retention, and every
+rename and deletion in ``.recycle/`` tolerates the file having been taken meanwhile. A reader
+holding a retired checkpoint's file open while a later save overwrites it would see new bytes
+(a deleted file would keep its old ones): only the newest ``keep_latest_k`` are ever loaded.
 
 DCP plans the checkpoint and writes ``.metadata``; the data files are written by
 ``ChecksummingFsspecWriter``: every tensor's bytes go straight from the tensor's buffer to the file
@@ -81,6 +102,10 @@ writer threads, 20-30% faster and steadier than 8 MiB chunks in interleaved runs
 (2026-11-22, median 52-61 ms vs 67-79 ms for 306 MB); no difference with one thread."""
 _METADATA = ".metadata"
 """DCP's metadata file (``filesystem._metadata_fn``)."""
+_DATA_SUFFIX = ".distcp"
+"""Data files (``filesystem.DEFAULT_SUFFIX``): the files recycled on local filesystems."""
+RECYCLE_DIR = ".recycle"
+"""Folder of recycled data files under a local checkpoint root (never a step folder's name)."""
 RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
 """DCP storage tag of a tensor entry stored as its raw bytes (dtype and shape in the metadata)."""
 
@@ -270,6 +295,10 @@ class ChecksummingFsspecWriter(FsspecWriter):
         pool: threads for all files but the first (written by the calling thread); without it,
             threads are started for this save.
         sidecar: write the per-rank checksum sidecar.
+        recycle_dir: local folder of recycled data files (``CheckpointManager``'s ``.recycle``;
+            local filesystems only): each data file is written into one of them when one is left
+            (renamed to the data file's name, overwritten from offset 0, truncated to what was
+            written), else into a new file. None: always new files.
     """
 
     def __init__(
@@ -279,6 +308,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
         cache: _SaveCache | None = None,
         pool: ThreadPoolExecutor | None = None,
         sidecar: bool = True,
+        recycle_dir: str | None = None,
         **kwargs: Any,
     ):
         super().__init__(path, **kwargs)
@@ -286,6 +316,11 @@ class ChecksummingFsspecWriter(FsspecWriter):
         fs.fs = self.fs.fs
         self.fs = fs
         self._cache, self._pool, self._sidecar = cache, pool, sidecar
+        self._recycle_dir = recycle_dir
+        self._local_dir = storage.filesystem(str(self.path))[1] if recycle_dir is not None else None
+        """The checkpoint folder as a local path (``self.path`` is its URI)."""
+        self.recycled: list[str] = []
+        """Data files of this save written into recycled files."""
 
     def _split(self, items: list[Any]) -> list[list[Any]]:
         """Items per file, tensors first; reused while the cached plan's item list is."""
@@ -304,7 +339,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
     def write_data(self, plan: Any, planner: Any) -> Any:
         prefix = plan.storage_data.prefix  # "__<rank>_": unique per rank
         buckets = self._split(plan.items)
-        names = [f"{prefix}{i}.distcp" for i in range(len(buckets))]
+        names = [f"{prefix}{i}{_DATA_SUFFIX}" for i in range(len(buckets))]
+        recycled = self._take_recycled(names)
         # Non-tensor entries are pickled by the planner (torch.save); their zip CRC32 would be a
         # second checksum over those bytes: crc32c below covers the files end to end.
         with torch_serialization_config.patch({"save.compute_crc32": False}), contextlib.ExitStack() as stack:
@@ -314,10 +350,12 @@ class ChecksummingFsspecWriter(FsspecWriter):
                     ThreadPoolExecutor(len(buckets) - 1, thread_name_prefix="sailor-ckpt-write")
                 )
             others = [
-                pool.submit(self._write_file, n, b, planner)
+                pool.submit(self._write_file, n, b, planner, n in recycled)
                 for n, b in zip(names[1:], buckets[1:], strict=True)
             ]
-            per_file = [self._write_file(names[0], buckets[0], planner)] if buckets else []
+            per_file = (
+                [self._write_file(names[0], buckets[0], planner, names[0] in recycled)] if buckets else []
+            )
             per_file += [f.result() for f in others]
         if self._sidecar:
             with self.fs.fs.open(posixpath.join(str(self.path), f"{prefix}{SIDECAR_SUFFIX}"), "w") as f:
@@ -353,9 +391,47 @@ class ChecksummingFsspecWriter(FsspecWriter):
                 f.flush()
                 os.fsync(f.fileno())
 
-    def _write_file(self, name: str, items: list[Any], planner: Any) -> list[WriteResult]:
+    def _take_recycled(self, names: list[str]) -> set[str]:
+        """Rename a recycled file to each of ``names`` while any is left; returns the names that got
+        one. A file recycled under the same name (same rank and file index, so about the same size)
+        is preferred, then the newest. Renames are atomic: a file another rank took, or that
+        retention evicted, meanwhile (several ranks; one process never writes while its retention
+        runs) is simply skipped."""
+        if self._recycle_dir is None or self._local_dir is None:
+            return set()
+        try:
+            pool = sorted(
+                (n for n in os.listdir(self._recycle_dir) if n.endswith(_DATA_SUFFIX)), reverse=True
+            )
+        except FileNotFoundError:
+            return set()
+        taken = set()
+        for name in names:
+            same = [c for c in pool if c.endswith(f".{name}")]
+            for candidate in same + [c for c in pool if c not in same]:
+                pool.remove(candidate)
+                source = posixpath.join(self._recycle_dir, candidate)
+                try:
+                    os.rename(source, posixpath.join(self._local_dir, name))
+                except FileNotFoundError:
+                    if os.path.lexists(source):
+                        raise  # not a file taken meanwhile: the destination is missing
+                    continue
+                taken.add(name)
+                break
+        self.recycled = sorted(taken)
+        return taken
+
+    def _write_file(
+        self, name: str, items: list[Any], planner: Any, recycled: bool = False
+    ) -> list[WriteResult]:
         results, crc, offset = [], 0, 0
-        with self.fs.fs.open(posixpath.join(str(self.path), name), "wb") as f:
+        # A recycled file is overwritten in place: its blocks and (still cached) pages are reused.
+        with (
+            open(posixpath.join(self._local_dir, name), "r+b")
+            if recycled and self._local_dir is not None
+            else self.fs.fs.open(posixpath.join(str(self.path), name), "wb")
+        ) as f:
             for item in items:
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
@@ -376,6 +452,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
                 )
                 offset += size
                 del buf
+            if recycled:
+                f.truncate(offset)  # the recycled file may have been longer
         self.fs.sums[name] = {"crc32c": f"{crc:08x}", "size": offset}
         return results
 
@@ -489,6 +567,8 @@ class SaveInfo:
     uri: str
     bytes: int
     seconds: float
+    recycled_files: int = 0
+    """Data files (this rank's) written into recycled files rather than new ones."""
 
 
 class CheckpointManager:
@@ -515,6 +595,10 @@ class CheckpointManager:
         self._write_pool: ThreadPoolExecutor | None = None
         self._save_cache = _SaveCache()
         self._retention: Future | None = None
+        self._recycle_dir: str | None = None
+        """Local folder of recycled data files; None on object stores (files are deleted)."""
+        if storage.scheme_of(self.root_uri) in ("", "file"):
+            self._recycle_dir = storage.filesystem(storage.join(self.root_uri, RECYCLE_DIR))[1]
 
     def step_uri(self, step: int) -> str:
         return storage.join(self.root_uri, step_dir_name(step))
@@ -564,6 +648,7 @@ class CheckpointManager:
             cache=None if self.distributed else self._save_cache,
             pool=self._write_pool,
             sidecar=self.distributed,
+            recycle_dir=self._recycle_dir,
             **storage.fs_options(storage.scheme_of(uri)),
         )
 
@@ -665,7 +750,13 @@ class CheckpointManager:
         if self.rank == 0:
             # A single process wrote every file itself (no sidecars to collect, nothing to list).
             nbytes = self._commit(step, writer.fs.sums, complete=not self.distributed)
-        info = SaveInfo(step=step, uri=uri, bytes=nbytes, seconds=time.monotonic() - start)
+        info = SaveInfo(
+            step=step,
+            uri=uri,
+            bytes=nbytes,
+            seconds=time.monotonic() - start,
+            recycled_files=len(writer.recycled),
+        )
         if self.rank == 0:
             logger.info(
                 "checkpoint step %d saved to %s (%.1f MB in %.2f s)", step, uri, nbytes / 1e6, info.seconds
@@ -727,13 +818,59 @@ class CheckpointManager:
         return step
 
     def _retain(self) -> None:
+        """Delete checkpoints beyond the newest ``keep_latest_k`` committed ones, and uncommitted
+        leftovers older than the newest commit. On a local root, the data files of a committed
+        checkpoint are recycled instead (``_recycle``), and the recycle folder is then cut back to
+        as many files as the newest checkpoint has."""
         committed = self.committed_steps()
         keep = set(committed[-self.keep_latest_k :])
         newest = committed[-1] if committed else -1
         for step in self._step_dirs():
             # Older committed beyond K, and uncommitted leftovers older than the newest commit.
             if step not in keep and step < newest:
+                if self._recycle_dir is not None and step in committed:
+                    self._recycle(step)
                 storage.remove(self.step_uri(step), recursive=True)
+        if self._recycle_dir is not None:
+            self._bound_recycled(newest)
+
+    def _recycle(self, step: int) -> None:
+        """Move a retired checkpoint's data files into the recycle folder, its marker removed first:
+        from then on the folder is uncommitted, so a recycled file never belongs to a loadable
+        checkpoint (a kill -9 in between leaves an uncommitted leftover, deleted next time)."""
+        assert self._recycle_dir is not None
+        uri = self.step_uri(step)
+        marker_uri = storage.join(uri, MARKER)
+        try:
+            names = [n for n in storage.read_json(marker_uri)["files"] if n.endswith(_DATA_SUFFIX)]
+        except (OSError, KeyError, ValueError):
+            names = []
+        storage.remove(marker_uri)
+        folder = storage.filesystem(uri)[1]
+        os.makedirs(self._recycle_dir, exist_ok=True)
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(
+                    posixpath.join(folder, name),
+                    posixpath.join(self._recycle_dir, f"{step_dir_name(step)}.{name}"),
+                )
+
+    def _bound_recycled(self, newest: int) -> None:
+        """Keep at most as many recycled files as the newest committed checkpoint has data files
+        (all ranks'): the most recently recycled ones; delete the rest."""
+        assert self._recycle_dir is not None
+        try:
+            recycled = sorted(n for n in os.listdir(self._recycle_dir) if n.endswith(_DATA_SUFFIX))
+        except FileNotFoundError:
+            return
+        try:
+            files = storage.read_json(storage.join(self.step_uri(newest), MARKER))["files"]
+            limit = sum(1 for n in files if n.endswith(_DATA_SUFFIX))
+        except (OSError, KeyError, ValueError):
+            limit = 0  # no committed checkpoint to size the folder by
+        for name in recycled[: max(0, len(recycled) - limit)]:  # names sort oldest step first
+            with contextlib.suppress(FileNotFoundError):  # taken by a writing rank meanwhile
+                os.unlink(posixpath.join(self._recycle_dir, name))
 
     def latest_valid_step(self) -> int | None:
         for step in reversed(self.committed_steps()):
