@@ -14,14 +14,17 @@ repeats.
   of the checkpoint rotated out of ``keep_latest_k`` by the previous save, overwritten in place
   (their blocks and cached pages reused), as in training from a run's fourth save on (an untimed
   save before the repeats gets there); recycled_files says whether every timed sync save did.
-  sync_save_first_s is a single sync save into new files (the run's first sync save, after the
-  async one, when nothing is recycled yet; not in the median): the honest new-file figure.
+  sync_save_first_s is the run's first sync save (after the async one, nothing recycled yet; not
+  in the median). ``--no-recycle`` measures saves into new files (``recycle=False``, as on object
+  stores), like the raw baseline. On this VM a write into never-touched guest memory is several
+  times slower than one into pages freed earlier (the first saves of any run take ~0.5 s for this
+  reason, recycled or not); recycling makes the steady state independent of where the kernel
+  finds free pages.
 - write_mb_s vs raw_fsspec_write_mb_s: checkpoint bytes per second of that sync save (end to
   end, as above), against plain fsspec writes of the same bytes (the checkpoint's files, held in
   memory, single thread) to the same filesystem, timed the same way. The plain writes create new
   files while the sync save overwrites recycled ones, so write_fraction_of_raw credits the
-  checkpoint with file recycling (new files cost block and page allocation); the new-file
-  checkpoint write is sync_save_first_s (a single save). Two plain writes are timed,
+  checkpoint with file recycling (``--no-recycle``: new files on both sides). Two plain writes are timed,
   each file in 8 MiB ``write`` calls (raw_fsspec_8mib_writes_mb_s; the checkpoint writes 1 MiB) and in
   one ``write`` call (raw_fsspec_one_write_mb_s); on this shared VM either can be the faster one
   from run to run, so the baseline (raw_fsspec_write_mb_s, write_fraction_of_raw) is the faster
@@ -65,6 +68,9 @@ def main() -> None:
     parser.add_argument("--model", default="gpt_25m")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per training step (1 sequence)")
     parser.add_argument("--threads", type=int, default=2, help="checkpoint writer threads (trainer: 2)")
+    parser.add_argument(
+        "--no-recycle", action="store_true", help="write every checkpoint into new files (recycle=False)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("bench").setLevel(logging.INFO)
@@ -93,7 +99,9 @@ def main() -> None:
     optimizer.step()  # materialises the AdamW moments: state = 3x the weights
 
     root = args.uri or f"file://{tempfile.mkdtemp(prefix='sailor-bench-ckpt-')}"
-    mgr = CheckpointManager(storage.join(root, "ckpt"), keep_latest_k=2, thread_count=args.threads)
+    mgr = CheckpointManager(
+        storage.join(root, "ckpt"), keep_latest_k=2, thread_count=args.threads, recycle=not args.no_recycle
+    )
     step = 0
 
     def state() -> dict:
@@ -224,6 +232,7 @@ def main() -> None:
                 "sync_save_s": round(sync_s, 3),
                 "sync_save_first_s": round(first_sync_s, 3),
                 "recycled_files": all(recycled),
+                "recycle": not args.no_recycle,
                 "async_stall_s": round(stall_s, 4),
                 "async_stall_fraction_of_sync": round(stall_s / sync_s, 3),
                 "async_loop_overhead_s": round(statistics.median(loop), 3),

@@ -581,7 +581,10 @@ class CheckpointManager:
         distributed: bool = False,
         process_group: Any = None,
         thread_count: int = 2,
+        recycle: bool = True,
     ):
+        """``recycle``: on a local root, reuse retired checkpoints' data files (False: delete them
+        and write new files, as on object stores)."""
         self.root_uri = root_uri.rstrip("/")
         self.rank = rank
         self.keep_latest_k = keep_latest_k
@@ -597,7 +600,7 @@ class CheckpointManager:
         self._retention: Future | None = None
         self._recycle_dir: str | None = None
         """Local folder of recycled data files; None on object stores (files are deleted)."""
-        if storage.scheme_of(self.root_uri) in ("", "file"):
+        if recycle and storage.scheme_of(self.root_uri) in ("", "file"):
             self._recycle_dir = storage.filesystem(storage.join(self.root_uri, RECYCLE_DIR))[1]
 
     def step_uri(self, step: int) -> str:

@@ -257,6 +257,21 @@ def test_local_root_recycles_retired_data_files_into_later_saves(tmp_path):
     assert diff_states(again.load_all(6), states[1]) == []
 
 
+def test_recycle_false_writes_new_files_and_deletes_retired_ones(tmp_path):
+    root = tmp_path / "ck"
+    mgr = CheckpointManager(f"file://{root}", keep_latest_k=2, recycle=False)
+    states = {step: _several_tensors(step) for step in range(1, 5)}
+    for step in range(1, 5):
+        assert mgr.save(step, states[step]).recycled_files == 0
+    mgr.wait()
+    assert not (root / RECYCLE_DIR).exists()
+    assert mgr.committed_steps() == [3, 4] and sorted(p.name for p in root.iterdir()) == [
+        "step-00000003",
+        "step-00000004",
+    ]
+    assert diff_states(mgr.load_all(4), states[4]) == []
+
+
 def test_recycled_files_are_truncated_or_extended_to_what_was_written(tmp_path):
     root = tmp_path / "ck"
     mgr = CheckpointManager(f"file://{root}", keep_latest_k=1)
