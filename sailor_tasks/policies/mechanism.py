@@ -62,8 +62,8 @@ def pick_units(
         return []
     flat = np.where(runnable, prio, -1.0).ravel()
     keys = (-flat,) if tiebreak is None else (-tiebreak.ravel(), -flat)
-    order = np.lexsort(keys)
-    order = order[flat[order] >= 0]
+    # Priorities are >= 0, so the entries that are not runnable (-1) sort last.
+    order = np.lexsort(keys)[: np.count_nonzero(runnable)]
     # Plain Python lists: this loop runs every round for every cluster, on small arrays.
     units_o, types_o = np.divmod(order, m)
     free_l = np.asarray(free, dtype=float).tolist()
@@ -166,14 +166,15 @@ def assign_round(
     picked: Sequence[tuple[int, int]],
     scale: np.ndarray,
     gpus: Mapping[int, int],
-    previous: Mapping[int, tuple[int, tuple[tuple[int, int], ...]]],
+    previous: Mapping[int, Grant],
     gpus_per_server: int = GPUS_PER_SERVER,
     template: Mapping[int, list[int]] | None = None,
 ) -> list[Grant]:
     """Place the picked (unit, type) pairs on servers; units keeping their type keep their GPUs.
 
     Args:
-        previous: unit → (GPU type, servers) of last round (units indexed as in ``picked``).
+        previous: unit → its grant of last round, extended (units indexed as in ``picked``; the
+            grant's own ``unit`` may be the unit's index before a re-solve).
         template: ``ServerPool.empty(gpus, gpus_per_server)``, when the caller keeps it.
     """
     pool = ServerPool(gpus, gpus_per_server, template)
@@ -181,12 +182,11 @@ def assign_round(
     fresh = []
     for u, g in picked:
         prev = previous.get(u)
-        if prev is not None and prev[0] == g:
-            servers = prev[1]
+        if prev is not None and prev.gpu_type == g:
             free = pool.free[g]
-            for srv, n in servers:
+            for srv, n in prev.servers:
                 free[srv] -= n
-            grants.append(Grant(u, g, servers, True, len(servers) == 1))
+            grants.append(prev if prev.unit == u else Grant(u, g, prev.servers, True, prev.consolidated))
         else:
             fresh.append((u, g))
     if not fresh:
@@ -214,12 +214,16 @@ class RoundMechanism:
         self.gpus = {g: int(c) for g, c in enumerate(gpus)}
         self.keys: list[object] = []
         self.rows = np.zeros(0, dtype=np.int64)
-        self._rows_l: list[int] = []
-        self.leases: dict[int, tuple[int, tuple[tuple[int, int], ...]]] = {}
+        self.leases: dict[int, Grant] = {}
+        """Unit → its last grant as an extension (``extended`` True) the next round may repeat."""
         # History of every unit ever seen, one row per key (rows are never reused).
         self._row_of: dict[object, int] = {}
         self._received = np.zeros((64, len(self.gpus)))
         self._since = np.zeros(64)
+        # The current units' rows of the history, updated in place every round and written back
+        # when the units change.
+        self._recv_now = np.zeros((0, len(self.gpus)))
+        self._since_now = np.zeros(0)
 
     @property
     def gpus(self) -> dict[int, int]:
@@ -235,15 +239,16 @@ class RoundMechanism:
     @property
     def received(self) -> np.ndarray:
         """Seconds each current unit spent on each type (units × types)."""
-        return self._received[self.rows]
+        return self._recv_now.copy()
 
     @property
     def since(self) -> np.ndarray:
-        return self._since[self.rows]
+        return self._since_now.copy()
 
     def set_units(self, keys: Sequence[object], now: float) -> None:
         """Adopt a new unit list; units seen before keep their history and lease."""
         lease_by_key = {self.keys[u]: lease for u, lease in self.leases.items()}
+        self._received[self.rows] = self._recv_now
         rows = np.empty(len(keys), dtype=np.int64)
         for u, k in enumerate(keys):
             row = self._row_of.get(k)
@@ -254,7 +259,8 @@ class RoundMechanism:
                     self._since = np.concatenate([self._since, np.zeros_like(self._since)])
                 self._since[row] = now
             rows[u] = row
-        self.keys, self.rows, self._rows_l = list(keys), rows, rows.tolist()
+        self.keys, self.rows = list(keys), rows
+        self._recv_now, self._since_now = self._received[rows], self._since[rows]
         self.leases = {u: lease_by_key[k] for u, k in enumerate(keys) if k in lease_by_key}
 
     def schedule(
@@ -269,7 +275,7 @@ class RoundMechanism:
     ) -> list[Grant]:
         """Grants for the round starting at ``now`` (unit indices as in ``set_units``;
         ``singles``: every unit is one job)."""
-        prio = priorities(x, self._received[self.rows], now - self._since[self.rows])
+        prio = priorities(x, self._recv_now, now - self._since_now)
         cap = self._cap
         ok = runnable & (cap[None, :] >= scale[:, None])
         picked = pick_units(prio, ok, unit_jobs, scale, cap, tiebreak, singles)
@@ -277,11 +283,14 @@ class RoundMechanism:
 
     def record(self, grants: Sequence[Grant], seconds: float) -> None:
         """Account a finished round: time received, and the leases the next round may extend."""
-        self.leases = {gr.unit: (gr.gpu_type, gr.servers) for gr in grants}
+        self.leases = {
+            gr.unit: gr if gr.extended else Grant(gr.unit, gr.gpu_type, gr.servers, True, gr.consolidated)
+            for gr in grants
+        }
         if grants:
-            rows, m = self._rows_l, self._received.shape[1]
-            flat = self._received.reshape(-1)  # a view: the array is C-contiguous
-            flat[[rows[gr.unit] * m + gr.gpu_type for gr in grants]] += seconds  # a unit is granted once a round
+            m = self._recv_now.shape[1]
+            flat = self._recv_now.reshape(-1)  # a view: the array is C-contiguous
+            flat[[gr.unit * m + gr.gpu_type for gr in grants]] += seconds  # a unit is granted once a round
 
     def drop_leases(self) -> int:
         """Forget every lease (the GPUs were taken away, e.g. a spot preemption); returns how many."""

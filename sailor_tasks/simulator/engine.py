@@ -103,6 +103,10 @@ class _RegionSim:
         self.gpu_types = tuple(sorted(g for g, c in region.gpus.items() if c > 0))
         self.capacity = np.array([region.gpus[g] for g in self.gpu_types], dtype=np.int64)
         self.price = np.array([region.usd_per_gpu_hour.get(g, 0.0) for g in self.gpu_types])
+        self.priced = bool((self.price > 0).any())
+        self.total_gpus = max(float(self.capacity.sum()), 1.0)
+        self.n_alive = 0
+        """Units whose jobs are all still here."""
         self.active: set[int] = set()
         self.demand = 0.0
         self.dirty = False
@@ -118,6 +122,8 @@ class _RegionSim:
         self.thr_unc = self.thr
         self.runnable = np.zeros((0, len(self.gpu_types)), bool)
         self.alive = np.zeros(0, bool)
+        self.ok = self.runnable
+        """``runnable`` of units whose jobs are all still here (what the mechanism may grant)."""
         self.job_units: dict[int, Sequence[int]] = {}
         self.gcols = np.zeros(0, dtype=np.int64)
         self.session = None
@@ -281,7 +287,8 @@ def simulate(
                     r.job_units.setdefault(j, []).append(u)
         r.unit_jobs, r.x, r.scale, r.thr, r.thr_unc = unit_jobs, alloc.matrix, alloc.unit_scale, thr, thr_unc
         r.first, r.singles = first, singles
-        r.runnable, r.alive = runnable, np.ones(n_units, bool)
+        r.runnable, r.alive, r.ok = runnable, np.ones(n_units, bool), runnable.copy()
+        r.n_alive = n_units
         r.mech.set_units(unit_jobs, now)
         r.frozen = None
         r.dirty = False
@@ -299,7 +306,9 @@ def simulate(
         r.demand -= scale[i]
         r.dirty = True
         for u in r.job_units.get(i, ()):
+            r.n_alive -= int(r.alive[u])
             r.alive[u] = False
+            r.ok[u] = False
 
     round_s = config.round_s
     t = 0.0 if not n else np.floor(arrival[order[0]] / round_s) * round_s
@@ -313,7 +322,7 @@ def simulate(
     while done < n and t <= config.horizon_s:
         while next_arrival < n and arrival[order[next_arrival]] <= t:
             i = order[next_arrival]
-            load = [(r.demand + scale[i]) / max(float(r.capacity.sum()), 1.0) for r in sims]
+            load = [(r.demand + scale[i]) / r.total_gpus for r in sims]
             admit(i, router.route(jobs[i], runnable_in[jobs[i].job_type], load))
             next_arrival += 1
         if not any(r.active for r in sims):
@@ -331,7 +340,7 @@ def simulate(
             cap = caps[ri]
             if (cap != last_cap[ri]).any():
                 if (cap < last_cap[ri]).any() and r.mech.leases:
-                    lost = [u for u, (g, _) in r.mech.leases.items() if cap[g] < last_cap[ri][g]]
+                    lost = [u for u, gr in r.mech.leases.items() if cap[gr.gpu_type] < last_cap[ri][gr.gpu_type]]
                     # effectful: capacity shrank, so every lease on the shrunk types is revoked.
                     r.mech.leases = {u: v for u, v in r.mech.leases.items() if u not in lost}
                     available = [
@@ -342,7 +351,7 @@ def simulate(
                         for j in r.unit_jobs[u]:
                             preemptions += 1
                             load = [
-                                (s.demand + (0.0 if s is r else scale[j])) / max(float(s.capacity.sum()), 1.0)
+                                (s.demand + (0.0 if s is r else scale[j])) / s.total_gpus
                                 for s in sims
                             ]
                             dest = strategy.on_preemption(jobs[j], ri, t, available, load)
@@ -370,7 +379,7 @@ def simulate(
                 reused += 1
             else:
                 grants = r.mech.schedule(
-                    t, r.x, r.unit_jobs, r.scale, r.runnable & r.alive[:, None], r.x, r.singles
+                    t, r.x, r.unit_jobs, r.scale, r.ok, r.x, r.singles
                 )
                 if not grants:
                     planned.append((r, grants, None))
@@ -379,7 +388,7 @@ def simulate(
                 units, types = np.array(cols[0]), np.array(cols[1])
                 js_a, rate, unit_a = _granted_work(r, grants, units, types, np.array(cols[4]))
                 r.frozen = None
-                if config.reuse_stable_rounds and len(grants) == int(r.alive.sum()):
+                if config.reuse_stable_rounds and len(grants) == r.n_alive:
                     support = r.x[units] > 0
                     if support[np.arange(len(units)), types].all() and (support.sum(axis=1) == 1).all():
                         r.frozen = (grants, (js_a, rate, unit_a, units, types))
@@ -411,7 +420,8 @@ def simulate(
                 used_run, used_gpu = unit_run[used], unit_gpu[used]
             gpu_s = r.scale[used] * used_run
             busy_gpu_s += float(gpu_s.sum())
-            cost += float((gpu_s * r.price[used_gpu]).sum()) / 3600.0
+            if r.priced:
+                cost += float((gpu_s * r.price[used_gpu]).sum()) / 3600.0
             for j, dt_s in zip(js_a[finished].tolist(), need[finished].tolist(), strict=True):
                 if np.isnan(finish[j]):
                     finish[j] = t + dt_s

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 
 from sailor_tasks.policies import get_policy
-from sailor_tasks.policies.mechanism import RoundMechanism, ServerPool, assign_round, pick_units
+from sailor_tasks.policies.mechanism import Grant, RoundMechanism, ServerPool, assign_round, pick_units
 
 from .conftest import random_state
 
@@ -55,7 +55,7 @@ def test_grants_respect_capacity_and_place_each_job_once():
 
 def test_lease_extension_keeps_the_same_gpus_and_consolidates_new_units():
     scale = np.array([2.0, 4.0, 1.0])
-    previous = {0: (0, ((1, 2),))}  # unit 0 ran on server 1 of type 0 last round
+    previous = {0: Grant(0, 0, ((1, 2),), True, True)}  # unit 0 ran on server 1 of type 0 last round
     grants = assign_round([(0, 0), (1, 0), (2, 0)], scale, {0: 8}, previous, gpus_per_server=4)
     by_unit = {g.unit: g for g in grants}
     assert by_unit[0].extended and by_unit[0].servers == ((1, 2),)
