@@ -103,9 +103,7 @@ def decide_market(
     and the reason says so; the planner then explains any further infeasibility.
     """
     strategy = get_strategy(req.strategy)
-    ctx, est = launch_context(
-        req, catalog, state, elapsed_h=elapsed_h, steps_done=steps_done, index=index
-    )
+    ctx, est = launch_context(req, catalog, state, elapsed_h=elapsed_h, steps_done=steps_done, index=index)
     decision = strategy.choose_market(ctx)
     other = "on_demand" if decision.market == "spot" else "spot"
     if est[decision.market] is None and est[other] is not None and req.market == "auto":

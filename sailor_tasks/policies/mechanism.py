@@ -74,7 +74,7 @@ def pick_units(
     if singles if singles is not None else all(len(jobs) == 1 for jobs in unit_jobs):
         # One job per unit (no space sharing): "job placed" is "unit placed".
         done = bytearray(n_units)
-        for u, g in zip(units_o.tolist(), types_o.tolist()):
+        for u, g in zip(units_o.tolist(), types_o.tolist(), strict=True):
             s = scale_l[u]
             if done[u] or free_l[g] < s:
                 continue
@@ -88,7 +88,7 @@ def pick_units(
                     break
         return granted
     placed: set[int] = set()
-    for u, g in zip(units_o.tolist(), types_o.tolist()):
+    for u, g in zip(units_o.tolist(), types_o.tolist(), strict=True):
         s = scale_l[u]
         if free_l[g] < s:
             continue

@@ -340,7 +340,9 @@ def simulate(
             cap = caps[ri]
             if (cap != last_cap[ri]).any():
                 if (cap < last_cap[ri]).any() and r.mech.leases:
-                    lost = [u for u, gr in r.mech.leases.items() if cap[gr.gpu_type] < last_cap[ri][gr.gpu_type]]
+                    lost = [
+                        u for u, gr in r.mech.leases.items() if cap[gr.gpu_type] < last_cap[ri][gr.gpu_type]
+                    ]
                     # effectful: capacity shrank, so every lease on the shrunk types is revoked.
                     r.mech.leases = {u: v for u, v in r.mech.leases.items() if u not in lost}
                     available = [
@@ -350,10 +352,7 @@ def simulate(
                     for u in lost:
                         for j in r.unit_jobs[u]:
                             preemptions += 1
-                            load = [
-                                (s.demand + (0.0 if s is r else scale[j])) / s.total_gpus
-                                for s in sims
-                            ]
+                            load = [(s.demand + (0.0 if s is r else scale[j])) / s.total_gpus for s in sims]
                             dest = strategy.on_preemption(jobs[j], ri, t, available, load)
                             if dest != ri:
                                 moves += 1
@@ -378,13 +377,13 @@ def simulate(
                 grants, (js_a, rate, unit_a, units, types) = r.frozen
                 reused += 1
             else:
-                grants = r.mech.schedule(
-                    t, r.x, r.unit_jobs, r.scale, r.ok, r.x, r.singles
-                )
+                grants = r.mech.schedule(t, r.x, r.unit_jobs, r.scale, r.ok, r.x, r.singles)
                 if not grants:
                     planned.append((r, grants, None))
                     continue
-                cols = list(zip(*grants))  # Grant fields: unit, gpu_type, servers, extended, consolidated
+                cols = list(
+                    zip(*grants, strict=True)
+                )  # Grant fields: unit, gpu_type, servers, extended, consolidated
                 units, types = np.array(cols[0]), np.array(cols[1])
                 js_a, rate, unit_a = _granted_work(r, grants, units, types, np.array(cols[4]))
                 r.frozen = None
