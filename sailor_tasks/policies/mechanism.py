@@ -74,14 +74,17 @@ def pick_units(
     if singles if singles is not None else all(len(jobs) == 1 for jobs in unit_jobs):
         # One job per unit (no space sharing): "job placed" is "unit placed".
         done = bytearray(n_units)
-        for u, g in zip(units_o.tolist(), types_o.tolist(), strict=True):
-            s = scale_l[u]
+        left = int(np.count_nonzero(runnable.any(axis=1)))  # units that could still be placed
+        for u, g, s in zip(units_o.tolist(), types_o.tolist(), scale[units_o].tolist(), strict=True):
             if done[u] or free_l[g] < s:
                 continue
             done[u] = 1
             before = free_l[g]
             free_l[g] = before - s
             granted.append((u, g))
+            left -= 1
+            if left == 0:
+                break
             if before >= min_scale > free_l[g]:
                 open_types -= 1
                 if open_types == 0:

@@ -405,11 +405,9 @@ def simulate(
             run_s = np.minimum(need, round_len)
             finished = need <= round_len
             remaining[js_a] = np.maximum(remaining[js_a] - rate * round_len, 0.0)
-            # A unit occupies its GPUs until its last job finishes (or the round ends); units in
-            # ascending order (the order of the sums below).
-            if r.singles:
-                by_unit = np.argsort(units)
-                used, used_run, used_gpu = units[by_unit], run_s[by_unit], types[by_unit]
+            # A unit occupies its GPUs until its last job finishes (or the round ends).
+            if r.singles:  # one job per granted unit: the grants' own order
+                used, used_run, used_gpu = units, run_s, types
             else:
                 unit_run = np.zeros(len(r.unit_jobs))
                 np.maximum.at(unit_run, unit_a, run_s)
