@@ -275,14 +275,20 @@ class RoundMechanism:
         runnable: np.ndarray,
         tiebreak: np.ndarray | None = None,
         singles: bool | None = None,
+        fits: bool = False,
     ) -> list[Grant]:
         """Grants for the round starting at ``now`` (unit indices as in ``set_units``;
-        ``singles``: every unit is one job)."""
+        ``singles``: every unit is one job; ``fits``: ``runnable`` is already False wherever a
+        unit needs more GPUs than the type has, see ``fits``)."""
         prio = priorities(x, self._recv_now, now - self._since_now)
         cap = self._cap
-        ok = runnable & (cap[None, :] >= scale[:, None])
+        ok = runnable if fits else self.fits(runnable, scale)
         picked = pick_units(prio, ok, unit_jobs, scale, cap, tiebreak, singles)
         return assign_round(picked, scale, self._gpus, self.leases, self.gpus_per_server, self._empty_pool)
+
+    def fits(self, runnable: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        """``runnable`` where the type has at least the unit's ``scale`` GPUs (False elsewhere)."""
+        return runnable & (self._cap[None, :] >= scale[:, None])
 
     def record(self, grants: Sequence[Grant], seconds: float) -> None:
         """Account a finished round: time received, and the leases the next round may extend."""

@@ -123,7 +123,8 @@ class _RegionSim:
         self.runnable = np.zeros((0, len(self.gpu_types)), bool)
         self.alive = np.zeros(0, bool)
         self.ok = self.runnable
-        """``runnable`` of units whose jobs are all still here (what the mechanism may grant)."""
+        """``runnable`` of units whose jobs are all still here, on types with enough GPUs for them
+        (what the mechanism may grant)."""
         self.job_units: dict[int, Sequence[int]] = {}
         self.gcols = np.zeros(0, dtype=np.int64)
         self.session = None
@@ -287,7 +288,10 @@ def simulate(
                     r.job_units.setdefault(j, []).append(u)
         r.unit_jobs, r.x, r.scale, r.thr, r.thr_unc = unit_jobs, alloc.matrix, alloc.unit_scale, thr, thr_unc
         r.first, r.singles = first, singles
-        r.runnable, r.alive, r.ok = runnable, np.ones(n_units, bool), runnable.copy()
+        # The capacity check is the mechanism's own (its GPUs are this round's: a capacity
+        # change re-solves the region).
+        r.runnable, r.alive = runnable, np.ones(n_units, bool)
+        r.ok = r.mech.fits(runnable, alloc.unit_scale)
         r.n_alive = n_units
         r.mech.set_units(unit_jobs, now)
         r.frozen = None
@@ -377,7 +381,7 @@ def simulate(
                 grants, (js_a, rate, unit_a, units, types) = r.frozen
                 reused += 1
             else:
-                grants = r.mech.schedule(t, r.x, r.unit_jobs, r.scale, r.ok, r.x, r.singles)
+                grants = r.mech.schedule(t, r.x, r.unit_jobs, r.scale, r.ok, r.x, r.singles, fits=True)
                 if not grants:
                     planned.append((r, grants, None))
                     continue
