@@ -139,6 +139,26 @@ def test_session_reuses_the_model_and_matches_fresh_solves(table):
     assert session.solves == 15
 
 
+def test_session_compacts_idle_classes_and_still_matches_fresh_solves(table):
+    policy = get_policy("las")
+    gpus = {"K80": 4, "P100": 4, "V100": 4}
+    session = policy.session(gpus)
+    pool = random_state(table, n=200, gpus=gpus, seed=8, scales=(1, 2, 4)).jobs
+    rng = np.random.default_rng(0)
+    for _ in range(60):  # small, changing job sets: many classes go idle and come back
+        pick = sorted(set(rng.integers(0, len(pool), 10).tolist()))
+        state = PolicyState(jobs=tuple(pool[i] for i in pick), gpus=gpus)
+        a, b = session.allocate(state), policy.allocate(state)
+        check_feasible(a, state)
+        units = singles(state.jobs, gpus)
+        coef = policy.coefficients(units, state)
+        ea, eb = a.effective_throughput(), b.effective_throughput()
+        worst = [min(e[j.job_id] * c for j, c in zip(units.jobs, coef, strict=True)) for e in (ea, eb)]
+        assert worst[0] == pytest.approx(worst[1], rel=1e-7)
+    assert session.compactions > 0
+    assert session.h.getNumCol() == 1 + 3 * len(session._slot_class) < 1 + 3 * len(session.counts)
+
+
 def test_min_cost_needs_prices_for_every_gpu_type(table):
     state = random_state(table, n=4, gpus={"K80": 1, "V100": 1}, seed=0)
     with pytest.raises(ValueError, match="positive price per GPU-hour for V100"):
