@@ -385,9 +385,8 @@ def simulate(
                 if not grants:
                     planned.append((r, grants, None))
                     continue
-                cols = list(
-                    zip(*grants, strict=True)
-                )  # Grant fields: unit, gpu_type, servers, extended, consolidated
+                # Grant fields: unit, gpu_type, servers, extended, consolidated.
+                cols = list(zip(*grants, strict=True))
                 units, types = np.array(cols[0]), np.array(cols[1])
                 js_a, rate, unit_a = _granted_work(r, grants, units, types, np.array(cols[4]))
                 r.frozen = None
