@@ -133,11 +133,6 @@ class ServerPool:
             out[g] = [gpus_per_server] * full + ([rest] if rest else [])
         return out
 
-    def take(self, g: int, servers: Sequence[tuple[int, int]]) -> None:
-        free = self.free[g]
-        for srv, n in servers:
-            free[srv] -= n
-
     def place(self, g: int, need: int) -> tuple[tuple[int, int], ...] | None:
         """Reserve ``need`` GPUs of type ``g``: one server when any fits (best fit), else spread."""
         free = self.free[g]

@@ -78,7 +78,12 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint._sharded_tensor_utils import _flatten_sharded_tensors
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _split_by_size_and_type, _StorageInfo
+from torch.distributed.checkpoint.filesystem import (
+    CURRENT_DCP_VERSION,
+    DEFAULT_SUFFIX,
+    _split_by_size_and_type,
+    _StorageInfo,
+)
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 from torch.distributed.checkpoint.stateful import Stateful
@@ -102,7 +107,7 @@ writer threads, 20-30% faster and steadier than 8 MiB chunks in interleaved runs
 (2026-11-22, median 52-61 ms vs 67-79 ms for 306 MB); no difference with one thread."""
 _METADATA = ".metadata"
 """DCP's metadata file (``filesystem._metadata_fn``)."""
-_DATA_SUFFIX = ".distcp"
+_DATA_SUFFIX = DEFAULT_SUFFIX
 """Data files (``filesystem.DEFAULT_SUFFIX``): the files recycled on local filesystems."""
 RECYCLE_DIR = ".recycle"
 """Folder of recycled data files under a local checkpoint root (never a step folder's name)."""

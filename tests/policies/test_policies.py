@@ -120,6 +120,17 @@ def test_merging_identical_jobs_keeps_the_optimum(table):
     assert worst == pytest.approx(full[-1], rel=1e-6)
 
 
+def _assert_session_matches_fresh_solve(policy, session, state):
+    """The session's allocation is feasible and reaches the fresh solve's optimum (worst job)."""
+    a, b = session.allocate(state), policy.allocate(state)
+    check_feasible(a, state)
+    units = singles(state.jobs, state.gpus)
+    coef = policy.coefficients(units, state)
+    ea, eb = a.effective_throughput(), b.effective_throughput()
+    worst = [min(e[j.job_id] * c for j, c in zip(units.jobs, coef, strict=True)) for e in (ea, eb)]
+    assert worst[0] == pytest.approx(worst[1], rel=1e-7)
+
+
 def test_session_reuses_the_model_and_matches_fresh_solves(table):
     policy = get_policy("las")
     gpus = {"K80": 4, "P100": 4, "V100": 4}
@@ -128,14 +139,9 @@ def test_session_reuses_the_model_and_matches_fresh_solves(table):
     rng = np.random.default_rng(0)
     for _ in range(15):
         pick = sorted(set(rng.integers(0, len(pool), 25).tolist()))
-        state = PolicyState(jobs=tuple(pool[i] for i in pick), gpus=gpus)
-        a, b = session.allocate(state), policy.allocate(state)
-        check_feasible(a, state)
-        units = singles(state.jobs, gpus)
-        coef = policy.coefficients(units, state)
-        ea, eb = a.effective_throughput(), b.effective_throughput()
-        worst = [min(e[j.job_id] * c for j, c in zip(units.jobs, coef, strict=True)) for e in (ea, eb)]
-        assert worst[0] == pytest.approx(worst[1], rel=1e-7)
+        _assert_session_matches_fresh_solve(
+            policy, session, PolicyState(jobs=tuple(pool[i] for i in pick), gpus=gpus)
+        )
     assert session.solves == 15
 
 
@@ -147,14 +153,9 @@ def test_session_compacts_idle_classes_and_still_matches_fresh_solves(table):
     rng = np.random.default_rng(0)
     for _ in range(60):  # small, changing job sets: many classes go idle and come back
         pick = sorted(set(rng.integers(0, len(pool), 10).tolist()))
-        state = PolicyState(jobs=tuple(pool[i] for i in pick), gpus=gpus)
-        a, b = session.allocate(state), policy.allocate(state)
-        check_feasible(a, state)
-        units = singles(state.jobs, gpus)
-        coef = policy.coefficients(units, state)
-        ea, eb = a.effective_throughput(), b.effective_throughput()
-        worst = [min(e[j.job_id] * c for j, c in zip(units.jobs, coef, strict=True)) for e in (ea, eb)]
-        assert worst[0] == pytest.approx(worst[1], rel=1e-7)
+        _assert_session_matches_fresh_solve(
+            policy, session, PolicyState(jobs=tuple(pool[i] for i in pick), gpus=gpus)
+        )
     assert session.compactions > 0
     assert session.h.getNumCol() == 1 + 3 * len(session._slot_class) < 1 + 3 * len(session.counts)
 
