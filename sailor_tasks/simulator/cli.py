@@ -31,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="GPUs per type, e.g. v100=8,p100=16,k80=24 (Gavel's lowercase or catalog names)",
     )
     p.add_argument("--regions", type=int, default=1, help="identical regions, each with --cluster GPUs")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes simulating the regions in parallel (default 1; same results for any value)",
+    )
     p.add_argument("--policy", default="las", help=f"one of: {', '.join(policy_names())}")
     p.add_argument("--round-s", type=float, default=360.0, help="round length in seconds (default 360)")
     p.add_argument("--seed", type=int, default=0)
@@ -135,6 +141,8 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
     gpus = parse_cluster(args.cluster, table.gpu_types)
     if args.regions < 1:
         raise ValueError(f"--regions {args.regions}: need ≥ 1")
+    if args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: need ≥ 1 (1 runs every region in this process)")
     if args.trace:
         jobs = read_gavel_trace(args.trace, table)
     else:
@@ -148,6 +156,7 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
         space_sharing=args.space_sharing,
         router=args.router,
         recovery=args.recovery,
+        workers=args.workers,
     )
     placement = SimPlacement(regions, table, config.gpus_per_server)
     router = make_router(config.router, placement)
