@@ -181,23 +181,23 @@ def simulate(
     rounds = solves = preemptions = moves = 0
     busy_gpu_s = cost = 0.0
     static_capacity = type(availability) is AlwaysAvailable
-    ran: float | None = None
-    """Length of the last round, which the shards have planned but not run yet: their next batch
-    starts with ``progress(ran)`` (it only finishes the jobs this loop already counted)."""
+    ran = False
+    """The shards were sent the last round's ``progress`` and ``prepare``: their answers come
+    first in the next ``call`` (``progress`` only finishes the jobs this loop already counted)."""
 
     def call(batches: Sequence[Sequence]) -> list[list]:
-        """One batch of calls per shard, preceded by last round's progress; in lock step."""
+        """One batch of calls per shard, in lock step; the answers to each shard's batch."""
         nonlocal ran, busy_gpu_s, cost
         for shard, calls in zip(shards, batches, strict=True):
-            shard.submit(([("progress", (ran,))] if ran is not None else []) + list(calls))
+            shard.submit(calls)
         answers = [shard.result() for shard in shards]
-        if ran is not None:
+        if ran:
             # GPU time and cost of the round, added region by region (the serial order).
             for _, busy, spent in sorted(used for out in answers for used in out[0]):
                 busy_gpu_s += busy
                 cost += spent
-            answers = [out[1:] for out in answers]
-            ran = None
+            answers = [out[2:] for out in answers]
+            ran = False
         return answers
 
     try:
@@ -258,9 +258,12 @@ def simulate(
                     done += 1
                     demand[ri] -= scale[j]
                     active[ri] -= 1
-            ran = round_len
             t += round_len
-        if ran is not None:
+            # Workers run the round and grant the next one while this process routes.
+            for shard in shards:
+                shard.submit([("progress", (round_len,)), ("prepare", (float(t),))])
+            ran = True
+        if ran:
             call([[] for _ in shards])
     finally:
         for shard in shards:

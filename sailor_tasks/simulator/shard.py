@@ -63,7 +63,9 @@ class _RegionSim:
         self.gcols = np.zeros(0, dtype=np.int64)
         self.session = None
         self.frozen: tuple | None = None
-        """Last round's grants and work when they are sure to repeat (see ``RegionShard.plan``)."""
+        """Last round's grants and work when they are sure to repeat (see ``RegionShard._grant``)."""
+        self.ahead: tuple | None = None
+        """(round start, ``_grant``'s answer) computed ahead by ``RegionShard.prepare``."""
 
 
 def _granted_work(
@@ -258,6 +260,41 @@ class RegionShard:
             r.frozen = None
         return lost_jobs
 
+    def prepare(self, t: float) -> None:
+        """Grant GPUs ahead for the round starting at ``t`` in regions nothing has changed yet.
+
+        Called right after ``progress`` while the loop routes the next arrivals; ``plan(t, ...)``
+        uses these grants for every region its events leave unchanged, so they are what ``plan``
+        would compute itself (the grants depend only on the region's state and ``t``).
+        """
+        for r in self.sims.values():
+            r.ahead = (t, self._grant(r, t)) if r.active and not r.dirty else None
+
+    def _grant(self, r: _RegionSim, t: float) -> tuple:
+        """(grants, work, frozen) of region ``r`` (not dirty) for the round starting at ``t``:
+        ``work`` is (job, steps/s, unit, seconds needed, granted units, their types) of every job
+        that runs (None when nothing is granted); ``frozen`` is what ``r.frozen`` becomes. Reads
+        the region's state and changes nothing."""
+        if r.frozen is not None:
+            # Nothing changed and every unit ran on the only type X gives it: the greedy would
+            # grant the same units the same leased GPUs again, so reuse last round's grants.
+            grants, (js_a, rate, unit_a, units, types) = frozen = r.frozen
+        else:
+            grants = r.mech.schedule(t, r.x, r.unit_jobs, r.scale, r.ok, r.x, r.singles, fits=True)
+            if not grants:
+                return grants, None, None
+            # Grant fields: unit, gpu_type, servers, extended, consolidated.
+            cols = list(zip(*grants, strict=True))
+            units, types = np.array(cols[0]), np.array(cols[1])
+            js_a, rate, unit_a = _granted_work(r, grants, units, types, np.array(cols[4]))
+            frozen = None
+            if self.config.reuse_stable_rounds and len(grants) == r.n_alive:
+                support = r.x[units] > 0
+                if support[np.arange(len(units)), types].all() and (support.sum(axis=1) == 1).all():
+                    frozen = (grants, (js_a, rate, unit_a, units, types))
+        need = self.remaining[js_a] / np.maximum(rate, 1e-12)
+        return grants, (js_a, rate, unit_a, need, units, types), frozen
+
     def plan(
         self, t: float, events: Sequence[tuple[int, int, float]]
     ) -> tuple[float, int, list[tuple[int, int, float]]]:
@@ -276,38 +313,27 @@ class RegionShard:
             else:
                 self._admit(i, ri, rem)
         round_s = self.config.round_s
-        remaining = self.remaining
         planned = self._planned = []
         round_len = 0.0
         solves = 0
         ending: list[tuple[int, int, float]] = []
         for r in self.sims.values():
+            ahead, r.ahead = r.ahead, None
             if not r.active:
                 continue
             if r.dirty:
                 self._resolve(r, t)
                 solves += 1
-            if r.frozen is not None and not r.dirty:
-                # Nothing changed and every unit ran on the only type X gives it: the greedy would
-                # grant the same units the same leased GPUs again, so reuse last round's grants.
-                grants, (js_a, rate, unit_a, units, types) = r.frozen
+                grants, work, r.frozen = self._grant(r, t)
+            elif ahead is not None and ahead[0] == t:
+                grants, work, r.frozen = ahead[1]
             else:
-                grants = r.mech.schedule(t, r.x, r.unit_jobs, r.scale, r.ok, r.x, r.singles, fits=True)
-                if not grants:
-                    planned.append((r, grants, None))
-                    continue
-                # Grant fields: unit, gpu_type, servers, extended, consolidated.
-                cols = list(zip(*grants, strict=True))
-                units, types = np.array(cols[0]), np.array(cols[1])
-                js_a, rate, unit_a = _granted_work(r, grants, units, types, np.array(cols[4]))
-                r.frozen = None
-                if self.config.reuse_stable_rounds and len(grants) == r.n_alive:
-                    support = r.x[units] > 0
-                    if support[np.arange(len(units)), types].all() and (support.sum(axis=1) == 1).all():
-                        r.frozen = (grants, (js_a, rate, unit_a, units, types))
-            need = remaining[js_a] / np.maximum(rate, 1e-12)
+                grants, work, r.frozen = self._grant(r, t)
+            planned.append((r, grants, work))
+            if work is None:
+                continue
+            js_a, need = work[0], work[3]
             round_len = max(round_len, float(min(need.max(), round_s)))
-            planned.append((r, grants, (js_a, rate, unit_a, need, units, types)))
             soon = need <= round_s
             if soon.any():
                 ri = r.index

@@ -26,9 +26,12 @@ def outcome(result) -> tuple[dict, tuple]:
     return out, result.jct_s
 
 
-def test_split_regions_is_even_and_covers_every_region_once():
-    assert split_regions(10, 2) == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
-    assert split_regions(5, 3) == [[0, 3], [1, 4], [2]]
+def test_split_regions_covers_every_region_once_and_gives_the_caller_a_smaller_share():
+    for n_regions, processes in [(10, 2), (5, 3), (2, 8), (4, 1), (3, 2), (10, 3)]:
+        groups = split_regions(n_regions, processes)
+        assert sorted(r for g in groups for r in g) == list(range(n_regions))
+        assert len(groups) == min(processes, n_regions) and all(groups)
+    assert split_regions(10, 2) == [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9]]  # the caller also routes
     assert split_regions(2, 8) == [[0], [1]]  # never an empty shard
     assert split_regions(4, 1) == [[0, 1, 2, 3]]
 
@@ -42,6 +45,26 @@ def test_workers_give_the_serial_results(workers):
     parallel = simulate(jobs, regions, table, SimConfig(seed=5, workers=workers))
     assert serial.completed == 300
     assert outcome(parallel) == outcome(serial)
+
+
+def test_grants_prepared_ahead_are_those_plan_computes(monkeypatch):
+    from sailor_tasks.simulator.shard import RegionShard
+
+    table = load_packaged()
+    jobs = generate_jobs(200, 30.0, table, seed=2)
+    regions = [Region(f"r{i}", {"V100": 8, "A100": 8, "K80": 8}) for i in range(3)]
+    used = []
+    real_plan = RegionShard.plan
+
+    def plan(self, t, events):
+        used.append(sum(r.ahead is not None and r.ahead[0] == t for r in self.sims.values()))
+        return real_plan(self, t, events)
+
+    monkeypatch.setattr(RegionShard, "plan", plan)
+    ahead = simulate(jobs, regions, table, SimConfig())
+    assert sum(used) > 0  # most rounds leave most regions unchanged
+    monkeypatch.setattr(RegionShard, "prepare", lambda self, t: None)
+    assert outcome(simulate(jobs, regions, table, SimConfig())) == outcome(ahead)
 
 
 def test_workers_give_the_serial_results_with_spot_preemptions_and_moves(tmp_path):
