@@ -5,9 +5,12 @@ Jobs follow Gavel's Philly-derived generator (scale factors 1/2/4/8, durations 1
 policy is ``las`` with 6-minute rounds. Jobs are routed across regions by the placement engine
 (``--router placement``, the simulator's default; ``least_loaded`` is the old baseline heuristic);
 ``routing_s`` / ``routing_cpu_s`` are the wall / CPU time spent inside the router (part of
-``wall_s`` / ``cpu_s``). Prints one JSON object (last line).
+``wall_s`` / ``cpu_s``). The regions are simulated by ``--workers`` processes (default: 2, or 1 on
+a 1-core machine; ``simulator/workers.py``): routing stays in this process, results are identical
+for any count, and ``cpu_s`` adds the workers' CPU time (they poll while waiting for a round).
+Prints one JSON object (last line).
 
-    .venv/bin/python bench/simulate_scale.py [--jobs N] [--policy las] [--router placement]
+    .venv/bin/python bench/simulate_scale.py [--jobs N] [--policy las] [--router placement] [--workers N]
 """
 
 from __future__ import annotations

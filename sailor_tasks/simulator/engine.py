@@ -181,9 +181,9 @@ def simulate(
     rounds = solves = preemptions = moves = 0
     busy_gpu_s = cost = 0.0
     static_capacity = type(availability) is AlwaysAvailable
+    # True once the shards were sent the last round's ``progress`` and ``prepare``: their answers
+    # come first in the next ``call`` (``progress`` only finishes the jobs this loop counted).
     ran = False
-    """The shards were sent the last round's ``progress`` and ``prepare``: their answers come
-    first in the next ``call`` (``progress`` only finishes the jobs this loop already counted)."""
 
     def call(batches: Sequence[Sequence]) -> list[list]:
         """One batch of calls per shard, in lock step; the answers to each shard's batch."""
