@@ -14,6 +14,7 @@ the same results.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from sailor_tasks.policies import PolicyJob, PolicyState, get_policy
 from sailor_tasks.policies.mechanism import RoundMechanism
 from sailor_tasks.simulator.hooks import Region
 from sailor_tasks.simulator.workload import SimJob
+
+if TYPE_CHECKING:
+    from sailor_tasks.simulator.engine import SimConfig
 
 LEAVE = -1
 """Region index of an event that takes a job out of its region (``RegionShard.plan``)."""
@@ -100,7 +104,7 @@ class RegionShard:
         regions: Sequence[Region],
         own: Sequence[int],
         table: ThroughputTable,
-        config,
+        config: SimConfig,
     ):
         self.jobs, self.table, self.config = jobs, table, config
         self.policy = get_policy(config.policy)

@@ -15,9 +15,15 @@ import multiprocessing
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sailor_tasks.simulator.shard import RegionShard
+
+if TYPE_CHECKING:
+    from sailor_tasks.catalog.throughput import ThroughputTable
+    from sailor_tasks.simulator.engine import SimConfig
+    from sailor_tasks.simulator.hooks import Region
+    from sailor_tasks.simulator.workload import SimJob
 
 _STOP = "stop"
 SPIN_S = 0.01
@@ -157,7 +163,9 @@ class RemoteShard:
         self.conn.close()
 
 
-def start_shards(jobs: Sequence, regions: Sequence, table, config) -> list[LocalShard | RemoteShard]:
+def start_shards(
+    jobs: Sequence[SimJob], regions: Sequence[Region], table: ThroughputTable, config: SimConfig
+) -> list[LocalShard | RemoteShard]:
     """The shards for ``config.workers`` processes, this process's first (close them when done)."""
     groups = split_regions(len(regions), config.workers)
     # Workers first: they start (import, build) while this process builds its own shard.
