@@ -186,7 +186,8 @@ def simulate(
     ran = False
 
     def call(batches: Sequence[Sequence]) -> list[list]:
-        """One batch of calls per shard, in lock step; the answers to each shard's batch."""
+        """One batch of calls per shard, in lock step; the answers to each shard's batch (after
+        those of the ``progress``/``prepare`` batch sent at the end of the last round)."""
         nonlocal ran, busy_gpu_s, cost
         for shard, calls in zip(shards, batches, strict=True):
             shard.submit(calls)
