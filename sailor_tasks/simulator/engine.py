@@ -36,7 +36,7 @@ from sailor_tasks.simulator.hooks import (
 )
 from sailor_tasks.simulator.recovery import DEFAULT_RECOVERY, StrategyRecovery, make_recovery
 from sailor_tasks.simulator.routing import SimPlacement, make_router
-from sailor_tasks.simulator.shard import LEAVE
+from sailor_tasks.simulator.shard import LEAVE, region_gpu_types
 from sailor_tasks.simulator.workers import start_shards
 from sailor_tasks.simulator.workload import SimJob
 
@@ -130,7 +130,7 @@ def simulate(
     n = len(jobs)
     if len({j.job_id for j in jobs}) != n:
         raise ValueError("job ids must be unique")
-    gpu_types = [tuple(sorted(g for g, c in r.gpus.items() if c > 0)) for r in regions]
+    gpu_types = [region_gpu_types(r) for r in regions]
     all_types = sorted({g for types in gpu_types for g in types})
     runnable_in = {}
     for key in {j.job_type for j in jobs}:

@@ -31,6 +31,11 @@ LEAVE = -1
 """Region index of an event that takes a job out of its region (``RegionShard.plan``)."""
 
 
+def region_gpu_types(region: Region) -> tuple[str, ...]:
+    """The GPU types a region has (count > 0), sorted: the column order of its arrays."""
+    return tuple(sorted(g for g, c in region.gpus.items() if c > 0))
+
+
 class _RegionSim:
     """Per-region state: admitted jobs, the cached allocation's unit arrays, the mechanism."""
 
@@ -38,7 +43,7 @@ class _RegionSim:
         self.index = index
         """The region's position in the simulation's region list."""
         self.region = region
-        self.gpu_types = tuple(sorted(g for g, c in region.gpus.items() if c > 0))
+        self.gpu_types = region_gpu_types(region)
         self.capacity = np.array([region.gpus[g] for g in self.gpu_types], dtype=np.int64)
         self.cap = self.capacity.copy()
         """GPUs usable now (below ``capacity`` while spot capacity is lost)."""
@@ -58,11 +63,10 @@ class _RegionSim:
         self.scale = np.zeros(0)
         self.thr = np.zeros((0, len(self.gpu_types), 2))
         self.thr_unc = self.thr
-        self.runnable = np.zeros((0, len(self.gpu_types)), bool)
         self.alive = np.zeros(0, bool)
-        self.ok = self.runnable
-        """``runnable`` of units whose jobs are all still here, on types with enough GPUs for them
-        (what the mechanism may grant)."""
+        self.ok = np.zeros((0, len(self.gpu_types)), bool)
+        """Where each unit can run (throughput > 0, enough GPUs of the type), False once one of
+        its jobs left: what the mechanism may grant."""
         self.job_units: dict[int, Sequence[int]] = {}
         self.gcols = np.zeros(0, dtype=np.int64)
         self.session = None
@@ -114,8 +118,7 @@ class RegionShard:
         self.remaining = np.zeros(n)
         self.region_of = np.full(n, -1, dtype=np.int64)
         self.finished = np.zeros(n, dtype=bool)
-        all_sims = [_RegionSim(k, r, config.gpus_per_server) for k, r in enumerate(regions)]
-        self.gpu_names = sorted({g for r in all_sims for g in r.gpu_types})
+        self.gpu_names = sorted({g for r in regions for g in region_gpu_types(r)})
         self._type_cache: dict = {}
         # Unconsolidated / consolidated throughput per job type and GPU type (1 where not measured).
         keys = sorted({j.job_type for j in jobs})
@@ -127,7 +130,7 @@ class RegionShard:
             for gi, g in enumerate(self.gpu_names):
                 if alone.get(g, 0) > 0:
                     self.unc_ratio[t, gi] = unc[g] / alone[g]
-        self.sims = {ri: all_sims[ri] for ri in sorted(own)}
+        self.sims = {ri: _RegionSim(ri, regions[ri], config.gpus_per_server) for ri in sorted(own)}
         for r in self.sims.values():
             r.gcols = np.array([self.gpu_names.index(g) for g in r.gpu_types], dtype=np.int64)
             r.session = (
@@ -216,7 +219,7 @@ class RegionShard:
         r.first, r.singles = first, singles
         # The capacity check is the mechanism's own (its GPUs are this round's: a capacity
         # change re-solves the region).
-        r.runnable, r.alive = runnable, np.ones(n_units, bool)
+        r.alive = np.ones(n_units, bool)
         r.ok = r.mech.fits(runnable, alloc.unit_scale)
         r.n_alive = n_units
         r.mech.set_units(unit_jobs, now)
@@ -253,7 +256,9 @@ class RegionShard:
             r = self.sims[ri]
             if (cap < r.cap).any() and r.mech.leases:
                 lost = [u for u, gr in r.mech.leases.items() if cap[gr.gpu_type] < r.cap[gr.gpu_type]]
-                r.mech.leases = {u: v for u, v in r.mech.leases.items() if u not in lost}
+                r.mech.leases = {
+                    u: gr for u, gr in r.mech.leases.items() if cap[gr.gpu_type] >= r.cap[gr.gpu_type]
+                }
                 # Jobs that finished (or moved) since their last grant have nothing to lose.
                 lost_jobs[ri] = [
                     (j, float(self.remaining[j])) for u in lost for j in r.unit_jobs[u] if j in r.active

@@ -107,8 +107,6 @@ writer threads, 20-30% faster and steadier than 8 MiB chunks in interleaved runs
 (2026-11-22, median 52-61 ms vs 67-79 ms for 306 MB); no difference with one thread."""
 _METADATA = ".metadata"
 """DCP's metadata file (``filesystem._metadata_fn``)."""
-_DATA_SUFFIX = DEFAULT_SUFFIX
-"""Data files (``filesystem.DEFAULT_SUFFIX``): the files recycled on local filesystems."""
 RECYCLE_DIR = ".recycle"
 """Folder of recycled data files under a local checkpoint root (never a step folder's name)."""
 RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
@@ -344,7 +342,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
     def write_data(self, plan: Any, planner: Any) -> Any:
         prefix = plan.storage_data.prefix  # "__<rank>_": unique per rank
         buckets = self._split(plan.items)
-        names = [f"{prefix}{i}{_DATA_SUFFIX}" for i in range(len(buckets))]
+        names = [f"{prefix}{i}{DEFAULT_SUFFIX}" for i in range(len(buckets))]
         recycled = self._take_recycled(names)
         # Non-tensor entries are pickled by the planner (torch.save); their zip CRC32 would be a
         # second checksum over those bytes: crc32c below covers the files end to end.
@@ -406,7 +404,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
             return set()
         try:
             pool = sorted(
-                (n for n in os.listdir(self._recycle_dir) if n.endswith(_DATA_SUFFIX)), reverse=True
+                (n for n in os.listdir(self._recycle_dir) if n.endswith(DEFAULT_SUFFIX)), reverse=True
             )
         except FileNotFoundError:
             return set()
@@ -434,7 +432,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
         # A recycled file is overwritten in place: its blocks and (still cached) pages are reused.
         with (
             open(posixpath.join(self._local_dir, name), "r+b")
-            if recycled and self._local_dir is not None
+            if recycled
             else self.fs.fs.open(posixpath.join(str(self.path), name), "wb")
         ) as f:
             for item in items:
@@ -850,7 +848,7 @@ class CheckpointManager:
         uri = self.step_uri(step)
         marker_uri = storage.join(uri, MARKER)
         try:
-            names = [n for n in storage.read_json(marker_uri)["files"] if n.endswith(_DATA_SUFFIX)]
+            names = [n for n in storage.read_json(marker_uri)["files"] if n.endswith(DEFAULT_SUFFIX)]
         except (OSError, KeyError, ValueError):
             names = []
         storage.remove(marker_uri)
@@ -868,12 +866,12 @@ class CheckpointManager:
         (all ranks'): the most recently recycled ones; delete the rest."""
         assert self._recycle_dir is not None
         try:
-            recycled = sorted(n for n in os.listdir(self._recycle_dir) if n.endswith(_DATA_SUFFIX))
+            recycled = sorted(n for n in os.listdir(self._recycle_dir) if n.endswith(DEFAULT_SUFFIX))
         except FileNotFoundError:
             return
         try:
             files = storage.read_json(storage.join(self.step_uri(newest), MARKER))["files"]
-            limit = sum(1 for n in files if n.endswith(_DATA_SUFFIX))
+            limit = sum(1 for n in files if n.endswith(DEFAULT_SUFFIX))
         except (OSError, KeyError, ValueError):
             limit = 0  # no committed checkpoint to size the folder by
         for name in recycled[: max(0, len(recycled) - limit)]:  # names sort oldest step first
