@@ -1,7 +1,7 @@
 """Airflow's overhead on a training run: the same small run through the real scheduler vs bare torchrun.
 
 Starts the real services (PostgreSQL, api-server, scheduler, dag-processor, triggerer; see
-``sailor_tasks.airflow_stack``), calibrates the number of steps so that training alone takes about
+``sailor_tasks.testing.airflow_stack``), calibrates the number of steps so that training alone takes about
 ``--target-s`` seconds, triggers ``sailor_train`` through the REST API and measures the dag run from
 queued to done (all seven tasks: validate, plan, place_data, provision, train, finalize, teardown).
 Then it runs the very ``torchrun`` command the local backend ran, with the run's own
@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 
 from sailor_tasks import storage
-from sailor_tasks.airflow_stack import AirflowStack
 from sailor_tasks.backends.base import TrainLaunch
 from sailor_tasks.backends.local import LocalBackend
 from sailor_tasks.data.demo import DEMO_DATASET, write_demo_dataset
 from sailor_tasks.ledger import Ledger
 from sailor_tasks.model import Placement, run_key
+from sailor_tasks.testing.airflow_stack import AirflowStack
 from sailor_tasks.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

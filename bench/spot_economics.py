@@ -1,6 +1,6 @@
 """Spot economics: the four market strategies on the same generated jobs, real prices and traces.
 
-Jobs come from ``sailor_tasks.simulator.spot_setup.generate_spot_jobs`` (6 GPU types, 1-8 GPUs,
+Jobs come from ``sailor_tasks.simulator.spot.setup.generate_spot_jobs`` (6 GPU types, 1-8 GPUs,
 1-16 h of work, 5-200 GB datasets, Poisson arrivals at 1/h), deadlines at ``--slack`` over each
 job's on-demand time; the market is the packaged GCP catalog with the availability traces found
 under ``--availability`` (default: the GCP 2020 preemption logs and Sailor GPU traces in
@@ -18,8 +18,8 @@ import json
 import time
 from pathlib import Path
 
-from sailor_tasks.simulator.spot import simulate_spot, with_deadlines
-from sailor_tasks.simulator.spot_cli import spot_inputs
+from sailor_tasks.cli.spot import spot_inputs
+from sailor_tasks.simulator.spot.engine import simulate_spot, with_deadlines
 from sailor_tasks.strategies import MARKET_STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]

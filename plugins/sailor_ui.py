@@ -5,7 +5,7 @@ that shows it in the UI's navigation (a "SAILOR" entry, at ``/plugin/sailor``). 
 authenticated by Airflow (they are mounted, and inherit none of the core API's dependencies), so the
 app requires the caller's Airflow login itself: every route depends on ``requires_access_view``,
 which reads the JWT from the ``Authorization`` header or the UI's ``_token`` cookie and asks the
-auth manager. The data comes from ``sailor_tasks.dashboard``; this module only renders it.
+auth manager. The data comes from ``sailor_tasks.stages.dashboard``; this module only renders it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ app = FastAPI(
 
 
 def _snapshot():
-    from sailor_tasks.dashboard import snapshot
+    from sailor_tasks.stages.dashboard import snapshot
 
     return snapshot()
 
@@ -203,7 +203,7 @@ def snapshot_json() -> JSONResponse:
 @app.get("/report.png")
 def report_png() -> Response:
     """The last rebalance report chart, or 404 when no rebalance has recorded one."""
-    from sailor_tasks.dashboard import read_report, report_uri
+    from sailor_tasks.stages.dashboard import read_report, report_uri
 
     uri = report_uri()
     if not uri:

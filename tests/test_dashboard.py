@@ -6,9 +6,9 @@ import datetime as dt
 
 from sailor_tasks.catalog import load_catalog
 from sailor_tasks.catalog.supply import region_supply
-from sailor_tasks.dashboard import last_report_uri, snapshot
 from sailor_tasks.ledger import Ledger
 from sailor_tasks.model import Reservation
+from sailor_tasks.stages.dashboard import last_report_uri, snapshot
 
 
 def _placement_row(ledger, run_id, region, zone):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sailor_tasks import gcp_auth, storage
-from sailor_tasks.gcp_glue import connection_credentials, install
+from sailor_tasks.airflow_glue.gcp import connection_credentials, install
 
 
 @pytest.fixture(autouse=True)

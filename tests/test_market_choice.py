@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sailor_tasks.catalog import load_catalog
-from sailor_tasks.market_choice import decide_market, launch_context
 from sailor_tasks.model import ClusterState, JobRequest
+from sailor_tasks.strategies.live import decide_market, launch_context
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ import pytest
 
 from sailor_tasks import stages, storage
 from sailor_tasks.backends import gke
-from sailor_tasks.gcs_emulator import free_port
 from sailor_tasks.model import run_key
+from sailor_tasks.testing.gcs_emulator import free_port
 from tests.backends.test_gke import FakeClusterManager
 
 pytestmark = [pytest.mark.gke, pytest.mark.gcs]
@@ -246,7 +246,7 @@ def gke_env(gcs, settings, monkeypatch):
 
 
 def _operator(request, placement, data):
-    from sailor_tasks.operators import SailorTrainOperator
+    from sailor_tasks.airflow_glue.operators import SailorTrainOperator
 
     return SailorTrainOperator(task_id="train", request=request, placement=placement, data=data, retries=5)
 
@@ -407,7 +407,7 @@ def test_deferred_train_runs_the_pods_and_recovers_a_preempted_attempt(gke_env):
     the checkpoint and finish; all inside one try, every attempt in the ledger."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from sailor_tasks.train.checkpoint import CheckpointManager
+    from sailor_tasks.train.checkpoint.store import CheckpointManager
 
     gke_env.core.mode = "process"
     run_id = "manual__defer-5"

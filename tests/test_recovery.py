@@ -6,8 +6,8 @@ import pytest
 
 from sailor_tasks.errors import PreemptedError, RecoveryExhaustedError
 from sailor_tasks.ledger import Ledger
-from sailor_tasks.recovery import run_stages
-from sailor_tasks.train.checkpoint import CheckpointManager, diff_states
+from sailor_tasks.testing.run_inline import run_inline
+from sailor_tasks.train.checkpoint.store import CheckpointManager, diff_states
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +31,8 @@ def final_state(summary: dict) -> dict:
 def test_noticed_and_unnoticed_preemptions_end_bit_identical_to_an_uninterrupted_run(
     settings, ctx, demo_dataset
 ):
-    reference = run_stages({**BASE, "dataset_uri": demo_dataset}, "ref", ctx)
-    summary = run_stages(
+    reference = run_inline({**BASE, "dataset_uri": demo_dataset}, "ref", ctx)
+    summary = run_inline(
         {
             **BASE,
             "dataset_uri": demo_dataset,
@@ -67,7 +67,7 @@ def test_exhausted_attempts_fail_with_a_message_listing_every_attempt(settings, 
         "recovery_strategy": "same_zone_first",
     }
     with pytest.raises(RecoveryExhaustedError, match=r"after 2 attempt") as info:
-        run_stages(params, "doomed", ctx, max_tries=1)
+        run_inline(params, "doomed", ctx, max_tries=1)
     message = str(info.value)
     assert "attempt 1 (try 1)" in message and "attempt 2 (try 2)" in message
     assert message.count("preempted with notice") == 2
@@ -81,7 +81,7 @@ def test_exhausted_attempts_fail_with_a_message_listing_every_attempt(settings, 
 def test_each_attempt_records_its_market_why_cost_and_slack(settings, ctx, demo_dataset):
     """Default strategy (sailor) with a deadline: the plan and the recovery each ask it for a market;
     the summary and the ledger hold the market, the reason, the slack left and the attempt's cost."""
-    summary = run_stages(
+    summary = run_inline(
         {**BASE, "dataset_uri": demo_dataset, "deadline_hours": 2.0, "inject_preemptions": [6]},
         "economics",
         ctx,

@@ -17,15 +17,14 @@ import threading
 import time
 from typing import Any
 
-from sailor_tasks import storage
+from sailor_tasks import paths, storage
 from sailor_tasks.backends.base import TrainLaunch
 from sailor_tasks.backends.preemption import InjectionSpec, PreemptionEvent, due, step_events, time_events
+from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 from sailor_tasks.model import Placement, to_dict
 from sailor_tasks.settings import Settings
 from sailor_tasks.train.progress import PROGRESS_ENV, read_progress
 
-PREEMPTED_EXIT_CODE = 75
-"""What ``train`` returns when it preempted the run (same value as the trainer's exit status)."""
 POLL_S = 0.02
 """How often the injector reads the trainer's progress file (a step of tiny_gpt takes ~10 ms+)."""
 
@@ -151,7 +150,7 @@ class LocalBackend:
                 "zone": launch.placement.zone,
             },
         }
-        storage.write_json(storage.join(launch.config_uri.rsplit("/", 1)[0], "launch.json"), report)
+        storage.write_json(paths.launch_report_uri(launch.config_uri.rsplit("/", 1)[0]), report)
         return PREEMPTED_EXIT_CODE if event is not None else rc
 
     @staticmethod

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from sailor_tasks.errors import SailorError
+from sailor_tasks.errors import RebalanceInfeasibleError
 from sailor_tasks.rebalance.problem import (
     Problem,
     Team,
@@ -72,14 +72,6 @@ T_TOLERANCE = 1e-6
 MIP_REL_GAP = 0.01
 CHEAP_CANDIDATES = 4
 LP_BOUND_TIME_SHARE = 0.3
-
-
-class RebalanceInfeasibleError(SailorError, ValueError):
-    """No assignment satisfies the hard constraints; the message names the binding one."""
-
-    def __init__(self, constraint: str, detail: str):
-        self.constraint = constraint
-        super().__init__(f"rebalance infeasible — binding constraint: {constraint}: {detail}")
 
 
 @dataclass

@@ -106,7 +106,7 @@ class Sailor:
         # Imported here: the DAG file imports this registry (params' enum), and the placement
         # package pulls in numpy and the engine, which would triple sailor_train's parse time.
         from sailor_tasks.placement.context import RESTART_HOURS
-        from sailor_tasks.placement.market import slack_allows_spot
+        from sailor_tasks.placement.slack import slack_allows_spot
 
         slack = slack_of(ctx)
         if ctx.requested_market in ("spot", "on_demand"):

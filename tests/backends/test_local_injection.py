@@ -9,9 +9,10 @@ import pytest
 
 from sailor_tasks import storage
 from sailor_tasks.backends.base import TrainLaunch
-from sailor_tasks.backends.local import PREEMPTED_EXIT_CODE, LocalBackend
+from sailor_tasks.backends.local import LocalBackend
+from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 from sailor_tasks.model import Placement
-from sailor_tasks.train.checkpoint import CheckpointManager
+from sailor_tasks.train.checkpoint.store import CheckpointManager
 from sailor_tasks.train.config import TrainConfig
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from sailor_tasks import stages
-from sailor_tasks.cli import main as sailor
+from sailor_tasks.cli.main import main as sailor
 
 
 def test_plan_stage_retry_keeps_one_reservation_and_teardown_releases(ctx, demo_dataset):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sailor_tasks.dashboard import RegionRow, Snapshot
+from sailor_tasks.stages.dashboard import RegionRow, Snapshot
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from sailor_tasks.simulator import (
     generate_jobs,
     simulate,
 )
-from sailor_tasks.simulator.workers import RemoteShard, split_regions
+from sailor_tasks.simulator.rounds.workers import RemoteShard, split_regions
 
 
 def outcome(result) -> tuple[dict, tuple]:
@@ -48,7 +48,7 @@ def test_workers_give_the_serial_results(workers):
 
 
 def test_grants_prepared_ahead_are_those_plan_computes(monkeypatch):
-    from sailor_tasks.simulator.shard import RegionShard
+    from sailor_tasks.simulator.rounds.shard import RegionShard
 
     table = load_packaged()
     jobs = generate_jobs(200, 30.0, table, seed=2)
@@ -141,7 +141,7 @@ def test_workers_must_be_at_least_one():
 
 
 def test_cli_workers_option(capsys):
-    from sailor_tasks.cli import main
+    from sailor_tasks.cli.main import main
 
     base = "simulate --jobs 30 --jobs-per-hour 20 --cluster v100=4,k80=4 --regions 3".split()
     runs = []

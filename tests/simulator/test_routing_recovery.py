@@ -9,8 +9,8 @@ import pytest
 from sailor_tasks.catalog.throughput import ThroughputTable, load_packaged
 from sailor_tasks.placement import plan
 from sailor_tasks.simulator import Region, SimConfig, SimJob, generate_jobs, simulate
-from sailor_tasks.simulator.recovery import StrategyRecovery, make_recovery, recovery_names
-from sailor_tasks.simulator.routing import PlacementRouter, SimPlacement, make_router
+from sailor_tasks.simulator.rounds.replan import StrategyRecovery, make_recovery, recovery_names
+from sailor_tasks.simulator.rounds.routing import PlacementRouter, SimPlacement, make_router
 from sailor_tasks.strategies import RecoveryContext, get_strategy
 
 RESNET = ("ResNet-50 (batch size 64)", 1)
@@ -221,7 +221,7 @@ def test_unknown_router_and_recovery_names_list_the_valid_ones():
 
 
 def test_cli_router_and_recovery_options(capsys, tmp_path):
-    from sailor_tasks.cli import main
+    from sailor_tasks.cli.main import main
 
     base = ["simulate", "--jobs", "30", "--jobs-per-hour", "20", "--cluster", "v100=4,k80=4"]
     assert main([*base, "--regions", "3", "--json"]) == 0

@@ -143,7 +143,7 @@ def test_unknown_policy_is_rejected_with_the_valid_names():
 
 
 def test_cli_prints_one_json_object(gavel, capsys):
-    from sailor_tasks.cli import main
+    from sailor_tasks.cli.main import main
 
     table, trace = gavel
     throughputs = trace.parent / "simulation_throughputs.json"

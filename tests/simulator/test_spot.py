@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sailor_tasks.catalog import load_catalog
-from sailor_tasks.simulator.spot import (
+from sailor_tasks.simulator.spot.engine import (
     SpotJob,
     SpotMarket,
     SpotParams,
@@ -16,7 +16,7 @@ from sailor_tasks.simulator.spot import (
     simulate_spot,
     with_deadlines,
 )
-from sailor_tasks.simulator.spot_setup import build_market, generate_spot_jobs
+from sailor_tasks.simulator.spot.setup import build_market, generate_spot_jobs
 from sailor_tasks.traces.availability import AvailabilityTrace
 from sailor_tasks.traces.sources import ZoneTrace, load_sources
 
@@ -188,7 +188,7 @@ def test_bad_deadline_slack_is_rejected(transfer):
 
 
 def test_cli_runs_a_strategy_on_the_shared_traces(shared_data, capsys):
-    from sailor_tasks.cli import main
+    from sailor_tasks.cli.main import main
 
     argv = ["simulate", "--jobs", "6", "--availability", str(shared_data), "--seed", "0", "--json"]
     assert main([*argv, "--strategy", "sailor", "--deadline-slack", "0.2"]) == 0
@@ -209,7 +209,7 @@ def test_shared_traces_bind_to_their_real_zones(shared_data):
 def _engine_zone(j, market, market_name, remaining_h, t, data_regions, blocked) -> str:
     """The zone ``placement.engine.plan`` picks for this launch (what the live ``plan`` stage calls)."""
     from sailor_tasks.placement.engine import plan
-    from sailor_tasks.simulator.spot import launch_request, launch_state
+    from sailor_tasks.simulator.spot.engine import launch_request, launch_state
 
     time_left = None if j.deadline_s is None else (j.deadline_s - t) / HOUR
     return plan(

@@ -6,7 +6,7 @@ import pytest
 
 from sailor_tasks.model import JobRequest, Placement
 from sailor_tasks.placement.context import RESTART_HOURS
-from sailor_tasks.placement.market import slack_allows_spot
+from sailor_tasks.placement.slack import slack_allows_spot
 from sailor_tasks.strategies import (
     MARKET_STRATEGIES,
     MarketContext,

@@ -13,7 +13,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from sailor_tasks import storage
-from sailor_tasks.train.checkpoint import (
+from sailor_tasks.train.checkpoint.store import (
     MARKER,
     RAW_TENSOR_FORMAT,
     RECYCLE_DIR,
@@ -159,7 +159,7 @@ def test_failed_async_save_raises_from_wait_and_commits_nothing(tmp_path):
 
 _WRITER = """
 import sys, torch
-from sailor_tasks.train.checkpoint import CheckpointManager
+from sailor_tasks.train.checkpoint.store import CheckpointManager
 mgr = CheckpointManager(sys.argv[1])
 mgr.save(1, {"w": torch.full((1000,), 1.0)})
 print("saved-1", flush=True)
@@ -372,7 +372,7 @@ def test_object_store_roots_delete_retired_checkpoints_without_recycling(gcs):
 
 _RECYCLING_WRITER = """
 import os, sys, torch
-from sailor_tasks.train.checkpoint import CheckpointManager
+from sailor_tasks.train.checkpoint.store import CheckpointManager
 mgr = CheckpointManager(sys.argv[1], keep_latest_k=2)
 for step in (1, 2, 3):
     mgr.save(step, {"w": torch.full((10_000_000,), float(step))})  # 40 MB each

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sailor_tasks import storage
-from sailor_tasks.train.checkpoint import MARKER, CheckpointManager
+from sailor_tasks.train.checkpoint.store import MARKER, CheckpointManager
 
 pytestmark = pytest.mark.gcs
 

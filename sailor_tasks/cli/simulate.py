@@ -47,8 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="on_demand",
         help="catalog prices used for cost (and min_cost)",
     )
-    from sailor_tasks.simulator.recovery import DEFAULT_RECOVERY, recovery_names
-    from sailor_tasks.simulator.routing import ROUTERS
+    from sailor_tasks.simulator.rounds.config import DEFAULT_RECOVERY
+    from sailor_tasks.simulator.rounds.replan import recovery_names
+    from sailor_tasks.simulator.rounds.routing import ROUTERS
 
     hooks = p.add_argument_group("routing and recovery (the placement engine and strategies registry)")
     hooks.add_argument(
@@ -63,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"default {DEFAULT_RECOVERY}",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    from sailor_tasks.simulator.spot_cli import add_spot_arguments
+    from sailor_tasks.cli.spot import add_spot_arguments
 
     add_spot_arguments(p.add_argument_group("spot economics (with --strategy; see simulator/spot.py)"))
 
@@ -96,8 +97,8 @@ def check_hooks(router: str, recovery: str) -> None:
     Raises:
         ValueError: the message names the bad value and the valid choices.
     """
-    from sailor_tasks.simulator.recovery import recovery_names
-    from sailor_tasks.simulator.routing import ROUTERS
+    from sailor_tasks.simulator.rounds.replan import recovery_names
+    from sailor_tasks.simulator.rounds.routing import ROUTERS
 
     if router not in ROUTERS:
         raise ValueError(f"--router {router!r} is not a router; valid: {', '.join(ROUTERS)}")
@@ -123,11 +124,11 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
     from sailor_tasks.catalog.throughput import load_gavel, load_packaged
     from sailor_tasks.policies import get_policy
     from sailor_tasks.simulator import Region, SimConfig, generate_jobs, read_gavel_trace, simulate
-    from sailor_tasks.simulator.recovery import make_recovery
-    from sailor_tasks.simulator.routing import PlacementRouter, SimPlacement, make_router
+    from sailor_tasks.simulator.rounds.replan import make_recovery
+    from sailor_tasks.simulator.rounds.routing import PlacementRouter, SimPlacement, make_router
 
     if getattr(args, "strategy", None):
-        from sailor_tasks.simulator.spot_cli import run_spot_simulation
+        from sailor_tasks.cli.spot import run_spot_simulation
 
         return run_spot_simulation(args)
     started = time.perf_counter()

@@ -21,11 +21,11 @@ import numpy as np
 from sailor_tasks.catalog.throughput import ThroughputTable
 from sailor_tasks.policies import PolicyJob, PolicyState, get_policy
 from sailor_tasks.policies.mechanism import RoundMechanism
-from sailor_tasks.simulator.hooks import Region
-from sailor_tasks.simulator.workload import SimJob
+from sailor_tasks.simulator.rounds.hooks import Region
+from sailor_tasks.simulator.rounds.workload import SimJob
 
 if TYPE_CHECKING:
-    from sailor_tasks.simulator.engine import SimConfig
+    from sailor_tasks.simulator.rounds.config import SimConfig
 
 LEAVE = -1
 """Region index of an event that takes a job out of its region (``RegionShard.plan``)."""

@@ -38,8 +38,8 @@ from sailor_tasks.model import Assignment, ClusterState, JobRequest, Offer, Plac
 from sailor_tasks.placement import QueuedRequest, plan_many
 from sailor_tasks.placement.index import CatalogIndex, build_index
 from sailor_tasks.policies.mechanism import GPUS_PER_SERVER
-from sailor_tasks.simulator.hooks import LeastLoadedRouter, Region, Router
-from sailor_tasks.simulator.workload import SimJob
+from sailor_tasks.simulator.rounds.hooks import LeastLoadedRouter, Region, Router
+from sailor_tasks.simulator.rounds.workload import SimJob
 
 SIM_CLOUD = "sim"
 SIM_TEAM = "sim"

@@ -1,11 +1,11 @@
-"""The ``train`` stage's body: one attempt per call, recovering from the previous attempt's preemption.
+"""One training attempt of the ``train`` stage: recover from the previous attempt's preemption, launch, end.
 
 An attempt launches the process group on the run's current placement. When it is preempted, the
 attempt and the preemption (zone, notice or not, step reached, steps lost) go to the ledger and
 ``PreemptedError`` is raised, so the orchestrator retries the task with backoff (each attempt is a
 try in the Airflow UI). The next call finds the preempted attempt in the ledger and recovers before
 launching: the run's recovery strategy turns the preemption history into a placement constraint,
-and the same ``stages.plan`` / ``stages.place_data`` / ``stages.provision`` code as the first
+and the same ``prepare.plan`` / ``prepare.place_data`` / ``prepare.provision`` code as the first
 attempt re-plans with the blocked zones, places the data in the new region (copier, skipped when a
 replica exists), copies the newest verified checkpoint to the new region's bucket and provisions.
 
@@ -25,7 +25,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sailor_tasks import storage
+from sailor_tasks import paths, storage
 from sailor_tasks.backends import TrainLaunch, get_backend
 from sailor_tasks.errors import (
     NoFeasibleOfferError,
@@ -35,11 +35,14 @@ from sailor_tasks.errors import (
 )
 from sailor_tasks.ledger.store import utcnow
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
+from sailor_tasks.stages import prepare
+from sailor_tasks.stages.context import JSON, StageContext
+from sailor_tasks.stages.summary import attempt_markets, describe_attempts
 from sailor_tasks.strategies import PreemptionRecord, RecoveryContext, get_strategy
+from sailor_tasks.train.checkpoint.store import CheckpointManager
+from sailor_tasks.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
-
-JSON = dict[str, Any]
 
 
 def injection_spec(req: JobRequest) -> JSON | None:
@@ -58,7 +61,7 @@ def injection_spec(req: JobRequest) -> JSON | None:
     return spec
 
 
-def history(ctx: Any, run_id: str) -> tuple[PreemptionRecord, ...]:
+def history(ctx: StageContext, run_id: str) -> tuple[PreemptionRecord, ...]:
     """The run's preemptions from the ledger, oldest first."""
     return tuple(
         PreemptionRecord(
@@ -68,47 +71,10 @@ def history(ctx: Any, run_id: str) -> tuple[PreemptionRecord, ...]:
     )
 
 
-def describe_attempts(ctx: Any, run_id: str) -> list[str]:
-    pre = {p["attempt"]: p for p in ctx.ledger.preemptions(run_id, limit=10_000)}
-    lines = []
-    for a in ctx.ledger.attempts(run_id):
-        p = pre.get(a["attempt"])
-        what = a["outcome"]
-        if p:
-            what = (
-                f"preempted {'with' if p['noticed'] else 'without'} notice at step {p['step']}"
-                f" ({p['steps_lost']} steps lost)"
-            )
-        lines.append(
-            f"attempt {a['attempt']} (try {a['try_number']}): {a['region']}/{a['zone']} "
-            f"{a['placement'].get('market', '?')}, resumed from step {a['resumed_from_step']}: {what}"
-        )
-    return lines
-
-
-def attempt_markets(ctx: Any, run_id: str) -> list[JSON]:
-    """Per attempt: the market used, why, the slack left at the decision and the attempt's cost."""
-    return [
-        {
-            "attempt": m["attempt"],
-            "strategy": m["strategy"],
-            "market": m["market"],
-            "why": m["reason"],
-            "slack_h": None if m["slack_h"] is None else round(m["slack_h"], 4),
-            "hours": None if m["hours"] is None else round(m["hours"], 6),
-            "usd": m["usd"],
-        }
-        for m in ctx.ledger.attempt_markets(run_id)
-    ]
-
-
 def recover(
-    ctx: Any, req: JobRequest, lost: Placement, data: JSON, run_id: str, attempt: int
+    ctx: StageContext, req: JobRequest, lost: Placement, data: JSON, run_id: str, attempt: int
 ) -> tuple[Placement, JSON]:
     """Place the run again after ``lost`` was preempted, through the first attempt's stage code."""
-    from sailor_tasks import stages
-    from sailor_tasks.train.checkpoint import CheckpointManager
-
     # The market strategy decides where to resume unless the request names a recovery strategy.
     strategy = get_strategy(req.recovery_strategy or req.strategy)
     zones_by_region: dict[str, tuple[str, ...]] = {}
@@ -128,21 +94,21 @@ def recover(
         ", ".join(sorted(blocked)) or "none",
     )
     try:
-        placed = stages.plan(
+        placed = prepare.plan(
             to_dict(plan_req), run_id, ctx, blocked_zones=blocked, attempt=attempt, **progress
         )
     except NoFeasibleOfferError:
         if blocked <= {lost.zone}:
             raise
         logger.warning("no offer outside %d blocked zones; blocking only %s", len(blocked), lost.zone)
-        placed = stages.plan(
+        placed = prepare.plan(
             to_dict(plan_req), run_id, ctx, blocked_zones=frozenset({lost.zone}), attempt=attempt, **progress
         )
     pl = from_dict(Placement, placed)
     if pl.region != lost.region:
-        data = stages.place_data(to_dict(req), placed, run_id, ctx)
-        src = CheckpointManager(storage.join(ctx.run_uri(lost.region, run_id), "checkpoints"))
-        dst = storage.join(ctx.run_uri(pl.region, run_id), "checkpoints")
+        data = prepare.place_data(to_dict(req), placed, run_id, ctx)
+        src = CheckpointManager(paths.checkpoint_uri(ctx.run_uri(lost.region, run_id)))
+        dst = paths.checkpoint_uri(ctx.run_uri(pl.region, run_id))
         step = src.copy_latest_to(dst)
         logger.info(
             "moved run %s from %s to %s; checkpoint step %s copied to %s",
@@ -152,11 +118,11 @@ def recover(
             step,
             dst,
         )
-    stages.provision(to_dict(req), placed, run_id, ctx)
+    prepare.provision(to_dict(req), placed, run_id, ctx)
     return pl, data
 
 
-def _progress(ctx: Any, run_id: str) -> dict[str, Any]:
+def _progress(ctx: StageContext, run_id: str) -> dict[str, Any]:
     """Hours since the run was submitted and the step its newest checkpoint holds (market choice)."""
     run = ctx.ledger.get_run(run_id)
     elapsed_h = (utcnow() - _aware(run["created_at"])).total_seconds() / 3600.0 if run else 0.0
@@ -174,7 +140,7 @@ def _aware(t: dt.datetime) -> dt.datetime:
 
 
 def train_attempt(
-    ctx: Any,
+    ctx: StageContext,
     request: JSON,
     placement: JSON,
     data: JSON,
@@ -185,7 +151,7 @@ def train_attempt(
     """Run one attempt of training (recovering first when the previous attempt was preempted).
 
     ``begin_attempt`` → the backend's ``train`` (blocking) → ``finish_attempt``; a deferrable
-    orchestrator calls the two halves itself around its wait (``operators.SailorTrainOperator``).
+    orchestrator calls the two halves itself around its wait (``airflow_glue.operators.SailorTrainOperator``).
 
     Args:
         placement, data: the first attempt's placement and placed data (the plan/place_data outputs).
@@ -217,7 +183,7 @@ class Attempt:
     number: int
     placement: Placement
     data: JSON
-    config: Any
+    config: TrainConfig
     """The ``TrainConfig`` every worker of the attempt reads (at ``launch.config_uri``)."""
     launch: TrainLaunch
     started: dt.datetime
@@ -228,7 +194,7 @@ class Attempt:
 
 
 def begin_attempt(
-    ctx: Any,
+    ctx: StageContext,
     request: JSON,
     placement: JSON,
     data: JSON,
@@ -245,8 +211,6 @@ def begin_attempt(
             take that attempt over (its pods may still run) instead of ending it as failed and
             starting another (what a backend that can follow a running launch wants: gke).
     """
-    from sailor_tasks.train.config import TrainConfig
-
     req = from_dict(JobRequest, request)
     attempts = ctx.ledger.attempts(run_id)
     attempt = len(attempts) + 1
@@ -278,7 +242,7 @@ def begin_attempt(
         async_checkpoint=req.async_checkpoint,
     )
     config_uri = _config_uri(ctx, pl, run_id)
-    report_uri = storage.join(run_uri, "launch.json")
+    report_uri = paths.launch_report_uri(run_uri)
     for stale in (config.result_uri, report_uri):  # outputs of an earlier attempt must not be read as ours
         storage.remove(stale)
     storage.write_bytes(config_uri, config.to_json().encode())
@@ -298,9 +262,9 @@ def begin_attempt(
     )
 
 
-def _config_uri(ctx: Any, pl: Placement, run_id: str) -> str:
+def _config_uri(ctx: StageContext, pl: Placement, run_id: str) -> str:
     """Where an attempt's ``TrainConfig`` lives: the run's folder in the placement's region bucket."""
-    return storage.join(ctx.run_uri(pl.region, run_id), "train_config.json")
+    return paths.train_config_uri(ctx.run_uri(pl.region, run_id))
 
 
 def _launch(req: JobRequest, run_id: str, pl: Placement, attempt: int, config_uri: str) -> TrainLaunch:
@@ -309,7 +273,7 @@ def _launch(req: JobRequest, run_id: str, pl: Placement, attempt: int, config_ur
 
 
 def resume_attempt(
-    ctx: Any, request: JSON, run_id: str, attempt: int, *, reattached: bool = False
+    ctx: StageContext, request: JSON, run_id: str, attempt: int, *, reattached: bool = False
 ) -> Attempt:
     """The launched ``attempt`` of the run rebuilt from the ledger and its train config, in another
     process than the one that began it (a deferred task resuming, or a retried one reattaching).
@@ -317,8 +281,6 @@ def resume_attempt(
     Raises:
         ValueError: the ledger has no running attempt ``attempt`` for the run (names what it has).
     """
-    from sailor_tasks.train.config import TrainConfig
-
     req = from_dict(JobRequest, request)
     rows = ctx.ledger.attempts(run_id)
     row = next((r for r in rows if r["attempt"] == attempt), None)
@@ -336,7 +298,7 @@ def resume_attempt(
 
 
 def finish_attempt(
-    ctx: Any, att: Attempt, rc: int, try_number: int = 1, max_tries: int = 0, *, final: bool | None = None
+    ctx: StageContext, att: Attempt, rc: int, try_number: int = 1, max_tries: int = 0, *, final: bool | None = None
 ) -> JSON:
     """End a launched attempt from its process group's exit status and what the trainer wrote:
     record it (utilization, checkpoint, preemption) and return the result, or raise.
@@ -348,11 +310,9 @@ def finish_attempt(
     Raises:
         PreemptedError, RecoveryExhaustedError, TrainingFailedError: as ``train_attempt``.
     """
-    from sailor_tasks.train.checkpoint import CheckpointManager
-
     req, run_id, attempt, attempts = att.req, att.run_id, att.number, att.prior
     pl, data, config, started = att.placement, att.data, att.config, att.started
-    report_uri = storage.join(ctx.run_uri(pl.region, run_id), "launch.json")
+    report_uri = paths.launch_report_uri(ctx.run_uri(pl.region, run_id))
     ended = utcnow()
     ctx.ledger.record_utilization(run_id, req.team, pl.region, pl.gpu_type, pl.num_gpus, started, ended)
     ctx.ledger.end_attempt_market(
@@ -412,30 +372,3 @@ def finish_attempt(
     if (try_number > max_tries) if final is None else final:
         raise RecoveryExhaustedError(run_id, describe_attempts(ctx, run_id))
     raise PreemptedError(run_id, pl.zone, reached, noticed)
-
-
-def run_stages(params: JSON, run_id: str, ctx: Any, max_tries: int = 5) -> JSON:
-    """Run every ``sailor_train`` stage in this process, retrying ``train`` after preemptions with no
-    backoff (what Airflow does with backoff). For tests and benchmarks; returns finalize's summary.
-
-    Raises:
-        RecoveryExhaustedError: preempted on each of the ``max_tries + 1`` tries.
-    """
-    from sailor_tasks import stages
-
-    request = stages.validate(params, run_id, ctx)
-    try:
-        placement = stages.plan(request, run_id, ctx)
-        data = stages.place_data(request, placement, run_id, ctx)
-        stages.provision(request, placement, run_id, ctx)
-        for try_number in range(1, max_tries + 2):
-            try:
-                result = stages.train(
-                    request, placement, data, run_id, ctx, try_number=try_number, max_tries=max_tries
-                )
-                break
-            except PreemptedError:
-                continue
-        return stages.finalize(request, placement, data, result, run_id, ctx)
-    finally:
-        stages.teardown(run_id, ctx)

@@ -5,7 +5,7 @@ preempted job's history becomes a ``RecoveryContext`` (the placement it lost, ev
 preemption), ``get_strategy(name).next_constraint(ctx)`` answers with a ``PlacementConstraint``,
 and the job is re-planned by the same placement engine as at arrival (``routing.SimPlacement``)
 with the constraint's blocked zones and regions, its market, and the GPUs usable right now.
-This is what the ``sailor_train`` DAG does on a real preemption (``sailor_tasks.recovery``).
+This is what the ``sailor_train`` DAG does on a real preemption (``sailor_tasks.stages.attempts``).
 
     preempted in region-0 → next_constraint → blocked zones/regions + market → plan → region-k
 
@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sailor_tasks.simulator.hooks import RecoveryStrategy, StayInRegion
-from sailor_tasks.simulator.routing import SimPlacement
-from sailor_tasks.simulator.workload import SimJob
+from sailor_tasks.simulator.rounds.hooks import RecoveryStrategy, StayInRegion
+from sailor_tasks.simulator.rounds.routing import SimPlacement
+from sailor_tasks.simulator.rounds.workload import SimJob
 from sailor_tasks.strategies import PreemptionRecord, RecoveryContext, get_strategy, strategy_names
 
-DEFAULT_RECOVERY = "same_zone_first"
 BASELINE_RECOVERY = "stay_in_region"
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sailor_tasks.catalog.offers import Catalog
-from sailor_tasks.simulator.spot import SpotJob, SpotMarket, SpotZone
+from sailor_tasks.simulator.spot.engine import SpotJob, SpotMarket, SpotZone
 from sailor_tasks.traces.sources import ZoneTrace
 
 BIND_MODES: tuple[str, ...] = ("pool", "exact")
@@ -27,7 +27,7 @@ DEFAULT_GPU_TYPES: tuple[str, ...] = ("A100", "H100", "L4", "T4", "V100", "P100"
 GPU_COUNTS = (1, 2, 4, 8)
 GPU_COUNT_WEIGHTS = (0.4, 0.2, 0.2, 0.2)
 """GPUs per job: most training jobs use one GPU, the rest one VM of 2-8 (Philly-like sizes, as
-sailor_tasks.simulator.workload)."""
+sailor_tasks.simulator.rounds.workload)."""
 WORK_HOURS = (1.0, 16.0)
 """Job length on its GPUs, log-uniform: minutes-long jobs do not need a market strategy, week-long
 ones are out of the traces' reach (2.8-5.9 days)."""

@@ -11,7 +11,7 @@ DEFAULT_SLACK = 0.2
 
 def add_spot_arguments(g: Any) -> None:
     """Arguments of the spot simulator (an argument group of ``sailor simulate``)."""
-    from sailor_tasks.simulator.spot_setup import BIND_MODES
+    from sailor_tasks.simulator.spot.setup import BIND_MODES
     from sailor_tasks.strategies import MARKET_STRATEGIES
 
     g.add_argument(
@@ -41,8 +41,8 @@ def add_spot_arguments(g: Any) -> None:
 def spot_inputs(availability: list[str], jobs: int, seed: int, slack: float, jobs_per_hour: float, bind: str):
     """(market, jobs with deadlines) for the given traces: what the CLI and the benchmark share."""
     from sailor_tasks.catalog import load_catalog
-    from sailor_tasks.simulator.spot import with_deadlines
-    from sailor_tasks.simulator.spot_setup import build_market, generate_spot_jobs
+    from sailor_tasks.simulator.spot.engine import with_deadlines
+    from sailor_tasks.simulator.spot.setup import build_market, generate_spot_jobs
     from sailor_tasks.traces.sources import load_sources
 
     market = build_market(load_catalog(), load_sources(availability), bind=bind, seed=seed)
@@ -56,7 +56,7 @@ def run_spot_simulation(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         ValueError: a bad argument (names it and the valid choices).
     """
-    from sailor_tasks.simulator.spot import simulate_spot
+    from sailor_tasks.simulator.spot.engine import simulate_spot
     from sailor_tasks.strategies import MARKET_STRATEGIES
 
     started = time.perf_counter()

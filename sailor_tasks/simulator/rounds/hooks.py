@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from sailor_tasks.simulator.workload import SimJob
+    from sailor_tasks.simulator.rounds.workload import SimJob
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import requests
 
-from sailor_tasks.airflow_api import AirflowClient
+from sailor_tasks.cli.airflow_api import AirflowClient
 from sailor_tasks.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -1,41 +1,16 @@
-"""Airflow glue: the one place in ``sailor_tasks`` that imports Airflow.
-
-``run_stage`` calls a stage and maps SAILOR's errors onto Airflow's retry semantics: configuration
-errors (bad params, no feasible offer) fail the task at once with ``AirflowFailException``;
-transient errors (capacity taken, preemption, I/O) propagate so Airflow retries them.
-
-``SailorTrainOperator`` is ``sailor_train``'s ``train`` task: inline on the local backend,
-deferrable on GKE.
-"""
+"""``SailorTrainOperator``: ``sailor_train``'s ``train`` task, inline on the local backend,
+deferrable on GKE."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from sailor_tasks.errors import InvalidRequestError, NoFeasibleOfferError
-
-R = TypeVar("R")
-
-CONFIG_ERRORS: tuple[type[Exception], ...] = (InvalidRequestError, NoFeasibleOfferError)
-PREEMPTED_EXIT_CODE = 75
-"""Exit status of a trainer that stopped on a preemption notice after saving (``train.trainer``)."""
-
-
-def run_stage(stage: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-    """Run ``stage``; a configuration error becomes ``AirflowFailException`` (no retries).
-
-    Google Cloud credentials come from the Airflow connection (``gcp_glue.install``)."""
-    from sailor_tasks import gcp_glue
-
-    gcp_glue.install()
-    try:
-        return stage(*args, **kwargs)
-    except CONFIG_ERRORS as exc:
-        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+from sailor_tasks.airflow_glue.stage import run_stage
+from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 
 
 class SailorTrainOperator(BaseOperator):
@@ -98,7 +73,9 @@ class SailorTrainOperator(BaseOperator):
 
     def resume_train(self, context: Any, event: Mapping[str, Any] | None = None, **_: Any) -> Any:
         """Re-entry from the pod trigger: finish that pod, then defer on the next, or end the attempt."""
-        from sailor_tasks import gcp_glue, recovery, stages
+        from sailor_tasks import stages
+        from sailor_tasks.airflow_glue import gcp as gcp_glue
+        from sailor_tasks.stages import attempts
 
         state = (event or {}).get(gcp_glue.TRIGGER_STATE_KEY)
         if not isinstance(state, Mapping) or "attempt" not in state:
@@ -107,7 +84,7 @@ class SailorTrainOperator(BaseOperator):
             )
         gcp_glue.install()
         ctx = stages.StageContext.from_env()
-        attempt = recovery.resume_attempt(ctx, self.request, context["run_id"], int(state["attempt"]))
+        attempt = attempts.resume_attempt(ctx, self.request, context["run_id"], int(state["attempt"]))
         pods = self._pods(context, ctx, attempt)
         index = int(state["pod"])
         step = pods.resume(index, event or {})
@@ -133,7 +110,7 @@ class SailorTrainOperator(BaseOperator):
         )
 
     def _pods(self, context: Any, ctx: Any, attempt: Any) -> Any:
-        from sailor_tasks import gcp_glue
+        from sailor_tasks.airflow_glue import gcp as gcp_glue
         from sailor_tasks.backends import get_backend
 
         return gcp_glue.TrainingPods(get_backend("gke", ctx.settings).cfg, attempt.launch, context)
@@ -175,7 +152,7 @@ class SailorTrainOperator(BaseOperator):
         return self._finish(context, attempt, max(codes.values()))
 
     def _defer(self, trigger: Any, state: Mapping[str, Any]) -> None:
-        from sailor_tasks import gcp_glue
+        from sailor_tasks.airflow_glue import gcp as gcp_glue
 
         trigger.trigger_kwargs = {**(trigger.trigger_kwargs or {}), gcp_glue.TRIGGER_STATE_KEY: dict(state)}
         self.log.info("deferring on pod %s (attempt %s)", trigger.pod_name, state["attempt"])

@@ -189,9 +189,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
     """Solve a rebalance scenario without Airflow (a generated one, or a problem JSON file)."""
+    from sailor_tasks.errors import RebalanceInfeasibleError
     from sailor_tasks.rebalance.problem import Problem
     from sailor_tasks.rebalance.scenario import generate
-    from sailor_tasks.rebalance.solver import RebalanceInfeasibleError, solve
+    from sailor_tasks.rebalance.solver import solve
 
     if args.scenario == "generated":
         try:
@@ -310,10 +311,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     params = _load_params(args.json, args.set)
     try:
         with contextlib.redirect_stdout(sys.stderr):  # operator logs must not mix with the JSON
-            from sailor_tasks.gcp_glue import render_run
+            from sailor_tasks.airflow_glue.gcp import render_run
             from sailor_tasks.ledger import Ledger
             from sailor_tasks.model import ClusterState
-            from sailor_tasks.params import DEMO_DATASET_URI
+            from sailor_tasks.request import DEMO_DATASET_URI
 
             settings = Settings.from_env()
             ledger = Ledger(settings.ledger_url)
@@ -460,7 +461,7 @@ def recovery_lines(ledger: Any, run_id: str) -> list[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from sailor_tasks.simulator.cli import run_simulation
+    from sailor_tasks.cli.simulate import run_simulation
 
     try:
         result = run_simulation(args)
@@ -479,8 +480,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """Trigger ``sailor_train`` through Airflow's REST API with params from a JSON file; follow it."""
-    from sailor_tasks.airflow_api import AirflowAPIError, AirflowClient
     from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.cli.airflow_api import AirflowAPIError, AirflowClient
     from sailor_tasks.errors import InvalidRequestError
     from sailor_tasks.request import from_params
 
@@ -642,7 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo_data)
 
     p = sub.add_parser("simulate", help="simulate a job trace under a scheduling policy (Gavel-style rounds)")
-    from sailor_tasks.simulator.cli import add_arguments
+    from sailor_tasks.cli.simulate import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=cmd_simulate)

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sailor_tasks import gcp_auth
+from sailor_tasks import gcp_auth, paths
 from sailor_tasks.backends import gke
 from sailor_tasks.backends.base import TrainLaunch
 
@@ -311,10 +311,8 @@ def render_run(
     placement = plan(request, catalog, state or ClusterState(), run_id)
     config = gke.GkeConfig.from_env(settings)
     key = run_key(run_id)
-    run_uri = storage.resolve(f"sailor://{placement.region}/runs/{key}", settings)
-    launch = TrainLaunch(
-        run_id, key, storage.join(run_uri, "train_config.json"), request.num_workers, placement
-    )
+    run_uri = paths.run_uri(placement.region, run_id, settings)
+    launch = TrainLaunch(run_id, key, paths.train_config_uri(run_uri), request.num_workers, placement)
     cluster = gke.build_cluster_body(config, placement.region, placement.zone)
     node_pool = gke.build_node_pool_body(config, key, placement)
     gke.validate_cluster_body(cluster)

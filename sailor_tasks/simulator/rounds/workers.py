@@ -17,13 +17,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sailor_tasks.simulator.shard import RegionShard
+from sailor_tasks.simulator.rounds.shard import RegionShard
 
 if TYPE_CHECKING:
     from sailor_tasks.catalog.throughput import ThroughputTable
-    from sailor_tasks.simulator.engine import SimConfig
-    from sailor_tasks.simulator.hooks import Region
-    from sailor_tasks.simulator.workload import SimJob
+    from sailor_tasks.simulator.rounds.config import SimConfig
+    from sailor_tasks.simulator.rounds.hooks import Region
+    from sailor_tasks.simulator.rounds.workload import SimJob
 
 _STOP = "stop"
 SPIN_S = 0.01
