@@ -421,7 +421,7 @@ def require_gcs_buckets(settings: Settings) -> None:
     if storage.scheme_of(probe) != "gs":
         raise ValueError(
             f"backend='gke' needs gs:// region buckets, but SAILOR_BUCKET_TEMPLATE gives {probe!r}; "
-            f"set SAILOR_BUCKET_TEMPLATE={GCS_BUCKET_TEMPLATE} (see README, 'Run on Google Cloud')"
+            f"set SAILOR_BUCKET_TEMPLATE={GCS_BUCKET_TEMPLATE} (see docs/gke.md)"
         )
 
 

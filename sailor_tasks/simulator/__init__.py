@@ -5,7 +5,6 @@ from sailor_tasks.simulator.rounds.engine import SimResult, simulate
 from sailor_tasks.simulator.rounds.hooks import (
     AlwaysAvailable,
     AvailabilityProvider,
-    AvailabilityTrace,
     LeastLoadedRouter,
     RecoveryStrategy,
     Region,
@@ -16,6 +15,7 @@ from sailor_tasks.simulator.rounds.hooks import (
 from sailor_tasks.simulator.rounds.replan import StrategyRecovery, make_recovery, recovery_names
 from sailor_tasks.simulator.rounds.routing import ROUTERS, PlacementRouter, SimPlacement, make_router
 from sailor_tasks.simulator.rounds.workload import SimJob, generate_jobs, read_gavel_trace
+from sailor_tasks.traces.availability import AvailabilityTrace, load_availability_trace
 
 __all__ = [
     "AlwaysAvailable",
@@ -35,6 +35,7 @@ __all__ = [
     "StrategyRecovery",
     "TraceAvailability",
     "generate_jobs",
+    "load_availability_trace",
     "make_recovery",
     "make_router",
     "read_gavel_trace",

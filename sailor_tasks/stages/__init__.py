@@ -5,6 +5,7 @@ the same stages run from the CLI, tests and benchmarks.
                       attempt per call: ``attempts``) → finalize; teardown (always)
 ``sailor_rebalance``: collect_utilization → solve_assignment → publish_assignment →
                       replicate_dataset[] → report_rebalance; collect_utilization → allocate_gpu_types
+``dashboard``:        the read-only snapshot the SAILOR page of the Airflow UI renders
 """
 
 from sailor_tasks.stages.context import StageContext

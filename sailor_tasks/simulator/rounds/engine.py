@@ -26,6 +26,7 @@ import numpy as np
 
 from sailor_tasks.catalog.throughput import ThroughputTable
 from sailor_tasks.policies import get_policy
+from sailor_tasks.simulator.rounds.config import SimConfig
 from sailor_tasks.simulator.rounds.hooks import (
     AlwaysAvailable,
     AvailabilityProvider,
@@ -33,7 +34,6 @@ from sailor_tasks.simulator.rounds.hooks import (
     Region,
     Router,
 )
-from sailor_tasks.simulator.rounds.config import SimConfig
 from sailor_tasks.simulator.rounds.replan import StrategyRecovery, make_recovery
 from sailor_tasks.simulator.rounds.routing import SimPlacement, make_router
 from sailor_tasks.simulator.rounds.shard import LEAVE, region_gpu_types
@@ -41,6 +41,10 @@ from sailor_tasks.simulator.rounds.workers import start_shards
 from sailor_tasks.simulator.rounds.workload import SimJob
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = SimConfig()
+"""``simulate``'s default configuration (frozen, so one shared instance)."""
+
 
 @dataclass(frozen=True)
 class SimResult:
@@ -79,7 +83,7 @@ def simulate(
     jobs: Sequence[SimJob],
     regions: Sequence[Region],
     table: ThroughputTable,
-    config: SimConfig = SimConfig(),
+    config: SimConfig = DEFAULT_CONFIG,
     availability: AvailabilityProvider | None = None,
     router: Router | None = None,
     strategy: RecoveryStrategy | None = None,

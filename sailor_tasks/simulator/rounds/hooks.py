@@ -3,16 +3,17 @@
 Each is a small Protocol. The defaults call the product's own code: routing by the placement
 engine (``routing.py``) and recovery by the strategies registry (``recovery.py``); the simple
 implementations here are the explicitly named baselines ``least_loaded`` and ``stay_in_region``.
-``TraceAvailability`` is a minimal reader of the availability-trace JSON format; TODO(sailor):
-replace it with the ``sailor_tasks.traces`` reader once that lands.
+``TraceAvailability`` replays the product's availability traces (``sailor_tasks.traces.availability``,
+loaded with ``load_availability_trace``) as spot capacity.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from sailor_tasks.traces.availability import AvailabilityTrace
 
 if TYPE_CHECKING:
     from sailor_tasks.simulator.rounds.workload import SimJob
@@ -42,42 +43,12 @@ class AlwaysAvailable:
         return int(region.gpus.get(gpu_type, 0))
 
 
-@dataclass(frozen=True)
-class AvailabilityTrace:
-    """``{"metadata": {"gap_seconds": N}, "data": [...]}``: entry i covers [i·N, (i+1)·N) seconds.
-
-    Single-node traces: 1 = spot capacity unavailable (preempted), 0 = available. Multi-node
-    traces (``counts=True``): the number of instances available. The trace repeats past its end.
-    """
-
-    gap_seconds: float
-    data: tuple[int, ...]
-    counts: bool = False
-
-    @classmethod
-    def load(cls, path: str, counts: bool | None = None) -> AvailabilityTrace:
-        with open(path) as f:
-            doc = json.load(f)
-        try:
-            gap = float(doc["metadata"]["gap_seconds"])
-            data = tuple(int(v) for v in doc["data"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"{path}: not an availability trace ({exc}); expected "
-                '{"metadata": {"gap_seconds": N}, "data": [0, 1, ...]}'
-            ) from None
-        if gap <= 0 or not data:
-            raise ValueError(f"{path}: gap_seconds={gap} and {len(data)} entries; need > 0 and ≥ 1")
-        if counts is None:
-            counts = any(v > 1 for v in data)
-        return cls(gap, data, counts)
-
-    def at(self, t: float) -> int:
-        return self.data[int(t // self.gap_seconds) % len(self.data)]
-
-
 class TraceAvailability:
-    """Spot regions follow availability traces (region name → trace); others are always available."""
+    """Spot regions follow availability traces (region name → trace); others are always available.
+
+    The trace repeats past its end. ``unavailable_flag`` traces: 1 takes every GPU of the region
+    away, 0 leaves them all; ``available_count`` traces cap the region's GPUs at the count.
+    """
 
     def __init__(self, traces: Mapping[str, AvailabilityTrace]):
         self.traces = dict(traces)
@@ -88,7 +59,7 @@ class TraceAvailability:
         if trace is None or not region.spot:
             return nominal
         value = trace.at(t)
-        if trace.counts:
+        if trace.kind == "available_count":
             return min(nominal, value)
         return 0 if value == 1 else nominal
 

@@ -114,15 +114,11 @@ class SpotZone:
         table = self.spot_usd if market == "spot" else self.on_demand_usd
         return table.get(gpus, math.inf)
 
-    def _slot(self, t_s: float) -> int:
-        assert self.trace is not None
-        return int((t_s + self.trace_offset_s) // self.trace.gap_seconds) % len(self.trace.data)
-
     def spot_available(self, t_s: float, gpus: int) -> bool:
         """Spot capacity for a ``gpus``-GPU VM at simulated second ``t_s`` (the trace repeats)."""
         if self.trace is None or gpus not in self.spot_usd:
             return False
-        v = self.trace.data[self._slot(t_s)]
+        v = self.trace.at(t_s + self.trace_offset_s)
         return v == 0 if self.trace.kind == "unavailable_flag" else v >= gpus
 
     def next_slot_s(self, t_s: float) -> float:

@@ -8,12 +8,12 @@ import pytest
 
 from sailor_tasks.catalog.throughput import load_packaged
 from sailor_tasks.simulator import (
-    AvailabilityTrace,
     Region,
     SimConfig,
     SimJob,
     TraceAvailability,
     generate_jobs,
+    load_availability_trace,
     simulate,
 )
 from sailor_tasks.simulator.rounds.workers import RemoteShard, split_regions
@@ -71,7 +71,7 @@ def test_workers_give_the_serial_results_with_spot_preemptions_and_moves(tmp_pat
     table = load_packaged()
     trace = tmp_path / "spot.json"
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 1800}, "data": [0, 1, 0, 0, 1, 1, 0]}))
-    spot = AvailabilityTrace.load(str(trace))
+    spot = load_availability_trace(str(trace))
     regions = [
         Region(f"s{i}", {"V100": 8, "A100": 8}, {"V100": 1.0, "A100": 2.0}, spot=i % 2 == 0) for i in range(4)
     ]

@@ -12,9 +12,11 @@ from sailor_tasks.simulator import (
     SimJob,
     TraceAvailability,
     generate_jobs,
+    load_availability_trace,
     read_gavel_trace,
     simulate,
 )
+from sailor_tasks.traces import availability
 
 CLUSTER = {"V100": 4, "P100": 4, "K80": 4}
 
@@ -82,7 +84,7 @@ def test_spot_region_losing_capacity_preempts_and_jobs_still_finish(tmp_path):
     trace = tmp_path / "spot.json"
     # Spot capacity gone for the second and fourth 10-minute slots.
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [0, 1, 0, 1, 0, 0, 0, 0]}))
-    avail = TraceAvailability({"spot": AvailabilityTrace.load(str(trace))})
+    avail = TraceAvailability({"spot": load_availability_trace(str(trace))})
     key = ("ResNet-50 (batch size 64)", 1)
     jobs = [
         SimJob(f"j{i}", key, total_steps=table.throughput(key, "V100") * 3000, arrival_s=0.0)
@@ -169,16 +171,17 @@ def test_cli_prints_one_json_object(gavel, capsys):
 def test_availability_trace_reader_checks_the_format(tmp_path):
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [0, 1, 0]}))
-    trace = AvailabilityTrace.load(str(good))
-    assert not trace.counts and [trace.at(t) for t in (0, 60, 130, 180)] == [0, 1, 0, 0]
+    trace = load_availability_trace(str(good))
+    assert AvailabilityTrace is availability.AvailabilityTrace and isinstance(trace, AvailabilityTrace)
+    assert trace.kind == "unavailable_flag" and [trace.at(t) for t in (0, 60, 130, 180)] == [0, 1, 0, 0]
     counts = tmp_path / "counts.json"
     counts.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [4, 2]}))
     region = Region("r", {"V100": 3}, spot=True)
-    assert TraceAvailability({"r": AvailabilityTrace.load(str(counts))}).capacity(region, "V100", 61) == 2
+    assert TraceAvailability({"r": load_availability_trace(str(counts))}).capacity(region, "V100", 61) == 2
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"data": [0, 1]}))
-    with pytest.raises(ValueError, match=r"not an availability trace .*gap_seconds"):
-        AvailabilityTrace.load(str(bad))
+    with pytest.raises(ValueError, match=r"bad\.json.*'metadata' and 'data'.*gap_seconds"):
+        load_availability_trace(str(bad))
 
 
 def test_capacity_that_never_returns_stops_at_the_horizon():
