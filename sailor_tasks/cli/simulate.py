@@ -1,20 +1,43 @@
-"""Arguments and driver of ``sailor simulate`` (kept here so the CLI module stays small).
-
-Workload sources are a mutually exclusive group (``--trace`` or ``--jobs``), and the cluster,
-policy and hooks are separate groups, so later modes (availability traces, recovery strategies,
-deadlines) add arguments without changing the existing ones.
-"""
+"""``sailor simulate``: a job trace under a scheduling policy in Gavel-style rounds (spot market: spot.py)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
 from typing import Any
 
 from sailor_tasks.catalog.throughput import GAVEL_GPUS
+from sailor_tasks.cli.output import print_table
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="simulate a job trace under a scheduling policy (Gavel-style rounds)")
+    add_arguments(p)
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    try:
+        result = run_simulation(args)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table([result], list(result))
+    return 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``sailor simulate``.
+
+    Workload sources are a mutually exclusive group (``--trace`` or ``--jobs``), and the cluster,
+    policy and hooks are separate groups, so later modes (availability traces, recovery strategies,
+    deadlines) add arguments without changing the existing ones.
+    """
     from sailor_tasks.policies import policy_names
 
     work = p.add_argument_group("workload").add_mutually_exclusive_group(required=True)
