@@ -51,7 +51,7 @@ def main() -> None:
     from sailor_tasks.settings import Settings
     from sailor_tasks.stages import StageContext
     from sailor_tasks.testing.run_inline import run_inline
-    from sailor_tasks.train.checkpoint.store import CheckpointManager, diff_states
+    from sailor_tasks.train.checkpoint.dcp import CheckpointManager, diff_states
 
     settings = Settings.from_env()
     write_demo_dataset(storage.resolve(DEMO_DATASET, settings))

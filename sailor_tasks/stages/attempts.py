@@ -39,7 +39,7 @@ from sailor_tasks.stages import prepare
 from sailor_tasks.stages.context import JSON, StageContext
 from sailor_tasks.stages.summary import attempt_markets, describe_attempts
 from sailor_tasks.strategies import PreemptionRecord, RecoveryContext, get_strategy
-from sailor_tasks.train.checkpoint.store import CheckpointManager
+from sailor_tasks.train.checkpoint.store import CheckpointStore
 from sailor_tasks.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def recover(
     pl = from_dict(Placement, placed)
     if pl.region != lost.region:
         data = prepare.place_data(to_dict(req), placed, run_id, ctx)
-        src = CheckpointManager(paths.checkpoint_uri(ctx.run_uri(lost.region, run_id)))
+        src = CheckpointStore(paths.checkpoint_uri(ctx.run_uri(lost.region, run_id)))
         dst = paths.checkpoint_uri(ctx.run_uri(pl.region, run_id))
         step = src.copy_latest_to(dst)
         logger.info(
@@ -354,7 +354,7 @@ def finish_attempt(
 
     noticed = preemption["noticed"] if preemption else True
     reached = max(report.get("step") or 0, result["step"] if result else 0)
-    resume_step = CheckpointManager(config.checkpoint_uri).latest_valid_step() or 0
+    resume_step = CheckpointStore(config.checkpoint_uri).latest_valid_step() or 0
     lost = max(0, reached - resume_step)
     at = _ts(preemption["at"] if preemption else report.get("ended_at")) or ended
     ctx.ledger.end_attempt(run_id, attempt, "preempted", step=reached, resumed_from_step=resumed)

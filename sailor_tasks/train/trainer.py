@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from sailor_tasks import storage
-from sailor_tasks.train.checkpoint.store import CheckpointManager
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.data import ByteCorpus
 from sailor_tasks.train.models import build_model

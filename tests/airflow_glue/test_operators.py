@@ -407,7 +407,7 @@ def test_deferred_train_runs_the_pods_and_recovers_a_preempted_attempt(gke_env):
     the checkpoint and finish; all inside one try, every attempt in the ledger."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from sailor_tasks.train.checkpoint.store import CheckpointManager
+    from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 
     gke_env.core.mode = "process"
     run_id = "manual__defer-5"

@@ -19,7 +19,7 @@ import pytest
 from sailor_tasks import stages, storage
 from sailor_tasks.backends import gke
 from sailor_tasks.testing.gcs_emulator import free_port
-from sailor_tasks.train.checkpoint.store import CheckpointManager
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 
 pytestmark = [pytest.mark.gke, pytest.mark.gcs, pytest.mark.slow]
 

@@ -7,7 +7,7 @@ import pytest
 from sailor_tasks.errors import PreemptedError, RecoveryExhaustedError
 from sailor_tasks.ledger import Ledger
 from sailor_tasks.testing.run_inline import run_inline
-from sailor_tasks.train.checkpoint.store import CheckpointManager, diff_states
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager, diff_states
 
 pytestmark = pytest.mark.slow
 

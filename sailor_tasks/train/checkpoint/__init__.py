@@ -1,2 +1,2 @@
-"""Atomic, verified checkpoints: the torch-free store (markers, checksums, retention, copy) and the
-torch.distributed.checkpoint writer and reader."""
+"""Atomic, verified checkpoints: ``store`` (torch-free: layout, markers, verification, copy,
+retention) and ``dcp`` (the torch.distributed.checkpoint writer, reader and ``CheckpointManager``)."""

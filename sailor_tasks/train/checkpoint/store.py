@@ -1,54 +1,10 @@
-"""Atomic, verified checkpoints with torch.distributed.checkpoint over fsspec.
+"""Checkpoint folders on storage, without torch: layout, commit markers, verification, copy, retention.
 
-Layout under the run's checkpoint root (a ``file://`` or ``gs://`` URI)::
-
-    step-00000050/          DCP files (.metadata, __0_0.distcp, ...)
-    step-00000050/COMMITTED.json   commit marker: step, world size, crc32c and size of every file
-    .recycle/               local roots only: data files of a retired checkpoint, to be reused
-
-The marker is written last, by global rank 0, after every rank's data is on storage. A folder
-without a marker (killed mid-save) or whose files no longer match the marker (corruption) is never
-loaded: ``latest_valid_step`` falls back to the previous committed step. The newest
-``keep_latest_k`` committed checkpoints are kept: older ones are retired after each commit, in the
-background thread (``wait`` joins it), since unlinking hundreds of MB takes tens of ms.
-
-On an object store (``gs://``) a retired checkpoint is deleted. On a local root (``file://`` or a
-plain path) its data files (``*.distcp``) are recycled, as PostgreSQL recycles WAL segments:
-writing a new file pays for block and page allocation, overwriting an existing one whose pages are
-still cached does not (306 MB: 87 ms new vs 41 ms overwritten, single thread, on this VM).
-Retention first removes the retired checkpoint's marker (it can never be loaded again), then moves
-its data files into ``.recycle/`` (as ``step-00000048.__0_0.distcp``) and deletes the rest of the
-folder; ``.recycle/`` keeps at most as many files as the newest checkpoint has data files (the
-most recently recycled; the others are deleted), so a local root holds at most one checkpoint's
-worth of data beyond the newest ``keep_latest_k``. The writer renames a recycled file (preferably
-one of the same name) to each data file it writes while any is left, overwrites it from offset 0
-and truncates it to what it wrote; the crc32c is computed over exactly the bytes written, as for a
-new file. Crash safety is that of new files: a recycled file never belongs to a committed
-checkpoint, and a partly overwritten one lives only in the uncommitted folder of the save that
-took it (a kill -9 leaves the previous checkpoints as they were). In one process, retention and
-saves never overlap (async saves and retention run on one single-worker executor, and ``save``
-waits for it first); with several ranks, a rank's save may overlap rank 0's retention, and every
-rename and deletion in ``.recycle/`` tolerates the file having been taken meanwhile. A reader
-holding a retired checkpoint's file open while a later save overwrites it would see new bytes
-(a deleted file would keep its old ones): only the newest ``keep_latest_k`` are ever loaded.
-
-DCP plans the checkpoint and writes ``.metadata``; the data files are written by
-``ChecksummingFsspecWriter``: every tensor's bytes go straight from the tensor's buffer to the file
-in 1 MiB writes (no ``torch.save`` archive per tensor, no intermediate copy), one file per writer
-thread, and the crc32c of each file is computed on the same chunks as they are written (no second
-pass, no read-back). Each rank leaves a small ``__<rank>_crc32c.json`` sidecar with its files'
-crc32c and size, and rank 0 merges them into the marker. Tensor entries are tagged
-``RAW_TENSOR_FORMAT`` in the DCP metadata and read back by ``RawTensorFsspecReader`` (which still
-reads ``torch.save`` entries of older checkpoints; DCP's stock reader refuses the tag with "Unknown
-extension" rather than misreading it). Verification on load reads the files (that is where
-corruption is caught). Files are not fsynced: a file torn by a machine crash fails its crc32c and
-the previous checkpoint is used.
-
-``save_async`` copies the state into staging buffers reused by every save of the run and writes it
-in a background thread; the marker is written there too, once the write completed, so an
-unfinished async save is simply an uncommitted folder. With ``pipelined=True`` the staging copy
-itself runs in the background, overlapping the caller's next forward/backward (CheckFreq, FAST'21):
-the caller must call ``wait_staged`` before anything changes the saved state (the optimizer step).
+The orchestrator finds, verifies and moves checkpoints (``stages.attempts``) but never loads one,
+so it works on the folders alone and never imports torch. ``dcp.CheckpointManager`` builds on
+``CheckpointStore`` to write and read the folders' contents. A folder is loadable only once its
+commit marker, written last and holding every file's crc32c and size, exists and matches its
+files; ``docs/checkpoints.md`` describes the layout and the file recycling on local roots.
 """
 
 from __future__ import annotations
@@ -57,60 +13,26 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import posixpath
 import re
-import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
 from typing import Any
 
-import crc32c
-import torch
-import torch.distributed.checkpoint as dcp
-import torch.utils.serialization.config as torch_serialization_config
-from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-from torch.distributed.checkpoint._sharded_tensor_utils import _flatten_sharded_tensors
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import (
-    CURRENT_DCP_VERSION,
-    DEFAULT_SUFFIX,
-    _split_by_size_and_type,
-    _StorageInfo,
-)
-from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
-from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.checkpoint.storage import WriteResult
-from torch.futures import Future as TorchFuture
-
 from sailor_tasks import storage
+from sailor_tasks.errors import DataIntegrityError
 
 logger = logging.getLogger(__name__)
 
 MARKER = "COMMITTED.json"
 SIDECAR_SUFFIX = "crc32c.json"
 """Per-rank checksum sidecars (``__0_crc32c.json``); not part of the checkpoint itself."""
+DATA_SUFFIX = ".distcp"
+"""Suffix of the data files, DCP's ``filesystem.DEFAULT_SUFFIX`` (``dcp`` checks that they agree)."""
+RECYCLE_DIR = ".recycle"
+"""Folder of recycled data files under a local checkpoint root (never a step folder's name)."""
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 _CHUNK = 8 * 1024 * 1024
 """Read/copy size: large enough for full-speed I/O."""
-_WRITE_CHUNK = 1024 * 1024
-"""Write size of the checkpoint writer: each chunk's crc32c is computed just before the chunk is
-written, so it is still in cache (L2 512 KiB per core, L3 32 MiB here) when the write copies it. With 2
-writer threads, 20-30% faster and steadier than 8 MiB chunks in interleaved runs on this VM
-(2026-11-22, median 52-61 ms vs 67-79 ms for 306 MB); no difference with one thread."""
-_METADATA = ".metadata"
-"""DCP's metadata file (``filesystem._metadata_fn``)."""
-RECYCLE_DIR = ".recycle"
-"""Folder of recycled data files under a local checkpoint root (never a step folder's name)."""
-RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
-"""DCP storage tag of a tensor entry stored as its raw bytes (dtype and shape in the metadata)."""
 
 
 def step_dir_name(step: int) -> str:
@@ -123,493 +45,31 @@ def crc32c_of(uri: str) -> tuple[str, int]:
     return storage.crc32c(uri, _CHUNK)
 
 
-def _reader(uri: str) -> RawTensorFsspecReader:
-    return RawTensorFsspecReader(uri, **storage.fs_options(storage.scheme_of(uri)))
-
-
-def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """The tensor's bytes as a flat buffer over its own storage (a copy only when not contiguous)."""
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())  # the view keeps ``flat`` alive
-
-
-class _ChecksumStream:
-    """Write-through proxy of a DCP output stream that keeps the crc32c and size of what it wrote."""
-
-    def __init__(self, raw: Any):
-        self._raw, self.crc, self.size = raw, 0, 0
-
-    def write(self, data: Any) -> int:
-        # ``crc32c`` reads any buffer in place (and releases the GIL on large ones).
-        self.crc = crc32c.crc32c(data, self.crc)
-        self.size += memoryview(data).nbytes
-        return self._raw.write(data)
-
-    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close, ...
-        return getattr(self._raw, name)
-
-
-class _ChecksummingFileSystem(_FsspecFileSystem):
-    """DCP's fsspec filesystem, recording the crc32c/size of the files DCP itself writes (.metadata)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sums: dict[str, dict[str, Any]] = {}
-
-    @contextlib.contextmanager
-    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
-        with super().create_stream(path, mode) as stream:
-            if "w" not in mode:
-                yield stream
-                return
-            proxy = _ChecksumStream(stream)
-            yield proxy
-            self.sums[posixpath.basename(str(path))] = {"crc32c": f"{proxy.crc:08x}", "size": proxy.size}
-
-    def rename(self, path: Any, new_path: Any) -> None:
-        if storage.scheme_of(str(path)) in ("", "file"):
-            super().rename(path, new_path)
-        else:  # object stores have no rename: copy + delete (gcsfs's moveTo is not universal)
-            storage.rename(str(path), str(new_path))
-        old = self.sums.pop(posixpath.basename(str(path)), None)
-        if old is not None:
-            self.sums[posixpath.basename(str(new_path))] = old
-
-
-def _plan_key(flat: dict[str, Any], mappings: dict[str, Any]) -> tuple | None:
-    """What DCP's default save plan of a flattened state dict depends on: every entry's FQN and
-    nesting path, and for a tensor its shape and ``TensorProperties`` fields. None when an entry
-    is a tensor subclass (DTensor, ShardedTensor) or plans its own writes: those are planned every
-    time."""
-    entries = []
-    for fqn, value in flat.items():
-        if isinstance(value, torch.Tensor):
-            if type(value) not in (torch.Tensor, torch.nn.Parameter):
-                return None
-            entries.append(
-                (fqn, tuple(value.shape), value.dtype, value.layout, value.requires_grad, value.is_pinned())
-            )
-        elif hasattr(value, "__create_write_items__"):
-            return None
-        else:
-            entries.append((fqn,))
-    return tuple(entries), tuple(mappings.items())
-
-
-class _Pickled:
-    """An object pickled ahead of time. It pickles as those bytes: plain ``pickle.load`` calls
-    ``pickle.loads`` on them, which rebuilds the original object, then sets ``items`` into it (a
-    dict), so a reader needs nothing but pickle itself."""
-
-    __slots__ = ("data", "items")
-
-    def __init__(self, data: bytes, items: list[tuple[Any, Any]]):
-        self.data, self.items = data, items
-
-    def __reduce__(self) -> tuple:
-        return (pickle.loads, (self.data,), None, None, iter(self.items))
-
-
-@dataclass(slots=True)
-class _SaveCache:
-    """What the single-process saves of one ``CheckpointManager`` reuse while the state's structure
-    (``_plan_key``) is unchanged: DCP's local and global plans and metadata, the split of the
-    write items into files, and the pickles of ``.metadata``'s unchanged parts. Everything here is
-    derived from the structure only, never from tensor values."""
-
-    key: Any = None
-    local_plan: SavePlan | None = None
-    global_plan: list[SavePlan] | None = None
-    metadata: Metadata | None = None
-    split: tuple[list[Any], list[list[Any]]] | None = None
-    """(plan items, the items of each file): kept while the cached plan's item list is reused."""
-    pickles: dict[str, tuple[Any, bytes]] = field(default_factory=dict)
-
-    def pickled(self, name: str, obj: Any, items: list[tuple[Any, Any]] | None = None) -> _Pickled:
-        """``obj`` as a ``_Pickled``, re-pickled only when it differs from the last one of ``name``."""
-        cached = self.pickles.get(name)
-        if cached is None or not (cached[0] is obj or cached[0] == obj):
-            cached = self.pickles[name] = (obj, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-        return _Pickled(cached[1], items or [])
-
-
-class _CachingSavePlanner(DefaultSavePlanner):
-    """``DefaultSavePlanner`` of single-process saves that reuses the previous save's plans and
-    metadata when the flattened state has the same structure (``_plan_key``).
-
-    DCP plans every save from scratch: write items per tensor, dedup across ranks, metadata per
-    tensor, validation (~15-30 ms for 400 tensors). With one process there is nothing to dedup or
-    agree on, and the plan is a function of the structure alone, so an unchanged structure gets
-    the very same plan objects (which also lets the writer reuse its file split).
-    """
-
-    def __init__(self, cache: _SaveCache):
-        super().__init__()
-        self._cache = cache
-        self._key: Any = None
-        self._hit = False
-
-    def set_up_planner(self, state_dict: Any, storage_meta: Any = None, is_coordinator: bool = False) -> None:
-        flat, self.mappings = flatten_state_dict(state_dict)
-        self._key = _plan_key(flat, self.mappings) if is_coordinator else None
-        # A key means plain tensors only: no ShardedTensor for _flatten_sharded_tensors to rewrite.
-        self.state_dict = flat if self._key is not None else _flatten_sharded_tensors(flat)
-        self.is_coordinator = is_coordinator
-        self._hit = self._key is not None and self._key == self._cache.key
-
-    def create_local_plan(self) -> SavePlan:
-        if self._hit:
-            self.plan = self._cache.local_plan
-            return self.plan
-        return super().create_local_plan()
-
-    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
-        cache = self._cache
-        if self._hit and len(all_plans) == 1 and all_plans[0] is cache.local_plan:
-            self.global_plan = cache.global_plan
-            # The writer sets storage_data/storage_meta/version on it: a shallow copy per save.
-            self.metadata = replace(cache.metadata)
-            return self.global_plan, self.metadata
-        global_plan, metadata = super().create_global_plan(all_plans)
-        if self._key is not None and len(all_plans) == 1:
-            cache.key, cache.local_plan, cache.global_plan = self._key, all_plans[0], global_plan
-            cache.metadata, cache.split = replace(metadata), None
-        else:
-            cache.key = None
-        return global_plan, metadata
-
-
-class ChecksummingFsspecWriter(FsspecWriter):
-    """``FsspecWriter`` whose data files hold raw tensor bytes, checksummed while written.
-
-    DCP's own writer serialises every tensor as a ``torch.save`` archive (pickler, zip records,
-    dozens of small writes per tensor): 4-5x slower than writing the same bytes. Here each file is
-    written by one thread in ``_WRITE_CHUNK`` writes taken straight from the tensors' buffers, and each
-    chunk's crc32c is computed just before it is written, while it is still in cache. Tensor
-    entries are tagged ``RAW_TENSOR_FORMAT`` (dtype and shape are in DCP's metadata already);
-    non-tensor entries stay DCP's ``torch.save`` bytes, written after the tensors of their file
-    (so tensor offsets do not move when a pickled value changes size). With ``sidecar`` each rank
-    writes a sidecar with its files' crc32c and size (a single process hands them over directly).
+class CheckpointStore:
+    """The ``step-NNNNNNNN/`` folders under one checkpoint root (a ``file://``, plain-path or
+    ``gs://`` URI): which steps exist and are committed, verifying, committing, copying and
+    retiring them.
 
     Args:
-        path: the checkpoint folder's URI.
-        cache: a single-process manager's ``_SaveCache``: the file split and the pickles of
-            ``.metadata``'s unchanged parts are reused from the previous save.
-        pool: threads for all files but the first (written by the calling thread); without it,
-            threads are started for this save.
-        sidecar: write the per-rank checksum sidecar.
-        recycle_dir: local folder of recycled data files (``CheckpointManager``'s ``.recycle``;
-            local filesystems only): each data file is written into one of them when one is left
-            (renamed to the data file's name, overwritten from offset 0, truncated to what was
-            written), else into a new file. None: always new files.
+        root_uri: the run's checkpoint root.
+        keep_latest_k: committed checkpoints ``retain`` keeps.
+        recycle: on a local root, ``retain`` moves retired checkpoints' data files into
+            ``RECYCLE_DIR`` for later saves to overwrite (False: delete them, as on object stores).
     """
 
-    def __init__(
-        self,
-        path: str,
-        *,
-        cache: _SaveCache | None = None,
-        pool: ThreadPoolExecutor | None = None,
-        sidecar: bool = True,
-        recycle_dir: str | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(path, **kwargs)
-        fs = _ChecksummingFileSystem()
-        fs.fs = self.fs.fs
-        self.fs = fs
-        self._cache, self._pool, self._sidecar = cache, pool, sidecar
-        self._recycle_dir = recycle_dir
-        self._local_dir = storage.filesystem(str(self.path))[1] if recycle_dir is not None else None
-        """The checkpoint folder as a local path (``self.path`` is its URI)."""
-        self.recycled: list[str] = []
-        """Data files of this save written into recycled files."""
-
-    def _split(self, items: list[Any]) -> list[list[Any]]:
-        """Items per file, tensors first; reused while the cached plan's item list is."""
-        cache = self._cache
-        if cache is not None and cache.split is not None and cache.split[0] is items:
-            return cache.split[1]
-        buckets = [
-            sorted(b, key=lambda wi: wi.type == WriteItemType.BYTE_IO)  # stable: tensors, then bytes
-            for b in _split_by_size_and_type(self.thread_count, items)
-            if b
-        ]
-        if cache is not None:
-            cache.split = (items, buckets)
-        return buckets
-
-    def write_data(self, plan: Any, planner: Any) -> Any:
-        prefix = plan.storage_data.prefix  # "__<rank>_": unique per rank
-        buckets = self._split(plan.items)
-        names = [f"{prefix}{i}{DEFAULT_SUFFIX}" for i in range(len(buckets))]
-        recycled = self._take_recycled(names)
-        # Non-tensor entries are pickled by the planner (torch.save); their zip CRC32 would be a
-        # second checksum over those bytes: crc32c below covers the files end to end.
-        with torch_serialization_config.patch({"save.compute_crc32": False}), contextlib.ExitStack() as stack:
-            pool = self._pool
-            if pool is None and len(buckets) > 1:
-                pool = stack.enter_context(
-                    ThreadPoolExecutor(len(buckets) - 1, thread_name_prefix="sailor-ckpt-write")
-                )
-            others = [
-                pool.submit(self._write_file, n, b, planner, n in recycled)
-                for n, b in zip(names[1:], buckets[1:], strict=True)
-            ]
-            per_file = (
-                [self._write_file(names[0], buckets[0], planner, names[0] in recycled)] if buckets else []
-            )
-            per_file += [f.result() for f in others]
-        if self._sidecar:
-            with self.fs.fs.open(posixpath.join(str(self.path), f"{prefix}{SIDECAR_SUFFIX}"), "w") as f:
-                json.dump({n: self.fs.sums[n] for n in names}, f)
-        fut: TorchFuture = TorchFuture()
-        fut.set_result([r for results in per_file for r in results])
-        return fut
-
-    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """Write ``.metadata`` as DCP does, but straight to its name (no temporary file and rename,
-        a copy + delete on object stores): the commit marker, written after it, is what makes a
-        checkpoint loadable. With a cache, the per-tensor parts unchanged since the previous save
-        are not pickled again (``_Pickled``); plain ``pickle.load`` reads the same ``Metadata``."""
-        metadata.version = CURRENT_DCP_VERSION
-        metadata.storage_data = {wr.index: wr.storage_data for wr_list in results for wr in wr_list}
-        metadata.storage_meta = self.storage_meta()
-        content: Any = metadata
-        if self._cache is not None:
-            tensors, rest = {}, []
-            for index, info in metadata.storage_data.items():
-                if info.transform_descriptors == [RAW_TENSOR_FORMAT]:
-                    tensors[index] = info
-                else:
-                    rest.append((index, info))
-            content = replace(
-                metadata,
-                state_dict_metadata=self._cache.pickled("state_dict_metadata", metadata.state_dict_metadata),
-                storage_data=self._cache.pickled("tensor_storage_data", tensors, rest),
-            )
-        with self.fs.create_stream(self.fs.concat_path(self.path, _METADATA), "wb") as f:
-            pickle.dump(content, f)
-            if self.sync_files:
-                f.flush()
-                os.fsync(f.fileno())
-
-    def _take_recycled(self, names: list[str]) -> set[str]:
-        """Rename a recycled file to each of ``names`` while any is left; returns the names that got
-        one. A file recycled under the same name (same rank and file index, so about the same size)
-        is preferred, then the newest. Renames are atomic: a file another rank took, or that
-        retention evicted, meanwhile (several ranks; one process never writes while its retention
-        runs) is simply skipped."""
-        if self._recycle_dir is None or self._local_dir is None:
-            return set()
-        try:
-            pool = sorted(
-                (n for n in os.listdir(self._recycle_dir) if n.endswith(DEFAULT_SUFFIX)), reverse=True
-            )
-        except FileNotFoundError:
-            return set()
-        taken = set()
-        for name in names:
-            same = [c for c in pool if c.endswith(f".{name}")]
-            for candidate in same + [c for c in pool if c not in same]:
-                pool.remove(candidate)
-                source = posixpath.join(self._recycle_dir, candidate)
-                try:
-                    os.rename(source, posixpath.join(self._local_dir, name))
-                except FileNotFoundError:
-                    if os.path.lexists(source):
-                        raise  # not a file taken meanwhile: the destination is missing
-                    continue
-                taken.add(name)
-                break
-        self.recycled = sorted(taken)
-        return taken
-
-    def _write_file(
-        self, name: str, items: list[Any], planner: Any, recycled: bool = False
-    ) -> list[WriteResult]:
-        results, crc, offset = [], 0, 0
-        # A recycled file is overwritten in place: its blocks and (still cached) pages are reused.
-        with (
-            open(posixpath.join(self._local_dir, name), "r+b")
-            if recycled
-            else self.fs.fs.open(posixpath.join(str(self.path), name), "wb")
-        ) as f:
-            for item in items:
-                data = planner.resolve_data(item)
-                if item.type == WriteItemType.BYTE_IO:
-                    buf, descriptors = data.getbuffer(), None
-                else:
-                    buf, descriptors = _tensor_bytes(data), [RAW_TENSOR_FORMAT]
-                size = buf.nbytes
-                for start in range(0, size, _WRITE_CHUNK):
-                    chunk = buf[start : start + _WRITE_CHUNK]
-                    crc = crc32c.crc32c(chunk, crc)
-                    f.write(chunk)
-                results.append(
-                    WriteResult(
-                        index=item.index,
-                        size_in_bytes=size,
-                        storage_data=_StorageInfo(name, offset, size, transform_descriptors=descriptors),
-                    )
-                )
-                offset += size
-                del buf
-            if recycled:
-                f.truncate(offset)  # the recycled file may have been longer
-        self.fs.sums[name] = {"crc32c": f"{crc:08x}", "size": offset}
-        return results
-
-
-class RawTensorFsspecReader(FsspecReader):
-    """``FsspecReader`` that also reads ``RAW_TENSOR_FORMAT`` entries, straight into the destination
-    tensor when it matches the stored chunk (no intermediate copy); other entries go to DCP."""
-
-    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
-        self._tensor_md = metadata.state_dict_metadata
-
-    def read_data(self, plan: Any, planner: Any) -> Any:
-        raw: dict[str, list[Any]] = {}
-        rest = []
-        for req in plan.items:
-            info = self.storage_data[req.storage_index]
-            if tuple(info.transform_descriptors or ()) == (RAW_TENSOR_FORMAT,):
-                raw.setdefault(info.relative_path, []).append(req)
-            else:
-                rest.append(req)
-        for relative_path, reqs in raw.items():
-            with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
-                for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
-                    self._read_raw(stream, req, planner)
-        if rest:
-            super().read_data(replace(plan, items=rest), planner).wait()
-        fut: TorchFuture = TorchFuture()
-        fut.set_result(None)
-        return fut
-
-    def _read_raw(self, stream: Any, req: Any, planner: Any) -> None:
-        info = self.storage_data[req.storage_index]
-        md = self._tensor_md[req.storage_index.fqn]
-        offsets = tuple(req.storage_index.offset or ())
-        chunk = next(c for c in md.chunks if tuple(c.offsets) == offsets)
-        target = planner.resolve_tensor(req).detach()
-        whole = tuple(req.lengths) == tuple(chunk.sizes) and not any(req.storage_offsets)
-        if whole and target.is_contiguous() and target.dtype == md.properties.dtype:
-            dest = target  # read in place
-        else:
-            dest = torch.empty(tuple(chunk.sizes), dtype=md.properties.dtype)
-        view = _tensor_bytes(dest) if dest.is_contiguous() else None
-        if view is None or view.nbytes != info.length:
-            raise ValueError(
-                f"checkpoint entry {req.storage_index.fqn}: {info.length} bytes stored for a "
-                f"{md.properties.dtype} chunk of shape {tuple(chunk.sizes)}"
-            )
-        stream.seek(info.offset)
-        got = 0
-        while got < info.length:
-            n = stream.readinto(view[got:])
-            if not n:
-                raise EOFError(
-                    f"{info.relative_path}: {info.length - got} bytes missing at offset {info.offset}"
-                )
-            got += n
-        if dest is not target:
-            part = narrow_tensor_by_index(dest, req.storage_offsets, req.lengths)
-            if part.size() != target.size():
-                raise ValueError(f"{req.storage_index.fqn}: stored {part.size()} vs {target.size()}")
-            target.copy_(part)
-        planner.commit_tensor(req, target)
-
-
-def _layout(obj: Any) -> Any:
-    """Structure of a state dict with (shape, dtype) for tensors: equal layouts share staging buffers."""
-    if isinstance(obj, torch.Tensor):
-        return (tuple(obj.shape), obj.dtype)
-    if isinstance(obj, dict):
-        return tuple((k, _layout(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return tuple(_layout(v) for v in obj)
-    return type(obj)
-
-
-class _StagingBuffers:
-    """CPU buffers allocated once and reused by every async save of the run: after the first save,
-    staging is a plain memory copy (no allocation, no page faults). Reallocated only if the state's
-    layout (keys, shapes, dtypes) changes. Unpinned, so it works without CUDA. One save at a time:
-    a new save starts only after the previous one finished writing."""
-
-    def __init__(self) -> None:
-        self._layout: Any = None
-        self._buffers: dict[str, Any] | None = None
-
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        layout = _layout(state_dict)
-        if self._buffers is None or layout != self._layout:
-            self._buffers, self._layout = _create_cpu_state_dict(state_dict), layout
-        return _copy_state_dict(state_dict, self._buffers)
-
-
-def _resolve_stateful(state: dict[str, Any]) -> dict[str, Any]:
-    """What DCP saves for ``state``: ``state_dict()`` of every top-level ``Stateful`` value."""
-    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class _PendingSave:
-    step: int
-    future: Future
-    """Resolves to the ``SaveInfo`` once written and committed."""
-    staged: threading.Event
-    """Set once the state is copied into the staging buffers."""
-
-
-@dataclass(frozen=True, slots=True)
-class SaveInfo:
-    step: int
-    uri: str
-    bytes: int
-    seconds: float
-    recycled_files: int = 0
-    """Data files (this rank's) written into recycled files rather than new ones."""
-
-
-class CheckpointManager:
-    def __init__(
-        self,
-        root_uri: str,
-        *,
-        rank: int = 0,
-        keep_latest_k: int = 2,
-        distributed: bool = False,
-        process_group: Any = None,
-        thread_count: int = 2,
-        recycle: bool = True,
-    ):
-        """``recycle``: on a local root, reuse retired checkpoints' data files (False: delete them
-        and write new files, as on object stores)."""
+    def __init__(self, root_uri: str, *, keep_latest_k: int = 2, recycle: bool = True):
         self.root_uri = root_uri.rstrip("/")
-        self.rank = rank
         self.keep_latest_k = keep_latest_k
-        self.distributed = distributed
-        self.process_group = process_group
-        """Process group of async saves (keep it apart from training collectives)."""
-        self.thread_count = thread_count
-        self._pending: _PendingSave | None = None
-        self._staging = _StagingBuffers()
-        self._executor: ThreadPoolExecutor | None = None
-        self._write_pool: ThreadPoolExecutor | None = None
-        self._save_cache = _SaveCache()
-        self._retention: Future | None = None
-        self._recycle_dir: str | None = None
+        self.recycle_dir: str | None = None
         """Local folder of recycled data files; None on object stores (files are deleted)."""
         if recycle and storage.scheme_of(self.root_uri) in ("", "file"):
-            self._recycle_dir = storage.filesystem(storage.join(self.root_uri, RECYCLE_DIR))[1]
+            self.recycle_dir = storage.filesystem(storage.join(self.root_uri, RECYCLE_DIR))[1]
 
     def step_uri(self, step: int) -> str:
         return storage.join(self.root_uri, step_dir_name(step))
 
-    def _step_dirs(self) -> list[int]:
+    def step_dirs(self) -> list[int]:
+        """Steps with a folder under the root, committed or not, oldest first."""
         steps = []
         for name in storage.listdir(self.root_uri):
             m = _STEP_DIR.match(name)
@@ -619,7 +79,7 @@ class CheckpointManager:
 
     def committed_steps(self) -> list[int]:
         """Steps whose commit marker exists (not yet verified), oldest first."""
-        return [s for s in self._step_dirs() if storage.exists(storage.join(self.step_uri(s), MARKER))]
+        return [s for s in self.step_dirs() if storage.exists(storage.join(self.step_uri(s), MARKER))]
 
     def verify(self, step: int) -> bool:
         """True when every file listed in the step's marker exists with the recorded crc32c and size."""
@@ -638,142 +98,27 @@ class CheckpointManager:
             return False
         return True
 
-    def _writer(self, step: int) -> ChecksummingFsspecWriter:
-        uri = self.step_uri(step)
-        fs, path = storage.filesystem(uri)
-        if self.rank == 0 and fs.exists(path):
-            fs.rm(path, recursive=True)  # a partial folder from a killed save of the same step
-        if self._write_pool is None and self.thread_count > 1:
-            self._write_pool = ThreadPoolExecutor(
-                self.thread_count - 1, thread_name_prefix="sailor-ckpt-write"
-            )
-        return ChecksummingFsspecWriter(
-            uri,
-            sync_files=False,
-            thread_count=self.thread_count,
-            cache=None if self.distributed else self._save_cache,
-            pool=self._write_pool,
-            sidecar=self.distributed,
-            recycle_dir=self._recycle_dir,
-            **storage.fs_options(storage.scheme_of(uri)),
-        )
-
-    def _planner(self) -> _CachingSavePlanner | None:
-        """Single process: reuse the plan while the state's structure is unchanged. Several ranks:
-        DCP's default planner (plans are agreed on and deduplicated across ranks)."""
-        return None if self.distributed else _CachingSavePlanner(self._save_cache)
-
-    def save(self, step: int, state: dict[str, Any]) -> SaveInfo:
-        """Save ``state`` (DCP state dict, Stateful values allowed) as step ``step`` and commit it."""
-        self.wait()
-        start = time.monotonic()
-        writer = self._writer(step)
-        dcp.save(state, storage_writer=writer, planner=self._planner(), no_dist=not self.distributed)
-        info = self._finish(step, writer, start)
-        if self.rank == 0:  # deleting old checkpoints need not hold up training
-            self._retention = self._background().submit(self._retain)
-        return info
-
-    def save_async(self, step: int, state: dict[str, Any], *, pipelined: bool = False) -> None:
-        """Snapshot ``state`` into reused staging buffers, then write and commit it in a background
-        thread; ``poll``/``wait`` collect the result.
-
-        Args:
-            step: the step the checkpoint is named after.
-            state: DCP state dict (Stateful values allowed).
-            pipelined: take the snapshot (``state_dict()`` of Stateful values and the copy into
-                the staging buffers) in the background too, overlapping the caller's next
-                forward/backward. The caller must then call ``wait_staged`` before anything
-                changes the saved state in place (the optimizer step), and the Stateful values'
-                ``state_dict()`` must only read. Without it, the snapshot is complete when this
-                returns.
-        """
-        self.wait()
-        start = time.monotonic()
-        staged = threading.Event()
-        fut = self._background().submit(self._stage_and_save, step, state, staged, start)
-        self._pending = _PendingSave(step, fut, staged)
-        if not pipelined:
-            self.wait_staged()
-
-    def _stage_and_save(
-        self, step: int, state: dict[str, Any], staged: threading.Event, start: float
-    ) -> SaveInfo:
-        try:
-            snapshot = self._staging.stage(_resolve_stateful(state))
-        finally:
-            staged.set()  # also on failure: the error surfaces in poll()/wait(), never a hang
-        del state
-        writer = self._writer(step)
-        dcp.save(
-            snapshot,
-            storage_writer=writer,
-            planner=self._planner(),
-            no_dist=not self.distributed,
-            process_group=self.process_group,
-        )
-        info = self._finish(step, writer, start)
-        if self.rank == 0:
-            self._retain()
-        return info
-
-    def _background(self) -> ThreadPoolExecutor:
-        """One worker: async saves and retention run one at a time, in order."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="sailor-ckpt")
-        return self._executor
-
-    def wait_staged(self) -> None:
-        """Block until the pending async save's snapshot is copied (no-op when none is pending)."""
-        if self._pending is not None:
-            self._pending.staged.wait()
-
-    @property
-    def pending_step(self) -> int | None:
-        return self._pending.step if self._pending else None
-
-    def poll(self) -> SaveInfo | None:
-        """The pending async save's result once it is written and committed, else None."""
-        if self._pending and self._pending.future.done():
-            return self.wait()
+    def latest_valid_step(self) -> int | None:
+        """The newest committed step that verifies, or None when there is none."""
+        for step in reversed(self.committed_steps()):
+            if self.verify(step):
+                return step
         return None
 
-    def wait(self) -> SaveInfo | None:
-        """Block until the pending async save is written and committed, and old checkpoints beyond
-        ``keep_latest_k`` are deleted; re-raise their errors. Returns the async save's result."""
-        info = None
-        if self._pending:
-            pending, self._pending = self._pending, None
-            info = pending.future.result()
-        if self._retention:
-            retention, self._retention = self._retention, None
-            retention.result()
-        return info
-
-    def _finish(self, step: int, writer: ChecksummingFsspecWriter, start: float) -> SaveInfo:
-        uri = self.step_uri(step)
-        nbytes = 0
-        if self.rank == 0:
-            # A single process wrote every file itself (no sidecars to collect, nothing to list).
-            nbytes = self._commit(step, writer.fs.sums, complete=not self.distributed)
-        info = SaveInfo(
-            step=step,
-            uri=uri,
-            bytes=nbytes,
-            seconds=time.monotonic() - start,
-            recycled_files=len(writer.recycled),
-        )
-        if self.rank == 0:
-            logger.info(
-                "checkpoint step %d saved to %s (%.1f MB in %.2f s)", step, uri, nbytes / 1e6, info.seconds
-            )
-        return info
-
-    def _commit(
+    def commit(
         self, step: int, own_sums: dict[str, dict[str, Any]] | None = None, *, complete: bool = False
     ) -> int:
-        """Write the marker: checksums from the writers' sidecars (files with none are read back).
-        With ``complete``, ``own_sums`` covers every file of the folder: it is not listed."""
+        """Write the step's marker: checksums from the writers' sidecars (files with none are read
+        back). Called by global rank 0 once every rank's data is on storage.
+
+        Args:
+            step: the step folder to commit.
+            own_sums: crc32c and size of the files this process wrote, by file name.
+            complete: ``own_sums`` covers every file of the folder: it is not listed.
+
+        Returns:
+            The checkpoint's size in bytes (the files the marker lists).
+        """
         uri = self.step_uri(step)
         names = list(own_sums or {}) if complete else storage.listdir(uri)
         known: dict[str, dict[str, Any]] = dict(own_sums or {})
@@ -796,17 +141,16 @@ class CheckpointManager:
     def copy_latest_to(self, dest_root: str) -> int | None:
         """Copy the newest verified checkpoint to ``dest_root`` (files first, marker last) and verify it.
 
-        Returns the step copied, or None when there is no valid checkpoint to copy.
+        Returns:
+            The step copied, or None when there is no valid checkpoint to copy.
 
         Raises:
             DataIntegrityError: the copy does not match the marker.
         """
-        from sailor_tasks.errors import DataIntegrityError
-
         step = self.latest_valid_step()
         if step is None:
             return None
-        dest = CheckpointManager(dest_root, keep_latest_k=self.keep_latest_k)
+        dest = CheckpointStore(dest_root, keep_latest_k=self.keep_latest_k)
         src_uri, dst_uri = self.step_uri(step), dest.step_uri(step)
         if storage.exists(storage.join(dst_uri, MARKER)) and dest.verify(step):
             return step  # already there (a retried recovery)
@@ -823,7 +167,7 @@ class CheckpointManager:
             raise DataIntegrityError(dst_uri, "files listed in the source marker", "a mismatching copy")
         return step
 
-    def _retain(self) -> None:
+    def retain(self) -> None:
         """Delete checkpoints beyond the newest ``keep_latest_k`` committed ones, and uncommitted
         leftovers older than the newest commit. On a local root, the data files of a committed
         checkpoint are recycled instead (``_recycle``), and the recycle folder is then cut back to
@@ -831,100 +175,50 @@ class CheckpointManager:
         committed = self.committed_steps()
         keep = set(committed[-self.keep_latest_k :])
         newest = committed[-1] if committed else -1
-        for step in self._step_dirs():
+        for step in self.step_dirs():
             # Older committed beyond K, and uncommitted leftovers older than the newest commit.
             if step not in keep and step < newest:
-                if self._recycle_dir is not None and step in committed:
+                if self.recycle_dir is not None and step in committed:
                     self._recycle(step)
                 storage.remove(self.step_uri(step), recursive=True)
-        if self._recycle_dir is not None:
+        if self.recycle_dir is not None:
             self._bound_recycled(newest)
 
     def _recycle(self, step: int) -> None:
         """Move a retired checkpoint's data files into the recycle folder, its marker removed first:
         from then on the folder is uncommitted, so a recycled file never belongs to a loadable
         checkpoint (a kill -9 in between leaves an uncommitted leftover, deleted next time)."""
-        assert self._recycle_dir is not None
+        assert self.recycle_dir is not None
         uri = self.step_uri(step)
         marker_uri = storage.join(uri, MARKER)
         try:
-            names = [n for n in storage.read_json(marker_uri)["files"] if n.endswith(DEFAULT_SUFFIX)]
+            names = [n for n in storage.read_json(marker_uri)["files"] if n.endswith(DATA_SUFFIX)]
         except (OSError, KeyError, ValueError):
             names = []
         storage.remove(marker_uri)
         folder = storage.filesystem(uri)[1]
-        os.makedirs(self._recycle_dir, exist_ok=True)
+        os.makedirs(self.recycle_dir, exist_ok=True)
         for name in names:
             with contextlib.suppress(FileNotFoundError):
                 os.rename(
                     posixpath.join(folder, name),
-                    posixpath.join(self._recycle_dir, f"{step_dir_name(step)}.{name}"),
+                    posixpath.join(self.recycle_dir, f"{step_dir_name(step)}.{name}"),
                 )
 
     def _bound_recycled(self, newest: int) -> None:
         """Keep at most as many recycled files as the newest committed checkpoint has data files
         (all ranks'): the most recently recycled ones; delete the rest."""
-        assert self._recycle_dir is not None
+        assert self.recycle_dir is not None
         try:
-            recycled = sorted(n for n in os.listdir(self._recycle_dir) if n.endswith(DEFAULT_SUFFIX))
+            recycled = sorted(n for n in os.listdir(self.recycle_dir) if n.endswith(DATA_SUFFIX))
         except FileNotFoundError:
             return
         try:
             files = storage.read_json(storage.join(self.step_uri(newest), MARKER))["files"]
-            limit = sum(1 for n in files if n.endswith(DEFAULT_SUFFIX))
+            limit = sum(1 for n in files if n.endswith(DATA_SUFFIX))
         except (OSError, KeyError, ValueError):
             limit = 0  # no committed checkpoint to size the folder by
         for name in recycled[: max(0, len(recycled) - limit)]:  # names sort oldest step first
             with contextlib.suppress(FileNotFoundError):  # taken by a writing rank meanwhile
-                os.unlink(posixpath.join(self._recycle_dir, name))
+                os.unlink(posixpath.join(self.recycle_dir, name))
 
-    def latest_valid_step(self) -> int | None:
-        for step in reversed(self.committed_steps()):
-            if self.verify(step):
-                return step
-        return None
-
-    def load_all(self, step: int) -> dict[str, Any]:
-        """Everything saved at ``step`` (all ranks' entries) as a plain nested dict, in one process."""
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-        # ``dcp.load`` only fills keys the given dict already has (an empty dict stays empty);
-        # ``_load_state_dict`` fills the dict the planner builds from the metadata, as DCP's own
-        # ``format_utils.dcp_to_torch_save`` does.
-        state: dict[str, Any] = {}
-        _load_state_dict(
-            state,
-            storage_reader=_reader(self.step_uri(step)),
-            planner=_EmptyStateDictLoadPlanner(),
-            no_dist=True,
-        )
-        if not state:
-            raise ValueError(f"checkpoint {self.step_uri(step)} holds no entries")
-        return state
-
-    def load(self, step: int, state: dict[str, Any]) -> None:
-        """Load step ``step`` into ``state`` in place (every rank calls this)."""
-        dcp.load(state, storage_reader=_reader(self.step_uri(step)), no_dist=not self.distributed)
-        if self.rank == 0:
-            logger.info("restored checkpoint step %d from %s", step, self.step_uri(step))
-
-
-def diff_states(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Keys whose values differ between two nested state dicts (tensors compared bit for bit)."""
-    import torch
-
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = [f"{prefix}{k} (missing on one side)" for k in sorted(set(a) ^ set(b), key=str)]
-        for k in sorted(set(a) & set(b), key=str):
-            out += diff_states(a[k], b[k], f"{prefix}{k}.")
-        return out
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        same = a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        return [
-            d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in diff_states(x, y, f"{prefix}{i}.")
-        ]
-    else:
-        same = a == b or (a != a and b != b)  # NaN == NaN here
-    return [] if same else [prefix.rstrip(".")]

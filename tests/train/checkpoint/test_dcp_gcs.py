@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from sailor_tasks import storage
-from sailor_tasks.train.checkpoint.store import MARKER, CheckpointManager
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
+from sailor_tasks.train.checkpoint.store import MARKER
 
 pytestmark = pytest.mark.gcs
 

@@ -1,4 +1,5 @@
-"""Checkpoints: checksums from the writer, async saves, crash-consistency under kill -9."""
+"""DCP checkpoints through CheckpointManager: checksums from the writer, async saves, recycling,
+crash-consistency under kill -9."""
 
 from __future__ import annotations
 
@@ -13,15 +14,13 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from sailor_tasks import storage
-from sailor_tasks.train.checkpoint.store import (
-    MARKER,
+from sailor_tasks.train.checkpoint.dcp import (
     RAW_TENSOR_FORMAT,
-    RECYCLE_DIR,
     CheckpointManager,
     RawTensorFsspecReader,
-    crc32c_of,
     diff_states,
 )
+from sailor_tasks.train.checkpoint.store import MARKER, RECYCLE_DIR, crc32c_of
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.trainer import Trainer
 
@@ -159,7 +158,7 @@ def test_failed_async_save_raises_from_wait_and_commits_nothing(tmp_path):
 
 _WRITER = """
 import sys, torch
-from sailor_tasks.train.checkpoint.store import CheckpointManager
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 mgr = CheckpointManager(sys.argv[1])
 mgr.save(1, {"w": torch.full((1000,), 1.0)})
 print("saved-1", flush=True)
@@ -344,7 +343,7 @@ def test_retention_interrupted_mid_recycle_leaves_no_loadable_partial_checkpoint
 
     monkeypatch.setattr(os, "rename", killed)  # dies at the first move into the recycle folder
     with pytest.raises(RuntimeError, match="killed"):
-        mgr._retain()
+        mgr.retain()
     monkeypatch.undo()
     # The marker went first: step 1 can no longer be loaded, though its data files are still there.
     assert (root / "step-00000001").exists() and not (root / "step-00000001" / MARKER).exists()
@@ -361,7 +360,7 @@ def test_retention_interrupted_mid_recycle_leaves_no_loadable_partial_checkpoint
 def test_object_store_roots_delete_retired_checkpoints_without_recycling(gcs):
     root = f"{gcs()}/ckpt"
     mgr = CheckpointManager(root, keep_latest_k=2)
-    assert mgr._recycle_dir is None and mgr._writer(1)._recycle_dir is None
+    assert mgr.recycle_dir is None and mgr._writer(1)._recycle_dir is None
     infos = [mgr.save(step, _several_tensors(step)) for step in (1, 2, 3, 4)]
     mgr.wait()
     assert [i.recycled_files for i in infos] == [0, 0, 0, 0]
@@ -372,7 +371,7 @@ def test_object_store_roots_delete_retired_checkpoints_without_recycling(gcs):
 
 _RECYCLING_WRITER = """
 import os, sys, torch
-from sailor_tasks.train.checkpoint.store import CheckpointManager
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 mgr = CheckpointManager(sys.argv[1], keep_latest_k=2)
 for step in (1, 2, 3):
     mgr.save(step, {"w": torch.full((10_000_000,), float(step))})  # 40 MB each
@@ -457,11 +456,12 @@ def test_async_checkpointing_trains_bit_identically_to_sync(data_uri, tmp_path):
     assert diff_states(async_ckpt, sync_ckpt) == []
 
 
-def test_copy_latest_moves_a_verified_checkpoint(tmp_path):
+def test_copied_checkpoint_loads_back_in_the_new_region(tmp_path):
     src = CheckpointManager(f"file://{tmp_path}/r1")
     src.save(3, _state(1000, 3.0))
-    src.save(5, _state(1000, 5.0))
+    src.save(5, _odd_tensors())
     assert src.copy_latest_to(f"file://{tmp_path}/r2") == 5
     dst = CheckpointManager(f"file://{tmp_path}/r2")
     assert dst.latest_valid_step() == 5
+    assert diff_states(dst.load_all(5), src.load_all(5)) == []
     assert src.copy_latest_to(f"file://{tmp_path}/r2") == 5  # idempotent on retry
