@@ -1,6 +1,6 @@
 """Airflow glue for Google Cloud: credentials from an Airflow connection, training pods on GKE.
 
-``install()`` (called by ``operators.run_stage`` before every stage) wires the Airflow-free core to
+``install()`` (called by ``stage.run_stage`` before every stage) wires the Airflow-free core to
 Airflow: ``gcp_auth`` gets a provider that reads the connection (``SAILOR_GCP_CONN_ID``, default
 ``google_cloud_default``) through the Google provider's ``GoogleBaseHook`` the first time gs:// or
 GKE is used, and the GKE backend gets a pod runner built on ``GKEStartPodOperator``. Credentials

@@ -24,7 +24,7 @@ class SailorTrainOperator(BaseOperator):
 
     1. ``execute``: ``stages.launch_train`` begins the attempt with the same code as local
        (recovery, placement, checkpoint and bucket URIs, train config, ledger), or takes over the
-       attempt a dead try left running. ``gcp_glue.TrainingPods`` creates the attempt's pods
+       attempt a dead try left running. ``gcp.TrainingPods`` creates the attempt's pods
        (``gke.build_training_pods``: one per node, torchrun ``--nnodes`` with a per-attempt
        rendezvous service) through ``GKEStartPodOperator``, or reattaches to them by label; the
        task defers on the provider's ``GKEStartPodTrigger`` and frees its worker slot.
@@ -74,15 +74,15 @@ class SailorTrainOperator(BaseOperator):
     def resume_train(self, context: Any, event: Mapping[str, Any] | None = None, **_: Any) -> Any:
         """Re-entry from the pod trigger: finish that pod, then defer on the next, or end the attempt."""
         from sailor_tasks import stages
-        from sailor_tasks.airflow_glue import gcp as gcp_glue
+        from sailor_tasks.airflow_glue import gcp
         from sailor_tasks.stages import attempts
 
-        state = (event or {}).get(gcp_glue.TRIGGER_STATE_KEY)
+        state = (event or {}).get(gcp.TRIGGER_STATE_KEY)
         if not isinstance(state, Mapping) or "attempt" not in state:
             raise AirflowFailException(
-                f"train resumed by an event without SAILOR's state ({gcp_glue.TRIGGER_STATE_KEY!r}): {event!r}"
+                f"train resumed by an event without SAILOR's state ({gcp.TRIGGER_STATE_KEY!r}): {event!r}"
             )
-        gcp_glue.install()
+        gcp.install()
         ctx = stages.StageContext.from_env()
         attempt = attempts.resume_attempt(ctx, self.request, context["run_id"], int(state["attempt"]))
         pods = self._pods(context, ctx, attempt)
@@ -110,10 +110,10 @@ class SailorTrainOperator(BaseOperator):
         )
 
     def _pods(self, context: Any, ctx: Any, attempt: Any) -> Any:
-        from sailor_tasks.airflow_glue import gcp as gcp_glue
+        from sailor_tasks.airflow_glue import gcp
         from sailor_tasks.backends import get_backend
 
-        return gcp_glue.TrainingPods(get_backend("gke", ctx.settings).cfg, attempt.launch, context)
+        return gcp.TrainingPods(get_backend("gke", ctx.settings).cfg, attempt.launch, context)
 
     def _launch(self, context: Any, attempt: Any) -> Any:
         from sailor_tasks import stages, storage
@@ -152,9 +152,9 @@ class SailorTrainOperator(BaseOperator):
         return self._finish(context, attempt, max(codes.values()))
 
     def _defer(self, trigger: Any, state: Mapping[str, Any]) -> None:
-        from sailor_tasks.airflow_glue import gcp as gcp_glue
+        from sailor_tasks.airflow_glue import gcp
 
-        trigger.trigger_kwargs = {**(trigger.trigger_kwargs or {}), gcp_glue.TRIGGER_STATE_KEY: dict(state)}
+        trigger.trigger_kwargs = {**(trigger.trigger_kwargs or {}), gcp.TRIGGER_STATE_KEY: dict(state)}
         self.log.info("deferring on pod %s (attempt %s)", trigger.pod_name, state["attempt"])
         self.defer(trigger=trigger, method_name="resume_train")
 

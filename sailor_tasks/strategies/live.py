@@ -5,7 +5,7 @@ The run's market strategy (``JobRequest.strategy``) is asked through the same
 engine's estimate for the remaining work on each market (the best spot and the best on-demand
 candidate: expected hours, price, the catalog's preemption rate of that zone), the deadline, and
 the hours since the run was submitted. Before the first placement nothing has run (elapsed 0);
-after a preemption, ``recovery`` passes the elapsed hours and the checkpointed step.
+after a preemption, ``stages.attempts`` passes the elapsed hours and the checkpointed step.
 
 Simplifications (documented, conservative for the deadline): launches are taken as one
 ``RESTART_HOURS`` each (data transfer hours are left to the placement's own preferences), and a

@@ -93,7 +93,7 @@ class Sailor:
     slack short → on-demand → remaining work small enough, slack covers a spot launch → spot again.
 
     Spot is chosen when the slack left after the spot launch passes
-    ``placement.market.slack_allows_spot`` for the expected preemption loss, still holds a reserve
+    ``placement.slack.slack_allows_spot`` for the expected preemption loss, still holds a reserve
     of one changeover to on-demand (its launch, at least a restart, plus the work a preemption
     loses), and spot stays cheaper once that loss is paid for. While no spot zone has capacity the
     caller passes the next decision plus a launch as the spot launch, so waiting also keeps the

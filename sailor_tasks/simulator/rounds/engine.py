@@ -4,7 +4,7 @@ Time advances in rounds (6 minutes by default, as in Gavel). At each round bound
 jobs that arrived are admitted (routed by a ``Router``: by default the placement engine,
 ``routing.py``), spot capacity is read from an ``AvailabilityProvider`` (lost capacity preempts the
 jobs on it; a ``RecoveryStrategy`` says where they continue: by default a strategy of the registry
-re-planned by the same engine, ``recovery.py``), the policy is re-solved only if the region's job
+re-planned by the same engine, ``replan.py``), the policy is re-solved only if the region's job
 set or capacity changed, the ``RoundMechanism`` grants GPUs, and jobs progress at their measured
 throughput (consolidated or not, alone or space-shared) with exact completion times inside the
 round. Deterministic for a seed: the only randomness is the workload generator's and the

@@ -1,7 +1,7 @@
 """The simulator's plug points: spot availability, job routing across regions, preemption recovery.
 
 Each is a small Protocol. The defaults call the product's own code: routing by the placement
-engine (``routing.py``) and recovery by the strategies registry (``recovery.py``); the simple
+engine (``routing.py``) and recovery by the strategies registry (``replan.py``); the simple
 implementations here are the explicitly named baselines ``least_loaded`` and ``stay_in_region``.
 ``TraceAvailability`` replays the product's availability traces (``sailor_tasks.traces.availability``,
 loaded with ``load_availability_trace``) as spot capacity.

@@ -13,7 +13,7 @@ state is the engine's live view:
 * spot availability: GPUs a region has lost right now are held by reservations, so the
   ``capacity`` validator sees only what is usable (recovery re-plans against this view);
 * blocked zones and markets come from the recovery strategies' ``PlacementConstraint``
-  (``simulator/recovery.py``).
+  (``rounds/replan.py``).
 
 A simulated region is one zone (``<region>-a``) with one capacity group per GPU type and VM shapes
 of 1, 2, 4, ... GPUs up to the mechanism's server size; it sells one market (spot regions spot,
