@@ -30,7 +30,7 @@ help:
 	@echo "make test     set up and run the test suite"
 	@echo "make airflow  start 'airflow standalone' on http://localhost:8080 (user admin / admin)"
 	@echo "make bench    run the benchmarks in bench/ (each prints one JSON object)"
-	@echo "make lint     ruff over the project (AIR3 rules on dags/)"
+	@echo "make lint     ruff, the import contracts (lint-imports) and the declared dependencies (deptry)"
 
 venv: $(STAMP)
 
@@ -68,10 +68,13 @@ system-deps:
 	fi
 
 test: $(DB_STAMP) system-deps
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check dags/ plugins/ sailor_tasks/ tests/ bench/
+	$(BIN)/lint-imports
+	$(BIN)/deptry .
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -79,7 +79,8 @@ def main() -> None:
     import torch
 
     from sailor_tasks import storage
-    from sailor_tasks.train.checkpoint import _CHUNK, MARKER, CheckpointManager
+    from sailor_tasks.train.checkpoint.dcp import CheckpointManager
+    from sailor_tasks.train.checkpoint.store import _CHUNK, MARKER
     from sailor_tasks.train.models import build_model
     from sailor_tasks.train.specs import MODEL_SPECS
     from sailor_tasks.train.trainer import _ModelOptimState

@@ -1,7 +1,7 @@
 """Airflow's overhead on a training run: the same small run through the real scheduler vs bare torchrun.
 
 Starts the real services (PostgreSQL, api-server, scheduler, dag-processor, triggerer; see
-``sailor_tasks.airflow_stack``), calibrates the number of steps so that training alone takes about
+``sailor_tasks.testing.airflow_stack``), calibrates the number of steps so that training alone takes about
 ``--target-s`` seconds, triggers ``sailor_train`` through the REST API and measures the dag run from
 queued to done (all seven tasks: validate, plan, place_data, provision, train, finalize, teardown).
 Then it runs the very ``torchrun`` command the local backend ran, with the run's own
@@ -28,13 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from sailor_tasks import storage
-from sailor_tasks.airflow_stack import AirflowStack
+from sailor_tasks import paths, storage
 from sailor_tasks.backends.base import TrainLaunch
 from sailor_tasks.backends.local import LocalBackend
 from sailor_tasks.data.demo import DEMO_DATASET, write_demo_dataset
 from sailor_tasks.ledger import Ledger
-from sailor_tasks.model import Placement, run_key
+from sailor_tasks.model import Placement
+from sailor_tasks.testing.airflow_stack import AirflowStack
 from sailor_tasks.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ PARAMS = {
 
 def bare_train(stack: AirflowStack, config: TrainConfig, workers: int) -> tuple[float, dict]:
     """Run the local backend's torchrun command for ``config``; return (wall seconds, result.json)."""
-    uri = storage.join(config.output_uri, "train_config.json")
+    uri = paths.train_config_uri(config.output_uri)
     storage.write_bytes(uri, config.to_json().encode())
     # The command depends on the config and the worker count only; this machine is the "placement".
     here = Placement(
@@ -123,10 +123,8 @@ def main() -> None:
 
         ledger = Ledger(settings.ledger_url)
         record = ledger.get_run(run_id)
-        run_uri = storage.resolve(f"sailor://{record['region']}/runs/{run_key(run_id)}", settings)
-        config = TrainConfig.from_json(
-            storage.read_bytes(storage.join(run_uri, "train_config.json")).decode()
-        )
+        run_uri = paths.run_uri(record["region"], run_id, settings)
+        config = TrainConfig.from_json(storage.read_bytes(paths.train_config_uri(run_uri)).decode())
         bare_config = dataclasses.replace(config, output_uri=f"file://{root}/bare")
         bare_wall, bare_result = bare_train(stack, bare_config, workers)
         dag_result = storage.read_json(config.result_uri)

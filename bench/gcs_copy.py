@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     args = parser.parse_args()
 
-    from sailor_tasks.gcs_emulator import gcs_emulator
+    from sailor_tasks.testing.gcs_emulator import gcs_emulator
 
     with gcs_emulator() as url, tempfile.TemporaryDirectory() as tmp:
         os.environ["STORAGE_EMULATOR_HOST"] = url

@@ -48,10 +48,10 @@ def main() -> None:
 
     from sailor_tasks import storage
     from sailor_tasks.data.demo import DEMO_DATASET, write_demo_dataset
-    from sailor_tasks.recovery import run_stages
     from sailor_tasks.settings import Settings
     from sailor_tasks.stages import StageContext
-    from sailor_tasks.train.checkpoint import CheckpointManager, diff_states
+    from sailor_tasks.testing.run_inline import run_inline
+    from sailor_tasks.train.checkpoint.dcp import CheckpointManager, diff_states
 
     settings = Settings.from_env()
     write_demo_dataset(storage.resolve(DEMO_DATASET, settings))
@@ -74,7 +74,7 @@ def main() -> None:
 
     def run(run_id: str, **extra) -> tuple[dict, float]:
         t = time.perf_counter()
-        summary = run_stages({**base, **extra}, run_id, ctx, max_tries=12)
+        summary = run_inline({**base, **extra}, run_id, ctx, max_tries=12)
         return summary, time.perf_counter() - t
 
     def final(summary: dict) -> dict:

@@ -22,9 +22,9 @@ import time
 
 from sailor_tasks.catalog.throughput import load_packaged
 from sailor_tasks.simulator import Region, SimConfig, generate_jobs, simulate
-from sailor_tasks.simulator.recovery import make_recovery
-from sailor_tasks.simulator.routing import ROUTERS, PlacementRouter, SimPlacement, make_router
-from sailor_tasks.simulator.workload import total_gpu_seconds
+from sailor_tasks.simulator.rounds.replan import make_recovery
+from sailor_tasks.simulator.rounds.routing import ROUTERS, PlacementRouter, SimPlacement, make_router
+from sailor_tasks.simulator.rounds.workload import total_gpu_seconds
 
 GPU_TYPES = ("K80", "P100", "V100", "A100")
 REGIONS = 10

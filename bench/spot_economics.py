@@ -1,11 +1,11 @@
 """Spot economics: the four market strategies on the same generated jobs, real prices and traces.
 
-Jobs come from ``sailor_tasks.simulator.spot_setup.generate_spot_jobs`` (6 GPU types, 1-8 GPUs,
+Jobs come from ``sailor_tasks.simulator.spot.setup.generate_spot_jobs`` (6 GPU types, 1-8 GPUs,
 1-16 h of work, 5-200 GB datasets, Poisson arrivals at 1/h), deadlines at ``--slack`` over each
 job's on-demand time; the market is the packaged GCP catalog with the availability traces found
 under ``--availability`` (default: the GCP 2020 preemption logs and Sailor GPU traces in
-../shared/data). Prints one JSON object (last line) with a key per strategy, the acceptance checks
-of issue #9 as measured, and writes a PNG (USD per finished job vs deadline-miss rate, one point per
+../shared/data). Prints one JSON object (last line) with a key per strategy, the target checks
+as measured, and writes a PNG (USD per finished job vs deadline-miss rate, one point per
 strategy and slack) under artifacts/.
 
     .venv/bin/python bench/spot_economics.py [--jobs 200] [--slack 0.2] [--bind pool|exact]
@@ -18,14 +18,14 @@ import json
 import time
 from pathlib import Path
 
-from sailor_tasks.simulator.spot import simulate_spot, with_deadlines
-from sailor_tasks.simulator.spot_cli import spot_inputs
+from sailor_tasks.cli.spot import spot_inputs
+from sailor_tasks.simulator.spot.engine import simulate_spot, with_deadlines
 from sailor_tasks.strategies import MARKET_STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 SAVINGS_TARGET = 2.5
-"""Issue #9: sailor's USD per finished job at most 1/2.5 of on_demand's (SkyPilot claims 3-6x)."""
+"""Target: sailor's USD per finished job at most 1/2.5 of on_demand's (SkyPilot claims 3-6x)."""
 
 
 def plot(points: dict[str, list[tuple[float, float, float]]], path: Path, title: str) -> None:

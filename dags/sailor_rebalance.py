@@ -89,10 +89,12 @@ def sailor_rebalance():
     @task
     def collect_utilization() -> dict:
         from sailor_tasks import stages
+        from sailor_tasks.airflow_glue.stage import run_stage
 
         ctx = get_current_context()
         p = ctx["params"]
-        return stages.collect_utilization(
+        return run_stage(
+            stages.collect_utilization,
             float(p["window_days"]),
             as_of=ctx["dag_run"].run_after.isoformat(),
             budget_gb=float(p["byte_budget_gb"]),
@@ -101,43 +103,44 @@ def sailor_rebalance():
 
     @task
     def solve_assignment(utilization: dict) -> dict:
-        from airflow.sdk.exceptions import AirflowFailException
-
         from sailor_tasks import stages
-        from sailor_tasks.rebalance.solver import RebalanceInfeasibleError
+        from sailor_tasks.airflow_glue.stage import run_stage
 
-        try:
-            p = get_current_context()["params"]
-            return stages.solve_assignment(
-                utilization, time_limit_s=float(p["time_limit_s"]), comfort_ratio=float(p["comfort_ratio"])
-            )
-        except RebalanceInfeasibleError as exc:  # a configuration problem: retrying does not help
-            raise AirflowFailException(str(exc)) from exc
+        p = get_current_context()["params"]
+        return run_stage(
+            stages.solve_assignment,
+            utilization,
+            time_limit_s=float(p["time_limit_s"]),
+            comfort_ratio=float(p["comfort_ratio"]),
+        )
 
     @task(outlets=[ASSIGNMENT_ASSET])
     def publish_assignment(solution: dict) -> list:
-        from airflow.sdk.exceptions import AirflowSkipException
-
         from sailor_tasks import stages
+        from sailor_tasks.airflow_glue.stage import run_stage
 
         ctx = get_current_context()
-        if ctx["params"]["dry_run"]:
-            raise AirflowSkipException("dry run: no assignment published, no data replicated")
-        published = stages.publish_assignment(solution, source=f"sailor_rebalance/{ctx['run_id']}")
+        source = f"sailor_rebalance/{ctx['run_id']}"
+        published = run_stage(
+            stages.publish_assignment, solution, source=source, dry_run=bool(ctx["params"]["dry_run"])
+        )
         return published["copies"]  # one mapped replicate_data task per copy
 
     @task(max_active_tis_per_dag=4)
     def replicate_data(copy: dict) -> dict:
         from sailor_tasks import stages
+        from sailor_tasks.airflow_glue.stage import run_stage
 
-        return stages.replicate_dataset(copy)
+        return run_stage(stages.replicate_dataset, copy)
 
     @task(trigger_rule="none_failed")
     def report(utilization: dict, solution: dict, replicated: list | None) -> dict:
         from sailor_tasks import stages
+        from sailor_tasks.airflow_glue.stage import run_stage
 
         ctx = get_current_context()
-        return stages.report_rebalance(
+        return run_stage(
+            stages.report_rebalance,
             utilization,
             solution,
             list(replicated or ()),
@@ -148,10 +151,10 @@ def sailor_rebalance():
     @task
     def allocate_gpu_types(utilization: dict) -> dict:
         from sailor_tasks import stages
+        from sailor_tasks.airflow_glue.stage import run_stage
 
-        return stages.allocate_gpu_types(
-            utilization, source=f"sailor_rebalance/{get_current_context()['run_id']}"
-        )
+        source = f"sailor_rebalance/{get_current_context()['run_id']}"
+        return run_stage(stages.allocate_gpu_types, utilization, source=source)
 
     utilization = collect_utilization()
     allocate_gpu_types(utilization)

@@ -2,7 +2,7 @@
 ### sailor_train — one SAILOR training run
 
 Trigger with params (the form groups them by section). Stages, each a task calling one function of
-`sailor_tasks.stages`:
+`sailor_tasks.stages` through `run_stage`:
 
 `validate → plan → place_data → provision → train → finalize`, and `teardown` (always runs once
 capacity was reserved: releases the reservation and the cluster).
@@ -32,8 +32,8 @@ from pathlib import Path
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from sailor_tasks.operators import SailorTrainOperator
-from sailor_tasks.params import train_param_schemas
+from sailor_tasks.airflow_glue.operators import SailorTrainOperator
+from sailor_tasks.request import train_param_schemas
 
 TRAIN_RECOVERY_ATTEMPTS = 5
 """Retries of ``train``: each is one recovery from a preemption (Airflow's exponential backoff from
@@ -65,7 +65,7 @@ def sailor_train():
     @task(retries=0)
     def validate() -> dict:
         from sailor_tasks import stages
-        from sailor_tasks.operators import run_stage
+        from sailor_tasks.airflow_glue.stage import run_stage
 
         ctx = get_current_context()
         return run_stage(stages.validate, dict(ctx["params"]), ctx["run_id"])
@@ -73,35 +73,35 @@ def sailor_train():
     @task
     def plan(request: dict) -> dict:
         from sailor_tasks import stages
-        from sailor_tasks.operators import run_stage
+        from sailor_tasks.airflow_glue.stage import run_stage
 
         return run_stage(stages.plan, request, get_current_context()["run_id"])
 
     @task
     def place_data(request: dict, placement: dict) -> dict:
         from sailor_tasks import stages
-        from sailor_tasks.operators import run_stage
+        from sailor_tasks.airflow_glue.stage import run_stage
 
         return run_stage(stages.place_data, request, placement, get_current_context()["run_id"])
 
     @task
     def provision(request: dict, placement: dict) -> dict:
         from sailor_tasks import stages
-        from sailor_tasks.operators import run_stage
+        from sailor_tasks.airflow_glue.stage import run_stage
 
         return run_stage(stages.provision, request, placement, get_current_context()["run_id"])
 
     @task
     def finalize(request: dict, placement: dict, data: dict, result: dict) -> dict:
         from sailor_tasks import stages
-        from sailor_tasks.operators import run_stage
+        from sailor_tasks.airflow_glue.stage import run_stage
 
         return run_stage(stages.finalize, request, placement, data, result, get_current_context()["run_id"])
 
     @task(task_id="teardown")
     def release_capacity() -> dict:
         from sailor_tasks import stages
-        from sailor_tasks.operators import run_stage
+        from sailor_tasks.airflow_glue.stage import run_stage
 
         return run_stage(stages.teardown, get_current_context()["run_id"])
 

@@ -5,7 +5,9 @@ that shows it in the UI's navigation (a "SAILOR" entry, at ``/plugin/sailor``). 
 authenticated by Airflow (they are mounted, and inherit none of the core API's dependencies), so the
 app requires the caller's Airflow login itself: every route depends on ``requires_access_view``,
 which reads the JWT from the ``Authorization`` header or the UI's ``_token`` cookie and asks the
-auth manager. The data comes from ``sailor_tasks.dashboard``; this module only renders it.
+auth manager. FastAPI's own ``/docs``, ``/redoc`` and ``/openapi.json`` would bypass that
+dependency, so they are turned off. The data comes from ``sailor_tasks.stages.dashboard``; this
+module only renders it.
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ app = FastAPI(
     title="SAILOR",
     description="Read-only views over SAILOR's ledger and catalog.",
     dependencies=[Depends(requires_access_view(AccessView.PLUGINS))],
+    # FastAPI adds /docs, /redoc and /openapi.json outside the app's dependencies: they would be
+    # served to anyone without a login, so the app has none.
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,
 )
 
 
 def _snapshot():
-    from sailor_tasks.dashboard import snapshot
+    from sailor_tasks.stages.dashboard import snapshot
 
     return snapshot()
 
@@ -203,7 +210,7 @@ def snapshot_json() -> JSONResponse:
 @app.get("/report.png")
 def report_png() -> Response:
     """The last rebalance report chart, or 404 when no rebalance has recorded one."""
-    from sailor_tasks.dashboard import read_report, report_uri
+    from sailor_tasks.stages.dashboard import read_report, report_uri
 
     uri = report_uri()
     if not uri:

@@ -1,8 +1,8 @@
 """SAILOR: geo-distributed ML training on spot GPUs, orchestrated by Apache Airflow.
 
-The package is the library the DAGs call. Its core (catalog, placement, rebalance, training, data,
-ledger) never imports Airflow, so it runs and tests without it; Airflow glue lives in
-``sailor_tasks.operators`` and in ``dags/``.
+The package is the library the DAGs call, laid out as the pipeline (``docs/architecture.md``):
+``stages`` (what each task does) over the core (catalog, placement, strategies, policies,
+rebalance, data, ledger, backends, train, simulator). Only ``airflow_glue`` imports Airflow.
 """
 
 __version__ = "0.1.0"

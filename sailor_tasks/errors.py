@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+PREEMPTED_EXIT_CODE = 75
+"""Exit status of a trainer that stopped on a preemption notice after saving (EX_TEMPFAIL)."""
+
 
 class SailorError(Exception):
     """Base of SAILOR's errors."""
@@ -116,3 +119,15 @@ class InfeasibleAllocationError(SailorError):
             f"policy {policy!r} found no optimal allocation (solver status: {status})"
             + (f": {detail}" if detail else "")
         )
+
+
+class RebalanceInfeasibleError(SailorError, ValueError):
+    """No assignment satisfies the rebalance's hard constraints; the message names the binding one."""
+
+    def __init__(self, constraint: str, detail: str):
+        self.constraint = constraint
+        super().__init__(f"rebalance infeasible — binding constraint: {constraint}: {detail}")
+
+
+class StageSkipped(SailorError):
+    """The stage has nothing to do for this run (e.g. a dry run publishes nothing): the task is skipped."""

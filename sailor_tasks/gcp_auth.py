@@ -1,6 +1,6 @@
 """Google Cloud credentials for the core, without knowing where they come from.
 
-The orchestrator's glue installs a provider (``sailor_tasks.gcp_glue`` reads an Airflow connection,
+The orchestrator's glue installs a provider (``sailor_tasks.airflow_glue.gcp`` reads an Airflow connection,
 ``google_cloud_default`` unless ``SAILOR_GCP_CONN_ID`` names another); storage (gcsfs) and the GKE
 backend ask ``current()``. Without a provider, the Google libraries' own default applies
 (application default credentials: workload identity on GKE, ``gcloud auth`` on a laptop).

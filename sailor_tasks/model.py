@@ -95,7 +95,7 @@ class JobRequest:
     """Continents (``NA``, ``EU``, ``ASIA``, ...) the dataset may be copied to; empty: anywhere."""
     exclude_regions: tuple[str, ...] = ()
     """Regions the run must not use (deny list, applied after ``regions``)."""
-    # Spot resilience (see sailor_tasks.recovery and backends.preemption)
+    # Spot resilience (see sailor_tasks.stages.attempts and backends.preemption)
     strategy: str = "sailor"
     """Market strategy (``sailor_tasks.strategies``): spot or on-demand at each launch, and where a
     preempted run resumes unless ``recovery_strategy`` overrides it."""

@@ -59,7 +59,7 @@ def shared_data():
 @pytest.fixture(scope="session")
 def gcs_server():
     """One GCS API server for the session (see sailor_tasks/gcs_emulator.py); yields its URL."""
-    from sailor_tasks.gcs_emulator import gcs_emulator
+    from sailor_tasks.testing.gcs_emulator import gcs_emulator
 
     with gcs_emulator() as url:
         yield url

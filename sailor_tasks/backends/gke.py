@@ -6,7 +6,7 @@ Every request Google or Kubernetes receives is built by a pure function of this 
 Calls go through the ``ClusterManager`` protocol (the subset of
 ``google.cloud.container_v1.ClusterManagerClient`` SAILOR uses); creating what already exists is
 success, so a retried ``provision`` reuses the cluster and the pool. Pods are submitted by a pod
-runner the orchestrator's glue installs (``sailor_tasks.gcp_glue``: GKEStartPodOperator); this
+runner the orchestrator's glue installs (``sailor_tasks.airflow_glue.gcp``: GKEStartPodOperator); this
 module never imports Airflow.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sailor_tasks import gcp_auth, storage
+from sailor_tasks import gcp_auth, paths, storage
 from sailor_tasks.backends.base import TrainLaunch
 from sailor_tasks.model import Placement, to_dict
 from sailor_tasks.settings import SOURCE_BUCKET, Settings
@@ -310,7 +310,7 @@ def build_training_pods(config: GkeConfig, launch: TrainLaunch) -> list[V1Pod]:
         env = {
             "SAILOR_RUN_ID": launch.run_id,
             "SAILOR_CONFIG_URI": launch.config_uri,
-            "SAILOR_CHECKPOINT_URI": f"{run_uri}/checkpoints",
+            "SAILOR_CHECKPOINT_URI": paths.checkpoint_uri(run_uri),
             "SAILOR_PREEMPTION_NOTICE_S": str(PREEMPTION_NOTICE_S),
             "SAILOR_NODE_RANK": str(rank),
             "SAILOR_NUM_NODES": str(max(1, pl.num_nodes)),
@@ -421,7 +421,7 @@ def require_gcs_buckets(settings: Settings) -> None:
     if storage.scheme_of(probe) != "gs":
         raise ValueError(
             f"backend='gke' needs gs:// region buckets, but SAILOR_BUCKET_TEMPLATE gives {probe!r}; "
-            f"set SAILOR_BUCKET_TEMPLATE={GCS_BUCKET_TEMPLATE} (see README, 'Run on Google Cloud')"
+            f"set SAILOR_BUCKET_TEMPLATE={GCS_BUCKET_TEMPLATE} (see docs/gke.md)"
         )
 
 
@@ -445,7 +445,7 @@ _pod_runner: PodRunner | None = None
 
 
 def set_pod_runner(runner: PodRunner | None) -> None:
-    """Installed by the orchestrator's glue (``sailor_tasks.gcp_glue``)."""
+    """Installed by the orchestrator's glue (``sailor_tasks.airflow_glue.gcp``)."""
     global _pod_runner
     _pod_runner = runner
 
@@ -590,7 +590,7 @@ class GkeBackend:
         if runner is None:
             raise RuntimeError(
                 "backend='gke' submits training pods through Airflow's GKEStartPodOperator; run the "
-                "sailor_train DAG (or call sailor_tasks.gcp_glue.install() first)"
+                "sailor_train DAG (or call sailor_tasks.airflow_glue.gcp.install() first)"
             )
         pods, service = self.launch_manifests(launch)
         return runner(self.cfg, launch, pods, service)

@@ -10,22 +10,23 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from sailor_tasks import storage
+from sailor_tasks import paths, storage
 from sailor_tasks.backends.base import TrainLaunch
 from sailor_tasks.backends.preemption import InjectionSpec, PreemptionEvent, due, step_events, time_events
+from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 from sailor_tasks.model import Placement, to_dict
 from sailor_tasks.settings import Settings
 from sailor_tasks.train.progress import PROGRESS_ENV, read_progress
 
-PREEMPTED_EXIT_CODE = 75
-"""What ``train`` returns when it preempted the run (same value as the trainer's exit status)."""
 POLL_S = 0.02
 """How often the injector reads the trainer's progress file (a step of tiny_gpt takes ~10 ms+)."""
 
@@ -96,6 +97,8 @@ class LocalBackend:
         """Run torchrun to its end, injecting the launch's preemptions; write ``launch.json``.
 
         Returns torchrun's exit status, or ``PREEMPTED_EXIT_CODE`` when a preemption was injected.
+        The report keeps torchrun's status (``rc``), each failed worker's own (``worker_exit_codes``,
+        from torchrun's failure summary) and the trainer's (``exit_code``, see ``trainer_exit_code``).
         """
         cmd = self.command(launch)
         os.makedirs(self.settings.clusters_dir, exist_ok=True)
@@ -113,7 +116,8 @@ class LocalBackend:
         started = time.time()
         logger.info("launching: %s", " ".join(cmd))
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        reader = threading.Thread(target=self._stream, args=(proc,), daemon=True)
+        failures = FailureSummary()
+        reader = threading.Thread(target=self._stream, args=(proc, failures), daemon=True)
         reader.start()
         event = preempted_at = None
         if not spec.empty:
@@ -136,6 +140,8 @@ class LocalBackend:
         report = {
             "attempt": launch.attempt,
             "rc": rc,
+            "exit_code": trainer_exit_code(rc, failures),
+            "worker_exit_codes": {str(rank): code for rank, code in sorted(failures.exit_codes.items())},
             "started_at": started,
             "ended_at": time.time(),
             "first_step_at": progress.get("first_step_at"),
@@ -151,13 +157,15 @@ class LocalBackend:
                 "zone": launch.placement.zone,
             },
         }
-        storage.write_json(storage.join(launch.config_uri.rsplit("/", 1)[0], "launch.json"), report)
+        storage.write_json(paths.launch_report_uri(launch.config_uri.rsplit("/", 1)[0]), report)
         return PREEMPTED_EXIT_CODE if event is not None else rc
 
     @staticmethod
-    def _stream(proc: subprocess.Popen) -> None:
-        for line in proc.stdout or ():  # stream worker output into the task log as it happens
+    def _stream(proc: subprocess.Popen, failures: FailureSummary) -> None:
+        """Stream torchrun's output into the task log as it happens, reading its failure summary."""
+        for line in proc.stdout or ():
             logger.info("%s", line.rstrip())
+            failures.feed(line)
 
     def _load_injection(self, run_key: str) -> dict[str, Any]:
         path = self._injection_path(run_key)
@@ -237,6 +245,46 @@ class LocalBackend:
         os.remove(path)
         logger.info("tore down local cluster %s", run_key)
         return True
+
+
+# torchrun's failure summary (ChildFailedError) lists each failed worker as "rank : N (local_rank:
+# N)" then "exitcode : CODE (pid: ...)", the first observed failure under "Root Cause": the workers'
+# own exit statuses, which torchrun's own (1) hides.
+_SUMMARY_ROOT_CAUSE = re.compile(r"^\s*Root Cause\b")
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\b")
+_SUMMARY_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\b")
+
+
+@dataclass
+class FailureSummary:
+    """The workers' exit statuses from torchrun's failure summary (empty when it printed none)."""
+
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    """rank → exit status of each failed worker."""
+    root_cause_rank: int | None = None
+    """The first worker torchrun saw fail; it then stops the others (SIGTERM: exit status -15)."""
+    _rank: int | None = field(default=None, repr=False)
+    _in_root_cause: bool = field(default=False, repr=False)
+
+    def feed(self, line: str) -> None:
+        """Read one line of torchrun's output."""
+        if _SUMMARY_ROOT_CAUSE.match(line):
+            self._in_root_cause = True
+        elif m := _SUMMARY_RANK.match(line):
+            self._rank = int(m.group(1))
+            if self._in_root_cause:
+                self.root_cause_rank, self._in_root_cause = self._rank, False
+        elif (m := _SUMMARY_EXITCODE.match(line)) and self._rank is not None:
+            self.exit_codes[self._rank], self._rank = int(m.group(1)), None
+
+
+def trainer_exit_code(rc: int, failures: FailureSummary) -> int | None:
+    """The trainer's own exit status: 0 when torchrun succeeded, else the exit status of the first
+    worker torchrun saw fail (75: it checkpointed and stopped on a notice); None when torchrun was
+    killed before it could summarise (a preemption without notice, or a notice window overrun)."""
+    if rc == 0:
+        return 0
+    return failures.exit_codes.get(failures.root_cause_rank) if failures.root_cause_rank is not None else None
 
 
 def _signal(p: Any, sig: int) -> None:

@@ -23,7 +23,7 @@ from sailor_tasks.model import ANY_GPU, ClusterState, JobRequest, Placement
 from sailor_tasks.placement import preferences as prefs
 from sailor_tasks.placement.context import PlanningView, RequestContext, build_context
 from sailor_tasks.placement.index import MARKET_NAMES, CatalogIndex, index_for
-from sailor_tasks.placement.market import describe_choice
+from sailor_tasks.placement.slack import describe_choice
 from sailor_tasks.placement.validators import (
     BLOCKED_ZONE,
     CAPACITY,

@@ -14,7 +14,7 @@ import numpy as np
 from sailor_tasks.model import ANY_GPU
 from sailor_tasks.placement.context import RequestContext
 from sailor_tasks.placement.index import ON_DEMAND, SPOT
-from sailor_tasks.placement.market import spot_preferred
+from sailor_tasks.placement.slack import spot_preferred
 
 PRICE_EPSILON_USD = 1e-9
 

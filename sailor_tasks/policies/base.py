@@ -8,13 +8,14 @@ two jobs sharing a GPU) should spend on GPU type ``m``. The round mechanism
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from sailor_tasks.errors import InfeasibleAllocationError
+from sailor_tasks.registry import Registry
 
 if TYPE_CHECKING:
     from scipy.sparse import spmatrix
@@ -151,36 +152,22 @@ class Policy(Protocol):
     def allocate(self, state: PolicyState) -> Allocation: ...
 
 
-_REGISTRY: dict[str, Callable[[], Policy]] = {}
-
-
-def register(name: str) -> Callable[[type], type]:
-    """Class decorator: make a policy available to ``get_policy(name)``."""
-
-    def deco(cls: type) -> type:
-        if name in _REGISTRY:
-            raise ValueError(f"policy {name!r} registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+_POLICIES: Registry[Policy] = Registry("policy", "policies")
+register = _POLICIES.register
+"""Class decorator: make a policy available to ``get_policy(name)``."""
 
 
 def policy_names() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
+    return _POLICIES.names()
 
 
 def get_policy(name: str) -> Policy:
-    """The registered policy called ``name``.
+    """A new instance of the policy called ``name``.
 
     Raises:
         ValueError: unknown name; the message lists the valid names.
     """
-    try:
-        return _REGISTRY[name]()
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(policy_names())}") from None
+    return _POLICIES.get(name)()
 
 
 # --- LP plumbing ---------------------------------------------------------------------------------

@@ -1,45 +1,10 @@
 """Region assignment + data replication as a MIP solved by HiGHS (``scipy.optimize.milp``).
 
-Decisions, per team ``k``, GPU type ``g`` and region ``r``: ``x[k,r,g]`` GPUs of the team's demand
-placed in ``r``; ``w[k,r]`` (binary) the team is enabled in a region where some of its datasets have
-no replica yet; ``y[d,r]`` (in [0, 1], integral at the optimum because ``y ≥ w`` and bytes are
-minimised) a new replica of dataset ``d`` in ``r``.
-
-Constraints: every team's demand is placed; locality (``x[k,r,g] ≤ D[k,g]·w[k,r]``,
-``w[k,r] ≤ y[d,r]`` for every dataset of ``k`` missing in ``r``; a team never runs where its data is
-not); bytes of new replicas ≤ the nightly budget; bytes per region ≤ its storage cap; hard quotas.
-
-Objectives, lexicographic (each stage bounds the previous optimum and re-solves):
-  A. minimise ``t``, the worst (region, GPU type) demand/supply ratio;
-  B. minimise the soft balance penalty ``Σ S·(3·over + under)`` around each cell's supply
-     (a GPU of overload costs three times an idle one);
-  C. minimise bytes replicated (normalised by the budget) + 0.1 × priority-weighted GPUs moved.
-Cross-region reads are zero by construction (locality is a hard constraint); the solution reports
-them as measured from the placement, so a regression shows.
-
-Scale. Three things keep the 40 regions × 8 GPU types × 2000 teams × 10000 datasets case at a few
-seconds on 2 cores:
-  * locality rows are aggregated per (team, region) pair (``Σ_d y[d,r] ≥ |missing|·w``), so the
-    model has one row per pair instead of one per (dataset reader, region);
-  * above ``mip_max_binaries`` binaries the MIP is not branched on: a greedy rounding of the
-    enablements (worst cell first, per cell the pair that sheds the most GPUs per byte still
-    missing, replicas already chosen counted once; budget and storage caps as hard limits) fixes
-    the binaries, and the lexicographic stages A–C are then LPs (the repair is the LP itself,
-    which places demand optimally over the enabled pairs). Small problems get the exact MIP.
-  * POP-style decomposition above ``team_block`` teams: teams grouped by connected components of
-    the team–dataset graph (dataset clusters), packed into partitions; a partition gets its own
-    use of every cell (scaled to supply where overloaded) plus a share of the spare GPUs in
-    proportion to its overflow of that GPU type, and a share of the remaining byte budget (unused
-    bytes flow on to later partitions). Replicas of a dataset cut between partitions are charged
-    to each, so the union stays within the budget. Measured on the seeded bench scenario: one
-    partition reaches 0.85 (= the bound) with 101 TB, 8 partitions of 250 teams 0.98 with 659 TB,
-    so the default block (2000) keeps one partition at that scale and decomposes beyond it.
-Only teams in overloaded cells get new candidate regions (``candidates`` per GPU type, sampled by
-spare capacity, plus the ``CHEAP_CANDIDATES`` regions missing the fewest of the team's bytes);
-others move only between regions that already hold their data. The reported ``lower_bound`` is the
-LP over the *whole* problem with data constraints relaxed (teams without quotas pooled per GPU
-type, which is exact there), so it is a valid bound on any solution; ``partition_bound`` is the LP
-relaxation of the (MIP-path) partitions, None when it was not computed.
+Lexicographic objectives (worst demand/supply ratio, then a soft balance that charges overload
+three times idleness, then bytes replicated), data locality as a hard constraint, and three
+devices that keep thousands of teams and datasets at a few seconds: aggregated locality rows,
+greedy rounding of the binaries above ``mip_max_binaries``, and POP-style decomposition above
+``team_block`` teams. The model, constraint by constraint, is in ``docs/rebalance.md``.
 """
 
 from __future__ import annotations
@@ -54,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sailor_tasks.errors import SailorError
+from sailor_tasks.errors import RebalanceInfeasibleError
 from sailor_tasks.rebalance.problem import (
     Problem,
     Team,
@@ -72,14 +37,6 @@ T_TOLERANCE = 1e-6
 MIP_REL_GAP = 0.01
 CHEAP_CANDIDATES = 4
 LP_BOUND_TIME_SHARE = 0.3
-
-
-class RebalanceInfeasibleError(SailorError, ValueError):
-    """No assignment satisfies the hard constraints; the message names the binding one."""
-
-    def __init__(self, constraint: str, detail: str):
-        self.constraint = constraint
-        super().__init__(f"rebalance infeasible — binding constraint: {constraint}: {detail}")
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """Discrete-event, round-based simulator that drives SAILOR's policies and mechanism at scale."""
 
-from sailor_tasks.simulator.engine import SimConfig, SimResult, simulate
-from sailor_tasks.simulator.hooks import (
+from sailor_tasks.simulator.rounds.config import SimConfig
+from sailor_tasks.simulator.rounds.engine import SimResult, simulate
+from sailor_tasks.simulator.rounds.hooks import (
     AlwaysAvailable,
     AvailabilityProvider,
-    AvailabilityTrace,
     LeastLoadedRouter,
     RecoveryStrategy,
     Region,
@@ -12,9 +12,10 @@ from sailor_tasks.simulator.hooks import (
     StayInRegion,
     TraceAvailability,
 )
-from sailor_tasks.simulator.recovery import StrategyRecovery, make_recovery, recovery_names
-from sailor_tasks.simulator.routing import ROUTERS, PlacementRouter, SimPlacement, make_router
-from sailor_tasks.simulator.workload import SimJob, generate_jobs, read_gavel_trace
+from sailor_tasks.simulator.rounds.replan import StrategyRecovery, make_recovery, recovery_names
+from sailor_tasks.simulator.rounds.routing import ROUTERS, PlacementRouter, SimPlacement, make_router
+from sailor_tasks.simulator.rounds.workload import SimJob, generate_jobs, read_gavel_trace
+from sailor_tasks.traces.availability import AvailabilityTrace, load_availability_trace
 
 __all__ = [
     "AlwaysAvailable",
@@ -34,6 +35,7 @@ __all__ = [
     "StrategyRecovery",
     "TraceAvailability",
     "generate_jobs",
+    "load_availability_trace",
     "make_recovery",
     "make_router",
     "read_gavel_trace",

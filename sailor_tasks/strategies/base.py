@@ -8,7 +8,7 @@ A strategy is stateless and answers two questions, each from a context holding e
   and hands it to the same planner as the first placement.
 * ``choose_market(MarketContext) -> MarketDecision``: at launch, after each preemption and at every
   decision tick, spot or on-demand, with the reason and the slack left. The live ``train`` stage and
-  the spot simulator (``sailor_tasks.simulator.spot``) call the same method.
+  the spot simulator (``sailor_tasks.simulator.spot.engine``) call the same method.
 
 Recovery strategies (``same_zone_first``, ``eager_next_region``) and market strategies
 (``on_demand``, ``spot_restart``, ``sailor``) share this interface and registry.
@@ -16,11 +16,12 @@ Recovery strategies (``same_zone_first``, ``eager_next_region``) and market stra
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
 from sailor_tasks.model import JobRequest, Placement
+from sailor_tasks.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,24 +143,13 @@ def slack_of(ctx: MarketContext) -> float | None:
     return None if ctx.deadline_h is None else ctx.on_demand_slack_h
 
 
-_REGISTRY: dict[str, type] = {}
-
-
-def register(name: str) -> Callable[[type], type]:
-    """Class decorator: make a strategy selectable by ``name``."""
-
-    def deco(cls: type) -> type:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"strategy {name!r} is already registered by {_REGISTRY[name].__name__}")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+_STRATEGIES: Registry[Strategy] = Registry("strategy", "strategies")
+register = _STRATEGIES.register
+"""Class decorator: make a strategy selectable by ``name``."""
 
 
 def strategy_names() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
+    return _STRATEGIES.names()
 
 
 def get_strategy(name: str) -> Strategy:
@@ -168,10 +158,4 @@ def get_strategy(name: str) -> Strategy:
     Raises:
         ValueError: unknown name; the message lists the valid names.
     """
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"strategy={name!r} is not a strategy; valid: {', '.join(strategy_names())}"
-        ) from None
-    return cls()
+    return _STRATEGIES.get(name)()

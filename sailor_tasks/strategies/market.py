@@ -93,7 +93,7 @@ class Sailor:
     slack short → on-demand → remaining work small enough, slack covers a spot launch → spot again.
 
     Spot is chosen when the slack left after the spot launch passes
-    ``placement.market.slack_allows_spot`` for the expected preemption loss, still holds a reserve
+    ``placement.slack.slack_allows_spot`` for the expected preemption loss, still holds a reserve
     of one changeover to on-demand (its launch, at least a restart, plus the work a preemption
     loses), and spot stays cheaper once that loss is paid for. While no spot zone has capacity the
     caller passes the next decision plus a launch as the spot launch, so waiting also keeps the
@@ -106,7 +106,7 @@ class Sailor:
         # Imported here: the DAG file imports this registry (params' enum), and the placement
         # package pulls in numpy and the engine, which would triple sailor_train's parse time.
         from sailor_tasks.placement.context import RESTART_HOURS
-        from sailor_tasks.placement.market import slack_allows_spot
+        from sailor_tasks.placement.slack import slack_allows_spot
 
         slack = slack_of(ctx)
         if ctx.requested_market in ("spot", "on_demand"):

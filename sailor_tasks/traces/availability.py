@@ -5,6 +5,8 @@
 unavailable (the VM is preempted or cannot be obtained) and 0 means available; multi-node traces
 hold the number of available instances instead.
 
+Past its end a trace repeats (``slot``/``at``): simulators replay traces shorter than a run.
+
 A *preemption* is the start of an unavailable stretch after an available one (single node), or a
 drop in the available count (multi-node: one event per lost instance is not modelled; a drop is
 one event affecting the run).
@@ -12,11 +14,13 @@ one event affecting the run).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sailor_tasks import storage
+FORMAT = '{"metadata": {"gap_seconds": N}, "data": [0, 1, ...]}'
+"""The expected format, named in every parse error."""
 
 TraceKind = Literal["unavailable_flag", "available_count"]
 TRACE_KINDS: tuple[str, ...] = ("unavailable_flag", "available_count")
@@ -34,6 +38,14 @@ class AvailabilityTrace:
     @property
     def duration_s(self) -> float:
         return self.gap_seconds * len(self.data)
+
+    def slot(self, t: float) -> int:
+        """Index of the entry covering ``t`` seconds from the trace start (the trace repeats)."""
+        return int(t // self.gap_seconds) % len(self.data)
+
+    def at(self, t: float) -> int:
+        """The value (flag or count) at ``t`` seconds from the trace start (the trace repeats)."""
+        return self.data[self.slot(t)]
 
     def available(self, i: int) -> bool:
         """Whether capacity is available during entry ``i``."""
@@ -75,28 +87,52 @@ def parse_availability_trace(
         kind: how to read the values; None infers ``available_count`` when any value exceeds 1.
 
     Raises:
-        ValueError: naming the malformed field.
+        ValueError: naming the source, the malformed field and the expected format.
     """
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f"availability trace {source!r}: {what}; expected {FORMAT}")
+
     if not isinstance(obj, Mapping) or "metadata" not in obj or "data" not in obj:
-        raise ValueError(f"availability trace {source!r}: expected an object with 'metadata' and 'data'")
+        raise bad("expected an object with 'metadata' and 'data'")
     gap = obj["metadata"].get("gap_seconds") if isinstance(obj["metadata"], Mapping) else None
-    if not isinstance(gap, (int, float)) or isinstance(gap, bool) or gap <= 0:
-        raise ValueError(f"availability trace {source!r}: metadata.gap_seconds={gap!r} must be a number > 0")
+    if not isinstance(gap, (int, float)) or isinstance(gap, bool) or not gap > 0:
+        raise bad(f"metadata.gap_seconds={gap!r} must be a number > 0")
     data = obj["data"]
     if not isinstance(data, list) or not data:
-        raise ValueError(f"availability trace {source!r}: 'data' must be a non-empty list")
+        raise bad("'data' must be a non-empty list")
+    values = []
     for i, v in enumerate(data):
+        # Integral floats (``1.0``, as some writers emit) are read as their integer.
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"availability trace {source!r}: data[{i}]={v!r} must be an integer >= 0")
+            raise bad(f"data[{i}]={data[i]!r} must be an integer >= 0")
+        values.append(v)
     if kind is None:
-        kind = "available_count" if max(data) > 1 else "unavailable_flag"
+        kind = "available_count" if max(values) > 1 else "unavailable_flag"
     elif kind not in TRACE_KINDS:
         raise ValueError(f"kind={kind!r} is not a trace kind; valid: {', '.join(TRACE_KINDS)}")
-    return AvailabilityTrace(gap_seconds=float(gap), data=tuple(data), kind=kind, source=source)
+    return AvailabilityTrace(gap_seconds=float(gap), data=tuple(values), kind=kind, source=source)
 
 
 def load_availability_trace(uri: str, kind: TraceKind | None = None) -> AvailabilityTrace:
-    """Read and validate a trace from a ``file://``/``gs://`` URI or a local path."""
+    """Read and validate a trace from a ``file://``/``gs://`` URI or a local path.
+
+    Args:
+        uri: where the trace is.
+        kind: how to read the values; None infers ``available_count`` when any value exceeds 1.
+
+    Raises:
+        ValueError: the file is not JSON or not a valid trace (names the file and the format).
+    """
+    # Imported here so the trace type itself does not pull in fsspec (simulator worker processes).
+    from sailor_tasks import storage
+
     if "://" not in uri:
         uri = f"file://{uri}"
-    return parse_availability_trace(storage.read_json(uri), source=uri, kind=kind)
+    try:
+        obj = storage.read_json(uri)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"availability trace {uri!r}: not JSON ({exc}); expected {FORMAT}") from None
+    return parse_availability_trace(obj, source=uri, kind=kind)

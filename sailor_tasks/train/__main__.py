@@ -25,9 +25,10 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
 from sailor_tasks import storage  # noqa: E402
+from sailor_tasks.errors import PREEMPTED_EXIT_CODE  # noqa: E402
 from sailor_tasks.train.config import TrainConfig  # noqa: E402
 from sailor_tasks.train.progress import PROGRESS_ENV  # noqa: E402
-from sailor_tasks.train.trainer import PREEMPTED_EXIT_CODE, Trainer  # noqa: E402
+from sailor_tasks.train.trainer import Trainer  # noqa: E402
 
 
 def _setup_logging(rank: int) -> None:

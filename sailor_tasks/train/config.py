@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from sailor_tasks import paths
 from sailor_tasks.train.specs import MODEL_NAMES
 
 
@@ -57,11 +58,11 @@ class TrainConfig:
 
     @property
     def checkpoint_uri(self) -> str:
-        return f"{self.output_uri.rstrip('/')}/checkpoints"
+        return paths.checkpoint_uri(self.output_uri)
 
     @property
     def result_uri(self) -> str:
-        return f"{self.output_uri.rstrip('/')}/result.json"
+        return paths.result_uri(self.output_uri)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

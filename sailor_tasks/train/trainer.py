@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from sailor_tasks import storage
-from sailor_tasks.train.checkpoint import CheckpointManager
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.data import ByteCorpus
 from sailor_tasks.train.models import build_model
@@ -31,8 +31,6 @@ from sailor_tasks.train.state_dicts import model_optim_state_dict
 
 logger = logging.getLogger(__name__)
 
-PREEMPTED_EXIT_CODE = 75
-"""Exit status of a worker that stopped on a preemption notice after saving (EX_TEMPFAIL)."""
 
 
 @dataclass(frozen=True, slots=True)

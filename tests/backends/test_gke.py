@@ -120,7 +120,7 @@ def test_bad_teardown_mode_lists_the_valid_ones():
 
 
 def _kpo_render(pod, launch):
-    from sailor_tasks.gcp_glue import training_pod_operator
+    from sailor_tasks.airflow_glue.gcp import training_pod_operator
 
     op = training_pod_operator(CONFIG, launch, pod, deferrable=True)
     return serialize(op.build_pod_request_obj(context=None, dry_run=True)), op

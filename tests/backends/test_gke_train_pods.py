@@ -18,8 +18,8 @@ import pytest
 
 from sailor_tasks import stages, storage
 from sailor_tasks.backends import gke
-from sailor_tasks.gcs_emulator import free_port
-from sailor_tasks.train.checkpoint import CheckpointManager
+from sailor_tasks.testing.gcs_emulator import free_port
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 
 pytestmark = [pytest.mark.gke, pytest.mark.gcs, pytest.mark.slow]
 

@@ -1,22 +1,71 @@
 """The local backend really preempts torchrun: a trace-driven notice reaches the workers, which
-checkpoint and stop; a second launch resumes from that checkpoint."""
+checkpoint and exit 75 themselves; a second launch resumes from that checkpoint."""
 
 from __future__ import annotations
 
+import io
 import json
+import signal
 
 import pytest
 
 from sailor_tasks import storage
 from sailor_tasks.backends.base import TrainLaunch
-from sailor_tasks.backends.local import PREEMPTED_EXIT_CODE, LocalBackend
+from sailor_tasks.backends.local import FailureSummary, LocalBackend, trainer_exit_code
+from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 from sailor_tasks.model import Placement
-from sailor_tasks.train.checkpoint import CheckpointManager
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 from sailor_tasks.train.config import TrainConfig
 
-pytestmark = pytest.mark.slow
+# What torchrun 2.x prints when rank 0 exits 75 first and rank 1 is still exiting when torchrun
+# stops it (its own exit status is then 1).
+TORCHRUN_FAILURE_SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+sailor_tasks.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_15:30:33
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 16117)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 16117
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_15:30:33
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 75 (pid: 16116)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
 
 
+class _Finished:
+    """A finished torchrun as ``LocalBackend._stream`` sees it: its output, line by line."""
+
+    def __init__(self, output: str):
+        self.stdout = io.StringIO(output)
+
+
+def test_trainer_exit_code_is_the_first_failed_workers_from_torchruns_summary():
+    failures = FailureSummary()
+    worker_log = "2026-11-23 15:30:30,1 [rank 0] sailor_tasks.train.trainer: preemption notice: ...\n"
+    LocalBackend._stream(_Finished(worker_log + TORCHRUN_FAILURE_SUMMARY), failures)
+    assert failures.exit_codes == {0: 75, 1: -signal.SIGTERM} and failures.root_cause_rank == 0
+    assert trainer_exit_code(1, failures) == PREEMPTED_EXIT_CODE
+    crashed = FailureSummary()
+    LocalBackend._stream(_Finished(TORCHRUN_FAILURE_SUMMARY.replace(": 75 (pid", ": 1 (pid")), crashed)
+    assert trainer_exit_code(1, crashed) == 1
+    assert trainer_exit_code(-signal.SIGKILL, FailureSummary()) is None  # killed: no summary
+    assert trainer_exit_code(0, FailureSummary()) == 0
+
+
+@pytest.mark.slow
 def test_trace_notice_checkpoints_then_the_next_launch_resumes(settings, tmp_path, demo_dataset):
     from sailor_tasks.data.copier import copy_dataset
 
@@ -42,9 +91,15 @@ def test_trace_notice_checkpoints_then_the_next_launch_resumes(settings, tmp_pat
     inject = {"trace_uri": str(trace), "notice_s": 20.0}
 
     rc = backend.train(TrainLaunch("r", "r", config_uri, 2, placement, inject, attempt=1))
-    assert rc == PREEMPTED_EXIT_CODE
+    assert rc == PREEMPTED_EXIT_CODE  # what train() returns for any injected preemption
     report = storage.read_json(storage.join(out, "launch.json"))
     assert report["preemption"]["noticed"] and report["preemption"]["key"] == "trace@20s"
+    # The trainer itself acted on the notice: a worker saved and exited 75 within the notice window
+    # (torchrun's own status is then 1, and it stops the other worker, which may still be exiting:
+    # 75 or -15). A trainer that ignored the notice is killed at the window's end: no summary.
+    assert report["exit_code"] == PREEMPTED_EXIT_CODE and report["rc"] == 1
+    assert PREEMPTED_EXIT_CODE in report["worker_exit_codes"].values()
+    assert set(report["worker_exit_codes"].values()) <= {PREEMPTED_EXIT_CODE, -signal.SIGTERM}
     result = storage.read_json(config.result_uri)
     assert result["status"] == "preempted" and result["step"] > 0
     saved = CheckpointManager(config.checkpoint_uri).latest_valid_step()
@@ -56,5 +111,7 @@ def test_trace_notice_checkpoints_then_the_next_launch_resumes(settings, tmp_pat
     rc2 = backend.train(TrainLaunch("r", "r", config_uri, 2, placement, inject2, attempt=2))
     report2 = storage.read_json(storage.join(out, "launch.json"))
     assert rc2 == PREEMPTED_EXIT_CODE and report2["preemption"]["key"] == f"kill@step{saved + 5}"
+    # killed without notice: torchrun died of SIGKILL, the trainer never exited on its own
+    assert report2["rc"] == -signal.SIGKILL and report2["exit_code"] is None
     assert report2["resumed_from"] == saved and report2["first_step_at"] is not None
     assert backend.teardown("r") is False  # no cluster record; progress/injection files removed

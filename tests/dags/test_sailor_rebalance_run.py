@@ -11,7 +11,7 @@ from sailor_tasks import storage
 from sailor_tasks.data.copier import copy_dataset
 from sailor_tasks.data.manifest import read_manifest
 from sailor_tasks.ledger import Ledger
-from sailor_tasks.stages import replica_path
+from sailor_tasks.paths import replica_path
 
 pytestmark = pytest.mark.slow
 

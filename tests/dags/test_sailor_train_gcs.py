@@ -15,8 +15,8 @@ import pytest
 from sailor_tasks import gcp_auth, storage
 from sailor_tasks.data.manifest import read_manifest, verify
 from sailor_tasks.ledger import Ledger
-from sailor_tasks.stages import replica_path
-from sailor_tasks.train.checkpoint import CheckpointManager
+from sailor_tasks.paths import replica_path
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 

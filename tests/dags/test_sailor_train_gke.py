@@ -15,7 +15,7 @@ import os
 import pytest
 
 from sailor_tasks.data.demo import DEMO_DATASET
-from tests.test_operators import PARAMS, gke_env  # noqa: F401  (fixture)
+from tests.airflow_glue.test_operators import PARAMS, gke_env  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.gke, pytest.mark.gcs, pytest.mark.slow]
 

@@ -9,8 +9,8 @@ import pytest
 from sailor_tasks import storage
 from sailor_tasks.data.manifest import read_manifest
 from sailor_tasks.ledger import Ledger
-from sailor_tasks.stages import replica_path
-from sailor_tasks.train.checkpoint import CheckpointManager
+from sailor_tasks.paths import replica_path
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 
 pytestmark = pytest.mark.slow
 

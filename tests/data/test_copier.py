@@ -38,10 +38,77 @@ def test_second_copy_is_a_no_op_and_partial_copy_resumes(src, tmp_path):
     assert again.bytes_skipped == 5000 and again.bytes_copied == 50_000
 
 
-def test_incomplete_copy_has_no_manifest(src, tmp_path):
+class _ConnectionLost(OSError):
+    pass
+
+
+class _BreakingReader:
+    """A file opened for reading that delivers ``good_bytes`` bytes, then fails (connection lost)."""
+
+    def __init__(self, f, good_bytes: int, failures: list[str], name: str):
+        self._f, self._left, self._failures, self._name = f, good_bytes, failures, name
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            self._failures.append(self._name)
+            raise _ConnectionLost(f"connection lost reading {self._name}")
+        chunk = self._f.read(self._left if n < 0 else min(n, self._left))
+        self._left -= len(chunk)
+        return chunk
+
+    def __enter__(self) -> _BreakingReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+
+
+class _FailingReads:
+    """A filesystem whose reads of one path break after ``good_bytes``; all else is the real one."""
+
+    def __init__(self, fs, failing_path: str, good_bytes: int, failures: list[str]):
+        self._fs, self._failing_path = fs, failing_path
+        self._good_bytes, self._failures = good_bytes, failures
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    def open(self, path, mode="rb", **kw):
+        f = self._fs.open(path, mode, **kw)
+        if path == self._failing_path and "r" in mode:
+            return _BreakingReader(f, self._good_bytes, self._failures, path)
+        return f
+
+
+def test_copy_interrupted_mid_file_leaves_no_manifest_and_a_rerun_completes(src, tmp_path, monkeypatch):
     dst = f"file://{tmp_path}/dst"
-    storage.write_bytes(f"{dst}/a.txt", b"alpha")
+    real_filesystem = storage.filesystem
+    b_uri = storage.join(src, "sub/b.bin")
+    failures: list[str] = []
+
+    def filesystem(uri):
+        fs, path = real_filesystem(uri)
+        if uri == b_uri:  # the copier's read of sub/b.bin breaks after 1,000 of its 50,000 bytes
+            return _FailingReads(fs, path, 1000, failures), path
+        return fs, path
+
+    monkeypatch.setattr(storage, "filesystem", filesystem)
+    with pytest.raises(_ConnectionLost, match="b.bin"):
+        copy_dataset(src, dst, max_workers=1)
+    assert len(failures) == 1 and failures[0].endswith("sub/b.bin")  # the copier's own read broke
+    # a.txt was copied, b.bin is at most a stub, and nothing claims the copy is complete
+    assert (tmp_path / "dst" / "a.txt").read_bytes() == b"alpha" * 1000
+    stub = tmp_path / "dst" / "sub" / "b.bin"
+    assert not stub.exists() or stub.stat().st_size < 50_000
     assert read_manifest(dst) is None
+    assert not (tmp_path / "dst" / MANIFEST_NAME).exists()
+
+    monkeypatch.setattr(storage, "filesystem", real_filesystem)
+    again = copy_dataset(src, dst, max_workers=1)
+    assert again.bytes_skipped == 5000 and again.bytes_copied == 50_000  # a.txt kept, b.bin recopied
+    assert read_manifest(dst).files == read_manifest(src).files
+    verify(dst, read_manifest(dst))
+    assert stub.read_bytes() == (tmp_path / "src" / "sub" / "b.bin").read_bytes()
 
 
 def test_source_that_changed_since_sealing_is_rejected(src, tmp_path):

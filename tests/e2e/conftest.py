@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sailor_tasks.airflow_stack import AirflowStack
+from sailor_tasks.testing.airflow_stack import AirflowStack
 
 ROOT = Path(__file__).resolve().parents[2]
 

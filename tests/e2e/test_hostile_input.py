@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from sailor_tasks.airflow_api import AirflowAPIError
+from sailor_tasks.cli.airflow_api import AirflowAPIError
 from sailor_tasks.ledger import Ledger
 from tests.e2e.conftest import RUN_TIMEOUT_S, TINY
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sailor_tasks.dashboard import RegionRow, Snapshot
+from sailor_tasks.stages.dashboard import RegionRow, Snapshot
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +38,82 @@ def test_plugin_mounts_an_app_and_a_nav_view(plugin):
     assert p.external_views[0]["href"] == "/sailor/" and p.external_views[0]["destination"] == "nav"
 
 
-def test_every_route_requires_the_airflow_login(plugin):
-    # The app-level dependency applies to every route (plugin apps inherit no auth from Airflow).
-    deps = [d.dependency.__qualname__ for d in plugin.app.router.dependencies]
-    assert any("requires_access_view" in q for q in deps), deps
-    paths = {r.path for r in plugin.app.routes if hasattr(r, "methods")}
-    assert {"/", "/api/snapshot", "/report.png"} <= paths
+DOC_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+"""FastAPI's built-in documentation routes: added outside the app's dependencies, so they are
+served to anyone unless the app turns them off or guards them itself."""
+
+
+def _every_path(app) -> list[str]:
+    return sorted({r.path for r in app.routes if hasattr(r, "methods")} | set(DOC_PATHS))
+
+
+@pytest.fixture(scope="module")
+def auth_manager():
+    """The configured auth manager, created as the API server does before it mounts plugin apps."""
+    from airflow.api_fastapi.app import create_auth_manager
+
+    return create_auth_manager()
+
+
+@pytest.fixture
+def client(plugin, auth_manager):
+    from fastapi.testclient import TestClient
+
+    with TestClient(plugin.app) as c:
+        yield c
+
+
+@pytest.fixture
+def token(auth_manager):
+    """A valid Airflow login (a JWT signed by the configured auth manager)."""
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    return auth_manager.generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+
+
+@pytest.mark.parametrize(
+    ("headers", "cookies", "refused_with"),
+    [
+        ({}, {}, 401),
+        ({"Authorization": "Bearer not-a-jwt"}, {}, 403),
+        ({}, {"_token": "not-a-jwt"}, 403),
+    ],
+    ids=["no-token", "bad-bearer", "bad-cookie"],
+)
+def test_every_route_and_the_api_docs_refuse_callers_without_a_valid_login(
+    plugin, client, headers, cookies, refused_with
+):
+    # Plugin apps inherit no auth from Airflow: the app must refuse every route itself, including
+    # FastAPI's /docs, /redoc and /openapi.json (which describe every route to whoever asks).
+    routes = {r.path for r in plugin.app.routes if hasattr(r, "methods")}
+    assert {"/", "/api/snapshot", "/report.png"} <= routes
+    served = []
+    for path in _every_path(plugin.app):
+        client.cookies.clear()
+        client.cookies.update(cookies)
+        resp = client.get(path, headers=headers, follow_redirects=False)
+        # a route of the app is refused by the login; a documentation route may also not exist at all
+        refused = resp.status_code == refused_with or (path not in routes and resp.status_code == 404)
+        leaks = "SAILOR" in resp.text or "openapi" in resp.text.lower()
+        if not refused or leaks:
+            served.append(f"{path}: {resp.status_code} {resp.text.strip()[:60]!r}")
+    assert not served, "served without a valid login:\n" + "\n".join(served)
+
+
+def test_a_valid_login_reaches_every_app_route(plugin, client, token, monkeypatch):
+    import sailor_tasks.stages.dashboard as dashboard
+
+    monkeypatch.setattr(plugin, "_snapshot", lambda: _snap())
+    monkeypatch.setattr(dashboard, "report_uri", lambda: None)
+    auth = {"Authorization": f"Bearer {token}"}
+    page = client.get("/", headers=auth)
+    assert page.status_code == 200 and 'id="regions"' in page.text
+    snap = client.get("/api/snapshot", headers=auth)
+    assert snap.status_code == 200 and snap.json()["regions"][0]["region"] == "us-central1"
+    report = client.get("/report.png", headers=auth)
+    assert report.status_code == 404 and report.json() == {"detail": "no report yet"}
+    client.cookies.set("_token", token)  # the UI's cookie login works too
+    assert client.get("/").status_code == 200
 
 
 def test_page_shows_regions_with_ratio_and_says_no_report_yet(plugin):

@@ -85,7 +85,7 @@ def test_scenario_is_seeded_and_skewed():
 
 
 def test_problem_json_round_trip_and_cli(tmp_path, capsys):
-    from sailor_tasks.cli import main
+    from sailor_tasks.cli.main import main
     from sailor_tasks.rebalance.problem import Problem
 
     p = generate(regions=5, gpu_types=2, teams=40, datasets=100, seed=0)

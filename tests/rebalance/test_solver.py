@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from sailor_tasks.errors import RebalanceInfeasibleError
 from sailor_tasks.rebalance.problem import Dataset, Problem, Team
-from sailor_tasks.rebalance.solver import RebalanceInfeasibleError, solve
+from sailor_tasks.rebalance.solver import solve
 
 SUPPLY3 = {"a": {"T4": 10.0}, "b": {"T4": 10.0}, "c": {"T4": 10.0}}
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+import sys
+
 import pytest
 
 from sailor_tasks.model import JobRequest, Placement
 from sailor_tasks.placement.context import RESTART_HOURS
-from sailor_tasks.placement.market import slack_allows_spot
+from sailor_tasks.placement.slack import slack_allows_spot
 from sailor_tasks.strategies import (
     MARKET_STRATEGIES,
     MarketContext,
@@ -16,6 +19,7 @@ from sailor_tasks.strategies import (
     get_strategy,
     strategy_names,
 )
+from sailor_tasks.strategies import base as strategies_base
 from sailor_tasks.strategies.market import expected_overhead_h
 
 ZONES = {"us-central1": ("us-central1-a", "us-central1-b"), "europe-west4": ("europe-west4-a",)}
@@ -69,7 +73,20 @@ def test_every_market_strategy_is_registered_and_implements_the_interface():
         s = get_strategy(name)
         assert isinstance(s, Strategy)
         assert s.name == name
-        assert (s.__doc__ or type(s).__module__) is not None
+
+
+@pytest.mark.parametrize("name", strategy_names())
+def test_every_registered_strategy_documents_its_event_sequence(name):
+    """Each strategy's class docstring spells out its events as an arrow sequence, and both its
+    module's docstring and the interface's (``strategies.base``) name it."""
+    cls = type(get_strategy(name))
+    doc = inspect.getdoc(cls) or ""
+    assert "Events:" in doc, f"{cls.__qualname__} ({name}) has no 'Events:' line in its docstring"
+    events = doc.split("Events:", 1)[1]
+    assert "→" in events, f"{name}: no arrow sequence after 'Events:': {events!r}"
+    module_doc = sys.modules[cls.__module__].__doc__ or ""
+    assert f"``{name}``" in module_doc, f"{cls.__module__}'s docstring does not describe {name}"
+    assert f"``{name}``" in (strategies_base.__doc__ or ""), f"strategies.base does not list {name}"
 
 
 def test_on_demand_never_uses_spot_even_with_unbounded_slack():

@@ -45,7 +45,7 @@ def request(**kw) -> JobRequest:
 
 
 def test_unknown_strategy_lists_the_valid_names():
-    with pytest.raises(ValueError, match=r"strategy='nope' is not a strategy; valid: .*eager_next_region"):
+    with pytest.raises(ValueError, match=r"unknown strategy 'nope'; valid strategies: .*eager_next_region"):
         get_strategy("nope")
     assert {"same_zone_first", "eager_next_region"} <= set(strategy_names())
 

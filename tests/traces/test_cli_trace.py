@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sailor_tasks.backends.preemption import InjectionSpec, time_events
-from sailor_tasks.cli import main
+from sailor_tasks.cli.main import main
 from sailor_tasks.traces.availability import load_availability_trace
 
 

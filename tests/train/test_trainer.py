@@ -7,7 +7,8 @@ import torch
 
 from sailor_tasks import storage
 from sailor_tasks.data.demo import write_demo_dataset
-from sailor_tasks.train.checkpoint import MARKER, CheckpointManager
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
+from sailor_tasks.train.checkpoint.store import MARKER
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.trainer import Trainer
 

@@ -1,0 +1,333 @@
+"""Airflow glue for Google Cloud: credentials from an Airflow connection, training pods on GKE.
+
+``install()`` (called by ``stage.run_stage`` before every stage) wires the Airflow-free core to
+Airflow: ``gcp_auth`` gets a provider that reads the connection (``SAILOR_GCP_CONN_ID``, default
+``google_cloud_default``) through the Google provider's ``GoogleBaseHook`` the first time gs:// or
+GKE is used, and the GKE backend gets a pod runner built on ``GKEStartPodOperator``. Credentials
+stay inside google-auth objects; nothing here logs or returns them.
+
+``TrainingPods`` drives the pods of one attempt through the provider's deferrable path
+(``execute_async`` → ``GKEStartPodTrigger`` → ``trigger_reentry``) for
+``operators.SailorTrainOperator``; ``run_training_pods`` runs them inline (blocking) for callers
+of ``stages.train`` outside that operator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from sailor_tasks import gcp_auth, paths
+from sailor_tasks.backends import gke
+from sailor_tasks.backends.base import TrainLaunch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONN_ID = "google_cloud_default"
+POD_STARTUP_TIMEOUT_S = 30 * 60
+"""A fresh GPU node (autoscaler scale-up, image pull, driver install) takes minutes to be ready."""
+POD_POLL_INTERVAL_S = 15
+"""Seconds between the triggerer's status reads of a training pod: training runs for minutes to
+days, and each read is one API call per pod; 15 s adds at most that to noticing the end."""
+TRIGGER_STATE_KEY = "sailor_train"
+"""Key of SAILOR's resume state in the pod trigger's ``trigger_kwargs``; the provider's trigger
+returns its ``trigger_kwargs`` in every event (KubernetesPodTrigger: "additional keyword parameters
+to send in the event")."""
+
+
+def conn_id_from_env(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get("SAILOR_GCP_CONN_ID") or DEFAULT_CONN_ID
+
+
+def connection_credentials(conn_id: str) -> gcp_auth.GcpCredentials:
+    """Credentials and project of an Airflow Google Cloud connection (key file, key JSON, ADC,
+    impersonation or anonymous, as the connection's extras say); ADC when it does not exist."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
+
+    try:
+        credentials, project = GoogleBaseHook(gcp_conn_id=conn_id).get_credentials_and_project_id()
+    except AirflowNotFoundException:
+        logger.info("Airflow connection %r does not exist; using application default credentials", conn_id)
+        return gcp_auth.GcpCredentials()
+    logger.info("Google Cloud credentials from Airflow connection %r (project %s)", conn_id, project)
+    return gcp_auth.GcpCredentials(credentials, project, source=f"Airflow connection {conn_id!r}")
+
+
+def install(conn_id: str | None = None) -> None:
+    """Point the core at Airflow: connection credentials (resolved lazily, once) and the pod runner."""
+    conn = conn_id or conn_id_from_env()
+    gcp_auth.set_provider(lambda: connection_credentials(conn))
+    gke.set_pod_runner(run_training_pods)
+
+
+def training_pod_operator(
+    config: gke.GkeConfig,
+    launch: TrainLaunch,
+    pod: Any,
+    *,
+    deferrable: bool = False,
+    task_id: str | None = None,
+    trigger_kwargs: Mapping[str, Any] | None = None,
+) -> Any:
+    """The GKEStartPodOperator that runs one training pod (built by ``gke.build_training_pods``).
+
+    ``durable`` (reattach): a retried task finds the pod by its dag/task/run labels plus the run,
+    plan and node-rank labels, and follows it instead of starting a second one.
+    """
+    from airflow.providers.google.cloud.operators.kubernetes_engine import GKEStartPodOperator
+
+    pl = launch.placement
+    rank = pod.metadata.labels[f"{gke.LABEL_PREFIX}/node-rank"]
+    return GKEStartPodOperator(
+        task_id=task_id or f"train-node-{rank}",
+        project_id=config.project,
+        location=pl.region,
+        cluster_name=config.cluster_name(pl.region),
+        gcp_conn_id=config.gcp_conn_id,
+        namespace=config.namespace,
+        name=pod.metadata.name,
+        random_name_suffix=False,
+        full_pod_spec=pod,
+        labels=dict(pod.metadata.labels),
+        image=pod.spec.containers[0].image,
+        durable=True,
+        on_finish_action="delete_succeeded_pod",
+        termination_grace_period=gke.PREEMPTION_NOTICE_S,
+        startup_timeout_seconds=POD_STARTUP_TIMEOUT_S,
+        get_logs=True,
+        do_xcom_push=False,
+        deferrable=deferrable,
+        poll_interval=POD_POLL_INTERVAL_S,
+        trigger_kwargs=dict(trigger_kwargs or {}),
+    )
+
+
+def render_pod(config: gke.GkeConfig, launch: TrainLaunch, pod: Any) -> dict[str, Any]:
+    """The pod exactly as the operator would submit it (no cluster needed), as API JSON."""
+    op = training_pod_operator(config, launch, pod, deferrable=True)
+    return gke.serialize(op.build_pod_request_obj(context=None, dry_run=True))
+
+
+def _ensure_service(op: Any, service: Any) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        op.hook.core_v1_client.create_namespaced_service(service.metadata.namespace, service)
+    except ApiException as exc:
+        if exc.status != 409:  # already exists: a retry of the same run
+            raise
+
+
+def _exit_code(op: Any) -> int:
+    """The failed pod's container exit status (75 = preempted after saving), or 1 when unknown."""
+    try:
+        code = gke.container_exit_code(op.pod_manager.read_pod(op.pod)) if op.pod is not None else None
+    except Exception:  # the pod or its node is gone (e.g. the spot VM was reclaimed)
+        code = None
+    return 1 if code in (None, 0) else code
+
+
+def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence[Any], service: Any) -> int:
+    """Run the launch's pods to completion inline; 0 when every pod succeeded.
+
+    The pod runner of ``stages.train`` on the gke backend when it is called outside
+    ``operators.SailorTrainOperator`` (a task of one's own, a script): the task holds its worker slot
+    while the pods run. ``sailor_train`` defers instead (``TrainingPods``).
+    """
+    from airflow.sdk import get_current_context
+
+    context = get_current_context()
+    ops = [training_pod_operator(config, launch, pod) for pod in pods]
+    if service is not None:
+        _ensure_service(ops[0], service)
+        # Several pods from one task: reattach by labels (node-rank differs), not by the task's one
+        # persisted pod identity.
+        context = {k: v for k, v in context.items() if k != "task_state_store"}  # type: ignore[assignment]
+
+    def run(op: Any) -> int:
+        try:
+            op.execute(context)
+            return 0
+        except Exception:
+            logger.exception("training pod %s failed", op.name)
+            return _exit_code(op)
+
+    with ThreadPoolExecutor(max_workers=len(ops)) as pool:
+        codes = list(pool.map(run, ops))
+    return max(codes)
+
+
+@dataclass(frozen=True)
+class PodStep:
+    """Where one training pod stands after driving its operator: still running, with the provider's
+    ``trigger`` to defer on, or ended with ``exit_code`` (0 success, 75 preempted after saving)."""
+
+    trigger: Any = None
+    exit_code: int | None = None
+
+
+def _transient(exc: BaseException) -> bool:
+    """An API error worth a retry of the task (which reattaches), not an answer about the pod."""
+    from kubernetes.client.exceptions import ApiException
+
+    status = getattr(exc, "status", None)
+    return isinstance(exc, ApiException) and isinstance(status, int) and (status == 429 or status >= 500)
+
+
+def _ended_code(op: Any) -> int | None:
+    """Exit status of the pod ``op`` last saw (or reads now), None when it has not ended or is gone."""
+    for read in (lambda: op.pod, lambda: op.pod_manager.read_pod(op.pod)):
+        try:
+            code = gke.container_exit_code(read()) if op.pod is not None else None
+        except Exception:  # the pod or its node is gone (e.g. the spot VM was reclaimed)
+            code = None
+        if code is not None:
+            return code
+    return None
+
+
+class TrainingPods:
+    """The pods of one launched attempt, each driven by the provider's deferrable
+    ``GKEStartPodOperator`` (built by ``training_pod_operator``), one step at a time.
+
+    ``start`` creates the rendezvous service and every pod, or finds them by their labels when a
+    retried task reattaches (``durable``: dag/task/run labels without try_number, plus run, plan,
+    attempt and node-rank, and not ``already_checked``); ``resume`` hands a trigger event to the
+    provider's ``trigger_reentry`` (task log gets the pod's log, finished pods are cleaned up: a
+    succeeded one deleted, a failed one kept and labelled ``already_checked``); ``watch`` builds the
+    trigger of a pod that was started earlier. Each returns a ``PodStep``: the provider's trigger
+    when the pod still runs, else its exit status.
+
+    Several pods of one task share the task's identity, so the provider's single persisted pod
+    identity (``task_state_store``) is withheld: the pods are found by their labels.
+    """
+
+    def __init__(self, config: gke.GkeConfig, launch: TrainLaunch, context: Mapping[str, Any]):
+        self.config, self.launch = config, launch
+        self.pods = gke.build_training_pods(config, launch)
+        self.service = gke.build_rendezvous_service(config, launch)
+        self.context = {k: v for k, v in context.items() if k != "task_state_store"}
+        self._ops: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.pods)
+
+    def name(self, index: int) -> str:
+        return self.pods[index].metadata.name
+
+    def op(self, index: int) -> Any:
+        if index not in self._ops:
+            self._ops[index] = training_pod_operator(
+                self.config, self.launch, self.pods[index], deferrable=True
+            )
+        return self._ops[index]
+
+    def start(self) -> list[PodStep]:
+        if self.service is not None:
+            _ensure_service(self.op(0), self.service)
+        return [self._drive(i, self._create_or_follow, ended=False) for i in range(len(self))]
+
+    def _create_or_follow(self, op: Any) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            op.execute_async(self.context)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            # The pod exists but an earlier try already followed it to its end (``already_checked``,
+            # so the label search skipped it): follow it again for its exit status.
+            logger.info("training pod %s already exists and has ended; reading its outcome", op.name)
+            op.pod = op.hook.get_pod(op.name, self.config.namespace)
+            op.invoke_defer_method(context=self.context)
+
+    def resume(self, index: int, event: Mapping[str, Any]) -> PodStep:
+        return self._drive(index, lambda op: op.trigger_reentry(self.context, dict(event)), ended=True)
+
+    def watch(self, index: int) -> PodStep:
+        def follow(op: Any) -> None:
+            op.pod = op.hook.get_pod(self.name(index), self.config.namespace)
+            op.invoke_defer_method(context=self.context)
+
+        return self._drive(index, follow, ended=False)
+
+    def _drive(self, index: int, action: Any, *, ended: bool) -> PodStep:
+        """Run one provider step for a pod. An error is the pod's outcome when the pod has failed
+        (its exit status; 1 when unreadable, e.g. gone with its reclaimed node, and ``ended``: the
+        trigger said so); otherwise (API or config errors, a succeeded pod) it propagates, and
+        Airflow's retry reattaches."""
+        from airflow.sdk.exceptions import TaskDeferred
+
+        op = self.op(index)
+        try:
+            action(op)
+        except TaskDeferred as deferred:
+            return PodStep(trigger=deferred.trigger)
+        except Exception as exc:
+            code = _ended_code(op)
+            if _transient(exc) or code == 0 or (code is None and not ended):
+                raise
+            logger.warning("training pod %s ended with exit status %s: %s", self.name(index), code, exc)
+            return PodStep(exit_code=1 if code is None else code)
+        return PodStep(exit_code=0)
+
+
+KUBERNETES_VERSION = "1.30"
+"""Kubernetes version the rendered manifests are validated against (GKE's oldest supported minor)."""
+
+
+def render_run(
+    params: Mapping[str, Any], settings: Any, run_id: str = "manual__render", state: Any = None
+) -> dict[str, Any]:
+    """What a ``backend=gke`` run of ``params`` would submit: the placement, the cluster and node
+    pool bodies (validated by ``container_v1`` types) and the pods/service as the operators build
+    them (validated by ``kubernetes-validate`` for ``KUBERNETES_VERSION``). No cloud call is made.
+
+    Raises:
+        InvalidRequestError: bad params (names the field and the valid choices).
+        kubernetes_validate.ValidationError: a manifest is not valid Kubernetes.
+    """
+    import kubernetes_validate
+
+    from sailor_tasks import storage
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.model import ClusterState, run_key, to_dict
+    from sailor_tasks.placement import plan
+    from sailor_tasks.request import from_params
+
+    notes = []
+    if storage.scheme_of(settings.bucket_uri("source")) != "gs":
+        settings = dataclasses.replace(settings, bucket_template=gke.GCS_BUCKET_TEMPLATE)
+        notes.append(f"SAILOR_BUCKET_TEMPLATE is not gs://; rendered with {gke.GCS_BUCKET_TEMPLATE}")
+    catalog = load_catalog()
+    request = from_params({**params, "backend": "gke"}, catalog)
+    placement = plan(request, catalog, state or ClusterState(), run_id)
+    config = gke.GkeConfig.from_env(settings)
+    key = run_key(run_id)
+    run_uri = paths.run_uri(placement.region, run_id, settings)
+    launch = TrainLaunch(run_id, key, paths.train_config_uri(run_uri), request.num_workers, placement)
+    cluster = gke.build_cluster_body(config, placement.region, placement.zone)
+    node_pool = gke.build_node_pool_body(config, key, placement)
+    gke.validate_cluster_body(cluster)
+    gke.validate_node_pool_body(node_pool)
+    pods, service = gke.build_training_pods(config, launch), gke.build_rendezvous_service(config, launch)
+    manifests = [render_pod(config, launch, pod) for pod in pods]
+    if service is not None:
+        manifests.append(gke.serialize(service))
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+    return {
+        "placement": to_dict(placement),
+        "cluster": {"parent": f"projects/{config.project}/locations/{placement.region}", "cluster": cluster},
+        "node_pool": {"parent": config.cluster_path(placement.region), "node_pool": node_pool},
+        "manifests": manifests,
+        "kubernetes_version": KUBERNETES_VERSION,
+        "notes": notes,
+    }

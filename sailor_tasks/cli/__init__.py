@@ -1,0 +1,1 @@
+"""The ``sailor`` command (``main``), one module per command group, and the Airflow REST API client."""

@@ -1,0 +1,113 @@
+"""``sailor catalog`` (GPU offers), ``catalog derive`` and ``catalog transfer``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from sailor_tasks.cli.output import print_table
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("catalog", help="print GPU offers (real GCP prices)")
+    p.add_argument("--gpu", help="only this GPU type")
+    p.add_argument("--region", action="append", help="only this region (repeatable)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_catalog)
+    csub = p.add_subparsers(dest="catalog_command")
+    d = csub.add_parser("derive", help="re-derive the packaged offers from a SkyPilot-format GCP catalog CSV")
+    d.add_argument("--source", required=True)
+    d.add_argument("--dest")
+    d.set_defaults(func=cmd_catalog_derive)
+    d = csub.add_parser("transfer", help="data transfer USD/GB and Gbit/s between regions (bucket copies)")
+    d.add_argument("--region", action="append", help="only these regions (repeatable)")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_catalog_transfer)
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.model import to_dict
+
+    catalog = load_catalog()
+    offers = catalog.select(gpu_types=[args.gpu] if args.gpu else None, regions=args.region or None)
+    if args.gpu and args.gpu not in catalog.gpu_types:
+        print(
+            f"error: --gpu {args.gpu!r} is not in the catalog; valid: {', '.join(catalog.gpu_types)}",
+            file=sys.stderr,
+        )
+        return 2
+    bad = [r for r in args.region or () if r not in catalog.regions]
+    if bad:
+        print(
+            f"error: --region {', '.join(bad)} not in the catalog; valid: {', '.join(catalog.regions)}",
+            file=sys.stderr,
+        )
+        return 2
+    rows = [to_dict(o) for o in sorted(offers, key=lambda o: (o.gpu_type, o.spot_usd_per_hour))]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print_table(
+            rows,
+            (
+                "region",
+                "zone",
+                "gpu_type",
+                "gpus_per_node",
+                "instance_type",
+                "ondemand_usd_per_hour",
+                "spot_usd_per_hour",
+                "capacity_gpus",
+                "preemption_rate_per_hour",
+            ),
+        )
+    return 0
+
+
+def cmd_catalog_transfer(args: argparse.Namespace) -> int:
+    from sailor_tasks.catalog import load_catalog
+
+    catalog = load_catalog()
+    regions = args.region or list(catalog.regions)
+    bad = [r for r in regions if r not in catalog.regions]
+    if bad:
+        print(
+            f"error: --region {', '.join(bad)} not in the catalog; valid: {', '.join(catalog.regions)}",
+            file=sys.stderr,
+        )
+        return 2
+    table = catalog.transfer
+    rows = [
+        {
+            "src_region": a,
+            "dst_region": b,
+            "usd_per_gb": table.bucket_usd_per_gb(a, b),
+            "gbps": table.bucket_gbps(a, b),
+            "src_continent": table.continent(a),
+            "dst_continent": table.continent(b),
+        }
+        for a in regions
+        for b in regions
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print_table(
+            rows, ("src_region", "dst_region", "usd_per_gb", "gbps", "src_continent", "dst_continent")
+        )
+    return 0
+
+
+def cmd_catalog_derive(args: argparse.Namespace) -> int:
+    from importlib import resources
+
+    from sailor_tasks.catalog.derive import derive_file
+    from sailor_tasks.catalog.offers import DEFAULT_OFFERS_FILE
+
+    dest = args.dest or str(resources.files("sailor_tasks.catalog").joinpath("data", DEFAULT_OFFERS_FILE))
+    n = derive_file(args.source, dest)
+    print(f"wrote {n} offers to {dest}")
+    return 0

@@ -1,0 +1,42 @@
+"""Helpers shared by the command groups: table and JSON output, sailor_train params from the command line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def json_default(value: Any) -> Any:
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
+
+
+def load_params(path: str | None, overrides: Sequence[str] | None) -> dict[str, Any]:
+    """sailor_train params from a JSON file (optional), then ``KEY=VALUE`` overrides (JSON values,
+    else plain strings)."""
+    params: dict[str, Any] = {}
+    if path:
+        with open(path) as f:
+            params = json.load(f)
+    for item in overrides or ():
+        key, _, value = item.partition("=")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params

@@ -1,0 +1,80 @@
+"""``sailor rebalance``: solve a rebalance scenario (region shares + replicas) without Airflow."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "rebalance", help="solve a rebalance scenario (region shares + replicas) without Airflow"
+    )
+    p.add_argument(
+        "--scenario",
+        default="generated",
+        help="'generated' (seeded scenario from the options below) or a problem JSON file",
+    )
+    p.add_argument("--regions", type=int, default=40)
+    p.add_argument("--gpu-types", type=int, default=8)
+    p.add_argument("--teams", type=int, default=2000)
+    p.add_argument("--datasets", type=int, default=10000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-fraction", type=float, default=0.1, help="byte budget / all dataset bytes")
+    p.add_argument("--time-limit", type=float, default=50.0, help="solver time budget in seconds")
+    p.add_argument("--comfort-ratio", type=float, default=0.0, help="ratios below it count as balanced")
+    p.add_argument("--write-scenario", metavar="PATH", help="also write the problem as JSON")
+    p.add_argument("--full", action="store_true", help="print the whole solution (shares, replicas)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_rebalance)
+
+
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    """Solve a rebalance scenario without Airflow (a generated one, or a problem JSON file)."""
+    from sailor_tasks.errors import RebalanceInfeasibleError
+    from sailor_tasks.rebalance.problem import Problem
+    from sailor_tasks.rebalance.scenario import generate
+    from sailor_tasks.rebalance.solver import solve
+
+    if args.scenario == "generated":
+        try:
+            problem = generate(
+                args.regions,
+                args.gpu_types,
+                args.teams,
+                args.datasets,
+                seed=args.seed,
+                budget_fraction=args.budget_fraction,
+            )
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    elif os.path.isfile(args.scenario):
+        with open(args.scenario) as f:
+            problem = Problem.from_json(json.load(f))
+    else:
+        print(
+            f"error: --scenario {args.scenario!r} is neither 'generated' nor a problem JSON file",
+            file=sys.stderr,
+        )
+        return 2
+    if args.write_scenario:
+        with open(args.write_scenario, "w") as f:
+            json.dump(problem.to_json(), f)
+    try:
+        solution = solve(
+            problem, seed=args.seed, time_limit_s=args.time_limit, comfort_ratio=args.comfort_ratio
+        )
+    except RebalanceInfeasibleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out = solution.to_json() if args.full else solution.summary()
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for key, value in solution.summary().items():
+            print(f"{key:24s} {value}")
+    return 0

@@ -1,0 +1,120 @@
+"""The simulator's plug points: spot availability, job routing across regions, preemption recovery.
+
+Each is a small Protocol. The defaults call the product's own code: routing by the placement
+engine (``routing.py``) and recovery by the strategies registry (``replan.py``); the simple
+implementations here are the explicitly named baselines ``least_loaded`` and ``stay_in_region``.
+``TraceAvailability`` replays the product's availability traces (``sailor_tasks.traces.availability``,
+loaded with ``load_availability_trace``) as spot capacity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from sailor_tasks.traces.availability import AvailabilityTrace
+
+if TYPE_CHECKING:
+    from sailor_tasks.simulator.rounds.workload import SimJob
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """One simulated cluster: GPUs per type, their price, and whether they are spot capacity."""
+
+    name: str
+    gpus: Mapping[str, int]
+    usd_per_gpu_hour: Mapping[str, float] = field(default_factory=dict)
+    spot: bool = False
+
+
+@runtime_checkable
+class AvailabilityProvider(Protocol):
+    def capacity(self, region: Region, gpu_type: str, t: float) -> int:
+        """GPUs of ``gpu_type`` usable in ``region`` at simulated time ``t`` (≤ nominal)."""
+        ...
+
+
+class AlwaysAvailable:
+    """Every GPU is always there (on-demand capacity)."""
+
+    def capacity(self, region: Region, gpu_type: str, t: float) -> int:
+        return int(region.gpus.get(gpu_type, 0))
+
+
+class TraceAvailability:
+    """Spot regions follow availability traces (region name → trace); others are always available.
+
+    The trace repeats past its end. ``unavailable_flag`` traces: 1 takes every GPU of the region
+    away, 0 leaves them all; ``available_count`` traces cap the region's GPUs at the count.
+    """
+
+    def __init__(self, traces: Mapping[str, AvailabilityTrace]):
+        self.traces = dict(traces)
+
+    def capacity(self, region: Region, gpu_type: str, t: float) -> int:
+        nominal = int(region.gpus.get(gpu_type, 0))
+        trace = self.traces.get(region.name)
+        if trace is None or not region.spot:
+            return nominal
+        value = trace.at(t)
+        if trace.kind == "available_count":
+            return min(nominal, value)
+        return 0 if value == 1 else nominal
+
+
+@runtime_checkable
+class Router(Protocol):
+    def route(self, job: SimJob, runnable: Sequence[bool], load: Sequence[float]) -> int:
+        """Region index for a newly arrived job; ``runnable[r]``: region r has a GPU type that can
+        run it; ``load[r]`` = GPUs demanded (this job included) / GPUs in region r."""
+        ...
+
+
+class LeastLoadedRouter:
+    """Baseline (``--router least_loaded``): the region with the lowest demand/supply among those
+    that can run the job. The default router is the placement engine (``routing.PlacementRouter``)."""
+
+    name = "least_loaded"
+
+    def route(self, job: SimJob, runnable: Sequence[bool], load: Sequence[float]) -> int:
+        best, best_load = -1, float("inf")
+        for r, (ok, lr) in enumerate(zip(runnable, load, strict=True)):
+            if ok and lr < best_load:
+                best, best_load = r, lr
+        return best
+
+
+@runtime_checkable
+class RecoveryStrategy(Protocol):
+    def on_preemption(
+        self,
+        job: SimJob,
+        region: int,
+        now: float,
+        available: Sequence[Mapping[str, int]],
+        load: Sequence[float],
+    ) -> int:
+        """Region index where ``job``, preempted in ``region`` at ``now``, continues.
+
+        ``available[r]``: GPUs of each type usable in region r now; ``load[r]``: GPUs demanded /
+        GPUs in region r if the job continued there."""
+        ...
+
+
+class StayInRegion:
+    """Baseline (``--recovery stay_in_region``): wait for the capacity to come back in the same
+    region. The default is the registry's ``same_zone_first`` (``recovery.StrategyRecovery``)."""
+
+    name = "stay_in_region"
+
+    def on_preemption(
+        self,
+        job: SimJob,
+        region: int,
+        now: float,
+        available: Sequence[Mapping[str, int]],
+        load: Sequence[float],
+    ) -> int:
+        return region

@@ -1,0 +1,40 @@
+"""What the DAGs call, one function per task, in pipeline order. Airflow is not imported here, so
+the same stages run from the CLI, tests and benchmarks.
+
+``sailor_train``:     validate → plan → place_data → provision (``prepare``) → train (``train``, one
+                      attempt per call: ``attempts``) → finalize; teardown (always)
+``sailor_rebalance``: collect_utilization → solve_assignment → publish_assignment →
+                      replicate_dataset[] → report_rebalance; collect_utilization → allocate_gpu_types
+``dashboard``:        the read-only snapshot the SAILOR page of the Airflow UI renders
+"""
+
+from sailor_tasks.stages.context import StageContext
+from sailor_tasks.stages.prepare import place_data, plan, provision, validate
+from sailor_tasks.stages.rebalance import (
+    allocate_gpu_types,
+    collect_utilization,
+    publish_assignment,
+    replicate_dataset,
+    report_rebalance,
+    solve_assignment,
+)
+from sailor_tasks.stages.train import finalize, finish_train, launch_train, teardown, train
+
+__all__ = [
+    "StageContext",
+    "allocate_gpu_types",
+    "collect_utilization",
+    "finalize",
+    "finish_train",
+    "launch_train",
+    "place_data",
+    "plan",
+    "provision",
+    "publish_assignment",
+    "replicate_dataset",
+    "report_rebalance",
+    "solve_assignment",
+    "teardown",
+    "train",
+    "validate",
+]

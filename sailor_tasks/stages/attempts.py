@@ -1,0 +1,374 @@
+"""One training attempt of the ``train`` stage: recover from the previous attempt's preemption, launch, end.
+
+An attempt launches the process group on the run's current placement. When it is preempted, the
+attempt and the preemption (zone, notice or not, step reached, steps lost) go to the ledger and
+``PreemptedError`` is raised, so the orchestrator retries the task with backoff (each attempt is a
+try in the Airflow UI). The next call finds the preempted attempt in the ledger and recovers before
+launching: the run's recovery strategy turns the preemption history into a placement constraint,
+and the same ``prepare.plan`` / ``prepare.place_data`` / ``prepare.provision`` code as the first
+attempt re-plans with the blocked zones, places the data in the new region (copier, skipped when a
+replica exists), copies the newest verified checkpoint to the new region's bucket and provisions.
+
+Event sequence (``eager_next_region``, one noticed preemption)::
+
+    try 1: launch in r1/z1 → notice at step 150 → checkpoint step 150 → exit 75 → PreemptedError
+    try 2: strategy blocks r1 → plan picks r2/z3 → data + checkpoint copied to r2 → provision →
+           launch → resume at step 150 → completed (steps lost 0, recovery seconds recorded)
+
+On the last allowed try a preemption raises ``RecoveryExhaustedError`` listing every attempt.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sailor_tasks import paths, storage
+from sailor_tasks.backends import TrainLaunch, get_backend
+from sailor_tasks.errors import (
+    NoFeasibleOfferError,
+    PreemptedError,
+    RecoveryExhaustedError,
+    TrainingFailedError,
+)
+from sailor_tasks.ledger.store import utcnow
+from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
+from sailor_tasks.stages import prepare
+from sailor_tasks.stages.context import JSON, StageContext
+from sailor_tasks.stages.summary import attempt_markets, describe_attempts
+from sailor_tasks.strategies import PreemptionRecord, RecoveryContext, get_strategy
+from sailor_tasks.train.checkpoint.store import CheckpointStore
+from sailor_tasks.train.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+def injection_spec(req: JobRequest) -> JSON | None:
+    """The run's preemption-injection params as a ``backends.preemption.InjectionSpec`` dict."""
+    spec = {
+        "notice_steps": list(req.inject_preemptions),
+        "kill_steps": list(req.inject_kills),
+        "rate_per_hour": req.preemption_rate_per_hour,
+        "trace_uri": req.preemption_trace_uri,
+        "trace_time_scale": req.preemption_trace_time_scale,
+        "notice_s": req.preemption_notice_s,
+        "seed": req.seed,
+    }
+    if not (spec["notice_steps"] or spec["kill_steps"] or spec["rate_per_hour"] or spec["trace_uri"]):
+        return None
+    return spec
+
+
+def history(ctx: StageContext, run_id: str) -> tuple[PreemptionRecord, ...]:
+    """The run's preemptions from the ledger, oldest first."""
+    return tuple(
+        PreemptionRecord(
+            attempt=r["attempt"], region=r["region"], zone=r["zone"], noticed=r["noticed"], step=r["step"]
+        )
+        for r in reversed(ctx.ledger.preemptions(run_id, limit=10_000))
+    )
+
+
+def recover(
+    ctx: StageContext, req: JobRequest, lost: Placement, data: JSON, run_id: str, attempt: int
+) -> tuple[Placement, JSON]:
+    """Place the run again after ``lost`` was preempted, through the first attempt's stage code."""
+    # The market strategy decides where to resume unless the request names a recovery strategy.
+    strategy = get_strategy(req.recovery_strategy or req.strategy)
+    zones_by_region: dict[str, tuple[str, ...]] = {}
+    for o in ctx.catalog.offers:
+        zones_by_region.setdefault(o.region, ())
+        if o.zone not in zones_by_region[o.region]:
+            zones_by_region[o.region] += (o.zone,)
+    constraint = strategy.next_constraint(RecoveryContext(req, lost, history(ctx, run_id), zones_by_region))
+    blocked = constraint.all_blocked_zones(zones_by_region)
+    progress = _progress(ctx, run_id)
+    plan_req = replace(req, market=constraint.market) if constraint.market else req
+    logger.info(
+        "recovery attempt %d (%s): %s; blocked zones: %s",
+        attempt,
+        strategy.name,
+        constraint.reason,
+        ", ".join(sorted(blocked)) or "none",
+    )
+    try:
+        placed = prepare.plan(
+            to_dict(plan_req), run_id, ctx, blocked_zones=blocked, attempt=attempt, **progress
+        )
+    except NoFeasibleOfferError:
+        if blocked <= {lost.zone}:
+            raise
+        logger.warning("no offer outside %d blocked zones; blocking only %s", len(blocked), lost.zone)
+        placed = prepare.plan(
+            to_dict(plan_req), run_id, ctx, blocked_zones=frozenset({lost.zone}), attempt=attempt, **progress
+        )
+    pl = from_dict(Placement, placed)
+    if pl.region != lost.region:
+        data = prepare.place_data(to_dict(req), placed, run_id, ctx)
+        src = CheckpointStore(paths.checkpoint_uri(ctx.run_uri(lost.region, run_id)))
+        dst = paths.checkpoint_uri(ctx.run_uri(pl.region, run_id))
+        step = src.copy_latest_to(dst)
+        logger.info(
+            "moved run %s from %s to %s; checkpoint step %s copied to %s",
+            run_id,
+            lost.region,
+            pl.region,
+            step,
+            dst,
+        )
+    prepare.provision(to_dict(req), placed, run_id, ctx)
+    return pl, data
+
+
+def _progress(ctx: StageContext, run_id: str) -> dict[str, Any]:
+    """Hours since the run was submitted and the step its newest checkpoint holds (market choice)."""
+    run = ctx.ledger.get_run(run_id)
+    elapsed_h = (utcnow() - _aware(run["created_at"])).total_seconds() / 3600.0 if run else 0.0
+    last = ctx.ledger.preemptions(run_id, limit=1)
+    steps_done = max(0, (last[0]["step"] or 0) - (last[0]["steps_lost"] or 0)) if last else 0
+    return {"elapsed_h": max(0.0, elapsed_h), "steps_done": steps_done}
+
+
+def _ts(epoch: float | None) -> dt.datetime | None:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC) if epoch else None
+
+
+def _aware(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def train_attempt(
+    ctx: StageContext,
+    request: JSON,
+    placement: JSON,
+    data: JSON,
+    run_id: str,
+    try_number: int = 1,
+    max_tries: int = 0,
+) -> JSON:
+    """Run one attempt of training (recovering first when the previous attempt was preempted).
+
+    ``begin_attempt`` → the backend's ``train`` (blocking) → ``finish_attempt``; a deferrable
+    orchestrator calls the two halves itself around its wait (``airflow_glue.operators.SailorTrainOperator``).
+
+    Args:
+        placement, data: the first attempt's placement and placed data (the plan/place_data outputs).
+        try_number: the orchestrator's try number of this call (1-based).
+        max_tries: retries the orchestrator allows after the first try; a preemption on try
+            ``max_tries + 1`` is final.
+
+    Returns:
+        The trainer's result plus ``placement``/``data`` of the attempt that completed, ``attempts``
+        and ``train_wall_s``.
+
+    Raises:
+        PreemptedError: the attempt was preempted and the orchestrator may retry.
+        RecoveryExhaustedError: preempted on the last allowed try (lists every attempt).
+        TrainingFailedError: the process group failed for another reason.
+    """
+    backend = get_backend(from_dict(JobRequest, request).backend, ctx.settings)
+    att = begin_attempt(ctx, request, placement, data, run_id, try_number)
+    rc = backend.train(att.launch)
+    return finish_attempt(ctx, att, rc, try_number, max_tries)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One launched attempt of the train stage, between ``begin_attempt`` and ``finish_attempt``."""
+
+    run_id: str
+    req: JobRequest
+    number: int
+    placement: Placement
+    data: JSON
+    config: TrainConfig
+    """The ``TrainConfig`` every worker of the attempt reads (at ``launch.config_uri``)."""
+    launch: TrainLaunch
+    started: dt.datetime
+    prior: list[JSON]
+    """The run's earlier attempts as the ledger held them when this one began, oldest first."""
+    reattached: bool = False
+    """True when a retried task took over this attempt from a try that died while it ran."""
+
+
+def begin_attempt(
+    ctx: StageContext,
+    request: JSON,
+    placement: JSON,
+    data: JSON,
+    run_id: str,
+    try_number: int = 1,
+    *,
+    reattach: bool = False,
+) -> Attempt:
+    """Start the run's next attempt: recover first when the previous one was preempted (re-plan,
+    place data, move the checkpoint, provision), write its train config, record it in the ledger.
+
+    Args:
+        reattach: when the previous try died while its attempt ran (ledger outcome ``running``),
+            take that attempt over (its pods may still run) instead of ending it as failed and
+            starting another (what a backend that can follow a running launch wants: gke).
+    """
+    req = from_dict(JobRequest, request)
+    attempts = ctx.ledger.attempts(run_id)
+    attempt = len(attempts) + 1
+    pl = from_dict(Placement, placement)
+    if attempts:
+        last = attempts[-1]
+        pl, data = from_dict(Placement, last["placement"]), last["data"]
+        if last["outcome"] == "running" and reattach:
+            logger.info(
+                "attempt %d of run %s is still recorded as running: reattaching", last["attempt"], run_id
+            )
+            return resume_attempt(ctx, request, run_id, last["attempt"], reattached=True)
+        if last["outcome"] == "running":  # the previous try died before recording its end
+            ctx.ledger.end_attempt(run_id, last["attempt"], "failed", detail="ended without a report")
+        if last["outcome"] == "preempted":
+            pl, data = recover(ctx, req, pl, data, run_id, attempt)
+
+    run_uri = ctx.run_uri(pl.region, run_id)
+    config = TrainConfig(
+        run_id=run_id,
+        model=req.model,
+        data_uri=data["data_uri"],
+        output_uri=run_uri,
+        total_steps=req.total_steps,
+        checkpoint_every_steps=req.checkpoint_every_steps,
+        seed=req.seed,
+        batch_size=req.batch_size,
+        learning_rate=req.learning_rate,
+        async_checkpoint=req.async_checkpoint,
+    )
+    config_uri = _config_uri(ctx, pl, run_id)
+    report_uri = paths.launch_report_uri(run_uri)
+    for stale in (config.result_uri, report_uri):  # outputs of an earlier attempt must not be read as ours
+        storage.remove(stale)
+    storage.write_bytes(config_uri, config.to_json().encode())
+    ctx.ledger.start_attempt(run_id, attempt, try_number, to_dict(pl), data)
+    ctx.ledger.upsert_run(run_id, status="running", region=pl.region, zone=pl.zone, market=pl.market)
+    started = utcnow()
+    return Attempt(
+        run_id,
+        req,
+        attempt,
+        pl,
+        data,
+        config,
+        _launch(req, run_id, pl, attempt, config_uri),
+        started,
+        attempts,
+    )
+
+
+def _config_uri(ctx: StageContext, pl: Placement, run_id: str) -> str:
+    """Where an attempt's ``TrainConfig`` lives: the run's folder in the placement's region bucket."""
+    return paths.train_config_uri(ctx.run_uri(pl.region, run_id))
+
+
+def _launch(req: JobRequest, run_id: str, pl: Placement, attempt: int, config_uri: str) -> TrainLaunch:
+    """What the backend starts for ``attempt``."""
+    return TrainLaunch(run_id, run_key(run_id), config_uri, req.num_workers, pl, injection_spec(req), attempt)
+
+
+def resume_attempt(
+    ctx: StageContext, request: JSON, run_id: str, attempt: int, *, reattached: bool = False
+) -> Attempt:
+    """The launched ``attempt`` of the run rebuilt from the ledger and its train config, in another
+    process than the one that began it (a deferred task resuming, or a retried one reattaching).
+
+    Raises:
+        ValueError: the ledger has no running attempt ``attempt`` for the run (names what it has).
+    """
+    req = from_dict(JobRequest, request)
+    rows = ctx.ledger.attempts(run_id)
+    row = next((r for r in rows if r["attempt"] == attempt), None)
+    if row is None or row["outcome"] != "running":
+        have = ", ".join(f"{r['attempt']}={r['outcome']}" for r in rows) or "none"
+        raise ValueError(f"run {run_id} has no running attempt {attempt} to resume; attempts: {have}")
+    pl, data = from_dict(Placement, row["placement"]), row["data"]
+    config_uri = _config_uri(ctx, pl, run_id)
+    config = TrainConfig.from_json(storage.read_bytes(config_uri).decode())
+    launch = _launch(req, run_id, pl, attempt, config_uri)
+    prior = [r for r in rows if r["attempt"] < attempt]
+    return Attempt(
+        run_id, req, attempt, pl, data, config, launch, _aware(row["started_at"]), prior, reattached
+    )
+
+
+def finish_attempt(
+    ctx: StageContext, att: Attempt, rc: int, try_number: int = 1, max_tries: int = 0, *, final: bool | None = None
+) -> JSON:
+    """End a launched attempt from its process group's exit status and what the trainer wrote:
+    record it (utilization, checkpoint, preemption) and return the result, or raise.
+
+    Args:
+        rc: the process group's exit status (0 done, 75 preempted after saving).
+        final: whether a preemption ends the run (default: ``try_number > max_tries``).
+
+    Raises:
+        PreemptedError, RecoveryExhaustedError, TrainingFailedError: as ``train_attempt``.
+    """
+    req, run_id, attempt, attempts = att.req, att.run_id, att.number, att.prior
+    pl, data, config, started = att.placement, att.data, att.config, att.started
+    report_uri = paths.launch_report_uri(ctx.run_uri(pl.region, run_id))
+    ended = utcnow()
+    ctx.ledger.record_utilization(run_id, req.team, pl.region, pl.gpu_type, pl.num_gpus, started, ended)
+    ctx.ledger.end_attempt_market(
+        run_id, attempt, (ended - started).total_seconds() / 3600.0, pl.usd_per_hour, pl.market, req.strategy
+    )
+    report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
+    result = storage.read_json(config.result_uri) if storage.exists(config.result_uri) else None
+
+    if attempt > 1 and attempts[-1]["outcome"] == "preempted" and report.get("first_step_at"):
+        prev = next(p for p in ctx.ledger.preemptions(run_id) if p["attempt"] == attempts[-1]["attempt"])
+        recovery_s = (_ts(report["first_step_at"]) - _aware(prev["at"])).total_seconds()
+        ctx.ledger.set_preemption_recovery(run_id, prev["attempt"], round(recovery_s, 3))
+
+    resumed = result["resumed_from_step"] if result else report.get("resumed_from")
+    preemption = report.get("preemption")
+    if rc == 0 and result and result["status"] == "completed":
+        ctx.ledger.end_attempt(run_id, attempt, "completed", step=result["step"], resumed_from_step=resumed)
+        if result["checkpoint_uri"]:
+            ctx.ledger.record_checkpoint(run_id, result["step"], result["checkpoint_uri"])
+        ctx.ledger.upsert_run(
+            run_id,
+            steps=result["step"],
+            initial_loss=result["initial_loss"],
+            final_loss=result["final_loss"],
+            checkpoint_uri=result["checkpoint_uri"],
+        )
+        return {
+            **result,
+            "train_wall_s": (ended - started).total_seconds(),
+            "placement": to_dict(pl),
+            "data": data,
+            "attempts": describe_attempts(ctx, run_id),
+            "markets": attempt_markets(ctx, run_id),
+        }
+
+    if preemption is None and not (result and result["status"] == "preempted"):
+        ctx.ledger.end_attempt(run_id, attempt, "failed", resumed_from_step=resumed, detail=f"exit code {rc}")
+        raise TrainingFailedError(run_id, rc)
+
+    noticed = preemption["noticed"] if preemption else True
+    reached = max(report.get("step") or 0, result["step"] if result else 0)
+    resume_step = CheckpointStore(config.checkpoint_uri).latest_valid_step() or 0
+    lost = max(0, reached - resume_step)
+    at = _ts(preemption["at"] if preemption else report.get("ended_at")) or ended
+    ctx.ledger.end_attempt(run_id, attempt, "preempted", step=reached, resumed_from_step=resumed)
+    ctx.ledger.record_preemption(run_id, attempt, pl.region, pl.zone, noticed, reached, lost, None, at=at)
+    ctx.ledger.upsert_run(run_id, status="preempted", steps=resume_step)
+    logger.warning(
+        "attempt %d preempted in %s %s notice at step %d; checkpoint at step %d (%d steps lost)",
+        attempt,
+        pl.zone,
+        "with" if noticed else "without",
+        reached,
+        resume_step,
+        lost,
+    )
+    if (try_number > max_tries) if final is None else final:
+        raise RecoveryExhaustedError(run_id, describe_attempts(ctx, run_id))
+    raise PreemptedError(run_id, pl.zone, reached, noticed)

@@ -1,0 +1,211 @@
+"""The stages before training, in pipeline order: validate → plan → place_data → provision.
+
+Preemption recovery (``stages.attempts``) re-runs plan, place_data and provision through these same
+functions. Each takes and returns small JSON-able dicts (what XCom carries), records itself in the
+ledger, and is safe to retry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from sailor_tasks import paths, storage
+from sailor_tasks.backends import get_backend
+from sailor_tasks.data.copier import copy_dataset
+from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
+from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
+from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
+
+logger = logging.getLogger(__name__)
+
+
+def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = None) -> JSON:
+    """Check the params against the schema, the catalog and the source data; record the run.
+
+    Raises:
+        InvalidRequestErrors: with every problem; the run is recorded as ``rejected`` and nothing
+            is reserved, copied or provisioned.
+    """
+    ctx = resolve_ctx(ctx)
+    from sailor_tasks.placement.planner import price_cap_error
+    from sailor_tasks.request import check_file_roots, from_params
+
+    with timed(ctx, run_id, "validate"):
+        try:
+            request = from_params(params, ctx.catalog)
+            errors = []
+            root_err = check_file_roots(request.dataset_uri, ctx.settings.dataset_roots)
+            if root_err:
+                raise InvalidRequestErrors([root_err])  # never look at a path outside the data folders
+            cap = price_cap_error(request, ctx.catalog)
+            if cap:
+                errors.append(InvalidRequestError("max_usd_per_hour", request.max_usd_per_hour, cap))
+            try:
+                get_backend(request.backend, ctx.settings)
+            except ValueError as exc:
+                errors.append(InvalidRequestError("backend", request.backend, str(exc)))
+            src = storage.resolve(request.dataset_uri, ctx.settings)
+            if not storage.exists(src):
+                errors.append(
+                    InvalidRequestError("dataset_uri", request.dataset_uri, f"dataset not found at {src}")
+                )
+            if request.preemption_trace_uri:
+                from sailor_tasks.traces.availability import load_availability_trace
+
+                try:
+                    load_availability_trace(request.preemption_trace_uri)
+                except (OSError, ValueError) as exc:
+                    errors.append(
+                        InvalidRequestError("preemption_trace_uri", request.preemption_trace_uri, str(exc))
+                    )
+            if errors:
+                raise InvalidRequestErrors(errors)
+        except InvalidRequestError as exc:
+            ctx.ledger.upsert_run(
+                run_id,
+                job_name=str(params.get("job_name", "?"))[:200],
+                team=str(params.get("team", "?"))[:100],
+                status="rejected",
+                backend=str(params.get("backend", "?"))[:20],
+                model=str(params.get("model", "?"))[:50],
+                dataset_uri=str(params.get("dataset_uri", "?"))[:1024],
+                request={},
+                error=str(exc)[:4000],
+            )
+            raise
+        ctx.ledger.upsert_run(
+            run_id,
+            job_name=request.job_name,
+            team=request.team,
+            status="validated",
+            backend=request.backend,
+            model=request.model,
+            dataset_uri=request.dataset_uri,
+            request=to_dict(request),
+            total_steps=request.total_steps,
+            error=None,
+        )
+    logger.info("validated run %s: %s", run_id, request.summary())
+    return to_dict(request)
+
+
+def plan(
+    request: JSON,
+    run_id: str,
+    ctx: StageContext | None = None,
+    *,
+    blocked_zones: frozenset[str] = frozenset(),
+    attempt: int = 1,
+    elapsed_h: float = 0.0,
+    steps_done: int = 0,
+) -> JSON:
+    """Place the run and reserve its capacity (keyed by run_id, so a retry replaces, never doubles).
+
+    The run's market strategy first picks the market (``sailor_tasks.strategies.live``); the decision,
+    its reason and the slack left go to the ledger (``attempt_markets``) and to the placement's
+    explanation. ``blocked_zones``, ``attempt``, ``elapsed_h`` and ``steps_done`` are set by
+    preemption recovery (``stages.attempts``), which re-plans through this same function. The engine plans on a fresh ledger snapshot (live
+    reservations, assignment, the dataset's replicas and size); the reservation is checked in one
+    transaction, and a conflict with another planner re-plans (bounded) before
+    ``CapacityUnavailableError`` (retryable).
+    """
+    ctx = resolve_ctx(ctx)
+    from sailor_tasks.catalog.throughput import packaged_with_measured
+    from sailor_tasks.data.manifest import read_manifest
+    from sailor_tasks.placement.index import index_for
+    from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
+    from sailor_tasks.strategies.live import decide_market
+
+    req = from_dict(JobRequest, request)
+    with timed(ctx, run_id, "plan"):
+        manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
+        nbytes = manifest.total_bytes if manifest is not None else None
+        # The throughput matrix of the GPU-type policies (allocate_gpu_types), measured speeds included.
+        table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
+        index = index_for(ctx.catalog, table)
+        blocked = frozenset(blocked_zones)
+        decision = decide_market(
+            req,
+            ctx.catalog,
+            ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
+            elapsed_h=elapsed_h,
+            steps_done=steps_done,
+            index=index,
+        )
+        req = dataclasses.replace(req, market=decision.market)
+        reserved = plan_and_reserve(
+            req,
+            ctx.catalog,
+            ctx.ledger,
+            run_id,
+            snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
+            index=index,
+        )
+        placement = dataclasses.replace(
+            reserved.placement, explanation=(*reserved.placement.explanation, f"market: {decision.reason}")
+        )
+        ctx.ledger.record_placement(placement, attempt=attempt)
+        ctx.ledger.record_attempt_market(
+            run_id,
+            attempt,
+            req.strategy,
+            placement.market,
+            decision.reason,
+            decision.slack_h,
+            placement.usd_per_hour,
+        )
+        ctx.ledger.upsert_run(
+            run_id,
+            status="planned",
+            region=placement.region,
+            zone=placement.zone,
+            gpu_type=placement.gpu_type,
+            market=placement.market,
+            num_gpus=placement.num_gpus,
+            usd_per_hour=placement.usd_per_hour,
+        )
+    for line in placement.explanation:
+        logger.info("plan: %s", line)
+    return to_dict(placement)
+
+
+def place_data(request: JSON, placement: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
+    """Copy the dataset into the placement's region bucket (skipped when a verified replica exists)."""
+    ctx = resolve_ctx(ctx)
+    req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
+    with timed(ctx, run_id, "place_data"):
+        src = storage.resolve(req.dataset_uri, ctx.settings)
+        dst = paths.replica_uri(pl.region, req.dataset_uri, ctx.settings)
+        logger.info("placing %s into %s", src, dst)
+        result = copy_dataset(src, dst)
+        ctx.ledger.record_replica(
+            req.dataset_uri, pl.region, dst, result.manifest.total_bytes, len(result.manifest.files)
+        )
+    logger.info(
+        "data placed: %d files, %.1f MB (%.1f MB copied, %.1f MB already there) in %.2f s",
+        len(result.manifest.files),
+        result.manifest.total_bytes / 1e6,
+        result.bytes_copied / 1e6,
+        result.bytes_skipped / 1e6,
+        result.seconds,
+    )
+    return {
+        "data_uri": dst,
+        "bytes": result.manifest.total_bytes,
+        "files": len(result.manifest.files),
+        "bytes_copied": result.bytes_copied,
+        "seconds": round(result.seconds, 3),
+    }
+
+
+def provision(request: JSON, placement: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
+    """Create (or reuse) the capacity of the placement on the request's backend."""
+    ctx = resolve_ctx(ctx)
+    req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
+    with timed(ctx, run_id, "provision"):
+        record = get_backend(req.backend, ctx.settings).provision(run_key(run_id), pl)
+        ctx.ledger.upsert_run(run_id, status="provisioned")
+    return {"backend": req.backend, "run_key": run_key(run_id), "status": record.get("status", "ready")}

@@ -1,0 +1,216 @@
+"""The ``sailor_rebalance`` stages (MAST's slow path), in pipeline order: collect_utilization →
+solve_assignment → publish_assignment → replicate_dataset[] → report_rebalance; and allocate_gpu_types."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from sailor_tasks import paths, storage
+from sailor_tasks.data.copier import copy_dataset
+from sailor_tasks.errors import StageSkipped
+from sailor_tasks.ledger.store import utcnow
+from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BUDGET_GB = 500.0
+
+
+def collect_utilization(
+    window_days: float,
+    as_of: str | None = None,
+    budget_gb: float = DEFAULT_BUDGET_GB,
+    quotas: Mapping[str, Any] | None = None,
+    ctx: StageContext | None = None,
+) -> JSON:
+    """The rebalance problem from the ledger (demand per team, region and GPU type over the window;
+    datasets each team reads, their sizes and replicas) and the catalog's supply."""
+    ctx = resolve_ctx(ctx)
+    from sailor_tasks.catalog.supply import region_supply
+    from sailor_tasks.data.manifest import read_manifest
+    from sailor_tasks.rebalance.collect import build_problem
+
+    until = dt.datetime.fromisoformat(as_of) if as_of else utcnow()
+    since = until - dt.timedelta(days=window_days)
+
+    def size_of(uri: str) -> int | None:
+        manifest = read_manifest(storage.resolve(uri, ctx.settings))
+        return manifest.total_bytes if manifest else None
+
+    problem, stats = build_problem(
+        ctx.ledger.utilization_rows(since, until),
+        ctx.ledger.replica_rows(),
+        region_supply(ctx.catalog.offers),
+        since,
+        until,
+        budget_bytes=int(budget_gb * 1e9),
+        size_of=size_of,
+        quotas=quotas,
+    )
+    logger.info(
+        "collected %.3f GPU-hours of %d teams over %.1f days; %d datasets; supply in %d regions",
+        stats["gpu_hours"],
+        len(problem.teams),
+        window_days,
+        len(problem.datasets),
+        len(problem.supply),
+    )
+    return {
+        "window_days": window_days,
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "problem": problem.to_json(),
+        **stats,
+    }
+
+
+def solve_assignment(utilization: JSON, time_limit_s: float = 50.0, comfort_ratio: float = 0.9) -> JSON:
+    """Team shares per region and GPU type, and new replicas (HiGHS; see rebalance.solver).
+
+    Raises:
+        RebalanceInfeasibleError: naming the binding constraint (quotas, budget, storage caps).
+    """
+    from sailor_tasks.rebalance.problem import Problem
+    from sailor_tasks.rebalance.solver import solve
+
+    solution = solve(
+        Problem.from_json(utilization["problem"]), time_limit_s=time_limit_s, comfort_ratio=comfort_ratio
+    )
+    logger.info("rebalance solution: %s", solution.summary())
+    return solution.to_json()
+
+
+def publish_assignment(
+    solution: JSON, source: str, dry_run: bool = False, ctx: StageContext | None = None
+) -> JSON:
+    """Write the shares (and projected region load) as a new assignment version ``plan`` reads.
+
+    Raises:
+        StageSkipped: ``dry_run``: nothing is published and no data is replicated.
+    """
+    if dry_run:
+        raise StageSkipped("dry run: no assignment published, no data replicated")
+    ctx = resolve_ctx(ctx)
+    assignment = ctx.ledger.publish_assignment(
+        solution["shares"], source=source, region_load=solution["region_load_after"]
+    )
+    logger.info("published assignment v%d for %d teams", assignment.version, len(assignment.shares))
+    return {"version": assignment.version, "teams": len(assignment.shares), "copies": solution["replicate"]}
+
+
+def replicate_dataset(copy: JSON, ctx: StageContext | None = None) -> JSON:
+    """One planned replica: the same checksummed, resumable copier as ``place_data``."""
+    ctx = resolve_ctx(ctx)
+    uri, region = copy["dataset_uri"], copy["region"]
+    src = storage.resolve(uri, ctx.settings)
+    dst = paths.replica_uri(region, uri, ctx.settings)
+    logger.info("replicating %s into %s", src, dst)
+    result = copy_dataset(src, dst)
+    ctx.ledger.record_replica(uri, region, dst, result.manifest.total_bytes, len(result.manifest.files))
+    return {
+        "dataset_uri": uri,
+        "region": region,
+        "uri": dst,
+        "bytes": result.manifest.total_bytes,
+        "bytes_copied": result.bytes_copied,
+        "seconds": round(result.seconds, 3),
+    }
+
+
+def report_rebalance(
+    utilization: JSON,
+    solution: JSON,
+    replicated: list[JSON],
+    run_id: str,
+    dry_run: bool = False,
+    ctx: StageContext | None = None,
+) -> JSON:
+    """Chart + markdown summary stored with the run, recorded in the ledger (``rebalance_nights``:
+    realised and projected ratios, allocation rate, bytes, report URIs), shown in the log."""
+    ctx = resolve_ctx(ctx)
+    from sailor_tasks.rebalance.report import render_chart, render_markdown, top_moves
+
+    published = ctx.ledger.latest_assignment()
+    version = None
+    if not dry_run and published is not None and published.source == f"sailor_rebalance/{run_id}":
+        version = published.version
+    copies = [c for c in replicated if c]
+    root = paths.rebalance_report_uri(run_id, ctx.settings)
+    chart_uri, summary_uri = storage.join(root, "ratio.png"), storage.join(root, "summary.md")
+    title = f"SAILOR rebalance {run_id}" + (" (dry run)" if dry_run else "")
+    storage.write_bytes(chart_uri, render_chart(solution, title))
+    markdown = render_markdown(
+        title,
+        solution,
+        top_moves(utilization["problem"], solution["placement"]),
+        window=f"{utilization['window_days']} days ({utilization['since']} → {utilization['until']})",
+        bytes_replicated=None if dry_run else sum(c["bytes_copied"] for c in copies),
+        copies_done=None if dry_run else len(copies),
+        version=version,
+        chart_uri=chart_uri,
+    )
+    storage.write_bytes(summary_uri, markdown.encode())
+    storage.write_json(storage.join(root, "solution.json"), solution)
+    ctx.ledger.record_rebalance(
+        run_id,
+        dry_run=dry_run,
+        assignment_version=version,
+        window_days=float(utilization["window_days"]),
+        solver_status=solution["status"],
+        max_ratio_before=solution["max_ratio_before"],
+        max_ratio_after=solution["max_ratio_after"],
+        lower_bound=solution["region_lower_bound"],
+        allocation_rate_before=solution["allocation_rate_before"],
+        allocation_rate_after=solution["allocation_rate_after"],
+        region_ratio_before=solution["region_load_before"],
+        region_ratio_after=solution["region_load_after"],
+        bytes_planned=solution["bytes_moved"],
+        bytes_replicated=sum(c["bytes_copied"] for c in copies),
+        report_uri=chart_uri,
+        summary_uri=summary_uri,
+    )
+    logger.info("rebalance report (%s):\n%s", summary_uri, markdown)
+    return {"report_uri": chart_uri, "summary_uri": summary_uri, "markdown": markdown, "dry_run": dry_run}
+
+
+def allocate_gpu_types(
+    utilization: JSON, source: str, policy: str = "las", ctx: StageContext | None = None
+) -> JSON:
+    """Per region, run a heterogeneity-aware policy (Gavel-style LP over the throughput matrix)
+    over the runs that hold or wait for capacity there, and publish each run's GPU-type time shares.
+
+    The throughput matrix is the one placement uses, with measured speeds from the ledger blended
+    in (feedback). ``utilization`` only orders this after ``collect_utilization``.
+    """
+    ctx = resolve_ctx(ctx)
+    from sailor_tasks.catalog.throughput import packaged_with_measured
+    from sailor_tasks.policies import get_policy
+    from sailor_tasks.policies.regions import ACTIVE_RUN_STATUSES, allocate_region
+
+    get_policy(policy)  # an unknown name fails before anything is read or written
+    table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
+    by_region: dict[str, list[dict]] = {}
+    for run in ctx.ledger.runs_with_status(ACTIVE_RUN_STATUSES):
+        if run["region"]:
+            by_region.setdefault(run["region"], []).append(run)
+    regions: JSON = {}
+    for region, runs in sorted(by_region.items()):
+        alloc = allocate_region(runs, ctx.catalog, table, region, policy)
+        shares, speed = alloc.shares(), alloc.effective_throughput()
+        rows = [
+            (run_id, {g: round(f, 6) for g, f in s.items() if f > 1e-9}, speed[run_id])
+            for run_id, s in shares.items()
+        ]
+        version = ctx.ledger.publish_gpu_allocation(region, policy, source, rows)
+        regions[region] = {"version": version, "runs": len(rows), "shares": {r: s for r, s, _ in rows}}
+    logger.info(
+        "allocated GPU types with %s for %d runs in %d regions (window since %s)",
+        policy,
+        sum(r["runs"] for r in regions.values()),
+        len(regions),
+        utilization.get("since"),
+    )
+    return {"policy": policy, "regions": regions}

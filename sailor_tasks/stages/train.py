@@ -1,0 +1,146 @@
+"""The ``train`` stage (one attempt per call, or two halves around a deferred wait), then finalize
+and teardown: the end of ``sailor_train``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sailor_tasks import paths, storage
+from sailor_tasks.backends import get_backend
+from sailor_tasks.model import JobRequest, Placement, from_dict, run_key
+from sailor_tasks.stages.attempts import begin_attempt, finish_attempt, resume_attempt, train_attempt
+from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
+from sailor_tasks.stages.summary import render_summary
+
+logger = logging.getLogger(__name__)
+
+
+def train(
+    request: JSON,
+    placement: JSON,
+    data: JSON,
+    run_id: str,
+    ctx: StageContext | None = None,
+    *,
+    try_number: int = 1,
+    max_tries: int = 0,
+) -> JSON:
+    """Run training on the provisioned capacity, resuming from the newest checkpoint; one attempt
+    per call. After a preempted attempt, the next call recovers first (``sailor_tasks.stages.attempts``).
+
+    Raises:
+        PreemptedError: this attempt was preempted; retry the stage to recover.
+        RecoveryExhaustedError: preempted on the last try (``try_number > max_tries``).
+        TrainingFailedError: the process group exited with an error.
+    """
+    ctx = resolve_ctx(ctx)
+    with timed(ctx, run_id, "train", try_number):
+        return train_attempt(ctx, request, placement, data, run_id, try_number, max_tries)
+
+
+def launch_train(
+    request: JSON,
+    placement: JSON,
+    data: JSON,
+    run_id: str,
+    ctx: StageContext | None = None,
+    *,
+    try_number: int = 1,
+) -> Any:
+    """Deferrable ``train``, first half: begin the run's next attempt (recovering first after a
+    preemption, through the same code as ``train``) or take over the attempt a dead try left
+    running. Returns the ``recovery.Attempt``; its ``launch`` is what the backend starts.
+    """
+    ctx = resolve_ctx(ctx)
+    with timed(ctx, run_id, "train_launch", try_number):
+        return begin_attempt(ctx, request, placement, data, run_id, try_number, reattach=True)
+
+
+def finish_train(
+    request: JSON,
+    run_id: str,
+    attempt: int,
+    exit_status: int,
+    ctx: StageContext | None = None,
+    *,
+    try_number: int = 1,
+    max_tries: int = 0,
+) -> JSON:
+    """Deferrable ``train``, second half: end launched ``attempt`` from its exit status (0 done,
+    75 preempted after saving) and what the trainer wrote, as ``train`` does.
+
+    A deferrable task recovers inside one try, so the run's attempts are bounded by number: a
+    preemption of attempt ``max_tries + 1`` (or on the last try) is final, the same budget as
+    ``train``'s one attempt per try.
+
+    Raises:
+        PreemptedError: preempted with attempts left; launch the next one (``launch_train``).
+        RecoveryExhaustedError: preempted on the last allowed attempt (lists every attempt).
+        TrainingFailedError: the process group failed for another reason.
+    """
+    ctx = resolve_ctx(ctx)
+    with timed(ctx, run_id, "train", try_number):
+        att = resume_attempt(ctx, request, run_id, attempt)
+        final = try_number > max_tries or attempt > max_tries
+        return finish_attempt(ctx, att, exit_status, try_number, max_tries, final=final)
+
+
+def finalize(
+    request: JSON, placement: JSON, data: JSON, result: JSON, run_id: str, ctx: StageContext | None = None
+) -> JSON:
+    """Mark the run successful, estimate its cost, and write a markdown summary next to its checkpoints."""
+    ctx = resolve_ctx(ctx)
+    # After a preemption recovery the run may have moved: the train result carries where it ended.
+    placement, data = result.get("placement", placement), result.get("data", data)
+    req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
+    with timed(ctx, run_id, "finalize"):
+        hours = result["train_wall_s"] / 3600.0
+        usd = round(pl.usd_per_hour * hours, 6)
+        summary = {
+            "run_id": run_id,
+            "job_name": req.job_name,
+            "team": req.team,
+            "status": "success",
+            "region": pl.region,
+            "zone": pl.zone,
+            "gpu_type": pl.gpu_type,
+            "num_gpus": pl.num_gpus,
+            "market": pl.market,
+            "usd_per_hour": pl.usd_per_hour,
+            "usd_estimate": usd,
+            "why": list(pl.explanation),
+            "data_uri": data["data_uri"],
+            "data_bytes": data["bytes"],
+            "steps": result["step"],
+            "initial_loss": result["initial_loss"],
+            "final_loss": result["final_loss"],
+            "checkpoint_uri": result["checkpoint_uri"],
+            "train_wall_s": round(result["train_wall_s"], 2),
+            "samples_per_s": round(result["samples_per_s"], 1),
+            "attempts": result.get("attempts", []),
+            "strategy": req.strategy,
+            "deadline_hours": req.deadline_hours,
+            "markets": result.get("markets", []),
+            "usd_attempts": sum(m["usd"] or 0.0 for m in result.get("markets", [])),
+        }
+        summary_uri = paths.summary_uri(ctx.run_uri(pl.region, run_id))
+        storage.write_bytes(summary_uri, render_summary(summary).encode())
+        ctx.ledger.upsert_run(run_id, status="success", usd_estimate=usd)
+    markdown = render_summary(summary)
+    logger.info("run summary (%s):\n%s", summary_uri, markdown)
+    return {**summary, "summary_uri": summary_uri, "summary_md": markdown}
+
+
+def teardown(run_id: str, ctx: StageContext | None = None) -> JSON:
+    """Release the reservation and the capacity (always runs; idempotent). A run that did not
+    reach ``success`` is marked ``failed`` here."""
+    ctx = resolve_ctx(ctx)
+    run = ctx.ledger.get_run(run_id)
+    backend_name = run["backend"] if run and run["backend"] in ("local", "gke") else "local"
+    with timed(ctx, run_id, "teardown"):
+        released = ctx.ledger.release(run_id)
+        removed = get_backend(backend_name, ctx.settings).teardown(run_key(run_id))
+        if run and run["status"] not in ("success", "rejected", "failed"):
+            ctx.ledger.upsert_run(run_id, status="failed")
+    return {"reservation_released": released, "cluster_removed": removed}

@@ -1,0 +1,224 @@
+"""Checkpoint folders on storage, without torch: layout, commit markers, verification, copy, retention.
+
+The orchestrator finds, verifies and moves checkpoints (``stages.attempts``) but never loads one,
+so it works on the folders alone and never imports torch. ``dcp.CheckpointManager`` builds on
+``CheckpointStore`` to write and read the folders' contents. A folder is loadable only once its
+commit marker, written last and holding every file's crc32c and size, exists and matches its
+files; ``docs/checkpoints.md`` describes the layout and the file recycling on local roots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import posixpath
+import re
+import time
+from typing import Any
+
+from sailor_tasks import storage
+from sailor_tasks.errors import DataIntegrityError
+
+logger = logging.getLogger(__name__)
+
+MARKER = "COMMITTED.json"
+SIDECAR_SUFFIX = "crc32c.json"
+"""Per-rank checksum sidecars (``__0_crc32c.json``); not part of the checkpoint itself."""
+DATA_SUFFIX = ".distcp"
+"""Suffix of the data files, DCP's ``filesystem.DEFAULT_SUFFIX`` (``dcp`` checks that they agree)."""
+RECYCLE_DIR = ".recycle"
+"""Folder of recycled data files under a local checkpoint root (never a step folder's name)."""
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+_CHUNK = 8 * 1024 * 1024
+"""Read/copy size: large enough for full-speed I/O."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def crc32c_of(uri: str) -> tuple[str, int]:
+    """(hex crc32c, size) of a file; crc32c is what GCS itself reports for objects, so on ``gs://``
+    it comes from the object's metadata instead of reading the checkpoint back."""
+    return storage.crc32c(uri, _CHUNK)
+
+
+class CheckpointStore:
+    """The ``step-NNNNNNNN/`` folders under one checkpoint root (a ``file://``, plain-path or
+    ``gs://`` URI): which steps exist and are committed, verifying, committing, copying and
+    retiring them.
+
+    Args:
+        root_uri: the run's checkpoint root.
+        keep_latest_k: committed checkpoints ``retain`` keeps.
+        recycle: on a local root, ``retain`` moves retired checkpoints' data files into
+            ``RECYCLE_DIR`` for later saves to overwrite (False: delete them, as on object stores).
+    """
+
+    def __init__(self, root_uri: str, *, keep_latest_k: int = 2, recycle: bool = True):
+        self.root_uri = root_uri.rstrip("/")
+        self.keep_latest_k = keep_latest_k
+        self.recycle_dir: str | None = None
+        """Local folder of recycled data files; None on object stores (files are deleted)."""
+        if recycle and storage.scheme_of(self.root_uri) in ("", "file"):
+            self.recycle_dir = storage.filesystem(storage.join(self.root_uri, RECYCLE_DIR))[1]
+
+    def step_uri(self, step: int) -> str:
+        return storage.join(self.root_uri, step_dir_name(step))
+
+    def step_dirs(self) -> list[int]:
+        """Steps with a folder under the root, committed or not, oldest first."""
+        steps = []
+        for name in storage.listdir(self.root_uri):
+            m = _STEP_DIR.match(name)
+            if m:
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def committed_steps(self) -> list[int]:
+        """Steps whose commit marker exists (not yet verified), oldest first."""
+        return [s for s in self.step_dirs() if storage.exists(storage.join(self.step_uri(s), MARKER))]
+
+    def verify(self, step: int) -> bool:
+        """True when every file listed in the step's marker exists with the recorded crc32c and size."""
+        uri = self.step_uri(step)
+        try:
+            marker = storage.read_json(storage.join(uri, MARKER))
+            for name, meta in marker["files"].items():
+                crc, size = crc32c_of(storage.join(uri, name))
+                if crc != meta["crc32c"] or size != meta["size"]:
+                    logger.warning(
+                        "checkpoint %s: %s fails its checksum; skipping this checkpoint", uri, name
+                    )
+                    return False
+        except (OSError, KeyError, ValueError) as exc:
+            logger.warning("checkpoint %s unreadable (%s); skipping it", uri, exc)
+            return False
+        return True
+
+    def latest_valid_step(self) -> int | None:
+        """The newest committed step that verifies, or None when there is none."""
+        for step in reversed(self.committed_steps()):
+            if self.verify(step):
+                return step
+        return None
+
+    def commit(
+        self, step: int, own_sums: dict[str, dict[str, Any]] | None = None, *, complete: bool = False
+    ) -> int:
+        """Write the step's marker: checksums from the writers' sidecars (files with none are read
+        back). Called by global rank 0 once every rank's data is on storage.
+
+        Args:
+            step: the step folder to commit.
+            own_sums: crc32c and size of the files this process wrote, by file name.
+            complete: ``own_sums`` covers every file of the folder: it is not listed.
+
+        Returns:
+            The checkpoint's size in bytes (the files the marker lists).
+        """
+        uri = self.step_uri(step)
+        names = list(own_sums or {}) if complete else storage.listdir(uri)
+        known: dict[str, dict[str, Any]] = dict(own_sums or {})
+        for name in names:
+            if name.endswith(SIDECAR_SUFFIX):
+                known.update(storage.read_json(storage.join(uri, name)))
+        files = {}
+        for name in names:
+            if name == MARKER or name.endswith(SIDECAR_SUFFIX) or name.endswith(".tmp"):
+                continue
+            if name in known:
+                files[name] = known[name]
+            else:
+                crc, size = crc32c_of(storage.join(uri, name))
+                files[name] = {"crc32c": crc, "size": size}
+        marker = {"step": step, "files": files, "committed_at": time.time()}
+        storage.write_bytes(storage.join(uri, MARKER), json.dumps(marker, indent=1).encode())
+        return sum(f["size"] for f in files.values())
+
+    def copy_latest_to(self, dest_root: str) -> int | None:
+        """Copy the newest verified checkpoint to ``dest_root`` (files first, marker last) and verify it.
+
+        Returns:
+            The step copied, or None when there is no valid checkpoint to copy.
+
+        Raises:
+            DataIntegrityError: the copy does not match the marker.
+        """
+        step = self.latest_valid_step()
+        if step is None:
+            return None
+        dest = CheckpointStore(dest_root, keep_latest_k=self.keep_latest_k)
+        src_uri, dst_uri = self.step_uri(step), dest.step_uri(step)
+        if storage.exists(storage.join(dst_uri, MARKER)) and dest.verify(step):
+            return step  # already there (a retried recovery)
+        storage.remove(dst_uri, recursive=True)
+        marker = storage.read_bytes(storage.join(src_uri, MARKER))
+        for name in json.loads(marker)["files"]:
+            sfs, spath = storage.filesystem(storage.join(src_uri, name))
+            dfs, dpath = storage.filesystem(storage.join(dst_uri, name))
+            with sfs.open(spath, "rb") as fin, dfs.open(dpath, "wb") as fout:
+                while chunk := fin.read(_CHUNK):
+                    fout.write(chunk)
+        storage.write_bytes(storage.join(dst_uri, MARKER), marker)
+        if not dest.verify(step):
+            raise DataIntegrityError(dst_uri, "files listed in the source marker", "a mismatching copy")
+        return step
+
+    def retain(self) -> None:
+        """Delete checkpoints beyond the newest ``keep_latest_k`` committed ones, and uncommitted
+        leftovers older than the newest commit. On a local root, the data files of a committed
+        checkpoint are recycled instead (``_recycle``), and the recycle folder is then cut back to
+        as many files as the newest checkpoint has."""
+        committed = self.committed_steps()
+        keep = set(committed[-self.keep_latest_k :])
+        newest = committed[-1] if committed else -1
+        for step in self.step_dirs():
+            # Older committed beyond K, and uncommitted leftovers older than the newest commit.
+            if step not in keep and step < newest:
+                if self.recycle_dir is not None and step in committed:
+                    self._recycle(step)
+                storage.remove(self.step_uri(step), recursive=True)
+        if self.recycle_dir is not None:
+            self._bound_recycled(newest)
+
+    def _recycle(self, step: int) -> None:
+        """Move a retired checkpoint's data files into the recycle folder, its marker removed first:
+        from then on the folder is uncommitted, so a recycled file never belongs to a loadable
+        checkpoint (a kill -9 in between leaves an uncommitted leftover, deleted next time)."""
+        assert self.recycle_dir is not None
+        uri = self.step_uri(step)
+        marker_uri = storage.join(uri, MARKER)
+        try:
+            names = [n for n in storage.read_json(marker_uri)["files"] if n.endswith(DATA_SUFFIX)]
+        except (OSError, KeyError, ValueError):
+            names = []
+        storage.remove(marker_uri)
+        folder = storage.filesystem(uri)[1]
+        os.makedirs(self.recycle_dir, exist_ok=True)
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(
+                    posixpath.join(folder, name),
+                    posixpath.join(self.recycle_dir, f"{step_dir_name(step)}.{name}"),
+                )
+
+    def _bound_recycled(self, newest: int) -> None:
+        """Keep at most as many recycled files as the newest committed checkpoint has data files
+        (all ranks'): the most recently recycled ones; delete the rest."""
+        assert self.recycle_dir is not None
+        try:
+            recycled = sorted(n for n in os.listdir(self.recycle_dir) if n.endswith(DATA_SUFFIX))
+        except FileNotFoundError:
+            return
+        try:
+            files = storage.read_json(storage.join(self.step_uri(newest), MARKER))["files"]
+            limit = sum(1 for n in files if n.endswith(DATA_SUFFIX))
+        except (OSError, KeyError, ValueError):
+            limit = 0  # no committed checkpoint to size the folder by
+        for name in recycled[: max(0, len(recycled) - limit)]:  # names sort oldest step first
+            with contextlib.suppress(FileNotFoundError):  # taken by a writing rank meanwhile
+                os.unlink(posixpath.join(self.recycle_dir, name))
+

@@ -1,0 +1,208 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sailor_tasks.catalog.throughput import load_gavel, load_packaged
+from sailor_tasks.simulator import (
+    AvailabilityTrace,
+    Region,
+    SimConfig,
+    SimJob,
+    TraceAvailability,
+    generate_jobs,
+    load_availability_trace,
+    read_gavel_trace,
+    simulate,
+)
+from sailor_tasks.traces import availability
+
+CLUSTER = {"V100": 4, "P100": 4, "K80": 4}
+
+
+@pytest.fixture(scope="module")
+def gavel(request):
+    from tests.conftest import SHARED_DATA
+
+    path = SHARED_DATA / "gavel" / "simulation_throughputs.json"
+    if not path.exists():
+        pytest.skip(f"{path} is not present")
+    return load_gavel(str(path)), SHARED_DATA / "gavel" / "small_test.trace"
+
+
+def test_las_beats_the_heterogeneity_agnostic_baseline_on_gavels_trace(gavel):
+    table, trace = gavel
+    jobs = read_gavel_trace(str(trace), table)
+    assert len(jobs) == 20
+    las = simulate(jobs, [Region("r", CLUSTER)], table, SimConfig(policy="las"))
+    agnostic = simulate(jobs, [Region("r", CLUSTER)], table, SimConfig(policy="las_agnostic"))
+    assert las.completed == agnostic.completed == 20
+    # Gavel's simulator: 148 s vs 306 s on this trace and cluster.
+    assert las.avg_jct_s <= 0.6 * agnostic.avg_jct_s
+
+
+@pytest.mark.parametrize(
+    "policy", ["las", "las_agnostic", "ftf", "fifo", "makespan", "max_throughput", "min_cost"]
+)
+def test_every_policy_completes_every_job(gavel, policy):
+    table, trace = gavel
+    jobs = read_gavel_trace(str(trace), table)
+    prices = {"V100": 2.48, "P100": 1.46, "K80": 0.45}
+    result = simulate(jobs, [Region("r", CLUSTER, prices)], table, SimConfig(policy=policy))
+    assert result.completed == len(jobs)
+    assert 0 < result.utilization <= 1
+    assert result.p50_jct_s <= result.p99_jct_s <= result.makespan_s + 1e-6
+    assert result.cost_usd > 0
+
+
+def test_space_sharing_runs_pairs_to_completion(gavel):
+    table, trace = gavel
+    jobs = read_gavel_trace(str(trace), table)
+    result = simulate(jobs, [Region("r", CLUSTER)], table, SimConfig(policy="las", space_sharing=True))
+    assert result.completed == len(jobs) and result.space_sharing
+
+
+def test_simulation_is_deterministic_for_a_seed():
+    table = load_packaged()
+    jobs = generate_jobs(150, 20.0, table, seed=3)
+    assert jobs == generate_jobs(150, 20.0, table, seed=3)
+    assert jobs != generate_jobs(150, 20.0, table, seed=4)
+    regions = [Region(f"r{i}", {"V100": 8, "A100": 8, "K80": 8}) for i in range(2)]
+    a = simulate(jobs, regions, table, SimConfig(seed=3))
+    b = simulate(jobs, regions, table, SimConfig(seed=3))
+    assert a.jct_s == b.jct_s
+    drop = {"wall_s"}
+    assert {k: v for k, v in a.to_json().items() if k not in drop} == {
+        k: v for k, v in b.to_json().items() if k not in drop
+    }
+    assert a.completed == 150 and a.regions == 2
+
+
+def test_spot_region_losing_capacity_preempts_and_jobs_still_finish(tmp_path):
+    table = load_packaged()
+    trace = tmp_path / "spot.json"
+    # Spot capacity gone for the second and fourth 10-minute slots.
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [0, 1, 0, 1, 0, 0, 0, 0]}))
+    avail = TraceAvailability({"spot": load_availability_trace(str(trace))})
+    key = ("ResNet-50 (batch size 64)", 1)
+    jobs = [
+        SimJob(f"j{i}", key, total_steps=table.throughput(key, "V100") * 3000, arrival_s=0.0)
+        for i in range(4)
+    ]
+    result = simulate(
+        jobs, [Region("spot", {"V100": 4}, spot=True)], table, SimConfig(round_s=300), availability=avail
+    )
+    assert result.completed == 4
+    assert result.preemptions >= 4
+    # Without interruptions the jobs take 3000 s; the outages add their length.
+    assert result.makespan_s > 3000
+
+
+def test_recovery_strategy_can_move_preempted_jobs():
+    table = load_packaged()
+
+    class Gone:
+        def capacity(self, region, gpu_type, t):
+            return 0 if region.name == "spot" and t >= 600 else int(region.gpus.get(gpu_type, 0))
+
+    class NextRegion:
+        def on_preemption(self, job, region, now, available, load):
+            return next(r for r, gpus in enumerate(available) if sum(gpus.values()) > 0)
+
+    key = ("ResNet-50 (batch size 64)", 1)
+    jobs = [
+        SimJob(f"j{i}", key, total_steps=table.throughput(key, "V100") * 3600, arrival_s=0.0)
+        for i in range(2)
+    ]
+    regions = [Region("spot", {"V100": 2}, spot=True), Region("ondemand", {"V100": 2})]
+
+    class SpotFirst:
+        def route(self, job, runnable, load):
+            return 0
+
+    result = simulate(
+        jobs, regions, table, SimConfig(), availability=Gone(), router=SpotFirst(), strategy=NextRegion()
+    )
+    assert result.completed == 2 and result.preemptions == 2
+    assert result.makespan_s < 3600 + 2 * 360  # moved right away, not waiting for capacity
+
+
+def test_trace_errors_name_the_line_and_the_fields(tmp_path):
+    bad = tmp_path / "bad.trace"
+    bad.write_text("ResNet-18 (batch size 16)\tcmd\tdir\t--n\t1\t100\t1\n")
+    with pytest.raises(ValueError, match=r"bad.trace:1: 7 fields, expected 10: job_type, command"):
+        read_gavel_trace(str(bad))
+    unknown = tmp_path / "unknown.trace"
+    unknown.write_text("Nope (batch size 1)\tcmd\tdir\t--n\t1\t100\t1\t1\t-1\t0\n")
+    with pytest.raises(ValueError, match="not in the throughput table"):
+        read_gavel_trace(str(unknown), load_packaged())
+
+
+def test_unknown_policy_is_rejected_with_the_valid_names():
+    with pytest.raises(ValueError, match="valid policies: fifo, ftf, las"):
+        simulate([], [Region("r", CLUSTER)], load_packaged(), SimConfig(policy="srtf"))
+
+
+def test_cli_prints_one_json_object(gavel, capsys):
+    from sailor_tasks.cli.main import main
+
+    table, trace = gavel
+    throughputs = trace.parent / "simulation_throughputs.json"
+    argv = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--throughputs",
+        str(throughputs),
+        "--cluster",
+        "v100=4,p100=4,k80=4",
+    ]
+    assert main([*argv, "--policy", "las", "--round-s", "360", "--seed", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"policy", "jobs", "avg_jct_s", "p99_jct_s", "makespan_s", "utilization", "wall_s"} <= set(out)
+    assert out["policy"] == "las" and out["jobs"] == 20
+    assert main([*argv, "--policy", "nope", "--json"]) == 2
+    assert "valid policies" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(trace), "--cluster", "v100=4,tpu=2", "--json"]) == 2
+    assert "--cluster GPU type 'tpu'" in capsys.readouterr().err
+
+
+def test_availability_trace_reader_checks_the_format(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [0, 1, 0]}))
+    trace = load_availability_trace(str(good))
+    assert AvailabilityTrace is availability.AvailabilityTrace and isinstance(trace, AvailabilityTrace)
+    assert trace.kind == "unavailable_flag" and [trace.at(t) for t in (0, 60, 130, 180)] == [0, 1, 0, 0]
+    counts = tmp_path / "counts.json"
+    counts.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [4, 2]}))
+    region = Region("r", {"V100": 3}, spot=True)
+    assert TraceAvailability({"r": load_availability_trace(str(counts))}).capacity(region, "V100", 61) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"data": [0, 1]}))
+    with pytest.raises(ValueError, match=r"bad\.json.*'metadata' and 'data'.*gap_seconds"):
+        load_availability_trace(str(bad))
+
+
+def test_capacity_that_never_returns_stops_at_the_horizon():
+    table = load_packaged()
+
+    class Never:
+        def capacity(self, region, gpu_type, t):
+            return 0
+
+    key = ("ResNet-50 (batch size 64)", 1)
+    jobs = [SimJob("j", key, total_steps=100.0, arrival_s=0.0)]
+    result = simulate(
+        jobs, [Region("r", {"V100": 1})], table, SimConfig(horizon_s=3600), availability=Never()
+    )
+    assert result.completed == 0 and result.avg_jct_s == 0.0
+
+
+def test_reusing_stable_rounds_changes_nothing_but_speed():
+    table = load_packaged()
+    jobs = generate_jobs(300, 15.0, table, seed=5)
+    regions = [Region(f"r{i}", {"V100": 8, "A100": 8, "K80": 8}) for i in range(2)]
+    fast = simulate(jobs, regions, table, SimConfig())
+    slow = simulate(jobs, regions, table, SimConfig(reuse_stable_rounds=False))
+    assert fast.jct_s == slow.jct_s and fast.cost_usd == slow.cost_usd and fast.rounds == slow.rounds

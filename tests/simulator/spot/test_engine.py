@@ -1,0 +1,284 @@
+"""Spot simulator: hand-computed cost and timing, strategy behaviour on built traces, determinism, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sailor_tasks.catalog import load_catalog
+from sailor_tasks.simulator.spot.engine import (
+    SpotJob,
+    SpotMarket,
+    SpotParams,
+    SpotZone,
+    on_demand_time_h,
+    simulate_spot,
+    with_deadlines,
+)
+from sailor_tasks.simulator.spot.setup import build_market, generate_spot_jobs
+from sailor_tasks.traces.availability import AvailabilityTrace
+from sailor_tasks.traces.sources import ZoneTrace, load_sources
+
+HOUR = 3600.0
+SPOT, OD = 1.0, 3.0  # USD per VM-hour in every test zone
+
+
+@pytest.fixture(scope="module")
+def transfer():
+    return load_catalog().transfer
+
+
+def zone(name: str, flags: list[int] | None, gap: float = HOUR) -> SpotZone:
+    trace = AvailabilityTrace(gap, tuple(flags)) if flags is not None else None
+    return SpotZone(
+        zone=name,
+        region=name.rsplit("-", 1)[0],
+        gpu_type="V100",
+        spot_usd={1: SPOT} if trace else {},
+        on_demand_usd={1: OD},
+        preemption_rate_per_hour=0.1,
+        trace=trace,
+    )
+
+
+def job(work_h: float = 2.0, home: str = "us-central1", **kw) -> SpotJob:
+    return SpotJob("j0", 0.0, "V100", 1, work_h, home, **kw)
+
+
+def test_spot_restart_cost_and_time_match_a_hand_computation(transfer):
+    """Zone a: available 1 h, unavailable 1 h, then available. Job: 2 h of work, restart 0.1 h.
+
+    t=0 launch (provisioning to 0.1 h) → trains 0.9 h → t=1 h preempted, no notice checkpoint:
+    back to the periodic checkpoint at 0.5 h (0.4 h lost) → waits for zone a → t=2 h relaunch →
+    provisioning to 2.1 h → 1.5 h of work → done at 3.6 h. Billed: 1.0 h + 1.6 h = 2.6 h at $1.
+    """
+    market = SpotMarket((zone("us-central1-a", [0, 1] + [0] * 20),), transfer)
+    out = simulate_spot([job()], market, "spot_restart").outcomes[0]
+    assert out.finished and out.preemptions == 1
+    assert out.end_s == pytest.approx(3.6 * HOUR)
+    assert out.usd == pytest.approx(2.6 * SPOT)
+    assert out.billed_gpu_h == pytest.approx(2.6)
+    assert out.lost_gpu_h == pytest.approx(0.6)
+    assert [(a.zone, a.market, a.outcome) for a in out.attempts] == [
+        ("us-central1-a", "spot", "preempted"),
+        ("us-central1-a", "spot", "completed"),
+    ]
+
+
+def test_on_demand_cost_is_launch_plus_work_at_the_on_demand_price(transfer):
+    market = SpotMarket((zone("us-central1-a", [1] * 5),), transfer)
+    out = simulate_spot([job(work_h=3.0)], market, "on_demand").outcomes[0]
+    assert out.preemptions == 0 and out.end_s == pytest.approx(3.1 * HOUR)
+    assert out.usd == pytest.approx(3.1 * OD)
+    assert on_demand_time_h(job(work_h=3.0), market) == pytest.approx(3.1)
+
+
+def test_moving_to_another_region_pays_the_catalog_transfer(transfer):
+    """The dataset lives in europe-west4; the only zone is in us-central1: 100 GB cross NA-EU."""
+    market = SpotMarket((zone("us-central1-a", [0] * 10),), transfer)
+    link = transfer.bucket_link("europe-west4", "us-central1")
+    j = job(work_h=1.0, home="europe-west4", data_gb=100.0)
+    out = simulate_spot([j], market, "spot_restart").outcomes[0]
+    move_h = 100.0 * 8 / link.gbps / HOUR
+    assert out.end_s == pytest.approx((0.1 + move_h + 1.0) * HOUR)
+    assert out.transfer_usd == pytest.approx(100.0 * link.usd_per_gb)
+    assert out.usd == pytest.approx((0.1 + move_h + 1.0) * SPOT + 100.0 * link.usd_per_gb)
+
+
+def test_sailor_checkpoints_at_the_notice_and_moves_to_the_cheapest_zone_with_capacity(transfer):
+    """Same timeline as the spot_restart hand computation, plus a zone b in the region."""
+    a = zone("us-central1-a", [0, 1] + [0] * 20)
+    b = zone("us-central1-b", [1, 0] + [0] * 20)
+    market = SpotMarket((a, b), transfer)
+    [j] = with_deadlines([job()], market, 0.5)
+    out = simulate_spot([j], market, "sailor").outcomes[0]
+    notice_h = SpotParams().notice_s / HOUR
+    # preempted at 1 h having trained 0.9 h; saved at the notice → 0.9 h - 30 s kept; relaunch in b
+    assert [(x.zone, x.market) for x in out.attempts] == [
+        ("us-central1-a", "spot"),
+        ("us-central1-b", "spot"),
+    ]
+    assert out.end_s == pytest.approx((1.0 + 0.1 + 2.0 - (0.9 - notice_h)) * HOUR)
+    assert not out.missed_deadline
+    # spot_restart on the same market waits for a and loses the work since the periodic checkpoint
+    slow = simulate_spot([j], market, "spot_restart").outcomes[0]
+    assert slow.end_s > out.end_s and slow.lost_gpu_h > out.lost_gpu_h
+
+
+def test_long_stock_out_sailor_goes_on_demand_in_time_and_spot_restart_misses(transfer):
+    """Every spot zone loses capacity after 1 h for 10 h; the deadline leaves 20% slack."""
+    flags = [0] + [1] * 10 + [0] * 20
+    market = SpotMarket((zone("us-central1-a", flags), zone("us-central1-b", flags)), transfer)
+    [j] = with_deadlines([job(work_h=4.0)], market, 0.2)
+    sailor = simulate_spot([j], market, "sailor").outcomes[0]
+    assert not sailor.missed_deadline
+    assert sailor.attempts[-1].market == "on_demand"
+    assert "on-demand" in sailor.attempts[-1].why
+    assert sailor.attempts[-1].slack_h is not None and sailor.attempts[-1].slack_h >= 0
+    for name in ("spot_restart", "eager_next_region"):
+        assert simulate_spot([j], market, name).outcomes[0].missed_deadline
+    assert not simulate_spot([j], market, "on_demand").outcomes[0].missed_deadline
+
+
+def test_slack_exhausted_at_arrival_sailor_runs_on_demand_from_the_start(transfer):
+    market = SpotMarket((zone("us-central1-a", [0] * 30),), transfer)
+    [j] = with_deadlines([job(work_h=4.0)], market, 0.0)
+    out = simulate_spot([j], market, "sailor").outcomes[0]
+    assert [a.market for a in out.attempts] == ["on_demand"]
+    assert not out.missed_deadline
+
+
+def test_eager_next_region_leaves_the_preempted_region(transfer):
+    a = zone("us-central1-a", [0, 1] + [0] * 20)
+    b = zone("us-central1-b", [0] * 22)
+    c = zone("us-east1-b", [0] * 22)
+    market = SpotMarket((a, b, c), transfer)
+    j = job(work_h=3.0)
+    out = simulate_spot([j], market, "eager_next_region").outcomes[0]
+    assert [x.zone for x in out.attempts] == ["us-central1-a", "us-east1-b"]
+    # sailor blocks only the zone and stays in the region (no transfer)
+    assert [x.zone for x in simulate_spot([j], market, "sailor").outcomes[0].attempts] == [
+        "us-central1-a",
+        "us-central1-b",
+    ]
+
+
+def test_summary_has_the_issue_fields_and_is_deterministic_per_seed(transfer):
+    traces = [
+        ZoneTrace("t1", AvailabilityTrace(900.0, tuple([0] * 8 + [1] * 4) * 5)),
+        ZoneTrace("t2", AvailabilityTrace(900.0, tuple([0] * 20 + [1] * 2) * 3), "us-central1-c", "V100"),
+    ]
+    cat = load_catalog()
+
+    def run(seed: int) -> dict:
+        market = build_market(cat, traces, gpu_types=("V100", "T4"), seed=seed)
+        jobs = with_deadlines(generate_spot_jobs(12, market, seed=seed), market, 0.2)
+        return simulate_spot(jobs, market, "sailor").to_json()
+
+    first = run(0)
+    assert {
+        "strategy",
+        "jobs",
+        "finished",
+        "deadline_misses",
+        "usd_total",
+        "usd_per_finished_job",
+        "avg_jct_s",
+        "preemptions",
+        "lost_gpu_hours",
+    } <= set(first)
+    assert first == run(0)
+    assert first != run(1)
+
+
+def test_exact_binding_gives_spot_only_to_zones_with_their_own_trace():
+    trace = ZoneTrace("x", AvailabilityTrace(900.0, (0, 1)), "us-central1-c", "V100")
+    market = build_market(load_catalog(), [trace], gpu_types=("V100",), bind="exact")
+    spot = [z.zone for z in market.zones if z.trace is not None]
+    assert spot == ["us-central1-c"]
+    with pytest.raises(ValueError, match=r"bind='nearest' is not a trace binding; valid: pool, exact"):
+        build_market(load_catalog(), [trace], bind="nearest")
+
+
+def test_bad_deadline_slack_is_rejected(transfer):
+    market = SpotMarket((zone("us-central1-a", [0]),), transfer)
+    with pytest.raises(ValueError, match=r"deadline slack=-0.1: need a number >= 0"):
+        with_deadlines([job()], market, -0.1)
+
+
+def test_cli_runs_a_strategy_on_the_shared_traces(shared_data, capsys):
+    from sailor_tasks.cli.main import main
+
+    argv = ["simulate", "--jobs", "6", "--availability", str(shared_data), "--seed", "0", "--json"]
+    assert main([*argv, "--strategy", "sailor", "--deadline-slack", "0.2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["strategy"] == "sailor" and out["jobs"] == 6 and out["deadline_misses"] == 0
+    assert main([*argv, "--strategy", "cheapest"]) == 2
+    assert "valid: on_demand, spot_restart, eager_next_region, sailor" in capsys.readouterr().err
+
+
+def test_shared_traces_bind_to_their_real_zones(shared_data):
+    traces = load_sources([str(shared_data / "gcp_preemption_2020"), str(shared_data / "sailor")])
+    bound = {(t.zone, t.gpu_type) for t in traces if t.zone}
+    assert ("us-west1-b", "V100") in bound and ("us-central1-a", "A100") in bound
+    gcp = [t for t in traces if t.name.startswith("gcp_2020:") and t.gpu_type == "V100"]
+    assert gcp and all(t.trace.gap_seconds == 900.0 for t in gcp)
+
+
+def _engine_zone(j, market, market_name, remaining_h, t, data_regions, blocked) -> str:
+    """The zone ``placement.engine.plan`` picks for this launch (what the live ``plan`` stage calls)."""
+    from sailor_tasks.placement.engine import plan
+    from sailor_tasks.simulator.spot.engine import launch_request, launch_state
+
+    time_left = None if j.deadline_s is None else (j.deadline_s - t) / HOUR
+    return plan(
+        launch_request(j, market_name, remaining_h, time_left),
+        market.engine_catalog(j.gpu_type, j.num_gpus),
+        launch_state(j, data_regions, frozenset(blocked)),
+        run_id=j.job_id,
+    ).zone
+
+
+def test_first_launch_of_every_strategy_is_the_placement_engines_choice(shared_data):
+    """16 generated jobs on the real catalog and shared traces, all four strategies: each first
+    launch is where ``placement.engine.plan`` puts the same request (the job's GPU type and count,
+    the chosen market, its work, the hours to its deadline, its dataset in its home region), with
+    every zone the trace gives no spot capacity at that moment blocked for spot."""
+    traces = load_sources([str(shared_data / "gcp_preemption_2020"), str(shared_data / "sailor")])
+    market = build_market(load_catalog(), traces, seed=0)
+    jobs = with_deadlines(generate_spot_jobs(16, market, seed=3), market, 0.2)
+    checked = 0
+    for name in ("on_demand", "spot_restart", "eager_next_region", "sailor"):
+        for j, out in zip(jobs, simulate_spot(jobs, market, name).outcomes, strict=True):
+            if not out.attempts:
+                continue
+            first = out.attempts[0]
+            blocked = (
+                {
+                    z.zone
+                    for z in market.zones_for(j.gpu_type, j.num_gpus)
+                    if not z.spot_available(first.start_s, j.num_gpus)
+                }
+                if first.market == "spot"
+                else set()
+            )
+            expected = _engine_zone(
+                j, market, first.market, j.work_h, first.start_s, {j.home_region}, blocked
+            )
+            assert first.zone == expected, (name, j)
+            checked += 1
+    assert checked >= 50
+
+
+def test_relaunch_after_a_preemption_is_the_placement_engines_choice(transfer):
+    """sailor is preempted in a at 1 h (saved at the notice); b has no capacity then; the engine
+    plans with a (the strategy's blocked zone) and b (no capacity) blocked: c or d, whichever the
+    engine prefers for the remaining work, the deadline left and the data in us-central1."""
+    a = zone("us-central1-a", [0, 1] + [0] * 20)
+    b = zone("us-central1-b", [1, 1] + [0] * 20)
+    c = zone("us-central1-c", [0] * 22)
+    d = zone("us-east1-b", [0] * 22)
+    market = SpotMarket((a, b, c, d), transfer)
+    [j] = with_deadlines([job(work_h=3.0, data_gb=50.0)], market, 0.5)
+    out = simulate_spot([j], market, "sailor").outcomes[0]
+    assert out.attempts[0].zone == "us-central1-a" and out.attempts[0].outcome == "preempted"
+    relaunch = out.attempts[1]
+    saved = 0.9 - SpotParams().notice_s / HOUR
+    expected = _engine_zone(
+        j, market, "spot", 3.0 - saved, HOUR, {"us-central1"}, {"us-central1-a", "us-central1-b"}
+    )
+    assert relaunch.start_s == pytest.approx(HOUR) and relaunch.zone == expected == "us-central1-c"
+
+
+def test_spot_launch_weighs_the_catalog_preemption_rate_as_the_engine_does(transfer):
+    """b is 10% cheaper on spot but its catalog preemption rate is 2/h: the engine's
+    preemption_loss preference (rate × hours × (half a checkpoint interval + restart) × price)
+    outweighs the saving, so the launch goes to c (a price-only rule would pick b)."""
+    from dataclasses import replace
+
+    b = replace(zone("us-central1-b", [0] * 10), spot_usd={1: 0.9 * SPOT}, preemption_rate_per_hour=2.0)
+    c = replace(zone("us-central1-c", [0] * 10), preemption_rate_per_hour=0.0)
+    market = SpotMarket((b, c), transfer)
+    out = simulate_spot([job(work_h=2.0)], market, "spot_restart").outcomes[0]
+    assert [x.zone for x in out.attempts] == ["us-central1-c"]

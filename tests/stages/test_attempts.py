@@ -1,0 +1,102 @@
+"""Preemption recovery through the real stages: injected notices and kills on torchrun workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from sailor_tasks.errors import PreemptedError, RecoveryExhaustedError
+from sailor_tasks.ledger import Ledger
+from sailor_tasks.testing.run_inline import run_inline
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager, diff_states
+
+pytestmark = pytest.mark.slow
+
+BASE = {
+    "job_name": "resilient",
+    "team": "qa",
+    "model": "tiny_gpt",
+    "num_workers": 2,
+    "total_steps": 30,
+    "checkpoint_every_steps": 10,
+    "batch_size": 8,
+    "preemption_notice_s": 20,
+}
+
+
+def final_state(summary: dict) -> dict:
+    root, step = summary["checkpoint_uri"].rsplit("/step-", 1)
+    return CheckpointManager(root).load_all(int(step))
+
+
+def test_noticed_and_unnoticed_preemptions_end_bit_identical_to_an_uninterrupted_run(
+    settings, ctx, demo_dataset
+):
+    reference = run_inline({**BASE, "dataset_uri": demo_dataset}, "ref", ctx)
+    summary = run_inline(
+        {
+            **BASE,
+            "dataset_uri": demo_dataset,
+            "inject_preemptions": [6],
+            "inject_kills": [17],
+            "recovery_strategy": "eager_next_region",
+        },
+        "preempted",
+        ctx,
+    )
+    assert summary["steps"] == reference["steps"] == 30
+    assert diff_states(final_state(reference), final_state(summary)) == []
+
+    ledger = Ledger(settings.ledger_url)
+    noticed, killed = sorted(ledger.preemptions("preempted"), key=lambda p: p["attempt"])
+    assert noticed["noticed"] and noticed["steps_lost"] == 0 and noticed["recovery_s"] > 0
+    assert not killed["noticed"] and 0 < killed["steps_lost"] <= BASE["checkpoint_every_steps"]
+    attempts = ledger.attempts("preempted")
+    assert [a["outcome"] for a in attempts] == ["preempted", "preempted", "completed"]
+    # eager_next_region: every recovery left the regions that preempted the run.
+    assert attempts[1]["region"] != attempts[0]["region"]
+    assert attempts[2]["region"] not in (attempts[0]["region"], attempts[1]["region"])
+    assert attempts[1]["resumed_from_step"] == noticed["step"]
+    assert len(summary["attempts"]) == 3 and summary["region"] == attempts[2]["region"]
+
+
+def test_exhausted_attempts_fail_with_a_message_listing_every_attempt(settings, ctx, demo_dataset):
+    params = {
+        **BASE,
+        "dataset_uri": demo_dataset,
+        "inject_preemptions": [4, 12],
+        "recovery_strategy": "same_zone_first",
+    }
+    with pytest.raises(RecoveryExhaustedError, match=r"after 2 attempt") as info:
+        run_inline(params, "doomed", ctx, max_tries=1)
+    message = str(info.value)
+    assert "attempt 1 (try 1)" in message and "attempt 2 (try 2)" in message
+    assert message.count("preempted with notice") == 2
+    assert not isinstance(info.value, PreemptedError)  # final: not retryable
+    attempts = Ledger(settings.ledger_url).attempts("doomed")
+    assert attempts[0]["zone"] == attempts[1]["zone"]  # same_zone_first retried the zone once
+    run = Ledger(settings.ledger_url).get_run("doomed")
+    assert run["status"] == "failed"
+
+
+def test_each_attempt_records_its_market_why_cost_and_slack(settings, ctx, demo_dataset):
+    """Default strategy (sailor) with a deadline: the plan and the recovery each ask it for a market;
+    the summary and the ledger hold the market, the reason, the slack left and the attempt's cost."""
+    summary = run_inline(
+        {**BASE, "dataset_uri": demo_dataset, "deadline_hours": 2.0, "inject_preemptions": [6]},
+        "economics",
+        ctx,
+    )
+    assert summary["strategy"] == "sailor" and summary["deadline_hours"] == 2.0
+    markets = summary["markets"]
+    assert [m["attempt"] for m in markets] == [1, 2]
+    for m in markets:
+        assert m["strategy"] == "sailor" and m["market"] in ("spot", "on_demand")
+        assert m["why"].startswith("sailor: ")
+        assert 0 < m["slack_h"] < 2.0  # hours to spare before the 2 h deadline at the decision
+        assert m["hours"] > 0 and m["usd"] > 0
+    assert markets[1]["slack_h"] < markets[0]["slack_h"]  # time passed between the two decisions
+    assert summary["usd_attempts"] == pytest.approx(sum(m["usd"] for m in markets))
+    rows = Ledger(settings.ledger_url).attempt_markets("economics")
+    assert [(r["attempt"], r["market"]) for r in rows] == [(m["attempt"], m["market"]) for m in markets]
+    assert all(r["usd"] == pytest.approx(r["hours"] * r["usd_per_hour"]) for r in rows)
+    assert "Market per attempt" in summary["summary_md"]

@@ -1,0 +1,56 @@
+"""The plan stage: reserves through the engine, an Airflow retry is idempotent, teardown releases,
+the dataset's size comes from its manifest, and `sailor plan --json` prints the explanation."""
+
+from __future__ import annotations
+
+import json
+
+from sailor_tasks import stages
+from sailor_tasks.cli.main import main as sailor
+
+
+def test_plan_stage_retry_keeps_one_reservation_and_teardown_releases(ctx, demo_dataset):
+    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 2}, "run-1", ctx)
+    first = stages.plan(request, "run-1", ctx)
+    again = stages.plan(request, "run-1", ctx)  # Airflow retry of the same task
+    assert (again["zone"], again["gpu_type"]) == (first["zone"], first["gpu_type"])
+    live = ctx.ledger.live_reservations()
+    assert [(r.run_id, r.zone, r.gpus) for r in live] == [("run-1", first["zone"], 2)]
+    assert any(line.startswith("winner contributions:") for line in first["explanation"])
+    stages.teardown("run-1", ctx)
+    assert ctx.ledger.live_reservations() == []
+
+
+def test_replica_and_manifest_size_pull_the_next_run_to_the_data(ctx, demo_dataset):
+    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-a", ctx)
+    placement = stages.plan(request, "run-a", ctx)
+    stages.place_data(request, placement, "run-a", ctx)
+    request_b = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-b", ctx)
+    state_line = stages.plan(request_b, "run-b", ctx)["explanation"][2]
+    assert f"GB from {placement['region']}" in state_line
+
+
+def test_cli_plan_json_prints_winner_runners_up_and_rejections(settings, capsys):
+    assert sailor(["plan", "--json", "--set", 'gpu_type="A100"', "--set", "num_workers=8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["placement"]["gpu_type"] == "A100"
+    assert out["winner"]["contributions"]["compute_cost"] > 0
+    assert out["runners_up"] and out["rejected_by_rule"]["gpu_type"] > 0
+    assert {r["validator"] for r in out["rejected"]} >= {"gpu_type"}
+
+
+def test_cli_plan_unknown_gpu_lists_valid_values(settings, capsys):
+    assert sailor(["plan", "--set", 'gpu_type="Z100"']) == 2
+    assert "valid choices: any, A100" in capsys.readouterr().err
+
+
+def test_cli_catalog_shows_capacity_and_transfer(settings, capsys):
+    assert sailor(["catalog", "--gpu", "H100", "--region", "us-central1"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "capacity_gpus" in header and "preemption_rate_per_hour" in header
+    assert (
+        sailor(["catalog", "transfer", "--region", "us-central1", "--region", "europe-west4", "--json"]) == 0
+    )
+    rows = json.loads(capsys.readouterr().out)
+    cross = next(r for r in rows if r["src_region"] == "us-central1" and r["dst_region"] == "europe-west4")
+    assert cross["usd_per_gb"] == 0.05

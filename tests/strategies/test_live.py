@@ -1,0 +1,68 @@
+"""Live market choice: the run's strategy decides the market from the planner's estimates."""
+
+from __future__ import annotations
+
+import pytest
+
+from sailor_tasks.catalog import load_catalog
+from sailor_tasks.model import ClusterState, JobRequest
+from sailor_tasks.strategies.live import decide_market, launch_context
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+def request(**kw) -> JobRequest:
+    base = dict(
+        job_name="j",
+        team="t",
+        dataset_uri="sailor://source/d",
+        model="gpt_25m",
+        num_workers=1,
+        gpu_type="A100",
+        total_steps=2_000_000,
+        checkpoint_every_steps=1000,
+        max_usd_per_hour=50.0,
+    )
+    base.update(kw)
+    return JobRequest(**base)
+
+
+def test_context_comes_from_the_planner_estimates_for_the_remaining_steps(catalog):
+    ctx, est = launch_context(request(deadline_hours=10.0), catalog, ClusterState())
+    assert est["spot"]["market"] == "spot" and est["on_demand"]["market"] == "on_demand"
+    assert ctx.remaining_h == pytest.approx(est["spot"]["expected_hours"])
+    assert ctx.spot_usd_per_hour < ctx.on_demand_usd_per_hour
+    assert ctx.preemption_rate_per_hour > 0
+    half, _ = launch_context(request(deadline_hours=10.0), catalog, ClusterState(), steps_done=1_000_000)
+    assert half.remaining_h == pytest.approx(ctx.remaining_h / 2)
+
+
+def test_sailor_picks_spot_with_slack_and_on_demand_when_the_deadline_is_tight(catalog):
+    ctx, _ = launch_context(request(), catalog, ClusterState())
+    hours = ctx.remaining_h
+    assert decide_market(request(deadline_hours=hours * 2), catalog, ClusterState()).market == "spot"
+    tight = decide_market(request(deadline_hours=hours * 1.01), catalog, ClusterState())
+    assert tight.market == "on_demand" and tight.reason.startswith("sailor: ")
+    assert tight.slack_h == pytest.approx(hours * 0.01 - ctx.on_demand_launch_h)
+    # the same deadline with most of the time already gone: on-demand too
+    late = decide_market(request(deadline_hours=hours * 2), catalog, ClusterState(), elapsed_h=hours * 0.99)
+    assert late.market == "on_demand"
+
+
+def test_other_strategies_and_explicit_markets(catalog):
+    state = ClusterState()
+    assert decide_market(request(strategy="on_demand"), catalog, state).market == "on_demand"
+    assert (
+        decide_market(request(strategy="spot_restart", deadline_hours=0.5), catalog, state).market == "spot"
+    )
+    assert decide_market(request(market="on_demand"), catalog, state).market == "on_demand"
+
+
+def test_a_market_without_feasible_offers_falls_back_to_the_other(catalog):
+    # B200 VMs have 8 GPUs: a 1-GPU B200 run is infeasible on both markets; A100 with a price cap
+    # below every on-demand price but above spot leaves only spot.
+    d = decide_market(request(max_usd_per_hour=2.0, deadline_hours=1.0), catalog, ClusterState())
+    assert d.market == "spot" and "no feasible on_demand offer" in d.reason
