@@ -11,8 +11,13 @@ run at another state folder without touching code.
 | SAILOR_BUCKET_TEMPLATE   | ``file://{state_dir}/buckets/{bucket}``   | URI of bucket ``{bucket}``           |
 | SAILOR_BACKEND           | ``local``                                 | default backend (``local``/``gke``)  |
 | SAILOR_GCP_PROJECT       | ``sailor-demo``                           | ``{project}`` in the bucket template |
-| SAILOR_DATA_ROOTS        | (none)                                    | extra folders file:// datasets may   |
-|                          |                                           | come from (``os.pathsep``-separated) |
+| SAILOR_DATA_ROOTS        | (none)                                    | folders file:// datasets and traces  |
+|                          |                                           | may come from (``os.pathsep``-sep.)  |
+| SAILOR_DATA_BUCKETS      | (none)                                    | gs:// buckets datasets and traces    |
+|                          |                                           | may come from (comma-separated)      |
+
+SAILOR's own buckets (``source`` and the regions, through the bucket template) are always readable
+by a run, except their ``runs/`` folders; nothing else of the state folder is.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ class Settings:
     gcp_project: str = "sailor-demo"
     """GCP project used in bucket names on the gke backend."""
     data_roots: tuple[str, ...] = ()
-    """Folders besides the state folder that ``file://`` datasets may be read from."""
+    """Folders that ``file://`` datasets and traces may be read from, besides SAILOR's own buckets."""
+    data_buckets: tuple[str, ...] = ()
+    """``gs://`` buckets (names) that datasets and traces may be read from, besides SAILOR's own."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -55,6 +62,11 @@ class Settings:
             backend=backend,
             gcp_project=env.get("SAILOR_GCP_PROJECT", "sailor-demo"),
             data_roots=tuple(p for p in env.get("SAILOR_DATA_ROOTS", "").split(os.pathsep) if p),
+            data_buckets=tuple(
+                b.strip().removeprefix("gs://").strip("/")
+                for b in env.get("SAILOR_DATA_BUCKETS", "").split(",")
+                if b.strip().removeprefix("gs://").strip("/")
+            ),
         )
 
     def with_state_dir(self, state_dir: str) -> Settings:
@@ -74,8 +86,8 @@ class Settings:
 
     @property
     def dataset_roots(self) -> tuple[str, ...]:
-        """Folders ``file://`` datasets may come from: the state folder and ``data_roots``."""
-        return (self.state_dir, *self.data_roots)
+        """Folders ``file://`` datasets and traces may come from, besides SAILOR's own buckets."""
+        return tuple(str(Path(p).expanduser().resolve()) for p in self.data_roots)
 
     @property
     def clusters_dir(self) -> str:
