@@ -10,6 +10,7 @@ the cheapest offer). Nothing here has side effects; torch-free and cheap to impo
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,9 +26,28 @@ from sailor_tasks.strategies import MARKET_STRATEGIES, RECOVERY_STRATEGIES
 from sailor_tasks.train.specs import MODEL_NAMES, MODEL_SPECS
 
 DEMO_DATASET_URI = "sailor://source/datasets/demo-text"
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+def whole_string(body: str) -> str:
+    """A JSON-schema ``pattern`` that matches only the whole string.
+
+    Patterns are searches, so they are anchored; but Python's ``$`` (what ``jsonschema`` runs) also
+    matches before a trailing newline, which ECMA-262's (the trigger form's) does not. ``(?!\\n)``
+    after ``$`` closes that gap and means the same in both engines.
+    """
+    return f"^(?:{body})$(?!\\n)"
+
+
+NAME_PATTERN = whole_string(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 """Lowercase DNS label: safe in bucket paths, Kubernetes labels and pod names."""
-DATASET_URI_PATTERN = r"^(sailor|gs|file)://[A-Za-z0-9._/-]+$"
+DATASET_URI_PATTERN = whole_string(r"(sailor|gs|file)://[A-Za-z0-9._/-]+")
+TRACE_URI_PATTERN = whole_string(r"|(gs|file)://[A-Za-z0-9._/-]+")
+
+FINITE: dict[str, Any] = {"not": {"type": "number", "minimum": 1, "maximum": 0}}
+"""JSON-schema clause that refuses NaN: no finite number is both >= 1 and <= 0, but every bound
+comparison with NaN is false, so NaN satisfies the inner schema. ±Infinity is refused by the
+bounds every number param has. Non-standard JSON, but Python's ``json`` (and Airflow's REST API)
+parse ``NaN`` and ``Infinity``."""
 
 DATA_RESIDENCY_CHOICES = ("NA", "SA", "EU", "ASIA", "OC", "ME", "AF")
 """Continent codes of the transfer file (``catalog/data/transfer.yaml``)."""
@@ -140,7 +160,9 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "max_usd_per_hour": {
             "default": 20.0,
             "type": "number",
+            **FINITE,
             "minimum": 0,
+            "maximum": 1_000_000,
             "title": "Max USD per hour",
             "section": SECTION_MARKET,
             "description": "Price cap for the whole run (all GPUs) in USD per hour.",
@@ -148,7 +170,9 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "deadline_hours": {
             "default": None,
             "type": ["null", "number"],
+            **FINITE,
             "exclusiveMinimum": 0,
+            "maximum": 100_000,
             "title": "Deadline (hours)",
             "section": SECTION_MARKET,
             "description": "Finish within this many hours of planning, or empty for no deadline. With market=auto, "
@@ -225,6 +249,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "preemption_rate_per_hour": {
             "default": 0.0,
             "type": "number",
+            **FINITE,
             "minimum": 0,
             "maximum": 3600,
             "title": "Injected preemptions per hour",
@@ -235,7 +260,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "default": "",
             "type": ["null", "string"],
             "maxLength": 1024,
-            "pattern": r"^$|^(gs|file)://[A-Za-z0-9._/-]+$",
+            "pattern": TRACE_URI_PATTERN,
             "title": "Availability trace",
             "section": SECTION_RESILIENCE,
             "description": 'Local backend: replay an availability trace (JSON {"metadata": {"gap_seconds": N}, '
@@ -244,6 +269,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "preemption_trace_time_scale": {
             "default": 1.0,
             "type": "number",
+            **FINITE,
             "exclusiveMinimum": 0,
             "maximum": 1_000_000,
             "title": "Trace speed-up",
@@ -253,6 +279,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "preemption_notice_s": {
             "default": 30.0,
             "type": "number",
+            **FINITE,
             "minimum": 0,
             "maximum": 3600,
             "title": "Preemption notice (s)",
@@ -279,6 +306,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "learning_rate": {
             "default": 0.003,
             "type": "number",
+            **FINITE,
             "exclusiveMinimum": 0,
             "maximum": 1,
             "title": "Learning rate",
@@ -324,6 +352,8 @@ def _short(value: Any) -> Any:
 
 
 def _check_schema(name: str, value: Any, spec: Mapping[str, Any]) -> InvalidRequestError | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return InvalidRequestError(name, value, "must be a finite number (NaN and ±Infinity are not)")
     try:
         jsonschema.validate(value, _schema_of(spec))
     except jsonschema.ValidationError as exc:
