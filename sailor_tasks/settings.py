@@ -23,8 +23,9 @@ by a run, except their ``runs/`` folders; nothing else of the state folder is.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 BACKENDS = ("local", "gke")
 SOURCE_BUCKET = "source"
@@ -35,8 +36,9 @@ SOURCE_BUCKET = "source"
 class Settings:
     state_dir: str
     """Absolute path of the local state folder."""
-    ledger_url: str
-    """SQLAlchemy URL of the ledger."""
+    ledger_url: str = field(repr=False)
+    """SQLAlchemy URL of the ledger; may hold a password, so it is left out of ``repr`` (show
+    ``ledger_url_redacted``)."""
     bucket_template: str
     """Template of a bucket's root URI; ``{bucket}``, ``{region}``, ``{project}`` and ``{state_dir}`` are filled."""
     backend: str = "local"
@@ -77,6 +79,15 @@ class Settings:
             state_dir=state_dir,
             ledger_url=f"sqlite:///{state_dir}/ledger.db",
         )
+
+    @property
+    def ledger_url_redacted(self) -> str:
+        """The ledger URL with its password replaced by ``***``, for messages and logs."""
+        parts = urlsplit(self.ledger_url)
+        if parts.password is None:
+            return self.ledger_url
+        userinfo, _, hostport = parts.netloc.rpartition("@")
+        return urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hostport}"))
 
     def bucket_uri(self, bucket: str) -> str:
         """Root URI of a SAILOR bucket: a region name, or ``source`` for unplaced datasets."""
