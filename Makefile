@@ -79,9 +79,12 @@ lint: $(STAMP)
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+# The UI's login is admin/admin: serve it on the loopback interface only (AIRFLOW_HOST=0.0.0.0
+# exposes it to the network; set a real password first).
+AIRFLOW_HOST ?= 127.0.0.1
 airflow: $(DB_STAMP)
 	@test -f .airflow/passwords.json || echo '{"admin": "admin"}' > .airflow/passwords.json
-	$(BIN)/airflow standalone
+	AIRFLOW__API__HOST=$(AIRFLOW_HOST) $(BIN)/airflow standalone
 
 clean:
 	rm -rf .airflow .sailor artifacts

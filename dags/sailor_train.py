@@ -5,7 +5,7 @@ Trigger with params (the form groups them by section). Stages, each a task calli
 `sailor_tasks.stages` through `run_stage`:
 
 `validate → plan → place_data → provision → train → finalize`, and `teardown` (always runs once
-capacity was reserved: releases the reservation and the cluster).
+capacity was reserved: removes the cluster first, then releases the reservation, each retried).
 
 - **validate**: params → a frozen `JobRequest`; bad values fail here, nothing is reserved or copied.
 - **plan**: the run's market `strategy` (default `sailor`: spot while the deadline's slack covers
@@ -103,7 +103,8 @@ def sailor_train():
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue.stage import run_stage
 
-        return run_stage(stages.teardown, get_current_context()["run_id"])
+        context = get_current_context()  # the run's params name its backend even when the ledger is down
+        return run_stage(stages.teardown, context["run_id"], backend=context["params"].get("backend"))
 
     request = validate()
     placement = plan(request)

@@ -222,7 +222,15 @@ class DatasetManifest:
 
 
 def run_key(run_id: str) -> str:
-    """Path- and label-safe form of an Airflow run_id (``manual__2026-...+00:00`` → ``manual__2026-..._00_00``)."""
+    """Path-safe, one-to-one form of an Airflow run_id, the name of the run's folder and records.
+
+    The readable part keeps letters, digits, ``.``, ``_`` and ``-`` and replaces the rest with ``_``
+    (at most 100 characters); a ``-`` and 12 hex digits of the run id's SHA-256 follow, so run ids
+    that differ only in case or in replaced characters never share a folder or a Kubernetes label,
+    and no key is ``.`` or ``..`` (``manual__2026-...+00:00`` → ``manual__2026-..._00_00-3f9a...``).
+    """
+    import hashlib
     import re
 
-    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)[:200]
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', run_id)[:100]}-{digest}"

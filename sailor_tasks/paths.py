@@ -26,13 +26,15 @@ LAUNCH_REPORT = "launch.json"
 RESULT = "result.json"
 CHECKPOINTS = "checkpoints"
 SUMMARY = "summary.md"
+RUNS = "runs"
+"""Folder of every run's folder in a region bucket; never readable as a dataset or trace."""
 REBALANCE_REPORTS = f"sailor://{SOURCE_BUCKET}/reports/rebalance"
 """Where each rebalance run stores its chart, summary and solution (``<root>/<run_key>/``)."""
 
 
 def run_folder(region: str, run_id: str) -> str:
     """The run's folder in ``region``'s bucket as a ``sailor://`` URI."""
-    return f"sailor://{region}/runs/{run_key(run_id)}"
+    return f"sailor://{region}/{RUNS}/{run_key(run_id)}"
 
 
 def run_uri(region: str, run_id: str, settings: Settings) -> str:

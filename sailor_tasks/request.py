@@ -10,23 +10,44 @@ the cheapest offer). Nothing here has side effects; torch-free and cheap to impo
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jsonschema
 
+from sailor_tasks import paths, storage
 from sailor_tasks.catalog import Catalog, packaged_choices
 from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
 from sailor_tasks.model import ANY_GPU, MARKET_CHOICES, JobRequest
-from sailor_tasks.settings import BACKENDS, SOURCE_BUCKET
+from sailor_tasks.settings import BACKENDS, SOURCE_BUCKET, Settings
 from sailor_tasks.strategies import MARKET_STRATEGIES, RECOVERY_STRATEGIES
 from sailor_tasks.train.specs import MODEL_NAMES, MODEL_SPECS
 
 DEMO_DATASET_URI = "sailor://source/datasets/demo-text"
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+def whole_string(body: str) -> str:
+    """A JSON-schema ``pattern`` that matches only the whole string.
+
+    Patterns are searches, so they are anchored; but Python's ``$`` (what ``jsonschema`` runs) also
+    matches before a trailing newline, which ECMA-262's (the trigger form's) does not. ``(?!\\n)``
+    after ``$`` closes that gap and means the same in both engines.
+    """
+    return f"^(?:{body})$(?!\\n)"
+
+
+NAME_PATTERN = whole_string(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 """Lowercase DNS label: safe in bucket paths, Kubernetes labels and pod names."""
-DATASET_URI_PATTERN = r"^(sailor|gs|file)://[A-Za-z0-9._/-]+$"
+DATASET_URI_PATTERN = whole_string(r"(sailor|gs|file)://[A-Za-z0-9._/-]+")
+TRACE_URI_PATTERN = whole_string(r"|(gs|file)://[A-Za-z0-9._/-]+")
+
+FINITE: dict[str, Any] = {"not": {"type": "number", "minimum": 1, "maximum": 0}}
+"""JSON-schema clause that refuses NaN: no finite number is both >= 1 and <= 0, but every bound
+comparison with NaN is false, so NaN satisfies the inner schema. ±Infinity is refused by the
+bounds every number param has. Non-standard JSON, but Python's ``json`` (and Airflow's REST API)
+parse ``NaN`` and ``Infinity``."""
 
 DATA_RESIDENCY_CHOICES = ("NA", "SA", "EU", "ASIA", "OC", "ME", "AF")
 """Continent codes of the transfer file (``catalog/data/transfer.yaml``)."""
@@ -139,7 +160,9 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "max_usd_per_hour": {
             "default": 20.0,
             "type": "number",
+            **FINITE,
             "minimum": 0,
+            "maximum": 1_000_000,
             "title": "Max USD per hour",
             "section": SECTION_MARKET,
             "description": "Price cap for the whole run (all GPUs) in USD per hour.",
@@ -147,7 +170,9 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "deadline_hours": {
             "default": None,
             "type": ["null", "number"],
+            **FINITE,
             "exclusiveMinimum": 0,
+            "maximum": 100_000,
             "title": "Deadline (hours)",
             "section": SECTION_MARKET,
             "description": "Finish within this many hours of planning, or empty for no deadline. With market=auto, "
@@ -224,6 +249,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "preemption_rate_per_hour": {
             "default": 0.0,
             "type": "number",
+            **FINITE,
             "minimum": 0,
             "maximum": 3600,
             "title": "Injected preemptions per hour",
@@ -234,7 +260,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "default": "",
             "type": ["null", "string"],
             "maxLength": 1024,
-            "pattern": r"^$|^(gs|file)://[A-Za-z0-9._/-]+$",
+            "pattern": TRACE_URI_PATTERN,
             "title": "Availability trace",
             "section": SECTION_RESILIENCE,
             "description": 'Local backend: replay an availability trace (JSON {"metadata": {"gap_seconds": N}, '
@@ -243,6 +269,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "preemption_trace_time_scale": {
             "default": 1.0,
             "type": "number",
+            **FINITE,
             "exclusiveMinimum": 0,
             "maximum": 1_000_000,
             "title": "Trace speed-up",
@@ -252,6 +279,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "preemption_notice_s": {
             "default": 30.0,
             "type": "number",
+            **FINITE,
             "minimum": 0,
             "maximum": 3600,
             "title": "Preemption notice (s)",
@@ -278,6 +306,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
         "learning_rate": {
             "default": 0.003,
             "type": "number",
+            **FINITE,
             "exclusiveMinimum": 0,
             "maximum": 1,
             "title": "Learning rate",
@@ -323,6 +352,8 @@ def _short(value: Any) -> Any:
 
 
 def _check_schema(name: str, value: Any, spec: Mapping[str, Any]) -> InvalidRequestError | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return InvalidRequestError(name, value, "must be a finite number (NaN and ±Infinity are not)")
     try:
         jsonschema.validate(value, _schema_of(spec))
     except jsonschema.ValidationError as exc:
@@ -352,17 +383,66 @@ def check_dataset_uri(uri: str, regions: tuple[str, ...]) -> InvalidRequestError
     return None
 
 
-def check_file_roots(uri: str, roots: tuple[str, ...]) -> InvalidRequestError | None:
-    """A ``file://`` dataset must lie inside one of ``roots`` (the state folder and configured data
-    folders), so a run cannot copy arbitrary files of the machine (``file:///etc``) into a bucket."""
-    if not uri.startswith("file://"):
-        return None
-    path = os.path.realpath(uri[len("file://") :])
-    for root in roots:
-        real = os.path.realpath(root)
-        if path == real or path.startswith(real.rstrip("/") + "/"):
+def check_data_access(
+    field: str, uri: str, settings: Settings, regions: Sequence[str]
+) -> InvalidRequestError | None:
+    """Whether a run may read ``uri`` (a dataset folder or a trace file), before anything is opened.
+
+    Readable: a folder or file inside one of SAILOR's own buckets (``source`` and ``regions``, through
+    the bucket template) but never a whole bucket nor its ``runs/`` folder (other runs' configs and
+    checkpoints); a ``file://`` path inside a data folder (``SAILOR_DATA_ROOTS``) but never the rest of
+    the state folder (ledger, cluster records); a ``gs://`` object of an allowed bucket
+    (``SAILOR_DATA_BUCKETS``). Symbolic links are followed first, so a link cannot lead out.
+    """
+    concrete = storage.resolve(uri, settings)
+    scheme = storage.scheme_of(concrete)
+    own = {b: settings.bucket_uri(b) for b in (SOURCE_BUCKET, *regions)}
+    if scheme == "file":
+        target = os.path.realpath(concrete[len("file://") :])
+        roots = {b: os.path.realpath(u[len("file://") :]) for b, u in own.items() if u.startswith("file://")}
+    elif scheme == "gs":
+        target = concrete[len("gs://") :].rstrip("/")
+        roots = {b: u[len("gs://") :].rstrip("/") for b, u in own.items() if u.startswith("gs://")}
+    else:
+        return InvalidRequestError(field, uri, "unsupported URI scheme", ("sailor://", "gs://", "file:///"))
+    for bucket, root in roots.items():
+        if target == root or target.startswith(root + "/"):
+            inside = target[len(root) :].strip("/")
+            if not inside:
+                return InvalidRequestError(
+                    field, uri, f"name a folder inside SAILOR bucket {bucket!r}, not the bucket"
+                )
+            if inside.split("/")[0] == paths.RUNS:
+                return InvalidRequestError(
+                    field, uri, f"the run folders ({paths.RUNS}/) of SAILOR buckets are not readable by a run"
+                )
             return None
-    return InvalidRequestError("dataset_uri", uri, "file:// datasets must lie inside a data folder", roots)
+    if scheme == "file":
+        state = os.path.realpath(settings.state_dir)
+        in_state = target == state or target.startswith(state + "/")
+        if not in_state and any(
+            target == r or target.startswith(r.rstrip("/") + "/") for r in settings.dataset_roots
+        ):
+            return None
+        valid = [f"file://{r}" for r in settings.dataset_roots]
+        valid += [f"file://{r}/<folder>" for b, r in roots.items() if b == SOURCE_BUCKET]
+        return InvalidRequestError(
+            field,
+            uri,
+            "file:// URIs must lie inside a data folder (SAILOR_DATA_ROOTS) or a SAILOR bucket"
+            + ("; the rest of the state folder is never readable" if in_state else ""),
+            valid or None,
+        )
+    bucket = target.split("/", 1)[0]
+    if bucket in settings.data_buckets:
+        return None
+    valid = sorted({*(r.split("/", 1)[0] for r in roots.values()), *settings.data_buckets})
+    return InvalidRequestError(
+        field,
+        uri,
+        f"gs:// bucket {bucket!r} is not allowed; allow it with SAILOR_DATA_BUCKETS",
+        [f"gs://{b}" for b in valid] or None,
+    )
 
 
 def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> JobRequest:

@@ -11,15 +11,21 @@ run at another state folder without touching code.
 | SAILOR_BUCKET_TEMPLATE   | ``file://{state_dir}/buckets/{bucket}``   | URI of bucket ``{bucket}``           |
 | SAILOR_BACKEND           | ``local``                                 | default backend (``local``/``gke``)  |
 | SAILOR_GCP_PROJECT       | ``sailor-demo``                           | ``{project}`` in the bucket template |
-| SAILOR_DATA_ROOTS        | (none)                                    | extra folders file:// datasets may   |
-|                          |                                           | come from (``os.pathsep``-separated) |
+| SAILOR_DATA_ROOTS        | (none)                                    | folders file:// datasets and traces  |
+|                          |                                           | may come from (``os.pathsep``-sep.)  |
+| SAILOR_DATA_BUCKETS      | (none)                                    | gs:// buckets datasets and traces    |
+|                          |                                           | may come from (comma-separated)      |
+
+SAILOR's own buckets (``source`` and the regions, through the bucket template) are always readable
+by a run, except their ``runs/`` folders; nothing else of the state folder is.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 BACKENDS = ("local", "gke")
 SOURCE_BUCKET = "source"
@@ -30,8 +36,9 @@ SOURCE_BUCKET = "source"
 class Settings:
     state_dir: str
     """Absolute path of the local state folder."""
-    ledger_url: str
-    """SQLAlchemy URL of the ledger."""
+    ledger_url: str = field(repr=False)
+    """SQLAlchemy URL of the ledger; may hold a password, so it is left out of ``repr`` (show
+    ``ledger_url_redacted``)."""
     bucket_template: str
     """Template of a bucket's root URI; ``{bucket}``, ``{region}``, ``{project}`` and ``{state_dir}`` are filled."""
     backend: str = "local"
@@ -39,7 +46,9 @@ class Settings:
     gcp_project: str = "sailor-demo"
     """GCP project used in bucket names on the gke backend."""
     data_roots: tuple[str, ...] = ()
-    """Folders besides the state folder that ``file://`` datasets may be read from."""
+    """Folders that ``file://`` datasets and traces may be read from, besides SAILOR's own buckets."""
+    data_buckets: tuple[str, ...] = ()
+    """``gs://`` buckets (names) that datasets and traces may be read from, besides SAILOR's own."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -55,6 +64,11 @@ class Settings:
             backend=backend,
             gcp_project=env.get("SAILOR_GCP_PROJECT", "sailor-demo"),
             data_roots=tuple(p for p in env.get("SAILOR_DATA_ROOTS", "").split(os.pathsep) if p),
+            data_buckets=tuple(
+                b.strip().removeprefix("gs://").strip("/")
+                for b in env.get("SAILOR_DATA_BUCKETS", "").split(",")
+                if b.strip().removeprefix("gs://").strip("/")
+            ),
         )
 
     def with_state_dir(self, state_dir: str) -> Settings:
@@ -66,6 +80,15 @@ class Settings:
             ledger_url=f"sqlite:///{state_dir}/ledger.db",
         )
 
+    @property
+    def ledger_url_redacted(self) -> str:
+        """The ledger URL with its password replaced by ``***``, for messages and logs."""
+        parts = urlsplit(self.ledger_url)
+        if parts.password is None:
+            return self.ledger_url
+        userinfo, _, hostport = parts.netloc.rpartition("@")
+        return urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hostport}"))
+
     def bucket_uri(self, bucket: str) -> str:
         """Root URI of a SAILOR bucket: a region name, or ``source`` for unplaced datasets."""
         return self.bucket_template.format(
@@ -74,8 +97,8 @@ class Settings:
 
     @property
     def dataset_roots(self) -> tuple[str, ...]:
-        """Folders ``file://`` datasets may come from: the state folder and ``data_roots``."""
-        return (self.state_dir, *self.data_roots)
+        """Folders ``file://`` datasets and traces may come from, besides SAILOR's own buckets."""
+        return tuple(str(Path(p).expanduser().resolve()) for p in self.data_roots)
 
     @property
     def clusters_dir(self) -> str:

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import posixpath
+import stat
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -78,6 +79,40 @@ def exists(uri: str) -> bool:
 def read_bytes(uri: str) -> bytes:
     fs, path = filesystem(uri)
     return fs.cat_file(path)
+
+
+def read_regular_file(uri: str, max_bytes: int) -> bytes:
+    """Bytes of a regular file (or object) of at most ``max_bytes``.
+
+    A FIFO, a device or a folder is refused before a byte is read: a local path is opened without
+    blocking (a FIFO would wait for a writer) and checked on its descriptor, so a swap between the
+    check and the read cannot slip a device in; the read itself stops after ``max_bytes + 1``.
+
+    Raises:
+        ValueError: not a regular file, or larger than ``max_bytes``.
+        OSError: the file cannot be opened (missing, no permission).
+    """
+    fs, path = filesystem(uri)
+    if scheme_of(uri) in ("", "file"):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{uri!r} is not a regular file")
+            if st.st_size > max_bytes:
+                raise ValueError(f"{uri!r} is {st.st_size} bytes, over the limit of {max_bytes} bytes")
+            data = f.read(max_bytes + 1)
+    else:
+        meta = fs.info(path)
+        if meta.get("type") != "file":
+            raise ValueError(f"{uri!r} is not a file")
+        if int(meta.get("size") or 0) > max_bytes:
+            raise ValueError(f"{uri!r} is {meta['size']} bytes, over the limit of {max_bytes} bytes")
+        with fs.open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew after the size check
+        raise ValueError(f"{uri!r} is over the limit of {max_bytes} bytes")
+    return data
 
 
 def write_bytes(uri: str, data: bytes) -> None:

@@ -80,11 +80,25 @@ def test_huge_unknown_params_are_cut_in_the_message(catalog):
 
 
 def test_file_datasets_must_lie_inside_the_data_folders(tmp_path):
-    from sailor_tasks.request import check_file_roots
+    from sailor_tasks.request import check_data_access
+    from sailor_tasks.settings import Settings
 
-    roots = (str(tmp_path / "state"),)
-    assert check_file_roots(f"file://{tmp_path}/state/datasets/a", roots) is None
-    assert check_file_roots("sailor://source/datasets/a", roots) is None
-    for uri in ("file:///etc", f"file://{tmp_path}/state-other/a", f"file://{tmp_path}/state/../x"):
-        err = check_file_roots(uri, roots)
-        assert err is not None and err.field == "dataset_uri" and roots[0] in str(err)
+    data = tmp_path / "data"
+    settings = Settings.from_env(
+        {"SAILOR_STATE_DIR": str(tmp_path / "state"), "SAILOR_DATA_ROOTS": str(data)}
+    )
+    regions = ("us-central1",)
+    assert check_data_access("dataset_uri", f"file://{data}/a", settings, regions) is None
+    assert check_data_access("dataset_uri", "sailor://source/datasets/a", settings, regions) is None
+    assert (
+        check_data_access("dataset_uri", f"file://{tmp_path}/state/buckets/source/a", settings, regions)
+        is None
+    )
+    for uri in (
+        "file:///etc",
+        f"file://{tmp_path}/data-other/a",
+        f"file://{data}/../x",
+        f"file://{tmp_path}/state",
+    ):
+        err = check_data_access("dataset_uri", uri, settings, regions)
+        assert err is not None and err.field == "dataset_uri" and str(data) in str(err)

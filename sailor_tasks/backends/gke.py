@@ -206,10 +206,10 @@ def build_node_pool_body(config: GkeConfig, run_key: str, placement: Placement) 
                 }
             ],
             "labels": {
-                f"{LABEL_PREFIX}/run": _label_value(run_key),
+                f"{LABEL_PREFIX}/run": run_label(run_key),
                 f"{LABEL_PREFIX}/plan": plan_hash(placement),
             },
-            "resource_labels": {"managed-by": "sailor", "sailor-run": _label_value(run_key)},
+            "resource_labels": {"managed-by": "sailor", "sailor-run": run_label(run_key)},
             "taints": [GPU_TAINT, SPOT_TAINT] if spot else [GPU_TAINT],
         },
         "autoscaling": {
@@ -239,11 +239,18 @@ def validate_node_pool_body(body: Mapping[str, Any]) -> Any:
 # --- Kubernetes: training pods -------------------------------------------------------------------
 
 
+def run_label(run_key: str) -> str:
+    """The run's label value: lowercase and at most 63 characters, so a readable prefix and a hash of
+    the exact key, which keeps runs apart that lowercasing or truncation alone would merge."""
+    digest = hashlib.sha256(run_key.encode()).hexdigest()[:12]
+    return f"{_label_value(run_key[:50])}-{digest}"
+
+
 def run_labels(run_key: str, placement: Placement) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "sailor-train",
         "app.kubernetes.io/managed-by": "sailor",
-        f"{LABEL_PREFIX}/run": _label_value(run_key),
+        f"{LABEL_PREFIX}/run": run_label(run_key),
         f"{LABEL_PREFIX}/plan": plan_hash(placement),
     }
 

@@ -62,8 +62,8 @@ class AirflowClient:
 
     base_url: str
     username: str | None = None
-    password: str | None = None
-    token: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
     timeout_s: float = 30.0
     session: requests.Session = field(default_factory=requests.Session, repr=False)
 

@@ -111,7 +111,7 @@ def demo_summary(ledger: Any, run_id: str, settings: Settings) -> str:
         f"Est. cost    ${run['usd_estimate']:.4f} (price x training wall time on the local backend)",
         f"Rebalance    assignment v{assignment.version if assignment else '-'} published "
         f"({len(assignment.shares) if assignment else 0} teams)",
-        f"State        {settings.state_dir} (ledger {settings.ledger_url})",
+        f"State        {settings.state_dir} (ledger {settings.ledger_url_redacted})",
         "",
         "Next: `make airflow` starts the Airflow UI on http://localhost:8080 (user admin, password admin);",
         "      `.venv/bin/sailor runs` lists runs from the ledger.",

@@ -10,22 +10,30 @@ is verified against the crc32c computed while streaming, an existing destination
 against its source by metadata, and a ``gs://`` → ``gs://`` copy with a source manifest is a
 server-side copy (bytes never pass through the worker) verified by crc32c. Files are copied by
 ``max_workers`` threads.
+
+A replica that will change loses its manifest before any file is touched; local files are written
+under a temporary name and renamed, and copies into one local replica are serialised by a lock file.
+A source without manifest is compared with the replica's previous manifest: unchanged files (size
+and crc32c) are not copied again.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
+import os
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import google_crc32c
 
 from sailor_tasks import storage
-from sailor_tasks.data.manifest import CHUNK_BYTES, MANIFEST_NAME, read_manifest, sha256_of
+from sailor_tasks.data.manifest import CHUNK_BYTES, MANIFEST_NAME, manifest_uri, read_manifest, sha256_of
 from sailor_tasks.errors import DataIntegrityError, InvalidRequestError
 from sailor_tasks.model import DatasetManifest, ManifestEntry
 
@@ -84,17 +92,36 @@ def _log_progress(done: int, total: int, elapsed: float) -> None:
     )
 
 
+TMP_MARK = ".sailor-tmp-"
+"""Infix of a file being written on a local disk (``<name>.sailor-tmp-<hex>``), renamed when complete."""
+
+
 def _copy_one(src: str, dst: str) -> tuple[str, int, str]:
-    """Stream ``src`` to ``dst`` hashing on the way; return (sha256, size, crc32c)."""
+    """Stream ``src`` to ``dst`` hashing on the way; return (sha256, size, crc32c).
+
+    On a local disk the bytes go to a temporary sibling renamed into place when complete, so a file
+    under its own name is never partial; an object store publishes an object only once its upload
+    completes.
+    """
     sfs, spath = storage.filesystem(src)
     dfs, dpath = storage.filesystem(dst)
+    local = not _is_object_store(dst)
+    target = f"{dpath}{TMP_MARK}{uuid.uuid4().hex[:8]}" if local else dpath
     digest, crc, size = hashlib.sha256(), google_crc32c.Checksum(), 0
-    with sfs.open(spath, "rb") as fin, dfs.open(dpath, "wb") as fout:
-        while chunk := fin.read(CHUNK_BYTES):
-            digest.update(chunk)
-            crc.update(chunk)
-            fout.write(chunk)
-            size += len(chunk)
+    try:
+        with sfs.open(spath, "rb") as fin, dfs.open(target, "wb") as fout:
+            while chunk := fin.read(CHUNK_BYTES):
+                digest.update(chunk)
+                crc.update(chunk)
+                fout.write(chunk)
+                size += len(chunk)
+        if local:
+            os.replace(target, dpath)
+    except BaseException:
+        if local:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
+        raise
     return digest.hexdigest(), size, crc.hexdigest().decode()
 
 
@@ -124,6 +151,17 @@ def _already_there(src: str, dst: str, want: ManifestEntry, src_info: dict, dst_
     return have == want.sha256 and have_size == want.size
 
 
+def _same_bytes(src: str, dst: str, known: ManifestEntry, src_info: dict, dst_info: dict | None) -> bool:
+    """Whether ``dst``, listed as ``known`` by the replica's previous manifest, still holds the bytes
+    of a source file that has no manifest: equal sizes and crc32c (from the listings on an object
+    store; computed on a local disk, a local read instead of a copy or egress)."""
+    if dst_info is None or not int(src_info["size"]) == int(dst_info["size"]) == known.size:
+        return False
+    src_crc = _stored_crc(src_info) or storage.crc32c(src)[0]
+    dst_crc = _stored_crc(dst_info) or storage.crc32c(dst)[0]
+    return src_crc == dst_crc
+
+
 def _verify_stored(dst: str, crc: str, size: int) -> None:
     """An object store's recorded crc32c must equal what we sent (catches corrupted uploads)."""
     stored = storage.stored_crc32c(dst) if _is_object_store(dst) else None
@@ -140,10 +178,17 @@ def _place_file(
     server_side: bool,
     src_info: dict,
     dst_info: dict | None,
+    known: ManifestEntry | None = None,
 ) -> tuple[ManifestEntry, bool]:
-    """Copy one file unless already there; return its manifest entry and whether bytes moved."""
+    """Copy one file unless already there; return its manifest entry and whether bytes moved.
+
+    ``want`` is the source manifest's entry (the copy must match it); ``known`` the replica's
+    previous manifest entry, used only to skip an unchanged file of a source without manifest.
+    """
     if want is not None and _already_there(src, dst, want, src_info, dst_info):
         return want, False
+    if want is None and known is not None and _same_bytes(src, dst, known, src_info, dst_info):
+        return known, False
     if want is not None and server_side:
         storage.copy_object(src, dst)
         src_crc, _ = storage.crc32c(src)
@@ -196,20 +241,62 @@ def copy_dataset(
         raise InvalidRequestError(
             "dataset_uri", src_root, "dataset not found (no such folder or object)"
         ) from None
+    with _replica_lock(dst_root):
+        return _copy_locked(
+            src_root, dst_root, src_manifest, src_listing, progress, max_workers, server_side, start
+        )
+
+
+@contextlib.contextmanager
+def _replica_lock(dst_root: str) -> Iterator[None]:
+    """Serialise copies into one local replica: an exclusive ``flock`` on ``<replica>.lock`` beside
+    the folder (two ``place_data`` of one dataset and region wait for each other; the second then
+    finds the copy complete). Object stores are not locked here: every object is published whole
+    and the manifest is removed before any file changes."""
+    if _is_object_store(dst_root):
+        yield
+        return
+    import fcntl
+
+    path = storage.filesystem(dst_root)[1].rstrip("/") + ".lock"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _copy_locked(
+    src_root: str,
+    dst_root: str,
+    src_manifest: DatasetManifest | None,
+    src_listing: dict[str, dict],
+    progress: ProgressFn | None,
+    max_workers: int,
+    server_side: bool | None,
+    start: float,
+) -> CopyResult:
     files = sorted((rel, int(info["size"])) for rel, info in src_listing.items())
     total = sum(size for _, size in files)
     existing = read_manifest(dst_root)
     if existing is not None and src_manifest is not None and existing.files == src_manifest.files:
         logger.info("%s already holds a complete copy (%d files); nothing to do", dst_root, len(files))
         return CopyResult(existing, 0, existing.total_bytes, time.monotonic() - start)
+    if existing is not None:
+        # The replica is about to change: from now on it is incomplete, so no reader trusts a
+        # manifest whose files are being replaced.
+        storage.remove(manifest_uri(dst_root))
     expected = {e.path: e for e in src_manifest.files} if src_manifest else {}
+    known = {e.path: e for e in existing.files} if existing is not None and not expected else {}
     if server_side is None:
         server_side = (
             src_manifest is not None and storage.scheme_of(src_root) == storage.scheme_of(dst_root) == "gs"
         )
 
     try:
-        dst_listing = _listing(dst_root) if expected else {}
+        dst_listing = _listing(dst_root) if expected or known else {}
     except FileNotFoundError:
         dst_listing = {}
 
@@ -226,6 +313,7 @@ def copy_dataset(
                 server_side,
                 src_listing[rel],
                 dst_listing.get(rel),
+                known.get(rel),
             ): (rel, size)
             for rel, size in files
         }

@@ -31,15 +31,20 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
     """
     ctx = resolve_ctx(ctx)
     from sailor_tasks.placement.planner import price_cap_error
-    from sailor_tasks.request import check_file_roots, from_params
+    from sailor_tasks.request import check_data_access, from_params
 
     with timed(ctx, run_id, "validate"):
         try:
             request = from_params(params, ctx.catalog)
             errors = []
-            root_err = check_file_roots(request.dataset_uri, ctx.settings.dataset_roots)
-            if root_err:
-                raise InvalidRequestErrors([root_err])  # never look at a path outside the data folders
+            access = [("dataset_uri", request.dataset_uri)]
+            if request.preemption_trace_uri:
+                access.append(("preemption_trace_uri", request.preemption_trace_uri))
+            denied = [
+                e for f, u in access if (e := check_data_access(f, u, ctx.settings, ctx.catalog.regions))
+            ]
+            if denied:
+                raise InvalidRequestErrors(denied)  # never look at what a run may not read
             cap = price_cap_error(request, ctx.catalog)
             if cap:
                 errors.append(InvalidRequestError("max_usd_per_hour", request.max_usd_per_hour, cap))

@@ -4,16 +4,21 @@ and teardown: the end of ``sailor_train``."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from sailor_tasks import paths, storage
 from sailor_tasks.backends import get_backend
+from sailor_tasks.ledger.store import utcnow
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key
+from sailor_tasks.settings import BACKENDS
 from sailor_tasks.stages.attempts import begin_attempt, finish_attempt, resume_attempt, train_attempt
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
 from sailor_tasks.stages.summary import render_summary
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def train(
@@ -132,15 +137,59 @@ def finalize(
     return {**summary, "summary_uri": summary_uri, "summary_md": markdown}
 
 
-def teardown(run_id: str, ctx: StageContext | None = None) -> JSON:
-    """Release the reservation and the capacity (always runs; idempotent). A run that did not
-    reach ``success`` is marked ``failed`` here."""
+TEARDOWN_TRIES = 3
+"""Tries of each teardown step (backend, then ledger) within one task try; Airflow retries the task."""
+TEARDOWN_BACKOFF_S = 2.0
+"""First wait between tries, doubled each time (2 s, 4 s: a ledger failover or a cloud API blip)."""
+
+
+def _with_retries(what: str, run_id: str, step: Callable[[], T]) -> T:
+    """``step()``, retried ``TEARDOWN_TRIES`` times with exponential backoff; the last error raises."""
+    for i in range(TEARDOWN_TRIES):
+        try:
+            return step()
+        except Exception as exc:
+            if i == TEARDOWN_TRIES - 1:
+                raise
+            wait = TEARDOWN_BACKOFF_S * 2**i
+            logger.warning("teardown of %s: %s failed (%s); retrying in %.0f s", run_id, what, exc, wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | None = None) -> JSON:
+    """Remove the run's capacity, then release its reservation (always runs; idempotent). A run
+    that did not reach ``success`` is marked ``failed``.
+
+    The backend goes first, so an unreachable ledger can never leave GPUs running; until it is gone
+    the reservation stays, so no other run is planned onto capacity that is still held. The backend
+    is the one the run's params name (``backend``, as Airflow recorded them), else the one the
+    ledger recorded, else the default. Each step is retried (``TEARDOWN_TRIES``); if one still
+    fails it raises, and Airflow's retry of the task repeats both steps.
+    """
     ctx = resolve_ctx(ctx)
-    run = ctx.ledger.get_run(run_id)
-    backend_name = run["backend"] if run and run["backend"] in ("local", "gke") else "local"
-    with timed(ctx, run_id, "teardown"):
+    started = utcnow()
+    name = backend if backend in BACKENDS else None
+    if name is None:
+        try:
+            run = ctx.ledger.get_run(run_id)
+            name = run["backend"] if run and run["backend"] in BACKENDS else None
+        except Exception as exc:  # the ledger is down: the default backend is the best guess
+            logger.warning(
+                "teardown of %s: ledger unreachable (%s); using backend %s", run_id, exc, ctx.settings.backend
+            )
+    name = name or ctx.settings.backend
+    removed = _with_retries(
+        f"{name} teardown", run_id, lambda: get_backend(name, ctx.settings).teardown(run_key(run_id))
+    )
+
+    def release() -> bool:
         released = ctx.ledger.release(run_id)
-        removed = get_backend(backend_name, ctx.settings).teardown(run_key(run_id))
+        run = ctx.ledger.get_run(run_id)
         if run and run["status"] not in ("success", "rejected", "failed"):
             ctx.ledger.upsert_run(run_id, status="failed")
+        ctx.ledger.record_stage(run_id, "teardown", started, utcnow(), ok=True)
+        return released
+
+    released = _with_retries("ledger release", run_id, release)
     return {"reservation_released": released, "cluster_removed": removed}

@@ -22,6 +22,10 @@ from typing import Any, Literal
 FORMAT = '{"metadata": {"gap_seconds": N}, "data": [0, 1, ...]}'
 """The expected format, named in every parse error."""
 
+MAX_TRACE_BYTES = 16 * 1024 * 1024
+"""Largest trace file read (bytes): a year of one-minute entries is about 1 MiB of JSON, so this
+leaves room while a device or a huge file can never exhaust a worker's memory."""
+
 TraceKind = Literal["unavailable_flag", "available_count"]
 TRACE_KINDS: tuple[str, ...] = ("unavailable_flag", "available_count")
 
@@ -124,7 +128,8 @@ def load_availability_trace(uri: str, kind: TraceKind | None = None) -> Availabi
         kind: how to read the values; None infers ``available_count`` when any value exceeds 1.
 
     Raises:
-        ValueError: the file is not JSON or not a valid trace (names the file and the format).
+        ValueError: not a regular file, larger than ``MAX_TRACE_BYTES``, not JSON or not a valid
+            trace (names the file and the format).
     """
     # Imported here so the trace type itself does not pull in fsspec (simulator worker processes).
     from sailor_tasks import storage
@@ -132,7 +137,7 @@ def load_availability_trace(uri: str, kind: TraceKind | None = None) -> Availabi
     if "://" not in uri:
         uri = f"file://{uri}"
     try:
-        obj = storage.read_json(uri)
+        obj = json.loads(storage.read_regular_file(uri, MAX_TRACE_BYTES))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"availability trace {uri!r}: not JSON ({exc}); expected {FORMAT}") from None
     return parse_availability_trace(obj, source=uri, kind=kind)

@@ -6,12 +6,14 @@ order of an uninterrupted run with no loader state beyond the step counter.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import torch
 
 from sailor_tasks import storage
 from sailor_tasks.data.manifest import read_manifest
+from sailor_tasks.errors import DataIntegrityError
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +31,25 @@ class ByteCorpus:
 
     @classmethod
     def load(cls, data_uri: str, seq_len: int, seed: int) -> ByteCorpus:
-        """Read every file listed in the dataset's manifest (a placed copy must be complete)."""
+        """Read every file listed in the dataset's manifest (a placed copy must be complete), each
+        checked against the manifest's sha256 and size.
+
+        Raises:
+            FileNotFoundError: the replica has no manifest (a copy in progress or interrupted).
+            DataIntegrityError: a file differs from its manifest entry (torn or corrupt replica).
+        """
         manifest = read_manifest(data_uri)
         if manifest is None:
             raise FileNotFoundError(f"{data_uri} has no SAILOR manifest: the dataset copy is incomplete")
-        blob = b"".join(storage.read_bytes(storage.join(data_uri, f.path)) for f in manifest.files)
+        parts = []
+        for entry in manifest.files:
+            uri = storage.join(data_uri, entry.path)
+            data = storage.read_bytes(uri)
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != entry.sha256 or len(data) != entry.size:
+                raise DataIntegrityError(uri, f"{entry.sha256} ({entry.size} B)", f"{digest} ({len(data)} B)")
+            parts.append(data)
+        blob = b"".join(parts)
         logger.info("loaded %d files, %.1f MB from %s", len(manifest.files), len(blob) / 1e6, data_uri)
         return cls(torch.frombuffer(bytearray(blob), dtype=torch.uint8).long(), seq_len, seed)
 

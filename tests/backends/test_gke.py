@@ -25,6 +25,7 @@ from sailor_tasks.backends.gke import (
     build_rendezvous_service,
     build_training_pods,
     node_pool_name,
+    run_label,
     serialize,
     validate_cluster_body,
     validate_node_pool_body,
@@ -148,7 +149,7 @@ def test_single_node_pod_targets_the_spot_pool_with_gpu_limits_and_notice_grace(
     assert container["command"][-3:] == ["sailor_tasks.train", "--config", launch.config_uri]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["SAILOR_CHECKPOINT_URI"] == launch.config_uri.rsplit("/", 1)[0] + "/checkpoints"
-    assert manifest["metadata"]["labels"]["sailor.dev/run"] == launch.run_key.lower()
+    assert manifest["metadata"]["labels"]["sailor.dev/run"] == run_label(launch.run_key)
     assert op.deferrable is True and op.reattach_on_restart is True
     assert op.termination_grace_period == PREEMPTION_NOTICE_S
 

@@ -126,3 +126,94 @@ def test_verify_detects_a_flipped_byte(src, tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(DataIntegrityError, match="b.bin"):
         verify(dst, read_manifest(dst))
+
+
+def _reseal_with_new_bytes(src: str) -> None:
+    """The source dataset is rewritten (new bytes in every file) and sealed again."""
+    storage.write_bytes(f"{src}/a.txt", b"omega" * 1000)
+    storage.write_bytes(f"{src}/sub/b.bin", os.urandom(50_000))
+    seal(src)
+
+
+def test_a_recopy_removes_the_old_manifest_before_it_overwrites_a_file(src, tmp_path, monkeypatch):
+    dst = f"file://{tmp_path}/dst"
+    copy_dataset(src, dst)
+    _reseal_with_new_bytes(src)
+    real_filesystem = storage.filesystem
+    b_uri = storage.join(src, "sub/b.bin")
+
+    def filesystem(uri):
+        fs, path = real_filesystem(uri)
+        return (_FailingReads(fs, path, 1000, []), path) if uri == b_uri else (fs, path)
+
+    monkeypatch.setattr(storage, "filesystem", filesystem)
+    with pytest.raises(_ConnectionLost):
+        copy_dataset(src, dst, max_workers=1)
+    # a.txt holds the new bytes: the old manifest must not vouch for the folder any more
+    assert (tmp_path / "dst" / "a.txt").read_bytes() == b"omega" * 1000
+    assert read_manifest(dst) is None
+
+
+def test_an_interrupted_file_never_appears_under_its_name(src, tmp_path, monkeypatch):
+    dst = f"file://{tmp_path}/dst"
+    real_filesystem = storage.filesystem
+    b_uri = storage.join(src, "sub/b.bin")
+
+    def filesystem(uri):
+        fs, path = real_filesystem(uri)
+        return (_FailingReads(fs, path, 1000, []), path) if uri == b_uri else (fs, path)
+
+    monkeypatch.setattr(storage, "filesystem", filesystem)
+    with pytest.raises(_ConnectionLost):
+        copy_dataset(src, dst, max_workers=1)
+    assert sorted(p.name for p in (tmp_path / "dst" / "sub").iterdir()) == []  # no stub, no temporary
+
+
+def test_unchanged_files_of_a_source_without_manifest_are_not_copied_again(tmp_path):
+    src, dst = f"file://{tmp_path}/src", f"file://{tmp_path}/dst"
+    storage.write_bytes(f"{src}/a.txt", b"alpha" * 1000)
+    storage.write_bytes(f"{src}/sub/b.bin", os.urandom(50_000))
+    first = copy_dataset(src, dst)
+    assert first.bytes_copied == 55_000 and read_manifest(src) is None
+    again = copy_dataset(src, dst)
+    assert (again.bytes_copied, again.bytes_skipped) == (0, 55_000)
+    storage.write_bytes(f"{src}/a.txt", b"gamma" * 1000)  # same size, other bytes
+    third = copy_dataset(src, dst)
+    assert (third.bytes_copied, third.bytes_skipped) == (5000, 50_000)
+    verify(dst, read_manifest(dst))
+    assert (tmp_path / "dst" / "a.txt").read_bytes() == b"gamma" * 1000
+
+
+def test_concurrent_copies_of_one_replica_run_one_after_the_other(src, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from sailor_tasks.data import copier
+
+    dst = f"file://{tmp_path}/dst"
+    events: list[tuple[str, str]] = []
+    real_copy_one = copier._copy_one
+
+    def slow_copy_one(s, d):
+        who = threading.current_thread().name
+        events.append((who, "start"))
+        time.sleep(0.2)
+        out = real_copy_one(s, d)
+        events.append((who, "end"))
+        return out
+
+    monkeypatch.setattr(copier, "_copy_one", slow_copy_one)
+    results = {}
+
+    def copy(name):
+        results[name] = copy_dataset(src, dst, max_workers=1)
+
+    threads = [threading.Thread(target=copy, args=(n,), name=n) for n in ("first", "second")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    who = [w for w, _ in events]
+    assert who == sorted(who, key=who.index)  # one copy's files, then (if any) the other's
+    assert sorted(r.bytes_copied for r in results.values()) == [0, 55_000]  # the second found it done
+    verify(dst, read_manifest(dst))

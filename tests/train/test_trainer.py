@@ -115,3 +115,18 @@ def test_config_rejects_keep_below_two():
             checkpoint_every_steps=1,
             keep_latest_k=1,
         )
+
+
+def test_the_loader_refuses_a_replica_whose_files_do_not_match_the_manifest(data_uri):
+    from sailor_tasks.data.manifest import read_manifest
+    from sailor_tasks.errors import DataIntegrityError
+    from sailor_tasks.train.data import ByteCorpus
+
+    ByteCorpus.load(data_uri, seq_len=16, seed=0)
+    first = read_manifest(data_uri).files[0]
+    uri = storage.join(data_uri, first.path)
+    data = bytearray(storage.read_bytes(uri))
+    data[len(data) // 2] ^= 0xFF  # a torn or corrupt replica file, same size
+    storage.write_bytes(uri, bytes(data))
+    with pytest.raises(DataIntegrityError, match=first.path):
+        ByteCorpus.load(data_uri, seq_len=16, seed=0)

@@ -60,10 +60,16 @@ class CheckpointStore:
     def __init__(self, root_uri: str, *, keep_latest_k: int = 2, recycle: bool = True):
         self.root_uri = root_uri.rstrip("/")
         self.keep_latest_k = keep_latest_k
+        self.local = storage.scheme_of(self.root_uri) in ("", "file")
+        """A local root: retention fsyncs what it keeps (object stores publish objects durably)."""
         self.recycle_dir: str | None = None
         """Local folder of recycled data files; None on object stores (files are deleted)."""
-        if recycle and storage.scheme_of(self.root_uri) in ("", "file"):
+        if recycle and self.local:
             self.recycle_dir = storage.filesystem(storage.join(self.root_uri, RECYCLE_DIR))[1]
+        self._verified: set[int] = set()
+        """Steps ``retain`` verified: a step is written once per process, so it is read back once."""
+        self._durable: set[int] = set()
+        """Local steps ``retain`` fsynced."""
 
     def step_uri(self, step: int) -> str:
         return storage.join(self.root_uri, step_dir_name(step))
@@ -168,21 +174,61 @@ class CheckpointStore:
         return step
 
     def retain(self) -> None:
-        """Delete checkpoints beyond the newest ``keep_latest_k`` committed ones, and uncommitted
-        leftovers older than the newest commit. On a local root, the data files of a committed
-        checkpoint are recycled instead (``_recycle``), and the recycle folder is then cut back to
-        as many files as the newest checkpoint has."""
+        """Keep the newest ``keep_latest_k`` *verified* checkpoints; retire committed ones older than
+        the oldest of them, and uncommitted leftovers older than the newest of them.
+
+        A committed checkpoint that fails verification (a torn or corrupt save) never counts toward
+        K, so it cannot push out the last good one; it is left alone until K good ones are newer.
+        On a local root the kept checkpoints' files, markers and folders are fsynced before anything
+        is retired (a crash then cannot take both the new checkpoint's unwritten pages and the old
+        one), and a retired checkpoint's data files are recycled (``_recycle``), the recycle folder
+        being cut back to as many files as the newest kept checkpoint has.
+        """
         committed = self.committed_steps()
-        keep = set(committed[-self.keep_latest_k :])
-        newest = committed[-1] if committed else -1
-        for step in self.step_dirs():
-            # Older committed beyond K, and uncommitted leftovers older than the newest commit.
-            if step not in keep and step < newest:
-                if self.recycle_dir is not None and step in committed:
-                    self._recycle(step)
-                storage.remove(self.step_uri(step), recursive=True)
+        kept: list[int] = []  # newest first
+        for step in reversed(committed):
+            if len(kept) == self.keep_latest_k:
+                break
+            if step in self._verified or self.verify(step):
+                self._verified.add(step)
+                kept.append(step)
+        if not kept:
+            return  # nothing known good: retire nothing
+        oldest_kept = kept[-1] if len(kept) == self.keep_latest_k else -1
+        retire = [
+            s
+            for s in self.step_dirs()
+            if s not in kept and (s < oldest_kept if s in committed else s < kept[0])
+        ]
+        if retire and self.local:
+            for step in kept:
+                self._make_durable(step)
+        for step in retire:
+            if self.recycle_dir is not None and step in committed:
+                self._recycle(step)
+            storage.remove(self.step_uri(step), recursive=True)
+            self._verified.discard(step)
         if self.recycle_dir is not None:
-            self._bound_recycled(newest)
+            self._bound_recycled(kept[0])
+
+    def _make_durable(self, step: int) -> None:
+        """fsync a local checkpoint's files (those its marker lists, and the marker), its folder and
+        the root, once per step: after this, a power loss cannot tear it."""
+        if step in self._durable:
+            return
+        folder = storage.filesystem(self.step_uri(step))[1]
+        names = [*storage.read_json(storage.join(self.step_uri(step), MARKER))["files"], MARKER]
+        for path, flags in (
+            *((posixpath.join(folder, n), os.O_RDONLY) for n in names),
+            (folder, os.O_RDONLY | os.O_DIRECTORY),
+            (posixpath.dirname(folder), os.O_RDONLY | os.O_DIRECTORY),
+        ):
+            fd = os.open(path, flags)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._durable.add(step)
 
     def _recycle(self, step: int) -> None:
         """Move a retired checkpoint's data files into the recycle folder, its marker removed first:
@@ -221,4 +267,3 @@ class CheckpointStore:
         for name in recycled[: max(0, len(recycled) - limit)]:  # names sort oldest step first
             with contextlib.suppress(FileNotFoundError):  # taken by a writing rank meanwhile
                 os.unlink(posixpath.join(self.recycle_dir, name))
-

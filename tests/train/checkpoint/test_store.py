@@ -136,6 +136,52 @@ def test_retention_keeps_the_newest_k_and_deletes_older_and_uncommitted_folders(
     assert not (root / RECYCLE_DIR).exists()
 
 
+@pytest.mark.parametrize("recycle", [False, True], ids=["delete", "recycle"])
+def test_retention_counts_only_verified_checkpoints_toward_k(tmp_path, recycle):
+    store = CheckpointStore(f"file://{tmp_path}/ck", keep_latest_k=2, recycle=recycle)
+    for step in (1, 2, 3, 4):
+        _write_step(store, step, _files(step))
+    for step in (3, 4):  # the two newest saves are committed but corrupt
+        _flip_a_byte(storage.join(store.step_uri(step), "__0_0.distcp"))
+    store.retain()
+    # The last two good checkpoints are kept; the corrupt ones count for nothing (left for now).
+    assert store.latest_valid_step() == 2 and store.verify(1)
+    assert store.step_dirs() == [1, 2, 3, 4]
+
+    _write_step(store, 5, _files(5))
+    store.retain()
+    assert store.step_dirs() == [2, 3, 4, 5] and store.latest_valid_step() == 5 and store.verify(2)
+    _write_step(store, 6, _files(6))
+    store.retain()  # the corrupt ones are now older than K good ones: retired
+    assert store.step_dirs() == [5, 6]
+
+
+def test_retention_fsyncs_the_kept_checkpoints_before_retiring_an_older_one(tmp_path, monkeypatch):
+    root = tmp_path / "ck"
+    store = CheckpointStore(f"file://{root}", keep_latest_k=1)
+    for step in (1, 2):
+        _write_step(store, step, _files(step))
+    events: list[tuple[str, str]] = []
+    real_fsync, real_remove = os.fsync, storage.remove
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def remove(uri, recursive=False):
+        events.append(("retire", uri))
+        real_remove(uri, recursive=recursive)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(storage, "remove", remove)
+    store.retain()
+    first_retire = next(i for i, (kind, _) in enumerate(events) if kind == "retire")
+    synced = {path for kind, path in events[:first_retire] if kind == "fsync"}
+    kept = root / "step-00000002"
+    assert {str(kept / n) for n in (*_files(2), MARKER)} | {str(kept), str(root)} <= synced, events
+    assert store.step_dirs() == [2]
+
+
 def _inodes(folder) -> dict[str, int]:
     return {p.name: p.stat().st_ino for p in folder.iterdir() if p.suffix == ".distcp"}
 

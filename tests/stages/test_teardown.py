@@ -1,0 +1,98 @@
+"""teardown removes the capacity first, from what the run recorded, then releases the reservation;
+each step is retried, and a ledger outage never leaves a cluster behind."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from sailor_tasks import stages
+from sailor_tasks.model import run_key
+
+TRAIN_STAGE = importlib.import_module("sailor_tasks.stages.train")  # ``stages.train`` is the function
+
+
+class _DownLedger:
+    """A ledger whose database cannot be reached: every call fails as SQLAlchemy does."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __getattr__(self, name):
+        def unreachable(*args, **kwargs):
+            self.calls += 1
+            raise OperationalError("SELECT 1", {}, ConnectionRefusedError("ledger is down"))
+
+        return unreachable
+
+
+@pytest.fixture
+def provisioned(ctx, demo_dataset, monkeypatch):
+    """run-1 validated, planned (a live reservation) and provisioned on the local backend."""
+    monkeypatch.setattr(TRAIN_STAGE, "TEARDOWN_BACKOFF_S", 0.0, raising=False)
+    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-1", ctx)
+    placement = stages.plan(request, "run-1", ctx)
+    stages.provision(request, placement, "run-1", ctx)
+    record = os.path.join(ctx.settings.clusters_dir, f"{run_key('run-1')}.json")
+    assert os.path.exists(record)
+    return record
+
+
+def test_teardown_removes_the_cluster_even_when_the_ledger_is_down(ctx, provisioned):
+    ledger = ctx.ledger
+    down = _DownLedger()
+    ctx.__dict__["ledger"] = down  # the cached ledger of this context now fails
+    with pytest.raises(OperationalError):
+        stages.teardown("run-1", ctx)
+    assert not os.path.exists(provisioned)  # the capacity is gone although the ledger is not
+    assert down.calls >= 2  # the release was retried before giving up
+
+    ctx.__dict__["ledger"] = ledger  # the ledger is back: Airflow's retry of the task finishes
+    assert [r.run_id for r in ledger.live_reservations()] == ["run-1"]
+    out = stages.teardown("run-1", ctx)
+    assert out == {"reservation_released": True, "cluster_removed": False}
+    assert ledger.live_reservations() == [] and ledger.get_run("run-1")["status"] == "failed"
+
+
+class _FlakyBackend:
+    def __init__(self, failures: int):
+        self.failures, self.calls = failures, []
+
+    def teardown(self, key: str) -> bool:
+        self.calls.append(key)
+        if len(self.calls) <= self.failures:
+            raise ConnectionError("cloud API unavailable")
+        return True
+
+
+def test_a_failing_backend_is_retried_and_the_reservation_is_held_until_it_is_gone(
+    ctx, provisioned, monkeypatch
+):
+    flaky = _FlakyBackend(failures=100)
+    monkeypatch.setattr(TRAIN_STAGE, "get_backend", lambda name, settings: flaky)
+    with pytest.raises(ConnectionError):
+        stages.teardown("run-1", ctx)
+    assert len(flaky.calls) >= 2
+    # The GPUs may still run: their reservation stays, so no other run is planned onto them.
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-1"]
+
+    flaky = _FlakyBackend(failures=1)
+    monkeypatch.setattr(TRAIN_STAGE, "get_backend", lambda name, settings: flaky)
+    out = stages.teardown("run-1", ctx)
+    assert out == {"reservation_released": True, "cluster_removed": True} and len(flaky.calls) == 2
+    assert ctx.ledger.live_reservations() == []
+
+
+def test_the_backend_comes_from_the_run_params_when_given(ctx, provisioned, monkeypatch):
+    names = []
+
+    def backend(name, settings):
+        names.append(name)
+        return _FlakyBackend(failures=0)
+
+    monkeypatch.setattr(TRAIN_STAGE, "get_backend", backend)
+    stages.teardown("run-1", ctx, backend="gke")
+    assert names == ["gke"]
