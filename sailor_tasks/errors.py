@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Sequence
 
 PREEMPTED_EXIT_CODE = 75
 """Exit status of a trainer that stopped on a preemption notice after saving (EX_TEMPFAIL)."""
+
+
+class ExitCode(enum.IntEnum):
+    """Exit statuses of the ``sailor`` command (listed in ``sailor --help``)."""
+
+    OK = 0
+    FAILED = 1
+    """The command ran and what it did or followed failed (a run that failed, a refused action)."""
+    BAD_INPUT = 2
+    """Bad arguments or params, or credentials refused; the message names the value and the choices."""
+    NOT_FOUND = 3
+    """No such run, DAG or log, or a service (Airflow) that cannot be reached."""
 
 
 class SailorError(Exception):
