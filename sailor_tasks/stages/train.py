@@ -132,15 +132,31 @@ def finalize(
     return {**summary, "summary_uri": summary_uri, "summary_md": markdown}
 
 
+def _backend_of(ctx: StageContext, run_id: str) -> Any:
+    run = ctx.ledger.get_run(run_id)
+    return get_backend(run["backend"] if run and run["backend"] in ("local", "gke") else "local", ctx.settings)
+
+
+def stop_training(run_id: str, ctx: StageContext | None = None) -> int:
+    """Stop everything the run's training started: every worker process (local) or every pod still
+    running (gke). Called when the train task is killed (a run marked failed: ``sailor cancel``) and
+    by ``teardown``. Returns how many processes or pods were stopped."""
+    ctx = resolve_ctx(ctx)
+    stopped = _backend_of(ctx, run_id).cancel(run_key(run_id))
+    if stopped:
+        logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
+    return stopped
+
+
 def teardown(run_id: str, ctx: StageContext | None = None) -> JSON:
-    """Release the reservation and the capacity (always runs; idempotent). A run that did not
-    reach ``success`` is marked ``failed`` here."""
+    """Stop what training left running, release the reservation and the capacity (always runs;
+    idempotent). A run that did not reach ``success`` is marked ``failed`` here."""
     ctx = resolve_ctx(ctx)
     run = ctx.ledger.get_run(run_id)
-    backend_name = run["backend"] if run and run["backend"] in ("local", "gke") else "local"
     with timed(ctx, run_id, "teardown"):
+        stopped = stop_training(run_id, ctx)
         released = ctx.ledger.release(run_id)
-        removed = get_backend(backend_name, ctx.settings).teardown(run_key(run_id))
+        removed = _backend_of(ctx, run_id).teardown(run_key(run_id))
         if run and run["status"] not in ("success", "rejected", "failed"):
             ctx.ledger.upsert_run(run_id, status="failed")
-    return {"reservation_released": released, "cluster_removed": removed}
+    return {"training_stopped": stopped, "reservation_released": released, "cluster_removed": removed}
