@@ -36,13 +36,24 @@ def json_default(value: Any) -> Any:
 
 def load_params(path: str | None, overrides: Sequence[str] | None) -> dict[str, Any]:
     """sailor_train params from a JSON file (optional), then ``KEY=VALUE`` overrides (JSON values,
-    else plain strings)."""
+    else plain strings).
+
+    Raises:
+        ValueError: an unreadable file, not a JSON object, or an override without ``=``.
+    """
     params: dict[str, Any] = {}
     if path:
-        with open(path) as f:
-            params = json.load(f)
+        try:
+            with open(path) as f:
+                params = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read params from {path}: {exc}") from exc
+        if not isinstance(params, dict):
+            raise ValueError(f"{path} must hold a JSON object of sailor_train params")
     for item in overrides or ():
-        key, _, value = item.partition("=")
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} is not KEY=VALUE (e.g. --set num_workers=8)")
         try:
             params[key] = json.loads(value)
         except json.JSONDecodeError:
