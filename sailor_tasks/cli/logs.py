@@ -36,7 +36,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--log-folder",
-        help="Airflow's base_log_folder (default: $AIRFLOW__LOGGING__BASE_LOG_FOLDER, else $AIRFLOW_HOME/logs)",
+        help="Airflow's base_log_folder (default: $AIRFLOW__LOGGING__BASE_LOG_FOLDER, else "
+        "$AIRFLOW_HOME/logs, else ./.airflow/logs when it exists, else ~/airflow/logs)",
     )
     add_connection_options(p, url_default=None)
     p.set_defaults(func=cmd_logs)
@@ -80,7 +81,9 @@ def base_log_folder(explicit: str | None = None, environ: Any = None) -> str:
         return explicit
     if env.get("AIRFLOW__LOGGING__BASE_LOG_FOLDER"):
         return env["AIRFLOW__LOGGING__BASE_LOG_FOLDER"]
-    home = env.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+    home = env.get("AIRFLOW_HOME")
+    if not home:  # this project's `make airflow` uses ./.airflow; Airflow's own default is ~/airflow
+        home = ".airflow" if os.path.isdir(".airflow") else os.path.expanduser("~/airflow")
     return os.path.join(home, "logs")
 
 

@@ -167,3 +167,14 @@ def test_api_logs_follow_a_run_through_the_rest_api_until_it_ends():
         "step 1 loss 5.0",
         "step 2 loss 4.0",
     ]
+
+
+def test_without_airflow_home_the_projects_airflow_folder_is_used(tmp_path, monkeypatch):
+    from sailor_tasks.cli.logs import base_log_folder
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".airflow").mkdir()
+    assert base_log_folder(environ={}) == ".airflow/logs"
+    assert base_log_folder(environ={"AIRFLOW_HOME": "/srv/af"}) == "/srv/af/logs"
+    assert base_log_folder(environ={"AIRFLOW__LOGGING__BASE_LOG_FOLDER": "/l", "AIRFLOW_HOME": "/a"}) == "/l"
+    assert base_log_folder("/explicit", environ={"AIRFLOW_HOME": "/a"}) == "/explicit"
