@@ -111,6 +111,16 @@ class PreemptedError(SailorError):
         )
 
 
+class RunCancelledError(SailorError):
+    """The run's training was stopped on purpose (``sailor cancel``, the run marked failed) while it
+    ran; not retried."""
+
+    def __init__(self, run_id: str, step: int | None = None):
+        self.run_id, self.step = run_id, step
+        at = "" if step is None else f" at step {step}"
+        super().__init__(f"run {run_id} was cancelled while training{at}; its workers were stopped")
+
+
 class RecoveryExhaustedError(SailorError):
     """Every allowed attempt of a run was preempted (or failed); lists the attempts."""
 

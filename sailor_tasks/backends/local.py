@@ -100,6 +100,10 @@ class LocalBackend:
     def _progress_path(self, run_key: str) -> str:
         return os.path.join(self.settings.clusters_dir, f"{run_key}.progress.json")
 
+    def _cancelled_path(self, run_key: str) -> str:
+        """Written by ``cancel`` before it signals anything; read by ``train`` when torchrun ends."""
+        return os.path.join(self.settings.clusters_dir, f"{run_key}.cancelled")
+
     def _injection_path(self, run_key: str) -> str:
         return os.path.join(self.settings.clusters_dir, f"{run_key}.injection.json")
 
@@ -113,8 +117,9 @@ class LocalBackend:
         cmd = self.command(launch)
         os.makedirs(self.settings.clusters_dir, exist_ok=True)
         progress_path = self._progress_path(launch.run_key)
-        if os.path.exists(progress_path):
-            os.remove(progress_path)
+        for stale in (progress_path, self._cancelled_path(launch.run_key)):
+            if os.path.exists(stale):
+                os.remove(stale)
         env = {
             **os.environ,
             "OMP_NUM_THREADS": "1",
@@ -162,6 +167,7 @@ class LocalBackend:
         report = {
             "attempt": launch.attempt,
             "rc": rc,
+            "cancelled": os.path.exists(self._cancelled_path(launch.run_key)),
             "exit_code": trainer_exit_code(rc, failures),
             "worker_exit_codes": {str(rank): code for rank, code in sorted(failures.exit_codes.items())},
             "started_at": started,
@@ -264,6 +270,9 @@ class LocalBackend:
         procs = run_processes(run_key)
         if not procs:
             return 0
+        os.makedirs(self.settings.clusters_dir, exist_ok=True)
+        with open(self._cancelled_path(run_key), "w") as f:  # before any signal: train must see it
+            json.dump({"at": time.time()}, f)
         stopped = {p.pid for p in procs}
         if grace_s > 0:
             workers = [p for p in procs if "torch.distributed.run" not in " ".join(_cmdline(p))]

@@ -46,6 +46,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         if args.no_wait:
             return ExitCode.OK
         state = client.wait(args.dag_id, args.run_id, timeout_s=args.timeout, poll_s=args.poll)
+        if state != "failed":
+            # Marking a run failed skips its tasks that had not started; when teardown then ends,
+            # Airflow judges the run by those skipped leaves and calls it a success. Now that no
+            # teardown is pending, marking it failed sets the run's state itself.
+            client.set_run_state(args.dag_id, args.run_id, "failed")
+            state = client.dag_run(args.dag_id, args.run_id)["state"]
     except TimeoutError as exc:
         print(f"error: {exc}; teardown has not ended", file=sys.stderr)
         return ExitCode.FAILED

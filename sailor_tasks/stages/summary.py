@@ -11,7 +11,7 @@ from sailor_tasks.train.checkpoint.store import CheckpointStore
 
 JSON = dict[str, Any]
 
-RUN_STATUSES_DONE = ("success", "failed", "rejected")
+RUN_STATUSES_DONE = ("success", "failed", "rejected", "cancelled")
 """Ledger statuses after which a run changes no more."""
 
 

@@ -11,7 +11,7 @@ from sailor_tasks.backends import get_backend
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key
 from sailor_tasks.stages.attempts import begin_attempt, finish_attempt, resume_attempt, train_attempt
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
-from sailor_tasks.stages.summary import render_summary
+from sailor_tasks.stages.summary import RUN_STATUSES_DONE, render_summary
 
 logger = logging.getLogger(__name__)
 
@@ -150,13 +150,14 @@ def stop_training(run_id: str, ctx: StageContext | None = None) -> int:
 
 def teardown(run_id: str, ctx: StageContext | None = None) -> JSON:
     """Stop what training left running, release the reservation and the capacity (always runs;
-    idempotent). A run that did not reach ``success`` is marked ``failed`` here."""
+    idempotent). A run that did not end (``success``, ``rejected``, ``failed``, ``cancelled``) is
+    marked ``failed`` here."""
     ctx = resolve_ctx(ctx)
-    run = ctx.ledger.get_run(run_id)
     with timed(ctx, run_id, "teardown"):
         stopped = stop_training(run_id, ctx)
         released = ctx.ledger.release(run_id)
         removed = _backend_of(ctx, run_id).teardown(run_key(run_id))
-        if run and run["status"] not in ("success", "rejected", "failed"):
+        run = ctx.ledger.get_run(run_id)  # read after the stop: a stopped train may have ended it
+        if run and run["status"] not in RUN_STATUSES_DONE:
             ctx.ledger.upsert_run(run_id, status="failed")
     return {"training_stopped": stopped, "reservation_released": released, "cluster_removed": removed}

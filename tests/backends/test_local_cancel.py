@@ -14,6 +14,7 @@ import pytest
 
 from sailor_tasks import stages
 from sailor_tasks.backends.local import run_processes
+from sailor_tasks.errors import RunCancelledError
 from sailor_tasks.model import run_key
 
 pytestmark = pytest.mark.slow
@@ -87,7 +88,13 @@ def test_killing_the_train_task_leaves_no_process_of_the_run(ctx, demo_dataset):
         thread.join(timeout=60)
     assert not thread.is_alive()
     assert alive(tree) == [] and run_processes(run_key(run_id)) == []
-    assert isinstance(outcome[0], Exception)  # the attempt did not complete
+    # A cancel, neither a preemption to recover from nor a failure to retry.
+    assert isinstance(outcome[0], RunCancelledError), outcome
+    (attempt,) = ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "cancelled" and ctx.ledger.preemptions(run_id) == []
+    assert ctx.ledger.get_run(run_id)["status"] == "cancelled"
+    stages.teardown(run_id, ctx)
+    assert ctx.ledger.get_run(run_id)["status"] == "cancelled" and ctx.ledger.live_reservations() == []
 
 
 def test_teardown_stops_workers_that_outlived_a_hard_killed_task(ctx, demo_dataset):
