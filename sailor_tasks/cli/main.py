@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from sailor_tasks.cli import (
     cancel,
@@ -66,6 +66,29 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(sub)
     demo.add_parser(sub)
     return parser
+
+
+def walk(
+    parser: argparse.ArgumentParser, path: str = "sailor"
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """(command path, parser) for ``parser`` and every subcommand under it."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from walk(sub, f"{path} {name}")
+
+
+def options_without_help(parser: argparse.ArgumentParser | None = None) -> list[str]:
+    """``"sailor COMMAND --option"`` for every option or positional argument that has no help."""
+    missing = []
+    for path, p in walk(parser or build_parser()):
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                continue
+            if not action.help or action.help == argparse.SUPPRESS:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    return missing
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,28 +8,8 @@ import re
 
 import pytest
 
-from sailor_tasks.cli.main import build_parser
+from sailor_tasks.cli.main import build_parser, options_without_help, walk
 from sailor_tasks.cli.main import main as sailor
-
-
-def walk(parser: argparse.ArgumentParser, path: str = "sailor"):
-    """(command path, parser) for the parser and every subcommand under it."""
-    yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from walk(sub, f"{path} {name}")
-
-
-def options_without_help(parser: argparse.ArgumentParser) -> list[str]:
-    missing = []
-    for path, p in walk(parser):
-        for action in p._actions:
-            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
-                continue
-            if not action.help or action.help == argparse.SUPPRESS:
-                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
-    return missing
 
 
 def test_every_option_and_argument_of_every_command_has_help():
