@@ -100,10 +100,6 @@ class LocalBackend:
     def _progress_path(self, run_key: str) -> str:
         return os.path.join(self.settings.clusters_dir, f"{run_key}.progress.json")
 
-    def _cancelled_path(self, run_key: str) -> str:
-        """Written by ``cancel`` before it signals anything; read by ``train`` when torchrun ends."""
-        return os.path.join(self.settings.clusters_dir, f"{run_key}.cancelled")
-
     def _injection_path(self, run_key: str) -> str:
         return os.path.join(self.settings.clusters_dir, f"{run_key}.injection.json")
 
@@ -117,9 +113,11 @@ class LocalBackend:
         cmd = self.command(launch)
         os.makedirs(self.settings.clusters_dir, exist_ok=True)
         progress_path = self._progress_path(launch.run_key)
-        for stale in (progress_path, self._cancelled_path(launch.run_key)):
-            if os.path.exists(stale):
-                os.remove(stale)
+        if os.path.exists(progress_path):
+            os.remove(progress_path)
+        run_folder = launch.config_uri.rsplit("/", 1)[0]
+        cancelled_uri = paths.cancelled_uri(run_folder)
+        storage.remove(cancelled_uri)  # a cancel of an earlier launch of this run folder
         env = {
             **os.environ,
             "OMP_NUM_THREADS": "1",
@@ -167,7 +165,7 @@ class LocalBackend:
         report = {
             "attempt": launch.attempt,
             "rc": rc,
-            "cancelled": os.path.exists(self._cancelled_path(launch.run_key)),
+            "cancelled": storage.exists(cancelled_uri),
             "exit_code": trainer_exit_code(rc, failures),
             "worker_exit_codes": {str(rank): code for rank, code in sorted(failures.exit_codes.items())},
             "started_at": started,
@@ -185,7 +183,7 @@ class LocalBackend:
                 "zone": launch.placement.zone,
             },
         }
-        storage.write_json(paths.launch_report_uri(launch.config_uri.rsplit("/", 1)[0]), report)
+        storage.write_json(paths.launch_report_uri(run_folder), report)
         return PREEMPTED_EXIT_CODE if event is not None else rc
 
     @staticmethod
@@ -270,9 +268,8 @@ class LocalBackend:
         procs = run_processes(run_key)
         if not procs:
             return 0
-        os.makedirs(self.settings.clusters_dir, exist_ok=True)
-        with open(self._cancelled_path(run_key), "w") as f:  # before any signal: train must see it
-            json.dump({"at": time.time()}, f)
+        for config_uri in {_config_uri(p) for p in procs} - {None}:  # before any signal: train reads it
+            storage.write_json(paths.cancelled_uri(config_uri.rsplit("/", 1)[0]), {"at": time.time()})
         stopped = {p.pid for p in procs}
         if grace_s > 0:
             workers = [p for p in procs if "torch.distributed.run" not in " ".join(_cmdline(p))]
@@ -362,6 +359,12 @@ def run_processes(run_key: str) -> list[Any]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def _config_uri(p: Any) -> str | None:
+    """The train config a process of the run was started with (``--config URI``), if any."""
+    args = _cmdline(p)
+    return args[args.index("--config") + 1] if "--config" in args[:-1] else None
 
 
 def _cmdline(p: Any) -> list[str]:

@@ -4,6 +4,7 @@ sessions of their own and would outlive a killed task."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -12,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from sailor_tasks import stages
+from sailor_tasks import paths, stages, storage
 from sailor_tasks.backends.local import run_processes
 from sailor_tasks.errors import RunCancelledError
 from sailor_tasks.model import run_key
@@ -93,8 +94,11 @@ def test_killing_the_train_task_leaves_no_process_of_the_run(ctx, demo_dataset):
     (attempt,) = ctx.ledger.attempts(run_id)
     assert attempt["outcome"] == "cancelled" and ctx.ledger.preemptions(run_id) == []
     assert ctx.ledger.get_run(run_id)["status"] == "cancelled"
+    (folder,) = {a["region"] for a in ctx.ledger.attempts(run_id)}
+    assert storage.exists(paths.cancelled_uri(ctx.run_uri(folder, run_id)))  # the run's own record
     stages.teardown(run_id, ctx)
     assert ctx.ledger.get_run(run_id)["status"] == "cancelled" and ctx.ledger.live_reservations() == []
+    assert os.listdir(ctx.settings.clusters_dir) == []  # nothing of the cluster left behind
 
 
 def test_teardown_stops_workers_that_outlived_a_hard_killed_task(ctx, demo_dataset):
@@ -120,3 +124,4 @@ def test_teardown_stops_workers_that_outlived_a_hard_killed_task(ctx, demo_datas
     assert result["training_stopped"] >= 3 and result["cluster_removed"]
     assert alive(tree) == [] and run_processes(run_key(run_id)) == []
     assert ctx.ledger.live_reservations() == [] and ctx.ledger.get_run(run_id)["status"] == "failed"
+    assert os.listdir(ctx.settings.clusters_dir) == []
