@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Sequence
 
 PREEMPTED_EXIT_CODE = 75
 """Exit status of a trainer that stopped on a preemption notice after saving (EX_TEMPFAIL)."""
+
+
+class ExitCode(enum.IntEnum):
+    """Exit statuses of the ``sailor`` command (listed in ``sailor --help``)."""
+
+    OK = 0
+    FAILED = 1
+    """The command ran and what it did or followed failed (a run that failed, a refused action)."""
+    BAD_INPUT = 2
+    """Bad arguments or params, or credentials refused; the message names the value and the choices."""
+    NOT_FOUND = 3
+    """No such run, DAG or log, or a service (Airflow) that cannot be reached."""
 
 
 class SailorError(Exception):
@@ -96,6 +109,16 @@ class PreemptedError(SailorError):
         super().__init__(
             f"run {run_id} preempted in {zone} at step {step} ({'with' if noticed else 'without'} notice)"
         )
+
+
+class RunCancelledError(SailorError):
+    """The run's training was stopped on purpose (``sailor cancel``, the run marked failed) while it
+    ran; not retried."""
+
+    def __init__(self, run_id: str, step: int | None = None):
+        self.run_id, self.step = run_id, step
+        at = "" if step is None else f" at step {step}"
+        super().__init__(f"run {run_id} was cancelled while training{at}; its workers were stopped")
 
 
 class RecoveryExhaustedError(SailorError):

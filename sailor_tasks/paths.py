@@ -6,6 +6,7 @@ A run lives in ``sailor://<region>/runs/<run_key>/`` of the region it trains in:
     launch.json         the backend's report of the attempt (first step, preemption, exit)
     result.json         the trainer's result (completed or preempted, step, losses)
     checkpoints/        step-NNNNNNNN/ folders, each committed by its marker
+    cancelled.json      written when the run's training was stopped on purpose (local backend)
     summary.md          the run summary ``finalize`` writes
 
 A dataset's replica lives in ``sailor://<region>/datasets/<name>-<hash>/``; each nightly rebalance
@@ -28,6 +29,7 @@ CHECKPOINTS = "checkpoints"
 SUMMARY = "summary.md"
 RUNS = "runs"
 """Folder of every run's folder in a region bucket; never readable as a dataset or trace."""
+CANCELLED = "cancelled.json"
 REBALANCE_REPORTS = f"sailor://{SOURCE_BUCKET}/reports/rebalance"
 """Where each rebalance run stores its chart, summary and solution (``<root>/<run_key>/``)."""
 
@@ -56,6 +58,10 @@ def result_uri(run_uri: str) -> str:
 
 def checkpoint_uri(run_uri: str) -> str:
     return storage.join(run_uri, CHECKPOINTS)
+
+
+def cancelled_uri(run_uri: str) -> str:
+    return storage.join(run_uri, CANCELLED)
 
 
 def summary_uri(run_uri: str) -> str:

@@ -64,7 +64,7 @@ def install(conn_id: str | None = None) -> None:
     """Point the core at Airflow: connection credentials (resolved lazily, once) and the pod runner."""
     conn = conn_id or conn_id_from_env()
     gcp_auth.set_provider(lambda: connection_credentials(conn))
-    gke.set_pod_runner(run_training_pods)
+    gke.set_pod_runner(run_training_pods, delete_run_pods)
 
 
 def training_pod_operator(
@@ -106,6 +106,44 @@ def training_pod_operator(
         deferrable=deferrable,
         poll_interval=POD_POLL_INTERVAL_S,
         trigger_kwargs=dict(trigger_kwargs or {}),
+    )
+
+
+def delete_run_pods(config: gke.GkeConfig, region: str, run_key: str) -> int:
+    """Delete the run's pods that have not ended (every attempt's), in the region's cluster, through
+    the provider's GKE Kubernetes hook; pods that ended are kept for inspection. Returns how many."""
+    from kubernetes.client.exceptions import ApiException
+
+    op = _cluster_operator(config, region)
+    core = op.hook.core_v1_client
+    deleted = 0
+    for pod in core.list_namespaced_pod(config.namespace, label_selector=gke.run_selector(run_key)).items:
+        if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+            continue
+        try:
+            core.delete_namespaced_pod(pod.metadata.name, config.namespace)
+        except ApiException as exc:
+            if exc.status != 404:  # 404: gone meanwhile
+                raise
+            continue
+        deleted += 1
+        logger.warning("deleted training pod %s of run %s", pod.metadata.name, run_key)
+    return deleted
+
+
+def _cluster_operator(config: gke.GkeConfig, region: str) -> Any:
+    """A pod operator bound to the region's cluster, used only for its Kubernetes hook."""
+    from airflow.providers.google.cloud.operators.kubernetes_engine import GKEStartPodOperator
+
+    return GKEStartPodOperator(
+        task_id="sailor-cancel",
+        project_id=config.project,
+        location=region,
+        cluster_name=config.cluster_name(region),
+        gcp_conn_id=config.gcp_conn_id,
+        namespace=config.namespace,
+        name="sailor-cancel",
+        image="unused",
     )
 
 

@@ -42,6 +42,11 @@ class SailorTrainOperator(BaseOperator):
        (``RecoveryExhaustedError`` then fails the task without retry); anything else
        ``TrainingFailedError`` (retried by Airflow; the retry relaunches on the same placement).
 
+    **on_kill** (the run marked failed, e.g. by ``sailor cancel``, while the task runs): stops
+    everything it started, every local worker process or every pod still running
+    (``stages.stop_training``); ``teardown``, which still runs, stops whatever is left (a task that
+    was deferred is not running, so it has nothing to kill) and releases the capacity.
+
     The resume state (attempt, pod index, exit statuses so far) rides in the trigger's
     ``trigger_kwargs``, which the provider's trigger returns in its event, so it reaches
     ``resume_train`` both from the triggerer and from ``airflow dags test`` (which hands the
@@ -58,6 +63,7 @@ class SailorTrainOperator(BaseOperator):
     def execute(self, context: Any) -> Any:
         from sailor_tasks import stages
 
+        self._run_id = context["run_id"]  # for on_kill, which gets no context
         ti = context["ti"]
         if self.request.get("backend") != "gke":
             return run_stage(
@@ -71,12 +77,26 @@ class SailorTrainOperator(BaseOperator):
             )
         return self._launch(context, self._begin(context))
 
+    def on_kill(self) -> None:
+        """Stop every worker process or pod this task started (the task is being killed)."""
+        from sailor_tasks import stages
+        from sailor_tasks.airflow_glue import gcp
+
+        run_id = getattr(self, "_run_id", None)
+        if run_id is None:  # killed before execute began: nothing started
+            return
+        gcp.install()
+        self.log.warning("train of run %s killed: stopping its training processes or pods", run_id)
+        stopped = stages.stop_training(run_id)
+        self.log.warning("stopped %d training process(es) or pod(s) of run %s", stopped, run_id)
+
     def resume_train(self, context: Any, event: Mapping[str, Any] | None = None, **_: Any) -> Any:
         """Re-entry from the pod trigger: finish that pod, then defer on the next, or end the attempt."""
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue import gcp
         from sailor_tasks.stages import attempts
 
+        self._run_id = context["run_id"]
         state = (event or {}).get(gcp.TRIGGER_STATE_KEY)
         if not isinstance(state, Mapping) or "attempt" not in state:
             raise AirflowFailException(

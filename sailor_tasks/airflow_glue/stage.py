@@ -17,13 +17,19 @@ from sailor_tasks.errors import (
     InvalidRequestError,
     NoFeasibleOfferError,
     RebalanceInfeasibleError,
+    RunCancelledError,
     StageSkipped,
 )
 
 R = TypeVar("R")
 
-CONFIG_ERRORS: tuple[type[Exception], ...] = (InvalidRequestError, NoFeasibleOfferError, RebalanceInfeasibleError)
-"""Errors that retrying cannot fix: the task fails at once."""
+CONFIG_ERRORS: tuple[type[Exception], ...] = (
+    InvalidRequestError,
+    NoFeasibleOfferError,
+    RebalanceInfeasibleError,
+    RunCancelledError,
+)
+"""Errors that retrying cannot fix (or must not undo: a cancel): the task fails at once."""
 
 
 def run_stage(stage: Callable[..., R], *args: Any, **kwargs: Any) -> R:

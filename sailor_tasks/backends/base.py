@@ -42,5 +42,9 @@ class ClusterBackend(Protocol):
         (see ``LocalBackend``); the train stage reads it when present.
         """
 
+    def cancel(self, run_key: str) -> int:
+        """Stop everything the run's training started (every worker process, or every pod still
+        running); the number stopped. Idempotent; the capacity stays until ``teardown``."""
+
     def teardown(self, run_key: str) -> bool:
         """Release the run's capacity; True when something was released. Idempotent."""

@@ -255,6 +255,11 @@ def run_labels(run_key: str, placement: Placement) -> dict[str, str]:
     }
 
 
+def run_selector(run_key: str) -> str:
+    """Kubernetes label selector of every pod of the run (all attempts)."""
+    return f"{LABEL_PREFIX}/run={_label_value(run_key)}"
+
+
 def rendezvous_service_name(run_key: str, attempt: int = 1) -> str:
     """Headless service of an attempt's node 0: one per attempt, so a recovered run never resolves
     to a pod of an earlier attempt."""
@@ -450,11 +455,17 @@ PodRunner = Callable[[GkeConfig, TrainLaunch, Sequence[Any], Any], int]
 
 _pod_runner: PodRunner | None = None
 
+PodCanceller = Callable[[GkeConfig, str, str], int]
+"""Deletes the pods of a run (config, region, run_key) that still run; returns how many."""
 
-def set_pod_runner(runner: PodRunner | None) -> None:
-    """Installed by the orchestrator's glue (``sailor_tasks.airflow_glue.gcp``)."""
-    global _pod_runner
-    _pod_runner = runner
+_pod_canceller: PodCanceller | None = None
+
+
+def set_pod_runner(runner: PodRunner | None, canceller: PodCanceller | None = None) -> None:
+    """Installed by the orchestrator's glue (``sailor_tasks.airflow_glue.gcp``): how pods are run
+    and how a run's pods are stopped."""
+    global _pod_runner, _pod_canceller
+    _pod_runner, _pod_canceller = runner, canceller
 
 
 def _status_name(operation: Any) -> str:
@@ -601,6 +612,22 @@ class GkeBackend:
             )
         pods, service = self.launch_manifests(launch)
         return runner(self.cfg, launch, pods, service)
+
+    def cancel(self, run_key: str) -> int:
+        """Delete the run's pods that still run, in the region of its node pool (each gets its
+        termination grace period: the trainer saves on SIGTERM)."""
+        uri = self._record_uri(run_key)
+        if not storage.exists(uri):
+            return 0
+        if _pod_canceller is None:
+            logger.warning(
+                "run %s: no pod canceller installed (sailor_tasks.airflow_glue.gcp.install()); its pods "
+                "were not checked",
+                run_key,
+            )
+            return 0
+        region = storage.read_json(uri)["placement"]["region"]
+        return _pod_canceller(self.cfg, region, run_key)
 
     def teardown(self, run_key: str) -> bool:
         uri = self._record_uri(run_key)

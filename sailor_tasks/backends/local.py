@@ -30,6 +30,16 @@ from sailor_tasks.train.progress import PROGRESS_ENV, read_progress
 POLL_S = 0.02
 """How often the injector reads the trainer's progress file (a step of tiny_gpt takes ~10 ms+)."""
 
+RUN_KEY_ENV = "SAILOR_LOCAL_RUN_KEY"
+"""Set in the environment of torchrun and so of every process it starts: ``cancel`` finds a run's
+processes by it, even those that outlived their parent (torchrun starts workers in sessions of their
+own, so neither a process group nor the process tree is enough)."""
+
+CANCEL_GRACE_S = 3.0
+"""Seconds ``cancel`` gives the workers after SIGTERM (they save a checkpoint, as on a preemption
+notice) before it kills what is left: within the 5 s Airflow's task supervisor waits after SIGTERM
+before it kills the task (and with it on_kill)."""
+
 logger = logging.getLogger(__name__)
 
 
@@ -105,29 +115,44 @@ class LocalBackend:
         progress_path = self._progress_path(launch.run_key)
         if os.path.exists(progress_path):
             os.remove(progress_path)
+        run_folder = launch.config_uri.rsplit("/", 1)[0]
+        cancelled_uri = paths.cancelled_uri(run_folder)
+        storage.remove(cancelled_uri)  # a cancel of an earlier launch of this run folder
         env = {
             **os.environ,
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
             PROGRESS_ENV: progress_path,
+            RUN_KEY_ENV: launch.run_key,
         }
         spec = InjectionSpec.from_dict(launch.inject)
         injection = self._load_injection(launch.run_key)
         started = time.time()
         logger.info("launching: %s", " ".join(cmd))
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        # A session of its own: signals meant for the task's process group (a terminal's Ctrl-C, a
+        # supervisor's kill) do not reach torchrun behind SAILOR's back; ``cancel`` stops the run
+        # in order (workers first, so they can save), here on any exception and from on_kill.
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
         failures = FailureSummary()
         reader = threading.Thread(target=self._stream, args=(proc, failures), daemon=True)
         reader.start()
         event = preempted_at = None
-        if not spec.empty:
-            events = step_events(spec) + time_events(spec, launch.attempt, started - injection["run_started"])
-            event = self._watch(proc, events, injection, progress_path)
-            if event is not None:
-                injection["fired"].append(event.key)
-                self._save_injection(launch.run_key, injection)
-                preempted_at = self._deliver(proc, event, spec.notice_s)
-        rc = proc.wait()
+        try:
+            if not spec.empty:
+                events = step_events(spec) + time_events(
+                    spec, launch.attempt, started - injection["run_started"]
+                )
+                event = self._watch(proc, events, injection, progress_path)
+                if event is not None:
+                    injection["fired"].append(event.key)
+                    self._save_injection(launch.run_key, injection)
+                    preempted_at = self._deliver(proc, event, spec.notice_s)
+            rc = proc.wait()
+        except BaseException:  # interrupted (Ctrl-C, the task killed): the workers die with us
+            self.cancel(launch.run_key, grace_s=0.0)
+            raise
         reader.join(timeout=10)
         if event is not None:
             logger.warning(
@@ -140,6 +165,7 @@ class LocalBackend:
         report = {
             "attempt": launch.attempt,
             "rc": rc,
+            "cancelled": storage.exists(cancelled_uri),
             "exit_code": trainer_exit_code(rc, failures),
             "worker_exit_codes": {str(rank): code for rank, code in sorted(failures.exit_codes.items())},
             "started_at": started,
@@ -157,7 +183,7 @@ class LocalBackend:
                 "zone": launch.placement.zone,
             },
         }
-        storage.write_json(paths.launch_report_uri(launch.config_uri.rsplit("/", 1)[0]), report)
+        storage.write_json(paths.launch_report_uri(run_folder), report)
         return PREEMPTED_EXIT_CODE if event is not None else rc
 
     @staticmethod
@@ -235,6 +261,38 @@ class LocalBackend:
             _signal(p, signal.SIGKILL)
         return time.time()
 
+    def cancel(self, run_key: str, grace_s: float = CANCEL_GRACE_S) -> int:
+        """Stop every process of the run: SIGTERM to the workers (they checkpoint and exit, as on a
+        preemption notice), then, after ``grace_s`` or at once when 0, SIGKILL to whatever of the
+        run is left, torchrun included, until none is. Returns how many processes were stopped."""
+        procs = run_processes(run_key)
+        if not procs:
+            return 0
+        for config_uri in {_config_uri(p) for p in procs} - {None}:  # before any signal: train reads it
+            storage.write_json(paths.cancelled_uri(config_uri.rsplit("/", 1)[0]), {"at": time.time()})
+        stopped = {p.pid for p in procs}
+        if grace_s > 0:
+            workers = [p for p in procs if "torch.distributed.run" not in " ".join(_cmdline(p))]
+            logger.warning(
+                "cancelling run %s: SIGTERM to %d worker(s), %.0f s to save", run_key, len(workers), grace_s
+            )
+            for p in workers or procs:
+                _signal(p, signal.SIGTERM)
+            _wait_gone(procs, grace_s)
+        for _ in range(20):  # SIGKILL what is left, and anything started meanwhile
+            left = run_processes(run_key)
+            if not left:
+                break
+            logger.warning("cancelling run %s: SIGKILL to %d process(es)", run_key, len(left))
+            for p in left:
+                _signal(p, signal.SIGKILL)
+            _wait_gone(left, 5.0)
+            stopped |= {p.pid for p in left}
+        else:
+            raise RuntimeError(f"run {run_key}: processes still running after cancel: {run_processes(run_key)}")
+        logger.warning("cancelled run %s: %d process(es) stopped", run_key, len(stopped))
+        return len(stopped)
+
     def teardown(self, run_key: str) -> bool:
         for extra in (self._progress_path(run_key), self._injection_path(run_key)):
             if os.path.exists(extra):
@@ -285,6 +343,56 @@ def trainer_exit_code(rc: int, failures: FailureSummary) -> int | None:
     if rc == 0:
         return 0
     return failures.exit_codes.get(failures.root_cause_rank) if failures.root_cause_rank is not None else None
+
+
+def run_processes(run_key: str) -> list[Any]:
+    """Live processes (zombies excluded) started for ``run_key`` by the local backend."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        if p.pid == os.getpid():
+            continue
+        try:
+            if p.environ().get(RUN_KEY_ENV) == run_key and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _config_uri(p: Any) -> str | None:
+    """The train config a process of the run was started with (``--config URI``), if any."""
+    args = _cmdline(p)
+    return args[args.index("--config") + 1] if "--config" in args[:-1] else None
+
+
+def _cmdline(p: Any) -> list[str]:
+    import psutil
+
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _wait_gone(procs: list[Any], timeout_s: float) -> None:
+    """Wait until every process has exited (a zombie counts: it runs no more) or the time is up.
+    Polls instead of ``psutil.wait_procs``, which would reap torchrun from under ``Popen.wait``."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = []
+        for p in procs:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                continue
+        if not alive:
+            return
+        time.sleep(0.05)
 
 
 def _signal(p: Any, sig: int) -> None:

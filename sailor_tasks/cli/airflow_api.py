@@ -9,6 +9,7 @@ password → a JWT; every other call sends ``Authorization: Bearer <token>``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from urllib.parse import quote
 
 import requests
 
-from sailor_tasks.errors import SailorError
+from sailor_tasks.errors import ExitCode, SailorError
 
 TERMINAL_RUN_STATES = ("success", "failed")
 """Dag-run states after which nothing changes unless a person clears the run."""
@@ -136,18 +137,33 @@ class AirflowClient:
         )
         return body["task_instances"]
 
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
-        """Text of a task instance's log for one try."""
+    def task_log(
+        self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1
+    ) -> str:
+        """Text of a task instance's log for one try (``map_index`` for one instance of a mapped task)."""
         body = self.request(
             "GET",
             f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
             f"{quote(task_id)}/logs/{try_number}",
             headers={"Accept": "application/json"},
+            params={"map_index": map_index} if map_index >= 0 else None,
         )
         content = body.get("content", body) if isinstance(body, dict) else body
         if isinstance(content, list):
             return "\n".join(_log_line(part) for part in content)
         return str(content)
+
+    def set_run_state(self, dag_id: str, run_id: str, state: str) -> dict[str, Any]:
+        """Mark a dag run ``failed``, ``success`` or ``queued`` (``PATCH .../dagRuns/{run_id}``).
+
+        Marking a run failed stops its running tasks (each task's ``on_kill``) and skips the ones not
+        started; teardown tasks still run.
+        """
+        return self.request(
+            "PATCH",
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}",
+            json={"state": state},
+        )
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         body = self.request(
@@ -188,3 +204,50 @@ class AirflowClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"dag run {dag_id}/{run_id} still {state} after {timeout_s:.0f} s")
             time.sleep(poll_s)
+
+
+# --- command-line options shared by the commands that talk to Airflow ------------------------------
+
+
+def add_connection_options(p: Any, url_default: str | None = "http://localhost:8080") -> None:
+    """``--airflow-url``, ``--username``, ``--password``, ``--token`` (each defaulting to its
+    ``SAILOR_AIRFLOW_*`` variable) and ``--dag-id``."""
+    url = os.environ.get("SAILOR_AIRFLOW_URL", url_default)
+    p.add_argument(
+        "--airflow-url",
+        default=url,
+        help=f"Airflow API server (default: $SAILOR_AIRFLOW_URL, else {url_default or 'none'})",
+    )
+    p.add_argument(
+        "--username",
+        default=os.environ.get("SAILOR_AIRFLOW_USERNAME", "admin"),
+        help="Airflow user (default: $SAILOR_AIRFLOW_USERNAME, else admin)",
+    )
+    p.add_argument("--password", help="Airflow password (default: $SAILOR_AIRFLOW_PASSWORD)")
+    p.add_argument(
+        "--token", help="an access token instead of username/password (default: $SAILOR_AIRFLOW_TOKEN)"
+    )
+    p.add_argument("--dag-id", default="sailor_train", help="the DAG of the run (default: sailor_train)")
+
+
+def client_from_args(args: Any) -> AirflowClient:
+    """The client the options of ``add_connection_options`` describe."""
+    password = args.password if args.password is not None else os.environ.get("SAILOR_AIRFLOW_PASSWORD")
+    token = args.token or os.environ.get("SAILOR_AIRFLOW_TOKEN")
+    return AirflowClient(args.airflow_url, args.username, password, token=token)
+
+
+def exit_code_of(exc: BaseException) -> ExitCode:
+    """The ``sailor`` exit status for an error talking to Airflow: refused credentials or params are
+    bad input (2); a missing DAG, run or log, or an unreachable server, is not found (3)."""
+    if isinstance(exc, AirflowAPIError):
+        if exc.status == 404:
+            return ExitCode.NOT_FOUND
+        if exc.status in (400, 401, 403, 409, 422):
+            return ExitCode.BAD_INPUT
+        return ExitCode.FAILED
+    if isinstance(exc, ValueError):  # no credentials given
+        return ExitCode.BAD_INPUT
+    if isinstance(exc, OSError):  # requests' ConnectionError and Timeout are OSErrors
+        return ExitCode.NOT_FOUND
+    return ExitCode.FAILED

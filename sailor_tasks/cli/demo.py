@@ -113,8 +113,11 @@ def demo_summary(ledger: Any, run_id: str, settings: Settings) -> str:
         f"({len(assignment.shares) if assignment else 0} teams)",
         f"State        {settings.state_dir} (ledger {settings.ledger_url_redacted})",
         "",
-        "Next: `make airflow` starts the Airflow UI on http://localhost:8080 (user admin, password admin);",
-        "      `.venv/bin/sailor runs` lists runs from the ledger.",
+        f"See the run:      .venv/bin/sailor show {run_id}",
+        "List the runs:    .venv/bin/sailor runs",
+        "Start Airflow:    make airflow (UI on http://localhost:8080, user admin, password admin); then",
+        "                  .venv/bin/sailor submit params.json --unpause, and follow it with",
+        "                  .venv/bin/sailor logs RUN_ID --follow --airflow-url http://localhost:8080",
     ]
     return "\n".join(lines)
 

@@ -26,7 +26,9 @@ def add_parser(sub: Any) -> None:
         "render", help="print the node pool body and pod manifests a gke run of the params would submit"
     )
     p.add_argument("--backend", choices=["gke"], default="gke", help="backend to render for (gke)")
-    p.add_argument("--json", metavar="PARAMS_JSON", help="JSON file with sailor_train params")
+    p.add_argument(
+        "--params", metavar="FILE", help="JSON file with sailor_train params (output is always JSON)"
+    )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one param (JSON value)")
     p.add_argument("--run-id", default="manual__render", help="run id the names and labels derive from")
     p.set_defaults(func=cmd_render)
@@ -61,8 +63,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     from sailor_tasks.errors import SailorError
 
-    params = load_params(args.json, args.set)
     try:
+        params = load_params(args.params, args.set)
         with contextlib.redirect_stdout(sys.stderr):  # operator logs must not mix with the JSON
             from sailor_tasks.airflow_glue.gcp import render_run
             from sailor_tasks.ledger import Ledger

@@ -1,35 +1,100 @@
-"""The ``sailor`` command: inspect runs and the catalog, plan a request, run the demo."""
+"""The sailor command: submit, follow, inspect and cancel training runs; plan requests, browse the
+catalog, run the demo and the simulators."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from sailor_tasks.cli import catalog, demo, gke, plan, rebalance, runs, simulate, submit, trace
+from sailor_tasks.cli import (
+    cancel,
+    catalog,
+    demo,
+    gke,
+    logs,
+    plan,
+    rebalance,
+    runs,
+    show,
+    simulate,
+    submit,
+    trace,
+)
+from sailor_tasks.errors import ExitCode
+
+EXIT_CODES = {
+    ExitCode.OK: "ok",
+    ExitCode.FAILED: "failed (the run or the action did not succeed)",
+    ExitCode.BAD_INPUT: "bad input (arguments, params or credentials)",
+    ExitCode.NOT_FOUND: "not found or unreachable (run, DAG, log, Airflow)",
+}
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("sailor-tasks")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sailor", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    epilog = "exit status:\n" + "\n".join(f"  {int(code)}  {what}" for code, what in EXIT_CODES.items())
+    parser = argparse.ArgumentParser(
+        prog="sailor",
+        description=__doc__,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"sailor {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    submit.add_parser(sub)
     runs.add_parser(sub)
+    show.add_parser(sub)
+    logs.add_parser(sub)
+    cancel.add_parser(sub)
     catalog.add_parser(sub)
     plan.add_parser(sub)
     rebalance.add_parser(sub)
     trace.add_parser(sub)
     gke.add_parser(sub)  # buckets, render
-    submit.add_parser(sub)
     demo.add_data_parser(sub)  # demo-data
     simulate.add_parser(sub)
     demo.add_parser(sub)
     return parser
 
 
+def walk(
+    parser: argparse.ArgumentParser, path: str = "sailor"
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """(command path, parser) for ``parser`` and every subcommand under it."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from walk(sub, f"{path} {name}")
+
+
+def options_without_help(parser: argparse.ArgumentParser | None = None) -> list[str]:
+    """``"sailor COMMAND --option"`` for every option or positional argument that has no help."""
+    missing = []
+    for path, p in walk(parser or build_parser()):
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                continue
+            if not action.help or action.help == argparse.SUPPRESS:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    return missing
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -7,17 +7,25 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> list[str]:
+    """A header line and one line per row, columns aligned (floats to 4 significant digits)."""
+
     def fmt(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"
+        if hasattr(v, "strftime"):
+            return v.strftime("%Y-%m-%d %H:%M")
         return "" if v is None else str(v)
 
     cells = [[fmt(r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return lines
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    print("\n".join(format_table(rows, columns)))
 
 
 def json_default(value: Any) -> Any:
@@ -28,13 +36,24 @@ def json_default(value: Any) -> Any:
 
 def load_params(path: str | None, overrides: Sequence[str] | None) -> dict[str, Any]:
     """sailor_train params from a JSON file (optional), then ``KEY=VALUE`` overrides (JSON values,
-    else plain strings)."""
+    else plain strings).
+
+    Raises:
+        ValueError: an unreadable file, not a JSON object, or an override without ``=``.
+    """
     params: dict[str, Any] = {}
     if path:
-        with open(path) as f:
-            params = json.load(f)
+        try:
+            with open(path) as f:
+                params = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read params from {path}: {exc}") from exc
+        if not isinstance(params, dict):
+            raise ValueError(f"{path} must hold a JSON object of sailor_train params")
     for item in overrides or ():
-        key, _, value = item.partition("=")
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} is not KEY=VALUE (e.g. --set num_workers=8)")
         try:
             params[key] = json.loads(value)
         except json.JSONDecodeError:

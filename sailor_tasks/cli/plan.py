@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from sailor_tasks.cli.output import load_params
+from sailor_tasks.errors import ExitCode
 from sailor_tasks.settings import Settings
 
 
@@ -15,7 +16,11 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("plan", help="place a request (JSON file of sailor_train params and/or --set k=v)")
     p.add_argument("request", nargs="?", help="JSON file with sailor_train params")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one param (JSON value)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON: the winner, runners-up, regions and every rejected candidate",
+    )
     p.set_defaults(func=cmd_plan)
 
 
@@ -27,7 +32,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from sailor_tasks.placement.reservations import ledger_state
     from sailor_tasks.request import from_params
 
-    params = load_params(args.request, args.set)
+    try:
+        params = load_params(args.request, args.set)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     catalog = load_catalog()
     try:
         request = from_params(params, catalog)
@@ -35,10 +44,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         state = ledger_state(ledger, request, run_id="cli-plan")
         if args.json:  # the whole decision: winner, runners-up, regions, every rejected candidate
             print(json.dumps(explain(request, catalog, state, run_id="cli-plan"), indent=2))
-            return 0
+            return ExitCode.OK
         placement = plan(request, catalog, state, run_id="cli-plan")
     except SailorError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     print("\n".join(placement.explanation))
-    return 0
+    return ExitCode.OK

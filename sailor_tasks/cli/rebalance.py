@@ -18,17 +18,21 @@ def add_parser(sub: Any) -> None:
         default="generated",
         help="'generated' (seeded scenario from the options below) or a problem JSON file",
     )
-    p.add_argument("--regions", type=int, default=40)
-    p.add_argument("--gpu-types", type=int, default=8)
-    p.add_argument("--teams", type=int, default=2000)
-    p.add_argument("--datasets", type=int, default=10000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--regions", type=int, default=40, help="regions of a generated scenario (default 40)")
+    p.add_argument("--gpu-types", type=int, default=8, help="GPU types of a generated scenario (default 8)")
+    p.add_argument("--teams", type=int, default=2000, help="teams of a generated scenario (default 2000)")
+    p.add_argument(
+        "--datasets", type=int, default=10000, help="datasets of a generated scenario (default 10000)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the generated scenario and the solver (default 0)"
+    )
     p.add_argument("--budget-fraction", type=float, default=0.1, help="byte budget / all dataset bytes")
     p.add_argument("--time-limit", type=float, default=50.0, help="solver time budget in seconds")
     p.add_argument("--comfort-ratio", type=float, default=0.0, help="ratios below it count as balanced")
     p.add_argument("--write-scenario", metavar="PATH", help="also write the problem as JSON")
     p.add_argument("--full", action="store_true", help="print the whole solution (shares, replicas)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_rebalance)
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
+
+from sailor_tasks.cli.airflow_api import add_connection_options, client_from_args, exit_code_of
+from sailor_tasks.errors import ExitCode
 
 
 def add_parser(sub: Any) -> None:
@@ -16,12 +18,11 @@ def add_parser(sub: Any) -> None:
         help="trigger sailor_train through Airflow's REST API with params from a JSON file; follow the run",
     )
     p.add_argument("params", help="JSON file with sailor_train params (the run's conf)")
-    p.add_argument("--airflow-url", default=os.environ.get("SAILOR_AIRFLOW_URL", "http://localhost:8080"))
-    p.add_argument("--username", default=os.environ.get("SAILOR_AIRFLOW_USERNAME", "admin"))
-    p.add_argument("--password", help="default: $SAILOR_AIRFLOW_PASSWORD")
-    p.add_argument("--token", help="an access token instead of username/password ($SAILOR_AIRFLOW_TOKEN)")
-    p.add_argument("--dag-id", default="sailor_train")
+    add_connection_options(p)
     p.add_argument("--note", help="a note shown on the dag run in the UI")
+    p.add_argument(
+        "--unpause", action="store_true", help="unpause the DAG when it is paused (else: stop and say so)"
+    )
     p.add_argument("--no-wait", action="store_true", help="print the run id and return")
     p.add_argument("--no-check", action="store_true", help="skip the local params check")
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to follow the run")
@@ -29,10 +30,30 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_submit)
 
 
+def next_steps(run_id: str, dag_id: str = "sailor_train") -> str:
+    """The commands to follow, see and cancel a run (printed after it is started)."""
+    dag = "" if dag_id == "sailor_train" else f" --dag-id {dag_id}"
+    return "\n".join(
+        [
+            f"Follow its logs:  sailor logs {run_id} --follow",
+            f"See the run:      sailor show {run_id}",
+            f"Cancel it:        sailor cancel {run_id}{dag}",
+        ]
+    )
+
+
+def paused_message(dag_id: str, url: str) -> str:
+    return (
+        f"DAG {dag_id} is paused at {url}: a run triggered now would wait until it is unpaused. "
+        f"Unpause it with `sailor submit ... --unpause`, the toggle on the DAG's page in the UI, "
+        f"or `airflow dags unpause {dag_id}`."
+    )
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     """Trigger ``sailor_train`` through Airflow's REST API with params from a JSON file; follow it."""
     from sailor_tasks.catalog import load_catalog
-    from sailor_tasks.cli.airflow_api import AirflowAPIError, AirflowClient
+    from sailor_tasks.cli.airflow_api import AirflowAPIError
     from sailor_tasks.errors import InvalidRequestError
     from sailor_tasks.request import from_params
 
@@ -41,33 +62,35 @@ def cmd_submit(args: argparse.Namespace) -> int:
             params = json.load(f)
     except (OSError, json.JSONDecodeError) as exc:
         print(f"error: cannot read params from {args.params}: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     if not isinstance(params, dict):
         print(f"error: {args.params} must hold a JSON object of sailor_train params", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     if args.dag_id == "sailor_train" and not args.no_check:
         try:  # the same checks validate runs, minus the dataset lookup: fail here, before Airflow
             from_params(params, load_catalog())
         except InvalidRequestError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return 2
-    password = args.password if args.password is not None else os.environ.get("SAILOR_AIRFLOW_PASSWORD")
-    client = AirflowClient(
-        args.airflow_url, args.username, password, token=args.token or os.environ.get("SAILOR_AIRFLOW_TOKEN")
-    )
+            return ExitCode.BAD_INPUT
+    client = client_from_args(args)
     try:
+        if client.get_dag(args.dag_id).get("is_paused"):
+            if not args.unpause:
+                print(f"error: {paused_message(args.dag_id, args.airflow_url)}", file=sys.stderr)
+                return ExitCode.FAILED
+            client.unpause(args.dag_id)
+            print(f"unpaused DAG {args.dag_id}", file=sys.stderr)
         run = client.trigger(args.dag_id, params, note=args.note)
-    except (AirflowAPIError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"error: cannot reach Airflow at {args.airflow_url}: {exc}", file=sys.stderr)
-        return 2
+    except (AirflowAPIError, ValueError, OSError) as exc:
+        where = f"Airflow at {args.airflow_url}"
+        print(f"error: {where}: {exc}", file=sys.stderr)
+        return exit_code_of(exc)
     run_id = run["dag_run_id"]
     print(run_id, flush=True)
-    print(f"{args.airflow_url.rstrip('/')}/dags/{args.dag_id}/runs/{run_id}", file=sys.stderr, flush=True)
+    print(f"{args.airflow_url.rstrip('/')}/dags/{args.dag_id}/runs/{run_id}", file=sys.stderr)
+    print(next_steps(run_id, args.dag_id), file=sys.stderr, flush=True)
     if args.no_wait:
-        return 0
+        return ExitCode.OK
 
     def report(state: str, tasks: dict[str, str]) -> None:
         shown = "  ".join(f"{t}={s}" for t, s in tasks.items())
@@ -76,8 +99,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         state = client.wait(args.dag_id, run_id, timeout_s=args.timeout, poll_s=args.poll, on_change=report)
     except TimeoutError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
+        print(f"error: {exc}; it goes on (`sailor cancel {run_id}` stops it)", file=sys.stderr)
+        return ExitCode.FAILED
+    except (AirflowAPIError, OSError) as exc:
+        print(f"error: following run {run_id}: {exc}", file=sys.stderr)
+        return exit_code_of(exc)
     print(state, flush=True)
     if state == "success" and args.dag_id == "sailor_train":
         try:
@@ -85,4 +111,4 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(summary.get("summary_md", ""), file=sys.stderr)
         except AirflowAPIError:
             pass
-    return 0 if state == "success" else 1
+    return ExitCode.OK if state == "success" else ExitCode.FAILED

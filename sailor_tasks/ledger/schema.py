@@ -26,7 +26,7 @@ runs = Table(
     Column("run_id", String(250), primary_key=True),
     Column("job_name", String(200), nullable=False),
     Column("team", String(100), nullable=False),
-    Column("status", String(20), nullable=False),  # validated | planned | running | success | failed
+    Column("status", String(20), nullable=False),  # validated | planned | ... | running | success | failed | cancelled
     Column("backend", String(20), nullable=False),
     Column("model", String(50), nullable=False),
     Column("dataset_uri", Text, nullable=False),
@@ -190,7 +190,7 @@ run_attempts = Table(
     Column("data", JSON, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False),
     Column("ended_at", DateTime(timezone=True)),
-    Column("outcome", String(20)),  # running | completed | preempted | failed
+    Column("outcome", String(20)),  # running | completed | preempted | failed | cancelled
     Column("resumed_from_step", Integer),
     Column("step", Integer),
     Column("detail", Text),

@@ -17,6 +17,9 @@ from sailor_tasks.model import Assignment, Placement, Reservation
 
 RUN_LIST_FIELDS = (
     "run_id",
+    "job_name",
+    "team",
+    "created_at",
     "status",
     "region",
     "zone",
@@ -246,6 +249,12 @@ class Ledger:
     def record_checkpoint(self, run_id: str, step: int, uri: str) -> None:
         with self.engine.begin() as c:
             c.execute(insert(t.checkpoints).values(run_id=run_id, step=step, uri=uri, created_at=utcnow()))
+
+    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+        """The checkpoints recorded for the run (step, URI, time), oldest first."""
+        q = select(t.checkpoints).where(t.checkpoints.c.run_id == run_id).order_by(t.checkpoints.c.id)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
 
     def record_utilization(
         self,

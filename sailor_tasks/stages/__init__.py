@@ -18,7 +18,7 @@ from sailor_tasks.stages.rebalance import (
     report_rebalance,
     solve_assignment,
 )
-from sailor_tasks.stages.train import finalize, finish_train, launch_train, teardown, train
+from sailor_tasks.stages.train import finalize, finish_train, launch_train, stop_training, teardown, train
 
 __all__ = [
     "StageContext",
@@ -34,6 +34,7 @@ __all__ = [
     "replicate_dataset",
     "report_rebalance",
     "solve_assignment",
+    "stop_training",
     "teardown",
     "train",
     "validate",

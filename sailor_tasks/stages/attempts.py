@@ -31,6 +31,7 @@ from sailor_tasks.errors import (
     NoFeasibleOfferError,
     PreemptedError,
     RecoveryExhaustedError,
+    RunCancelledError,
     TrainingFailedError,
 )
 from sailor_tasks.ledger.store import utcnow
@@ -347,6 +348,12 @@ def finish_attempt(
             "attempts": describe_attempts(ctx, run_id),
             "markets": attempt_markets(ctx, run_id),
         }
+
+    if report.get("cancelled"):  # stopped on purpose: not a preemption, not a failure to retry
+        reached = max(report.get("step") or 0, result["step"] if result else 0)
+        ctx.ledger.end_attempt(run_id, attempt, "cancelled", step=reached, resumed_from_step=resumed)
+        ctx.ledger.upsert_run(run_id, status="cancelled")
+        raise RunCancelledError(run_id, reached)
 
     if preemption is None and not (result and result["status"] == "preempted"):
         ctx.ledger.end_attempt(run_id, attempt, "failed", resumed_from_step=resumed, detail=f"exit code {rc}")

@@ -5,9 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sailor_tasks import paths, storage
 from sailor_tasks.stages.context import StageContext
+from sailor_tasks.train.checkpoint.store import CheckpointStore
 
 JSON = dict[str, Any]
+
+RUN_STATUSES_DONE = ("success", "failed", "rejected", "cancelled")
+"""Ledger statuses after which a run changes no more."""
 
 
 def describe_attempts(ctx: StageContext, run_id: str) -> list[str]:
@@ -71,3 +76,82 @@ def render_summary(s: Mapping[str, Any]) -> str:
         lines.append(f"- **Recovered from preemption**: {len(s['attempts'])} attempts")
         lines += [f"  - {a}" for a in s["attempts"]]
     return "\n".join(lines) + "\n"
+
+
+def run_report(ctx: StageContext, run_id: str) -> JSON | None:
+    """Everything the ledger and the run's folders know about one run (``sailor show``), or None
+    when the ledger has no such run.
+
+    Keys: ``run`` (the ledger row without its request), ``request`` (the params as validated),
+    ``placements`` (each plan, oldest first, with its rule-by-rule ``explanation``), ``attempts``
+    (zone, market, why, price, hours, cost, outcome, preemption), ``data`` (each distinct placed
+    copy), ``replicas`` (regions holding the dataset), ``checkpoints`` (committed step folders per
+    run folder, and the ones the ledger recorded), ``usd_attempts``, ``summary_uri`` and
+    ``summary_md`` (the run summary, when ``finalize`` wrote it).
+    """
+    ledger = ctx.ledger
+    run = ledger.get_run(run_id)
+    if run is None:
+        return None
+    markets = {m["attempt"]: m for m in ledger.attempt_markets(run_id)}
+    preempted = {p["attempt"]: p for p in ledger.preemptions(run_id, limit=10_000)}
+    attempts = []
+    for a in ledger.attempts(run_id):
+        m = markets.get(a["attempt"], {})
+        p = preempted.get(a["attempt"])
+        attempts.append(
+            {
+                "attempt": a["attempt"],
+                "try_number": a["try_number"],
+                "region": a["region"],
+                "zone": a["zone"],
+                "gpu_type": a["placement"].get("gpu_type"),
+                "market": m.get("market") or a["placement"].get("market"),
+                "strategy": m.get("strategy"),
+                "why": m.get("reason"),
+                "usd_per_hour": m.get("usd_per_hour") or a["placement"].get("usd_per_hour"),
+                "hours": m.get("hours"),
+                "usd": m.get("usd"),
+                "started_at": a["started_at"],
+                "ended_at": a["ended_at"],
+                "outcome": a["outcome"],
+                "resumed_from_step": a["resumed_from_step"],
+                "step": a["step"],
+                "preemption": None
+                if p is None
+                else {k: p[k] for k in ("at", "noticed", "step", "steps_lost", "recovery_s")},
+            }
+        )
+    data = []
+    for a in ledger.attempts(run_id):
+        if a["data"] and a["data"] not in data:
+            data.append(a["data"])
+    regions = list(
+        dict.fromkeys([a["region"] for a in attempts] + ([run["region"]] if run["region"] else []))
+    )
+    checkpoints = []
+    for region in regions:
+        root = paths.checkpoint_uri(ctx.run_uri(region, run_id))
+        try:
+            steps = CheckpointStore(root, recycle=False).committed_steps()
+        except OSError:
+            steps = []
+        if steps:
+            checkpoints.append({"region": region, "root": root, "steps": steps})
+    summary_uri = paths.summary_uri(ctx.run_uri(run["region"], run_id)) if run["region"] else None
+    summary_md = None
+    if summary_uri and storage.exists(summary_uri):
+        summary_md = storage.read_bytes(summary_uri).decode()
+    return {
+        "run": {k: v for k, v in run.items() if k != "request"},
+        "request": run["request"],
+        "placements": list(reversed(ledger.placements(run_id))),
+        "attempts": attempts,
+        "data": data,
+        "replicas": list(ledger.replicas([run["dataset_uri"]]).get(run["dataset_uri"], ())),
+        "checkpoints": checkpoints,
+        "recorded_checkpoints": ledger.checkpoints(run_id),
+        "usd_attempts": sum(a["usd"] or 0.0 for a in attempts),
+        "summary_uri": summary_md and summary_uri,
+        "summary_md": summary_md,
+    }

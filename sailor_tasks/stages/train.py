@@ -15,7 +15,7 @@ from sailor_tasks.model import JobRequest, Placement, from_dict, run_key
 from sailor_tasks.settings import BACKENDS
 from sailor_tasks.stages.attempts import begin_attempt, finish_attempt, resume_attempt, train_attempt
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
-from sailor_tasks.stages.summary import render_summary
+from sailor_tasks.stages.summary import RUN_STATUSES_DONE, render_summary
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -157,9 +157,26 @@ def _with_retries(what: str, run_id: str, step: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
+def _backend_of(ctx: StageContext, run_id: str) -> Any:
+    run = ctx.ledger.get_run(run_id)
+    return get_backend(run["backend"] if run and run["backend"] in BACKENDS else "local", ctx.settings)
+
+
+def stop_training(run_id: str, ctx: StageContext | None = None) -> int:
+    """Stop everything the run's training started: every worker process (local) or every pod still
+    running (gke). Called when the train task is killed (a run marked failed: ``sailor cancel``) and
+    by ``teardown``. Returns how many processes or pods were stopped."""
+    ctx = resolve_ctx(ctx)
+    stopped = _backend_of(ctx, run_id).cancel(run_key(run_id))
+    if stopped:
+        logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
+    return stopped
+
+
 def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | None = None) -> JSON:
-    """Remove the run's capacity, then release its reservation (always runs; idempotent). A run
-    that did not reach ``success`` is marked ``failed``.
+    """Stop what training left running, remove the run's capacity, then release its reservation
+    (always runs; idempotent). A run that did not end (``success``, ``rejected``, ``failed``,
+    ``cancelled``) is marked ``failed``.
 
     The backend goes first, so an unreachable ledger can never leave GPUs running; until it is gone
     the reservation stays, so no other run is planned onto capacity that is still held. The backend
@@ -179,17 +196,19 @@ def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | Non
                 "teardown of %s: ledger unreachable (%s); using backend %s", run_id, exc, ctx.settings.backend
             )
     name = name or ctx.settings.backend
-    removed = _with_retries(
-        f"{name} teardown", run_id, lambda: get_backend(name, ctx.settings).teardown(run_key(run_id))
-    )
+    backend_impl = get_backend(name, ctx.settings)
+    stopped = _with_retries(f"{name} stop", run_id, lambda: backend_impl.cancel(run_key(run_id)))
+    if stopped:
+        logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
+    removed = _with_retries(f"{name} teardown", run_id, lambda: backend_impl.teardown(run_key(run_id)))
 
     def release() -> bool:
         released = ctx.ledger.release(run_id)
-        run = ctx.ledger.get_run(run_id)
-        if run and run["status"] not in ("success", "rejected", "failed"):
+        run = ctx.ledger.get_run(run_id)  # read after the stop: a stopped train may have ended it
+        if run and run["status"] not in RUN_STATUSES_DONE:
             ctx.ledger.upsert_run(run_id, status="failed")
         ctx.ledger.record_stage(run_id, "teardown", started, utcnow(), ok=True)
         return released
 
     released = _with_retries("ledger release", run_id, release)
-    return {"reservation_released": released, "cluster_removed": removed}
+    return {"training_stopped": stopped, "reservation_released": released, "cluster_removed": removed}

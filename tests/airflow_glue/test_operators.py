@@ -310,6 +310,31 @@ def test_execute_on_gke_starts_the_pods_and_defers_on_the_provider_trigger(gke_e
     assert attempt["outcome"] == "running" and attempt["try_number"] == 1
 
 
+def test_on_kill_deletes_the_running_pods_and_keeps_the_ended_ones(gke_env):
+    """The run marked failed while train runs (sailor cancel): every pod still running is deleted
+    through the provider's GKE Kubernetes hook, in the region's cluster; an ended pod is kept."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    run_id = "manual__kill-1"
+    request, placement, data = gke_env.prepare(run_id)
+    op = _operator(request, placement, data)
+    with pytest.raises(TaskDeferred):
+        op.execute(_context(run_id))
+    pool = gke.node_pool_name(run_key(run_id))
+    running, ended = f"{pool}-a1-node-0", f"{pool}-a1-node-1"
+    gke_env.core.pods[ended]["exit"] = 1
+    gke_env.core.pods["someone-else"] = {"labels": {"sailor.dev/run": "other"}, "exit": None, "proc": None}
+    gke_env.hooks.clear()
+
+    op.on_kill()
+    assert gke_env.core.deleted == [running]
+    assert sorted(gke_env.core.pods) == sorted([ended, "someone-else"])
+    assert gke_env.hooks and {h["cluster_url"] for h in gke_env.hooks} == {CLUSTER_URL}
+    # teardown (which still runs) finds nothing left to stop, then releases the node pool.
+    assert stages.teardown(run_id, gke_env.ctx)["training_stopped"] == 0
+    assert "delete_node_pool" in gke_env.clusters.calls or "set_node_pool_size" in gke_env.clusters.calls
+
+
 def test_a_retried_task_reattaches_to_the_running_pods_instead_of_starting_new_ones(gke_env):
     from airflow.sdk.exceptions import TaskDeferred
 

@@ -195,7 +195,7 @@ def test_sailor_render_prints_valid_node_pool_and_manifests(tmp_path, settings):
         json.dumps({"num_workers": 16, "gpu_type": "H100", "market": "spot", "max_usd_per_hour": 200})
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "sailor_tasks.cli", "render", "--backend", "gke", "--json", str(params)],
+        [sys.executable, "-m", "sailor_tasks.cli", "render", "--backend", "gke", "--params", str(params)],
         capture_output=True,
         text=True,
         timeout=120,

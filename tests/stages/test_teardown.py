@@ -53,13 +53,16 @@ def test_teardown_removes_the_cluster_even_when_the_ledger_is_down(ctx, provisio
     ctx.__dict__["ledger"] = ledger  # the ledger is back: Airflow's retry of the task finishes
     assert [r.run_id for r in ledger.live_reservations()] == ["run-1"]
     out = stages.teardown("run-1", ctx)
-    assert out == {"reservation_released": True, "cluster_removed": False}
+    assert out == {"training_stopped": 0, "reservation_released": True, "cluster_removed": False}
     assert ledger.live_reservations() == [] and ledger.get_run("run-1")["status"] == "failed"
 
 
 class _FlakyBackend:
     def __init__(self, failures: int):
         self.failures, self.calls = failures, []
+
+    def cancel(self, key: str) -> int:
+        return 0
 
     def teardown(self, key: str) -> bool:
         self.calls.append(key)
@@ -82,7 +85,8 @@ def test_a_failing_backend_is_retried_and_the_reservation_is_held_until_it_is_go
     flaky = _FlakyBackend(failures=1)
     monkeypatch.setattr(TRAIN_STAGE, "get_backend", lambda name, settings: flaky)
     out = stages.teardown("run-1", ctx)
-    assert out == {"reservation_released": True, "cluster_removed": True} and len(flaky.calls) == 2
+    assert out == {"training_stopped": 0, "reservation_released": True, "cluster_removed": True}
+    assert len(flaky.calls) == 2
     assert ctx.ledger.live_reservations() == []
 
 

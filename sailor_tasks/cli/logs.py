@@ -1,0 +1,274 @@
+"""``sailor logs``: a run's task logs, from Airflow's REST API or from the local log folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sailor_tasks.cli.airflow_api import add_connection_options, client_from_args, exit_code_of
+from sailor_tasks.errors import ExitCode
+
+TRAIN_TASKS = ("validate", "plan", "place_data", "provision", "train", "finalize", "teardown")
+"""``sailor_train``'s tasks in pipeline order (the order logs are shown in)."""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "logs",
+        help="a run's task logs, through Airflow's REST API (--airflow-url) or from the local log folder",
+    )
+    p.add_argument("run_id", help="the run's id (the Airflow run id; `sailor runs` lists them)")
+    p.add_argument("--task", help="only this task (e.g. train); default: every task, in pipeline order")
+    p.add_argument(
+        "--try", dest="try_number", type=int, help="only this try of each task (default: every try)"
+    )
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the run ends")
+    p.add_argument("--poll", type=float, default=2.0, help="seconds between reads when following (default 2)")
+    p.add_argument(
+        "--timeout", type=float, help="stop following after this many seconds (exit status 1; default: never)"
+    )
+    p.add_argument(
+        "--log-folder",
+        help="Airflow's base_log_folder (default: $AIRFLOW__LOGGING__BASE_LOG_FOLDER, else "
+        "$AIRFLOW_HOME/logs, else ./.airflow/logs when it exists, else ~/airflow/logs)",
+    )
+    add_connection_options(p, url_default=None)
+    p.set_defaults(func=cmd_logs)
+
+
+@dataclass(frozen=True, order=True)
+class TaskTry:
+    """One try of one task instance (``map_index`` -1: not a mapped task)."""
+
+    order: int
+    task_id: str
+    map_index: int
+    try_number: int
+
+    @property
+    def label(self) -> str:
+        mapped = f"[{self.map_index}]" if self.map_index >= 0 else ""
+        return f"{self.task_id}{mapped} (try {self.try_number})"
+
+
+def _task_order(task_id: str) -> int:
+    return TRAIN_TASKS.index(task_id) if task_id in TRAIN_TASKS else len(TRAIN_TASKS)
+
+
+class LogSource(Protocol):
+    where: str
+
+    def tries(self) -> list[TaskTry]:
+        """Every task try that has a log so far, in the order to show them."""
+
+    def lines(self, t: TaskTry) -> list[str]:
+        """The try's log lines so far (only complete lines: later reads extend the list)."""
+
+    def done(self) -> bool:
+        """Whether the run has ended (nothing more will be logged)."""
+
+
+def base_log_folder(explicit: str | None = None, environ: Any = None) -> str:
+    env = os.environ if environ is None else environ
+    if explicit:
+        return explicit
+    if env.get("AIRFLOW__LOGGING__BASE_LOG_FOLDER"):
+        return env["AIRFLOW__LOGGING__BASE_LOG_FOLDER"]
+    home = env.get("AIRFLOW_HOME")
+    if not home:  # this project's `make airflow` uses ./.airflow; Airflow's own default is ~/airflow
+        home = ".airflow" if os.path.isdir(".airflow") else os.path.expanduser("~/airflow")
+    return os.path.join(home, "logs")
+
+
+_ATTEMPT = re.compile(r"^attempt=(\d+)\.log$")
+_MAP = re.compile(r"^map_index=(\d+)$")
+
+
+def render_record(line: str) -> str:
+    """One line of an Airflow 3 task log file (a JSON record, or plain text) as text."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(rec, dict) or "event" not in rec:
+        return line
+    ts = str(rec.get("timestamp") or "").replace("T", " ")[:19]
+    level = str(rec.get("level") or "").upper()
+    logger = rec.get("logger")
+    prefix = [f"[{ts}]" if ts else "", f"{level:<7}" if level else "", f"{logger}:" if logger else ""]
+    text = " ".join([*(p for p in prefix if p), str(rec["event"])])
+    for err in rec.get("error_detail") or ():
+        if isinstance(err, dict):
+            text += f"\n{err.get('exc_type')}: {err.get('exc_value')}"
+    return text
+
+
+class LocalLogs:
+    """Log files Airflow's task runner writes: ``<base>/dag_id=D/run_id=R/task_id=T/[map_index=M/]attempt=N.log``."""
+
+    def __init__(self, folder: str, dag_id: str, run_id: str):
+        self.run_dir = os.path.join(folder, f"dag_id={dag_id}", f"run_id={run_id}")
+        self.where = self.run_dir
+        self.dag_id, self.run_id = dag_id, run_id
+        self._ledger: Any = None
+
+    def tries(self) -> list[TaskTry]:
+        found = []
+        if not os.path.isdir(self.run_dir):
+            return []
+        for entry in os.listdir(self.run_dir):
+            if not entry.startswith("task_id="):
+                continue
+            task_id, task_dir = entry.removeprefix("task_id="), os.path.join(self.run_dir, entry)
+            folders = [(-1, task_dir)] + [
+                (int(m.group(1)), os.path.join(task_dir, name))
+                for name in os.listdir(task_dir)
+                if (m := _MAP.match(name))
+            ]
+            for map_index, folder in folders:
+                for name in os.listdir(folder):
+                    if m := _ATTEMPT.match(name):
+                        found.append(TaskTry(_task_order(task_id), task_id, map_index, int(m.group(1))))
+        return sorted(found)
+
+    def path(self, t: TaskTry) -> str:
+        parts = [self.run_dir, f"task_id={t.task_id}"]
+        if t.map_index >= 0:
+            parts.append(f"map_index={t.map_index}")
+        return os.path.join(*parts, f"attempt={t.try_number}.log")
+
+    def lines(self, t: TaskTry) -> list[str]:
+        with open(self.path(t), errors="replace") as f:
+            text = f.read()
+        complete = text[: text.rfind("\n") + 1]  # a line still being written waits for the next read
+        return [render_record(line) for line in complete.splitlines() if line]
+
+    def done(self) -> bool:
+        """The ledger's status of a sailor_train run is final and its teardown has logged."""
+        if self.dag_id != "sailor_train":
+            return False
+        from sailor_tasks.ledger import Ledger
+        from sailor_tasks.settings import Settings
+        from sailor_tasks.stages.summary import RUN_STATUSES_DONE
+
+        if self._ledger is None:
+            self._ledger = Ledger(Settings.from_env().ledger_url)
+        run = self._ledger.get_run(self.run_id)
+        teardown = any(t.task_id == "teardown" for t in self.tries())
+        return bool(run and run["status"] in RUN_STATUSES_DONE and teardown)
+
+
+class ApiLogs:
+    """Task logs through Airflow's REST API (the same text as the UI's Logs tab)."""
+
+    def __init__(self, client: Any, dag_id: str, run_id: str):
+        self.client, self.dag_id, self.run_id = client, dag_id, run_id
+        self.where = f"{client.base_url} (dag {dag_id})"
+
+    def tries(self) -> list[TaskTry]:
+        found = []
+        for ti in self.client.task_instances(self.dag_id, self.run_id):
+            if not ti.get("start_date") or not ti.get("try_number"):
+                continue  # not started: no log yet
+            for n in range(1, int(ti["try_number"]) + 1):
+                found.append(TaskTry(_task_order(ti["task_id"]), ti["task_id"], ti.get("map_index", -1), n))
+        return sorted(found)
+
+    def lines(self, t: TaskTry) -> list[str]:
+        text = self.client.task_log(self.dag_id, self.run_id, t.task_id, t.try_number, map_index=t.map_index)
+        return text.splitlines()
+
+    def done(self) -> bool:
+        from sailor_tasks.cli.airflow_api import TERMINAL_RUN_STATES
+
+        return self.client.dag_run(self.dag_id, self.run_id)["state"] in TERMINAL_RUN_STATES
+
+
+def select(tries: Sequence[TaskTry], task: str | None, try_number: int | None) -> list[TaskTry]:
+    return [
+        t
+        for t in tries
+        if (task is None or t.task_id == task) and (try_number is None or t.try_number == try_number)
+    ]
+
+
+def print_logs(
+    source: LogSource,
+    task: str | None = None,
+    try_number: int | None = None,
+    follow: bool = False,
+    poll_s: float = 2.0,
+    timeout_s: float | None = None,
+    out: Any = None,
+) -> ExitCode:
+    """Print the selected logs, a ``==> task (try N) <==`` header before each; with ``follow``, keep
+    printing new lines (and new tries) until the run has ended."""
+    out = out or sys.stdout
+    printed: dict[TaskTry, int] = {}
+    shown: TaskTry | None = None
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        finished = follow and source.done()  # read after: the last lines land before we stop
+        for t in select(source.tries(), task, try_number):
+            lines = source.lines(t)
+            new = lines[printed.get(t, 0) :]
+            if not new and t in printed:
+                continue
+            if shown != t:
+                if shown is not None:
+                    print(file=out)
+                print(f"==> {t.label} <==", file=out)
+                shown = t
+            for line in new:
+                print(line, file=out)
+            printed[t] = len(lines)
+            out.flush()
+        if not follow or finished:
+            return ExitCode.OK
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"stopped following after {timeout_s:.0f} s; the run goes on", file=sys.stderr)
+            return ExitCode.FAILED
+        time.sleep(poll_s)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    source: LogSource
+    if args.airflow_url:
+        source = ApiLogs(client_from_args(args), args.dag_id, args.run_id)
+    else:
+        source = LocalLogs(base_log_folder(args.log_folder), args.dag_id, args.run_id)
+    try:
+        tries = source.tries()
+        if not tries and not args.follow:
+            hint = (
+                f" under {source.where}; runs of `airflow dags test` (make demo) print their logs in "
+                "the terminal and write none; give --airflow-url to read them from an API server"
+                if isinstance(source, LocalLogs)
+                else f" at {source.where}"
+            )
+            print(f"error: no task log of run {args.run_id!r}{hint}", file=sys.stderr)
+            return ExitCode.NOT_FOUND
+        tasks = sorted({t.task_id for t in tries}, key=_task_order)
+        if args.task and args.task not in tasks and not args.follow:
+            print(
+                f"error: --task {args.task!r} has no log in run {args.run_id}; valid: {', '.join(tasks)}",
+                file=sys.stderr,
+            )
+            return ExitCode.BAD_INPUT
+        return print_logs(source, args.task, args.try_number, args.follow, args.poll, args.timeout)
+    except KeyboardInterrupt:
+        return ExitCode.OK
+    except Exception as exc:
+        from sailor_tasks.cli.airflow_api import AirflowAPIError
+
+        if not isinstance(exc, AirflowAPIError | ValueError | OSError):
+            raise
+        print(f"error: logs of run {args.run_id} from {source.where}: {exc}", file=sys.stderr)
+        return exit_code_of(exc)

@@ -1,0 +1,127 @@
+"""Cancelling a local run stops every process it started: torchrun and its workers, which run in
+sessions of their own and would outlive a killed task."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from sailor_tasks import paths, stages, storage
+from sailor_tasks.backends.local import run_processes
+from sailor_tasks.errors import RunCancelledError
+from sailor_tasks.model import run_key
+
+pytestmark = pytest.mark.slow
+
+LONG = {
+    "job_name": "cancel-me",
+    "team": "qa",
+    "model": "tiny_gpt",
+    "num_workers": 2,
+    "total_steps": 1_000_000,
+    "checkpoint_every_steps": 50,
+    "batch_size": 4,
+}
+
+
+def prepare(ctx, run_id: str, dataset: str):
+    request = stages.validate({**LONG, "dataset_uri": dataset}, run_id, ctx)
+    placement = stages.plan(request, run_id, ctx)
+    data = stages.place_data(request, placement, run_id, ctx)
+    stages.provision(request, placement, run_id, ctx)
+    return request, placement, data
+
+
+def wait_for_workers(run_id: str, n: int, timeout_s: float = 120.0) -> list[psutil.Process]:
+    """torchrun and its ``n`` workers, once they are all up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        procs = run_processes(run_key(run_id))
+        agents = [p for p in procs if "torch.distributed.run" in " ".join(p.cmdline())]
+        if agents and len(agents[0].children(recursive=True)) >= n:
+            return [agents[0], *agents[0].children(recursive=True)]
+        time.sleep(0.2)
+    raise TimeoutError(f"run {run_id}: {n} workers not up after {timeout_s} s")
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    left = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def test_killing_the_train_task_leaves_no_process_of_the_run(ctx, demo_dataset):
+    """What Airflow does when a run is marked failed: the task's on_kill, while train runs."""
+    from sailor_tasks import gcp_auth
+    from sailor_tasks.airflow_glue.operators import SailorTrainOperator
+
+    run_id = "manual__cancel"
+    request, placement, data = prepare(ctx, run_id, demo_dataset)
+    outcome: list[BaseException | dict] = []
+
+    def train() -> None:
+        try:
+            outcome.append(stages.train(request, placement, data, run_id, ctx))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    try:
+        tree = wait_for_workers(run_id, 2)
+        op = SailorTrainOperator(task_id="train", request=request, placement=placement, data=data)
+        op._run_id = run_id  # what execute records
+        op.on_kill()
+    finally:
+        gcp_auth.set_provider(None)
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert alive(tree) == [] and run_processes(run_key(run_id)) == []
+    # A cancel, neither a preemption to recover from nor a failure to retry.
+    assert isinstance(outcome[0], RunCancelledError), outcome
+    (attempt,) = ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "cancelled" and ctx.ledger.preemptions(run_id) == []
+    assert ctx.ledger.get_run(run_id)["status"] == "cancelled"
+    (folder,) = {a["region"] for a in ctx.ledger.attempts(run_id)}
+    assert storage.exists(paths.cancelled_uri(ctx.run_uri(folder, run_id)))  # the run's own record
+    stages.teardown(run_id, ctx)
+    assert ctx.ledger.get_run(run_id)["status"] == "cancelled" and ctx.ledger.live_reservations() == []
+    assert os.listdir(ctx.settings.clusters_dir) == []  # nothing of the cluster left behind
+
+
+def test_teardown_stops_workers_that_outlived_a_hard_killed_task(ctx, demo_dataset):
+    """A task process killed with SIGKILL cannot run on_kill; torchrun and its workers, in their
+    own sessions, go on. teardown, which Airflow still runs, stops them before releasing."""
+    run_id = "manual__orphans"
+    stages_out = prepare(ctx, run_id, demo_dataset)
+    script = (
+        "import json, sys\n"
+        "from sailor_tasks import stages\n"
+        "request, placement, data = json.loads(sys.argv[1])\n"
+        "stages.train(request, placement, data, sys.argv[2])\n"
+    )
+    task = subprocess.Popen([sys.executable, "-c", script, json.dumps(stages_out), run_id])
+    try:
+        tree = wait_for_workers(run_id, 2)
+        task.kill()
+        task.wait()
+        time.sleep(0.5)
+        assert len(alive(tree)) == 3  # orphaned: still training
+    finally:
+        result = stages.teardown(run_id, ctx)
+    assert result["training_stopped"] >= 3 and result["cluster_removed"]
+    assert alive(tree) == [] and run_processes(run_key(run_id)) == []
+    assert ctx.ledger.live_reservations() == [] and ctx.ledger.get_run(run_id)["status"] == "failed"
+    assert os.listdir(ctx.settings.clusters_dir) == []

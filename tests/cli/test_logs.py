@@ -1,0 +1,180 @@
+"""``sailor logs``: task logs from the local log folder or Airflow's REST API, in pipeline order,
+and followed until the run ends."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+from sailor_tasks.cli.logs import ApiLogs, LocalLogs, TaskTry, print_logs, render_record
+from sailor_tasks.cli.main import main as sailor
+
+RUN_ID = "manual__2026-11-22T10:00:00+00:00"
+
+
+def record(event: str, level: str = "info", logger: str = "sailor_tasks.stages.train", **extra) -> str:
+    return json.dumps(
+        {
+            "timestamp": "2026-11-22T10:00:01.123456Z",
+            "level": level,
+            "event": event,
+            "logger": logger,
+            **extra,
+        }
+    )
+
+
+def write_log(folder, task: str, attempt: int, lines: list[str], run_id: str = RUN_ID) -> str:
+    path = folder / "dag_id=sailor_train" / f"run_id={run_id}" / f"task_id={task}" / f"attempt={attempt}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.writelines(line + "\n" for line in lines)
+    return str(path)
+
+
+def test_local_logs_print_every_try_in_pipeline_order(tmp_path, capsys):
+    write_log(tmp_path, "teardown", 1, [record("released")])
+    write_log(tmp_path, "train", 2, [record("step 30 loss 3.9")])
+    write_log(tmp_path, "train", 1, [record("step 10 loss 5.1"), record("preempted", level="warning")])
+    write_log(tmp_path, "validate", 1, [record("params ok")])
+    assert sailor(["logs", RUN_ID, "--log-folder", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    headers = [line for line in out.splitlines() if line.startswith("==> ")]
+    assert headers == [
+        "==> validate (try 1) <==",
+        "==> train (try 1) <==",
+        "==> train (try 2) <==",
+        "==> teardown (try 1) <==",
+    ]
+    assert "[2026-11-22 10:00:01] WARNING sailor_tasks.stages.train: preempted" in out
+
+    assert sailor(["logs", RUN_ID, "--log-folder", str(tmp_path), "--task", "train", "--try", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "step 30 loss 3.9" in out and "step 10" not in out and "params ok" not in out
+
+
+def test_unknown_task_is_bad_input_naming_the_tasks_and_unknown_run_is_not_found(tmp_path, capsys):
+    write_log(tmp_path, "validate", 1, [record("params ok")])
+    write_log(tmp_path, "train", 1, [record("step 1")])
+    assert sailor(["logs", RUN_ID, "--log-folder", str(tmp_path), "--task", "trian"]) == 2
+    assert "--task 'trian'" in (err := capsys.readouterr().err) and "valid: validate, train" in err
+    assert sailor(["logs", "manual__nothing", "--log-folder", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert "no task log of run 'manual__nothing'" in err and "--airflow-url" in err
+
+
+def test_local_log_folder_defaults_to_airflow_home(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("AIRFLOW__LOGGING__BASE_LOG_FOLDER", raising=False)
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    write_log(tmp_path / "logs", "plan", 1, [record("chose us-central1-a")])
+    assert sailor(["logs", RUN_ID]) == 0
+    assert "chose us-central1-a" in capsys.readouterr().out
+
+
+def test_records_render_as_text_with_their_errors_and_plain_lines_pass_through():
+    err = record(
+        "task failed", level="error", error_detail=[{"exc_type": "TrainingFailedError", "exc_value": "rc 1"}]
+    )
+    assert render_record(err).endswith("task failed\nTrainingFailedError: rc 1")
+    assert render_record("plain torchrun line") == "plain torchrun line"
+    assert render_record('{"not": "a record"}') == '{"not": "a record"}'
+
+
+def test_follow_prints_lines_as_they_are_written_and_stops_when_the_run_ends(tmp_path, ctx):
+    ctx.ledger.upsert_run(
+        RUN_ID,
+        job_name="j",
+        team="t",
+        status="running",
+        backend="local",
+        model="tiny_gpt",
+        dataset_uri="sailor://source/datasets/demo-text",
+        request={},
+    )
+    write_log(tmp_path, "train", 1, [record("step 1 loss 5.0")])
+    half = write_log(tmp_path, "train", 1, [])
+    with open(half, "a") as f:
+        f.write(record("step 2 loss")[:20])  # a line still being written is not printed yet
+
+    def training() -> None:
+        time.sleep(0.3)
+        with open(half, "a") as f:
+            f.write(record("step 2 loss 4.0")[20:] + "\n")
+        write_log(tmp_path, "train", 1, [record("step 3 loss 3.0")])
+        time.sleep(0.3)
+        ctx.ledger.upsert_run(RUN_ID, status="success")
+        write_log(tmp_path, "teardown", 1, [record("released the reservation")])
+
+    writer = threading.Thread(target=training)
+    writer.start()
+    out = io.StringIO()
+    rc = print_logs(
+        LocalLogs(str(tmp_path), "sailor_train", RUN_ID), follow=True, poll_s=0.05, timeout_s=30, out=out
+    )
+    writer.join()
+    text = out.getvalue()
+    assert rc == 0
+    assert [line.split(": ", 1)[1] for line in text.splitlines() if "step" in line] == [
+        "step 1 loss 5.0",
+        "step 2 loss 4.0",
+        "step 3 loss 3.0",
+    ]
+    assert "==> teardown (try 1) <==" in text and text.rstrip().endswith("released the reservation")
+
+
+class FakeAirflow:
+    """The REST calls ``ApiLogs`` makes, over a scripted run."""
+
+    base_url = "http://airflow.test"
+
+    def __init__(self):
+        self.state = "running"
+        self.tis = [
+            {"task_id": "train", "try_number": 1, "map_index": -1, "start_date": "t1"},
+            {"task_id": "plan", "try_number": 1, "map_index": -1, "start_date": "t0"},
+            {"task_id": "finalize", "try_number": 0, "map_index": -1, "start_date": None},
+        ]
+        self.logs = {("plan", 1): ["chose us-central1-a"], ("train", 1): ["step 1 loss 5.0"]}
+        self.reads = 0
+
+    def task_instances(self, dag_id, run_id):
+        return self.tis
+
+    def task_log(self, dag_id, run_id, task_id, try_number, map_index=-1):
+        self.reads += 1
+        if task_id == "train" and self.reads > 3:  # the run moves on while it is followed
+            self.logs[("train", 1)] = ["step 1 loss 5.0", "step 2 loss 4.0"]
+            self.state = "success"
+        return "\n".join(self.logs[(task_id, try_number)])
+
+    def dag_run(self, dag_id, run_id):
+        return {"state": self.state}
+
+
+def test_api_logs_follow_a_run_through_the_rest_api_until_it_ends():
+    api = FakeAirflow()
+    source = ApiLogs(api, "sailor_train", RUN_ID)
+    assert source.tries() == [TaskTry(1, "plan", -1, 1), TaskTry(4, "train", -1, 1)]
+    out = io.StringIO()
+    assert print_logs(source, follow=True, poll_s=0.01, timeout_s=10, out=out) == 0
+    assert out.getvalue().splitlines() == [
+        "==> plan (try 1) <==",
+        "chose us-central1-a",
+        "",
+        "==> train (try 1) <==",
+        "step 1 loss 5.0",
+        "step 2 loss 4.0",
+    ]
+
+
+def test_without_airflow_home_the_projects_airflow_folder_is_used(tmp_path, monkeypatch):
+    from sailor_tasks.cli.logs import base_log_folder
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".airflow").mkdir()
+    assert base_log_folder(environ={}) == ".airflow/logs"
+    assert base_log_folder(environ={"AIRFLOW_HOME": "/srv/af"}) == "/srv/af/logs"
+    assert base_log_folder(environ={"AIRFLOW__LOGGING__BASE_LOG_FOLDER": "/l", "AIRFLOW_HOME": "/a"}) == "/l"
+    assert base_log_folder("/explicit", environ={"AIRFLOW_HOME": "/a"}) == "/explicit"

@@ -1,0 +1,73 @@
+"""The ``sailor`` command's parser: every option has help, help is plain text, ``--json`` prints
+JSON everywhere, exit codes are documented, ``--version`` answers."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from sailor_tasks.cli.main import build_parser, options_without_help, walk
+from sailor_tasks.cli.main import main as sailor
+
+
+def test_every_option_and_argument_of_every_command_has_help():
+    assert options_without_help(build_parser()) == []
+
+
+def test_every_command_has_a_one_line_help():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    assert set(helps) == set(sub.choices) and all(helps.values())
+
+
+def test_help_is_plain_text_without_rest_markup():
+    markup = re.compile(r"``|:(class|func|meth|mod|ref):`")
+    parser = build_parser()
+    texts = [parser.format_help()] + [p.format_help() for _, p in walk(parser)]
+    offending = [line for text in texts for line in text.splitlines() if markup.search(line)]
+    assert offending == []
+
+
+def test_json_is_a_flag_that_prints_json_wherever_it_exists():
+    for path, p in walk(build_parser()):
+        for action in p._actions:
+            if "--json" in action.option_strings:
+                assert action.nargs == 0 and action.const is True, path  # store_true, takes no value
+
+
+def test_top_level_help_lists_the_exit_codes(capsys):
+    with pytest.raises(SystemExit) as done:
+        sailor(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for code in ("0  ok", "1  failed", "2  bad input", "3  not found or unreachable"):
+        assert code in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        sailor(["--version"])
+    assert done.value.code == 0 and re.fullmatch(r"sailor \S+\n", capsys.readouterr().out)
+
+
+def test_bad_choice_is_bad_input_naming_the_value_and_the_choices(capsys):
+    with pytest.raises(SystemExit) as done:
+        sailor(["render", "--backend", "aws"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "'aws'" in err and "gke" in err
+
+
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_unreadable_params_and_malformed_overrides_are_bad_input(command, tmp_path, settings, capsys):
+    flag = [] if command == "plan" else ["--params"]
+    assert sailor([command, *flag, str(tmp_path / "missing.json")]) == 2
+    assert "cannot read params from" in capsys.readouterr().err
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert sailor([command, *flag, str(tmp_path / "list.json")]) == 2
+    assert "must hold a JSON object" in capsys.readouterr().err
+    assert sailor([command, "--set", "num_workers"]) == 2
+    assert "--set 'num_workers' is not KEY=VALUE" in capsys.readouterr().err

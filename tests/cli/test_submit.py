@@ -1,0 +1,92 @@
+"""``sailor submit`` against a paused DAG, and the commands it prints to follow, see and cancel a run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from sailor_tasks.cli import submit
+from sailor_tasks.cli.airflow_api import AirflowAPIError
+from sailor_tasks.cli.main import main as sailor
+
+
+class FakeAirflow:
+    def __init__(self, paused: bool = True, trigger_error: BaseException | None = None):
+        self.paused, self.trigger_error = paused, trigger_error
+        self.calls: list[tuple] = []
+
+    def get_dag(self, dag_id):
+        self.calls.append(("get_dag", dag_id))
+        return {"dag_id": dag_id, "is_paused": self.paused}
+
+    def unpause(self, dag_id):
+        self.calls.append(("unpause", dag_id))
+        self.paused = False
+
+    def trigger(self, dag_id, conf, note=None):
+        self.calls.append(("trigger", dag_id, self.paused))
+        if self.trigger_error:
+            raise self.trigger_error
+        return {"dag_run_id": "manual__2026-11-22T10:00:00+00:00"}
+
+
+@pytest.fixture
+def params(tmp_path):
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps({"job_name": "lm", "team": "qa", "num_workers": 2, "total_steps": 300}))
+    return str(path)
+
+
+@pytest.fixture
+def airflow(monkeypatch):
+    fake = FakeAirflow()
+    monkeypatch.setattr(submit, "client_from_args", lambda args: fake)
+    return fake
+
+
+def test_paused_dag_is_not_triggered_and_the_message_says_how_to_unpause(params, airflow, capsys):
+    assert sailor(["submit", params, "--no-wait"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "DAG sailor_train is paused" in err
+        and "--unpause" in err
+        and "airflow dags unpause sailor_train" in err
+    )
+    assert [c[0] for c in airflow.calls] == ["get_dag"]
+
+
+def test_unpause_flag_unpauses_then_triggers_and_prints_the_next_commands(params, airflow, capsys):
+    assert sailor(["submit", params, "--no-wait", "--unpause"]) == 0
+    assert airflow.calls == [
+        ("get_dag", "sailor_train"),
+        ("unpause", "sailor_train"),
+        ("trigger", "sailor_train", False),
+    ]
+    out, err = capsys.readouterr()
+    run_id = "manual__2026-11-22T10:00:00+00:00"
+    assert out.strip() == run_id  # stdout: the run id alone, for scripts
+    for command in (f"sailor logs {run_id} --follow", f"sailor show {run_id}", f"sailor cancel {run_id}"):
+        assert command in err
+
+
+def test_an_unpaused_dag_is_triggered_without_touching_its_pause_state(params, airflow):
+    airflow.paused = False
+    assert sailor(["submit", params, "--no-wait"]) == 0
+    assert [c[0] for c in airflow.calls] == ["get_dag", "trigger"]
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (AirflowAPIError("POST", "/auth/token", 401, "Invalid credentials"), 2),
+        (AirflowAPIError("POST", "/api/v2/dags/x/dagRuns", 400, "bad conf"), 2),
+        (AirflowAPIError("GET", "/api/v2/dags/x", 404, "DAG not found"), 3),
+        (requests.ConnectionError("connection refused"), 3),
+    ],
+)
+def test_airflow_errors_map_to_documented_exit_codes(params, airflow, capsys, error, code):
+    airflow.paused, airflow.trigger_error = False, error
+    assert sailor(["submit", params, "--no-wait"]) == code
+    assert str(error) in capsys.readouterr().err
