@@ -257,7 +257,7 @@ def run_labels(run_key: str, placement: Placement) -> dict[str, str]:
 
 def run_selector(run_key: str) -> str:
     """Kubernetes label selector of every pod of the run (all attempts)."""
-    return f"{LABEL_PREFIX}/run={_label_value(run_key)}"
+    return f"{LABEL_PREFIX}/run={run_label(run_key)}"
 
 
 def rendezvous_service_name(run_key: str, attempt: int = 1) -> str:
