@@ -17,6 +17,7 @@ from sailor_tasks import paths, stages, storage
 from sailor_tasks.backends.local import run_processes
 from sailor_tasks.errors import RunCancelledError
 from sailor_tasks.model import run_key
+from sailor_tasks.testing.first_hour import alive
 
 pytestmark = pytest.mark.slow
 
@@ -49,17 +50,6 @@ def wait_for_workers(run_id: str, n: int, timeout_s: float = 120.0) -> list[psut
             return [agents[0], *agents[0].children(recursive=True)]
         time.sleep(0.2)
     raise TimeoutError(f"run {run_id}: {n} workers not up after {timeout_s} s")
-
-
-def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    left = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                left.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return left
 
 
 def test_killing_the_train_task_leaves_no_process_of_the_run(ctx, demo_dataset):

@@ -105,7 +105,7 @@ class RecoveryStrategy(Protocol):
 
 class StayInRegion:
     """Baseline (``--recovery stay_in_region``): wait for the capacity to come back in the same
-    region. The default is the registry's ``same_zone_first`` (``recovery.StrategyRecovery``)."""
+    region. The default is the registry's ``same_zone_first`` (``replan.StrategyRecovery``)."""
 
     name = "stay_in_region"
 
