@@ -115,6 +115,13 @@ class JobRequest:
     """Seconds between the preemption notice (SIGTERM) and the hard kill (GCE: 30 s)."""
     async_checkpoint: bool = False
     """Write periodic checkpoints in the background (training stalls only for the copy to CPU)."""
+    # The run's own code (empty: the built-in trainer); see docs/run-contract.md
+    command: tuple[str, ...] = ()
+    """argv run under torchrun with the run contract's environment; empty: the built-in model."""
+    image: str = ""
+    """OCI image reference the command runs in (container backends); empty: SAILOR's image."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment of every worker (names validated; SAILOR_* and torchrun's reserved)."""
 
     @property
     def num_gpus(self) -> int:

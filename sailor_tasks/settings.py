@@ -13,6 +13,8 @@ run at another state folder without touching code.
 | SAILOR_GCP_PROJECT       | ``sailor-demo``                           | ``{project}`` in the bucket template |
 | SAILOR_DATA_ROOTS        | (none)                                    | extra folders file:// datasets may   |
 |                          |                                           | come from (``os.pathsep``-separated) |
+| SAILOR_COMMAND_ROOTS     | the project's ``examples/``               | folders a local ``command`` may run  |
+|                          |                                           | from (``os.pathsep``-separated)      |
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 BACKENDS = ("local", "gke")
 SOURCE_BUCKET = "source"
 """Name of the bucket that holds datasets before SAILOR places them (``sailor://source/...``)."""
+DEFAULT_COMMAND_ROOT = str(Path(__file__).resolve().parent.parent / "examples")
+"""The project's ``examples/`` folder: where a local backend ``command`` may come from by default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,9 @@ class Settings:
     """GCP project used in bucket names on the gke backend."""
     data_roots: tuple[str, ...] = ()
     """Folders besides the state folder that ``file://`` datasets may be read from."""
+    command_roots: tuple[str, ...] = (DEFAULT_COMMAND_ROOT,)
+    """Folders whose scripts and executables a run's ``command`` may start on the local backend
+    (whoever may trigger a run must not get arbitrary code execution on the worker)."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -55,6 +62,11 @@ class Settings:
             backend=backend,
             gcp_project=env.get("SAILOR_GCP_PROJECT", "sailor-demo"),
             data_roots=tuple(p for p in env.get("SAILOR_DATA_ROOTS", "").split(os.pathsep) if p),
+            command_roots=tuple(
+                str(Path(p).expanduser().resolve())
+                for p in env.get("SAILOR_COMMAND_ROOTS", DEFAULT_COMMAND_ROOT).split(os.pathsep)
+                if p
+            ),
         )
 
     def with_state_dir(self, state_dir: str) -> Settings:

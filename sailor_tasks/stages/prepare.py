@@ -31,7 +31,7 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
     """
     ctx = resolve_ctx(ctx)
     from sailor_tasks.placement.planner import price_cap_error
-    from sailor_tasks.request import check_file_roots, from_params
+    from sailor_tasks.request import check_file_roots, check_local_command, from_params
 
     with timed(ctx, run_id, "validate"):
         try:
@@ -40,6 +40,10 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
             root_err = check_file_roots(request.dataset_uri, ctx.settings.dataset_roots)
             if root_err:
                 raise InvalidRequestErrors([root_err])  # never look at a path outside the data folders
+            if request.backend == "local":
+                command_err = check_local_command(request.command, ctx.settings.command_roots)
+                if command_err:
+                    errors.append(command_err)
             cap = price_cap_error(request, ctx.catalog)
             if cap:
                 errors.append(InvalidRequestError("max_usd_per_hour", request.max_usd_per_hour, cap))
