@@ -120,8 +120,14 @@ class JobRequest:
     """argv run under torchrun with the run contract's environment; empty: the built-in model."""
     image: str = ""
     """OCI image reference the command runs in (container backends); empty: SAILOR's image."""
-    env: Mapping[str, str] = field(default_factory=dict)
-    """Extra environment of every worker (names validated; SAILOR_* and torchrun's reserved)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment of every worker as sorted (name, value) pairs, so the request stays
+    hashable (``dict(req.env)`` for a mapping); a mapping or JSON pairs given here are normalised.
+    Names are validated by the request (SAILOR_* and torchrun's reserved)."""
+
+    def __post_init__(self) -> None:
+        pairs = self.env.items() if isinstance(self.env, Mapping) else self.env
+        object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in pairs)))
 
     @property
     def num_gpus(self) -> int:

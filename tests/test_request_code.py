@@ -120,3 +120,14 @@ def test_env_that_loads_other_code_is_refused_on_the_local_backend(name):
 def test_own_code_on_gke_is_refused_until_pods_run_it():
     err = rejected({"command": ["python", "plain_ddp.py"], "backend": "gke"})
     assert err.errors[0].field == "command" and "backend=local" in str(err)
+
+
+def test_a_request_with_env_stays_hashable_and_survives_xcom_json():
+    import json
+
+    from sailor_tasks.model import JobRequest, from_dict, to_dict
+
+    req = from_params({"env": {"B": "2", "A": "1"}, "command": ["python", "plain_ddp.py"]})
+    again = from_dict(JobRequest, json.loads(json.dumps(to_dict(req))))
+    assert again == req and hash(again) == hash(req)  # the spot simulator keys placements by request
+    assert dict(again.env) == {"A": "1", "B": "2"}
