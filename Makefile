@@ -72,7 +72,7 @@ test: $(DB_STAMP) system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check dags/ plugins/ sailor_tasks/ tests/ bench/
+	$(BIN)/ruff check dags/ plugins/ sailor_tasks/ tests/ bench/ examples/
 	$(BIN)/lint-imports
 	$(BIN)/deptry .
 

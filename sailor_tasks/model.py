@@ -115,6 +115,19 @@ class JobRequest:
     """Seconds between the preemption notice (SIGTERM) and the hard kill (GCE: 30 s)."""
     async_checkpoint: bool = False
     """Write periodic checkpoints in the background (training stalls only for the copy to CPU)."""
+    # The run's own code (empty: the built-in trainer); see docs/run-contract.md
+    command: tuple[str, ...] = ()
+    """argv run under torchrun with the run contract's environment; empty: the built-in model."""
+    image: str = ""
+    """OCI image reference the command runs in (container backends); empty: SAILOR's image."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment of every worker as sorted (name, value) pairs, so the request stays
+    hashable (``dict(req.env)`` for a mapping); a mapping or JSON pairs given here are normalised.
+    Names are validated by the request (SAILOR_* and torchrun's reserved)."""
+
+    def __post_init__(self) -> None:
+        pairs = self.env.items() if isinstance(self.env, Mapping) else self.env
+        object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in pairs)))
 
     @property
     def num_gpus(self) -> int:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jsonschema
 
 from sailor_tasks import paths, storage
+from sailor_tasks.backends.local_command import check_local_env, resolve_local_command
 from sailor_tasks.catalog import Catalog, packaged_choices
 from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
 from sailor_tasks.model import ANY_GPU, MARKET_CHOICES, JobRequest
@@ -49,10 +51,50 @@ comparison with NaN is false, so NaN satisfies the inner schema. ±Infinity is r
 bounds every number param has. Non-standard JSON, but Python's ``json`` (and Airflow's REST API)
 parse ``NaN`` and ``Infinity``."""
 
+# OCI image reference grammar (github.com/distribution/reference, regexp.go), spelled with ASCII
+# classes so Python's ``re`` and the browser's RegExp read it alike.
+_OCI_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_OCI_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_OCI_DOMAIN = (
+    rf"(?:{_OCI_DOMAIN_COMPONENT}(?:\.{_OCI_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+)
+_OCI_NAME = rf"(?:{_OCI_DOMAIN}/)?{_OCI_PATH_COMPONENT}(?:/{_OCI_PATH_COMPONENT})*"
+_OCI_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_OCI_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[a-fA-F0-9]{32,}"
+IMAGE_PATTERN = rf"^$|^{_OCI_NAME}(?::{_OCI_TAG})?(?:@{_OCI_DIGEST})?$"
+"""An OCI image reference, ``[registry[:port]/]name[:tag][@digest]``, or empty."""
+IMAGE_NAME_MAX = 255
+"""Longest repository name (registry included) the reference grammar allows."""
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+RESERVED_ENV_PREFIXES = ("SAILOR_", "TORCHELASTIC_")
+"""Env name prefixes SAILOR and torchrun set for every worker (the run contract)."""
+RESERVED_ENV_NAMES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+"""Env names torchrun sets for every worker."""
+ENV_MAX_NAMES = 32
+ENV_NAME_MAX = 64
+ENV_VALUE_MAX = 2048
+"""Caps of ``env``: at most 32 names of 64 characters and values of 2048 (≤ 68 KiB in all, far
+below the kernel's limits on a process's environment and Kubernetes' on a pod spec)."""
+COMMAND_MAX_ARGS = 64
+COMMAND_ARG_MAX = 1024
+
 DATA_RESIDENCY_CHOICES = ("NA", "SA", "EU", "ASIA", "OC", "ME", "AF")
 """Continent codes of the transfer file (``catalog/data/transfer.yaml``)."""
 
 SECTION_JOB = "Job"
+SECTION_CODE = "Training code"
 SECTION_DATA = "Data"
 SECTION_RESOURCES = "Resources"
 SECTION_MARKET = "Market and cost"
@@ -91,6 +133,47 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "title": "Model",
             "section": SECTION_JOB,
             "description": "Built-in model to train (byte-level transformer language models).",
+        },
+        "command": {
+            "default": [],
+            "type": ["null", "array"],
+            "maxItems": COMMAND_MAX_ARGS,
+            "items": {"type": "string", "minLength": 1, "maxLength": COMMAND_ARG_MAX, "pattern": r"^[^\x00]*$"},
+            "title": "Command",
+            "section": SECTION_CODE,
+            "description": 'Your training command as an argv list (never a shell string), run under torchrun with '
+            'SAILOR\'s run contract, e.g. ["python", "plain_ddp.py", "--lr", "0.1"]. Empty: the built-in model. '
+            "Local backend: only scripts or executables in the allowed folders (SAILOR_COMMAND_ROOTS).",
+        },
+        "image": {
+            "default": "",
+            "type": ["null", "string"],
+            "maxLength": 512,
+            "pattern": IMAGE_PATTERN,
+            "title": "Container image",
+            "section": SECTION_CODE,
+            "description": "OCI image reference ([registry[:port]/]name[:tag][@digest]) for container backends; "
+            "empty: SAILOR's training image.",
+        },
+        "env": {
+            "default": {},
+            "type": ["null", "object"],
+            "maxProperties": ENV_MAX_NAMES,
+            "propertyNames": {
+                "pattern": ENV_NAME_PATTERN,
+                "maxLength": ENV_NAME_MAX,
+                "not": {
+                    "anyOf": [
+                        *({"pattern": f"^{p}"} for p in RESERVED_ENV_PREFIXES),
+                        {"enum": list(RESERVED_ENV_NAMES)},
+                    ]
+                },
+            },
+            "additionalProperties": {"type": "string", "maxLength": ENV_VALUE_MAX, "pattern": r"^[^\x00]*$"},
+            "title": "Environment",
+            "section": SECTION_CODE,
+            "description": 'Extra environment of every worker, {"NAME": "value"}; names [A-Za-z_][A-Za-z0-9_]*, '
+            f"at most {ENV_MAX_NAMES}; SAILOR_*, TORCHELASTIC_* and torchrun's variables are reserved.",
         },
         "total_steps": {
             "default": 300,
@@ -330,6 +413,9 @@ _NULL_MEANS_EMPTY: dict[str, Any] = {
     "inject_preemptions": [],
     "inject_kills": [],
     "preemption_trace_uri": "",
+    "command": [],
+    "image": "",
+    "env": {},
 }
 """Optional params whose null (an empty field in the trigger form) means the empty value."""
 
@@ -363,6 +449,87 @@ def _check_schema(name: str, value: Any, spec: Mapping[str, Any]) -> InvalidRequ
             name, shown, exc.message if len(exc.message) < 300 else exc.message[:297] + "...", valid
         )
     return None
+
+
+def _check_command(value: Any) -> list[InvalidRequestError]:
+    if isinstance(value, str):
+        return [
+            InvalidRequestError(
+                "command",
+                _short(value),
+                'must be an argv list of strings, never a shell string: e.g. ["python", "train.py", "--lr", "0.1"]',
+            )
+        ]
+    if not isinstance(value, list):
+        return []  # the schema's own message
+    if len(value) > COMMAND_MAX_ARGS:
+        return [InvalidRequestError("command", _short(value), f"at most {COMMAND_MAX_ARGS} arguments")]
+    bad = [a for a in value if not isinstance(a, str) or not a or len(a) > COMMAND_ARG_MAX or "\x00" in a]
+    if bad:
+        return [
+            InvalidRequestError(
+                "command",
+                _short(bad[0]),
+                f"every argument must be a non-empty string of at most {COMMAND_ARG_MAX} characters without NUL",
+            )
+        ]
+    return []
+
+
+def _check_image(value: Any) -> list[InvalidRequestError]:
+    if not isinstance(value, str) or len(value) > 512:
+        return []  # the schema's own message
+    return [
+        InvalidRequestError(
+            "image",
+            _short(value),
+            "not an OCI image reference: [registry[:port]/]name[:tag][@digest], name components lowercase "
+            "letters and digits separated by '.', '_', '__' or '-', no spaces or shell characters",
+        )
+    ]
+
+
+def _check_env(value: Any) -> list[InvalidRequestError]:
+    if not isinstance(value, dict):
+        return [InvalidRequestError("env", _short(value), 'must be an object of names to strings, {"NAME": "value"}')]
+    errors = []
+    if len(value) > ENV_MAX_NAMES:
+        errors.append(InvalidRequestError("env", f"{len(value)} names", f"at most {ENV_MAX_NAMES} names"))
+    malformed = [n for n in value if not re.match(ENV_NAME_PATTERN, n) or len(n) > ENV_NAME_MAX]
+    if malformed:
+        errors.append(
+            InvalidRequestError(
+                "env",
+                [_short(n) for n in malformed[:5]],
+                f"names must match {ENV_NAME_PATTERN} and have at most {ENV_NAME_MAX} characters",
+            )
+        )
+    reserved = [n for n in value if n in RESERVED_ENV_NAMES or n.startswith(RESERVED_ENV_PREFIXES)]
+    if reserved:
+        errors.append(
+            InvalidRequestError(
+                "env",
+                reserved[:5],
+                "reserved: SAILOR sets SAILOR_* and torchrun sets TORCHELASTIC_* and "
+                + ", ".join(RESERVED_ENV_NAMES),
+            )
+        )
+    bad_values = [
+        n for n, v in value.items() if not isinstance(v, str) or len(v) > ENV_VALUE_MAX or "\x00" in v
+    ]
+    if bad_values:
+        errors.append(
+            InvalidRequestError(
+                "env",
+                [_short(n) for n in bad_values[:5]],
+                f"values must be strings of at most {ENV_VALUE_MAX} characters without NUL",
+            )
+        )
+    return errors
+
+
+_CLEAR_CHECKS = {"command": _check_command, "image": _check_image, "env": _check_env}
+"""Params whose schema errors are explained by a clearer check (the schema stays what decides)."""
 
 
 def check_dataset_uri(uri: str, regions: tuple[str, ...]) -> InvalidRequestError | None:
@@ -445,6 +612,17 @@ def check_data_access(
     )
 
 
+def check_local_command(command: tuple[str, ...], roots: tuple[str, ...]) -> InvalidRequestError | None:
+    """A local run's ``command`` must start a script or executable inside ``roots`` (never a shell)."""
+    if not command:
+        return None
+    try:
+        resolve_local_command(command, roots)
+    except InvalidRequestError as exc:
+        return exc
+    return None
+
+
 def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> JobRequest:
     """Validate ``params`` (missing ones take their defaults) and build the ``JobRequest``.
 
@@ -462,7 +640,8 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
     for name, spec in schemas.items():
         err = _check_schema(name, values[name], spec)
         if err:
-            errors.append(err)
+            clearer = _CLEAR_CHECKS[name](values[name]) if name in _CLEAR_CHECKS else []
+            errors.extend(clearer or [err])
     if errors:
         raise InvalidRequestErrors(errors)
     # Airflow's trigger form sends an untouched optional field as null; null means "none".
@@ -487,6 +666,7 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
                 f"injection steps must be below total_steps={values['total_steps']}",
             )
         )
+    errors.extend(_check_code(values))
     regions = tuple(values["regions"])
     if catalog is not None:
         errors.extend(_check_catalog(values, catalog))
@@ -523,7 +703,40 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
         preemption_trace_time_scale=float(values["preemption_trace_time_scale"]),
         preemption_notice_s=float(values["preemption_notice_s"]),
         async_checkpoint=values["async_checkpoint"],
+        command=tuple(values["command"]),
+        image=values["image"],
+        env=dict(values["env"]),
     )
+
+
+def _check_code(values: Mapping[str, Any]) -> list[InvalidRequestError]:
+    """Cross-field rules of the run's own code: what each backend can run."""
+    errors = []
+    image, backend = values["image"], values["backend"]
+    name = image.split("@", 1)[0]
+    name = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    if len(name) > IMAGE_NAME_MAX:
+        errors.append(
+            InvalidRequestError("image", _short(image), f"the repository name is longer than {IMAGE_NAME_MAX}")
+        )
+    if image and backend == "local":
+        errors.append(
+            InvalidRequestError(
+                "image", image, "the local backend runs no container: leave image empty and give command"
+            )
+        )
+    if backend == "gke" and (values["command"] or image or values["env"]):
+        field = "command" if values["command"] else "image" if image else "env"
+        errors.append(
+            InvalidRequestError(
+                field,
+                _short(values[field]),
+                "backend=gke runs the built-in trainer in SAILOR's image; run your own code on backend=local",
+            )
+        )
+    if backend == "local":
+        errors.extend(check_local_env(values["env"]))
+    return errors
 
 
 def _check_catalog(values: Mapping[str, Any], catalog: Catalog) -> list[InvalidRequestError]:

@@ -15,6 +15,8 @@ run at another state folder without touching code.
 |                          |                                           | may come from (``os.pathsep``-sep.)  |
 | SAILOR_DATA_BUCKETS      | (none)                                    | gs:// buckets datasets and traces    |
 |                          |                                           | may come from (comma-separated)      |
+| SAILOR_COMMAND_ROOTS     | the project's ``examples/``               | folders a local ``command`` may run  |
+|                          |                                           | from (``os.pathsep``-separated)      |
 
 SAILOR's own buckets (``source`` and the regions, through the bucket template) are always readable
 by a run, except their ``runs/`` folders; nothing else of the state folder is.
@@ -30,6 +32,8 @@ from urllib.parse import urlsplit, urlunsplit
 BACKENDS = ("local", "gke")
 SOURCE_BUCKET = "source"
 """Name of the bucket that holds datasets before SAILOR places them (``sailor://source/...``)."""
+DEFAULT_COMMAND_ROOT = str(Path(__file__).resolve().parent.parent / "examples")
+"""The project's ``examples/`` folder: where a local backend ``command`` may come from by default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,9 @@ class Settings:
     """Folders that ``file://`` datasets and traces may be read from, besides SAILOR's own buckets."""
     data_buckets: tuple[str, ...] = ()
     """``gs://`` buckets (names) that datasets and traces may be read from, besides SAILOR's own."""
+    command_roots: tuple[str, ...] = (DEFAULT_COMMAND_ROOT,)
+    """Folders whose scripts and executables a run's ``command`` may start on the local backend
+    (whoever may trigger a run must not get arbitrary code execution on the worker)."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -68,6 +75,11 @@ class Settings:
                 b.strip().removeprefix("gs://").strip("/")
                 for b in env.get("SAILOR_DATA_BUCKETS", "").split(",")
                 if b.strip().removeprefix("gs://").strip("/")
+            ),
+            command_roots=tuple(
+                str(Path(p).expanduser().resolve())
+                for p in env.get("SAILOR_COMMAND_ROOTS", DEFAULT_COMMAND_ROOT).split(os.pathsep)
+                if p
             ),
         )
 

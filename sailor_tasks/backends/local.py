@@ -6,6 +6,7 @@ a cloud run does happens here for real: data copies, training, checkpoints, rest
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -21,14 +22,19 @@ from typing import Any
 
 from sailor_tasks import paths, storage
 from sailor_tasks.backends.base import TrainLaunch
+from sailor_tasks.backends.local_command import resolve_local_command
 from sailor_tasks.backends.preemption import InjectionSpec, PreemptionEvent, due, step_events, time_events
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 from sailor_tasks.model import Placement, to_dict
+from sailor_tasks.runtime.contract import contract_env, write_notice
 from sailor_tasks.settings import Settings
-from sailor_tasks.train.progress import PROGRESS_ENV, read_progress
+from sailor_tasks.train.config import TrainConfig
+from sailor_tasks.train.progress import read_progress
 
 POLL_S = 0.02
 """How often the injector reads the trainer's progress file (a step of tiny_gpt takes ~10 ms+)."""
+LOG_TAIL_LINES = 40
+"""Lines of the process group's output kept for the error of a failed attempt (and launch.json)."""
 
 RUN_KEY_ENV = "SAILOR_LOCAL_RUN_KEY"
 """Set in the environment of torchrun and so of every process it starts: ``cancel`` finds a run's
@@ -84,18 +90,49 @@ class LocalBackend:
         )
         return record
 
-    def command(self, launch: TrainLaunch) -> list[str]:
+    def command(self, launch: TrainLaunch, config: TrainConfig | None = None) -> list[str]:
+        """torchrun's argv: the run's own command (confined to ``Settings.command_roots``, checked
+        again here as the file may have changed since validation) or the built-in trainer.
+
+        Raises:
+            InvalidRequestError: the run's command is not (or no longer) allowed.
+        """
+        config = config or _read_config(launch.config_uri)
+        if config.command:
+            target = resolve_local_command(config.command, self.settings.command_roots).torchrun_args()
+        else:
+            target = ["-m", "sailor_tasks.train", "--config", launch.config_uri]
         return [
             sys.executable,
             "-m",
             "torch.distributed.run",
             "--standalone",
             f"--nproc-per-node={launch.num_workers}",
-            "-m",
-            "sailor_tasks.train",
-            "--config",
-            launch.config_uri,
+            *target,
         ]
+
+    def environment(self, launch: TrainLaunch, config: TrainConfig) -> dict[str, str]:
+        """The workers' environment: this process's, the run's ``env``, then the run contract's."""
+        return {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            **config.env,
+            **contract_env(
+                run_id=config.run_id,
+                attempt=config.attempt,
+                data_dir=config.data_uri,
+                checkpoint_dir=config.checkpoint_uri,
+                total_steps=config.total_steps,
+                seed=config.seed,
+                notice_file=self._notice_path(launch.run_key),
+                progress_file=self._progress_path(launch.run_key),
+            ),
+            RUN_KEY_ENV: launch.run_key,
+        }
+
+    def _notice_path(self, run_key: str) -> str:
+        return os.path.join(self.settings.clusters_dir, f"{run_key}.notice.json")
 
     def _progress_path(self, run_key: str) -> str:
         return os.path.join(self.settings.clusters_dir, f"{run_key}.progress.json")
@@ -106,25 +143,24 @@ class LocalBackend:
     def train(self, launch: TrainLaunch) -> int:
         """Run torchrun to its end, injecting the launch's preemptions; write ``launch.json``.
 
-        Returns torchrun's exit status, or ``PREEMPTED_EXIT_CODE`` when a preemption was injected.
-        The report keeps torchrun's status (``rc``), each failed worker's own (``worker_exit_codes``,
-        from torchrun's failure summary) and the trainer's (``exit_code``, see ``trainer_exit_code``).
+        Returns torchrun's exit status: 0 when the workers finished (even after a notice), else
+        ``PREEMPTED_EXIT_CODE`` when a preemption was injected. The report keeps torchrun's status
+        (``rc``), each failed worker's own (``worker_exit_codes``, from torchrun's failure summary),
+        the trainer's (``exit_code``, see ``trainer_exit_code``) and the output's last lines
+        (``log_tail``).
         """
-        cmd = self.command(launch)
+        config = _read_config(launch.config_uri)
+        cmd = self.command(launch, config)
         os.makedirs(self.settings.clusters_dir, exist_ok=True)
         progress_path = self._progress_path(launch.run_key)
-        if os.path.exists(progress_path):
-            os.remove(progress_path)
         run_folder = launch.config_uri.rsplit("/", 1)[0]
         cancelled_uri = paths.cancelled_uri(run_folder)
         storage.remove(cancelled_uri)  # a cancel of an earlier launch of this run folder
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-            PROGRESS_ENV: progress_path,
-            RUN_KEY_ENV: launch.run_key,
-        }
+        notice_path = self._notice_path(launch.run_key)
+        for stale in (progress_path, notice_path):  # an earlier attempt's
+            if os.path.exists(stale):
+                os.remove(stale)
+        env = self.environment(launch, config)
         spec = InjectionSpec.from_dict(launch.inject)
         injection = self._load_injection(launch.run_key)
         started = time.time()
@@ -148,7 +184,7 @@ class LocalBackend:
                 if event is not None:
                     injection["fired"].append(event.key)
                     self._save_injection(launch.run_key, injection)
-                    preempted_at = self._deliver(proc, event, spec.notice_s)
+                    preempted_at = self._deliver(proc, event, spec.notice_s, notice_path)
             rc = proc.wait()
         except BaseException:  # interrupted (Ctrl-C, the task killed): the workers die with us
             self.cancel(launch.run_key, grace_s=0.0)
@@ -182,9 +218,10 @@ class LocalBackend:
                 "at": preempted_at,
                 "zone": launch.placement.zone,
             },
+            "log_tail": failures.log_tail(),
         }
         storage.write_json(paths.launch_report_uri(run_folder), report)
-        return PREEMPTED_EXIT_CODE if event is not None else rc
+        return PREEMPTED_EXIT_CODE if event is not None and rc != 0 else rc
 
     @staticmethod
     def _stream(proc: subprocess.Popen, failures: FailureSummary) -> None:
@@ -223,9 +260,10 @@ class LocalBackend:
         return None
 
     @staticmethod
-    def _deliver(proc: subprocess.Popen, event: PreemptionEvent, notice_s: float) -> float:
-        """Preempt the process group: SIGTERM to the workers then SIGKILL after the notice window,
-        or SIGKILL at once (no notice). Returns the time the capacity was lost (epoch seconds)."""
+    def _deliver(proc: subprocess.Popen, event: PreemptionEvent, notice_s: float, notice_path: str) -> float:
+        """Preempt the process group: the notice file (the deadline), SIGTERM to the workers, then
+        SIGKILL after the notice window; or SIGKILL at once (no notice). Returns the time the
+        capacity was lost (epoch seconds)."""
         import psutil
 
         try:
@@ -234,6 +272,7 @@ class LocalBackend:
         except psutil.NoSuchProcess:
             return time.time()
         if event.noticed:
+            write_notice(notice_path, notice_s)  # before the signal: a worker reads it on SIGTERM
             # torchrun starts workers in their own sessions, so a group signal would miss them: the
             # notice goes to each worker. Workers finish their step, checkpoint and exit 75; the
             # agent sees them exit and stops. The agent itself is not signalled while workers run:
@@ -294,7 +333,7 @@ class LocalBackend:
         return len(stopped)
 
     def teardown(self, run_key: str) -> bool:
-        for extra in (self._progress_path(run_key), self._injection_path(run_key)):
+        for extra in (self._progress_path(run_key), self._injection_path(run_key), self._notice_path(run_key)):
             if os.path.exists(extra):
                 os.remove(extra)
         path = self._record_path(run_key)
@@ -305,12 +344,18 @@ class LocalBackend:
         return True
 
 
+def _read_config(config_uri: str) -> TrainConfig:
+    return TrainConfig.from_json(storage.read_bytes(config_uri).decode())
+
+
 # torchrun's failure summary (ChildFailedError) lists each failed worker as "rank : N (local_rank:
 # N)" then "exitcode : CODE (pid: ...)", the first observed failure under "Root Cause": the workers'
 # own exit statuses, which torchrun's own (1) hides.
 _SUMMARY_ROOT_CAUSE = re.compile(r"^\s*Root Cause\b")
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\b")
 _SUMMARY_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\b")
+_AGENT_REPORT = re.compile(r"^[EW]\d{4} .*\bfailed \(exitcode: -?\d+\)")
+"""torchrun's first line about a failed worker: from here on the output is torchrun's own report."""
 
 
 @dataclass
@@ -321,11 +366,21 @@ class FailureSummary:
     """rank → exit status of each failed worker."""
     root_cause_rank: int | None = None
     """The first worker torchrun saw fail; it then stops the others (SIGTERM: exit status -15)."""
+    workers_tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES), repr=False
+    )
+    """The workers' last lines before torchrun's own failure report."""
     _rank: int | None = field(default=None, repr=False)
     _in_root_cause: bool = field(default=False, repr=False)
+    _agent_reporting: bool = field(default=False, repr=False)
 
     def feed(self, line: str) -> None:
         """Read one line of torchrun's output."""
+        if not self._agent_reporting:
+            if _AGENT_REPORT.match(line):
+                self._agent_reporting = True
+            else:
+                self.workers_tail.append(line.rstrip())
         if _SUMMARY_ROOT_CAUSE.match(line):
             self._in_root_cause = True
         elif m := _SUMMARY_RANK.match(line):
@@ -334,6 +389,12 @@ class FailureSummary:
                 self.root_cause_rank, self._in_root_cause = self._rank, False
         elif (m := _SUMMARY_EXITCODE.match(line)) and self._rank is not None:
             self.exit_codes[self._rank], self._rank = int(m.group(1)), None
+
+
+    def log_tail(self) -> list[str]:
+        """The workers' last lines, then each failed worker's exit status (torchrun's report)."""
+        codes = ", ".join(f"rank {r}: {c}" for r, c in sorted(self.exit_codes.items()))
+        return [*self.workers_tail, *([f"[torchrun] worker exit status: {codes}"] if codes else [])]
 
 
 def trainer_exit_code(rc: int, failures: FailureSummary) -> int | None:

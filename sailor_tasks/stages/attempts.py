@@ -241,6 +241,9 @@ def begin_attempt(
         batch_size=req.batch_size,
         learning_rate=req.learning_rate,
         async_checkpoint=req.async_checkpoint,
+        attempt=attempt,
+        command=req.command,
+        env=dict(req.env),
     )
     config_uri = _config_uri(ctx, pl, run_id)
     report_uri = paths.launch_report_uri(run_uri)
@@ -298,11 +301,33 @@ def resume_attempt(
     )
 
 
+def _command_result(att: Attempt, store: CheckpointStore, report: JSON, wall_s: float) -> JSON:
+    """The result of a run's own command that exited 0: what its checkpoints and progress say
+    (the built-in trainer writes its own, with losses and throughput)."""
+    step = store.latest_valid_step()
+    return {
+        "run_id": att.run_id,
+        "status": "completed",
+        "step": max(step or 0, report.get("step") or 0),
+        "total_steps": att.config.total_steps,
+        "resumed_from_step": report.get("resumed_from"),
+        "initial_loss": None,
+        "final_loss": None,
+        "checkpoint_uri": store.step_uri(step) if step is not None else None,
+        "samples_per_s": None,
+        "wall_s": wall_s,
+        "world_size": att.req.num_workers,
+    }
+
+
 def finish_attempt(
     ctx: StageContext, att: Attempt, rc: int, try_number: int = 1, max_tries: int = 0, *, final: bool | None = None
 ) -> JSON:
     """End a launched attempt from its process group's exit status and what the trainer wrote:
     record it (utilization, checkpoint, preemption) and return the result, or raise.
+
+    The run contract decides: exit status 0 is done; anything else after a preemption (noticed or
+    not) is preempted; anything else is a failure, raised with the last lines of the output.
 
     Args:
         rc: the process group's exit status (0 done, 75 preempted after saving).
@@ -320,7 +345,12 @@ def finish_attempt(
         run_id, attempt, (ended - started).total_seconds() / 3600.0, pl.usd_per_hour, pl.market, req.strategy
     )
     report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
+    store = CheckpointStore(config.checkpoint_uri)
+    store.seal()  # plain DCP checkpoints the workers left without a marker become resumable elsewhere
     result = storage.read_json(config.result_uri) if storage.exists(config.result_uri) else None
+    if rc == 0 and result is None:  # the run's own command: done by the contract's exit status
+        result = _command_result(att, store, report, (ended - started).total_seconds())
+        storage.write_json(config.result_uri, result)
 
     if attempt > 1 and attempts[-1]["outcome"] == "preempted" and report.get("first_step_at"):
         prev = next(p for p in ctx.ledger.preemptions(run_id) if p["attempt"] == attempts[-1]["attempt"])
@@ -356,12 +386,14 @@ def finish_attempt(
         raise RunCancelledError(run_id, reached)
 
     if preemption is None and not (result and result["status"] == "preempted"):
-        ctx.ledger.end_attempt(run_id, attempt, "failed", resumed_from_step=resumed, detail=f"exit code {rc}")
-        raise TrainingFailedError(run_id, rc)
+        tail = report.get("log_tail") or []
+        detail = f"exit code {rc}" + (f": {tail[-1][:200]}" if tail else "")
+        ctx.ledger.end_attempt(run_id, attempt, "failed", resumed_from_step=resumed, detail=detail)
+        raise TrainingFailedError(run_id, rc, "\n".join(tail))
 
     noticed = preemption["noticed"] if preemption else True
     reached = max(report.get("step") or 0, result["step"] if result else 0)
-    resume_step = CheckpointStore(config.checkpoint_uri).latest_valid_step() or 0
+    resume_step = store.latest_valid_step() or 0
     lost = max(0, reached - resume_step)
     at = _ts(preemption["at"] if preemption else report.get("ended_at")) or ended
     ctx.ledger.end_attempt(run_id, attempt, "preempted", step=reached, resumed_from_step=resumed)

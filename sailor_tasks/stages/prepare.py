@@ -31,7 +31,7 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
     """
     ctx = resolve_ctx(ctx)
     from sailor_tasks.placement.planner import price_cap_error
-    from sailor_tasks.request import check_data_access, from_params
+    from sailor_tasks.request import check_data_access, check_local_command, from_params
 
     with timed(ctx, run_id, "validate"):
         try:
@@ -45,6 +45,10 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
             ]
             if denied:
                 raise InvalidRequestErrors(denied)  # never look at what a run may not read
+            if request.backend == "local":
+                command_err = check_local_command(request.command, ctx.settings.command_roots)
+                if command_err:
+                    errors.append(command_err)
             cap = price_cap_error(request, ctx.catalog)
             if cap:
                 errors.append(InvalidRequestError("max_usd_per_hour", request.max_usd_per_hour, cap))

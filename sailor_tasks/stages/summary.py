@@ -51,6 +51,11 @@ def attempt_markets(ctx: StageContext, run_id: str) -> list[JSON]:
 
 def render_summary(s: Mapping[str, Any]) -> str:
     drop = (1 - s["final_loss"] / s["initial_loss"]) * 100 if s.get("final_loss") else 0.0
+    if s.get("final_loss") is not None and s.get("initial_loss") is not None:
+        losses = f"eval loss {s['initial_loss']:.3f} → {s['final_loss']:.3f} ({drop:.0f}% lower)"
+    else:  # the run's own command: SAILOR knows its steps and checkpoints, not its losses
+        losses = f"command `{' '.join(s.get('command') or [])}`"
+    rate = f"{s['samples_per_s']:.0f} samples/s" if s.get("samples_per_s") is not None else "own command"
     lines = [
         f"# SAILOR run `{s['run_id']}`",
         "",
@@ -59,8 +64,7 @@ def render_summary(s: Mapping[str, Any]) -> str:
         f"at ${s['usd_per_hour']:.2f}/h",
         f"- **Why**: {s['why'][0] if s['why'] else '-'}",
         f"- **Data**: {s['data_bytes'] / 1e6:.1f} MB at {s['data_uri']}",
-        f"- **Training**: {s['steps']} steps in {s['train_wall_s']:.1f} s ({s['samples_per_s']:.0f} samples/s); "
-        f"eval loss {s['initial_loss']:.3f} → {s['final_loss']:.3f} ({drop:.0f}% lower)",
+        f"- **Training**: {s['steps']} steps in {s['train_wall_s']:.1f} s ({rate}); {losses}",
         f"- **Checkpoint**: {s['checkpoint_uri']}",
         f"- **Estimated cost**: ${s['usd_estimate']:.4f} (price × training wall time)",
     ]

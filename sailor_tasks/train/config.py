@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 
 from sailor_tasks import paths
 from sailor_tasks.train.specs import MODEL_NAMES
@@ -41,6 +42,12 @@ class TrainConfig:
     """Write periodic checkpoints in the background: the copy of the state into reused CPU buffers
     overlaps the next step's forward/backward, and only that step's optimizer step waits for it
     (CheckFreq). Saves on a preemption notice and at the end stay synchronous."""
+    attempt: int = 1
+    """Attempt of the run this config is for (``SAILOR_ATTEMPT``; 1 = first launch)."""
+    command: Sequence[str] = ()
+    """The run's own command (argv) run under torchrun instead of the built-in trainer; empty: built-in."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment of every worker (validated by the request)."""
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_NAMES:

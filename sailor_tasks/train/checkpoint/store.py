@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import pickletools
 import posixpath
 import re
 import time
@@ -28,6 +29,8 @@ SIDECAR_SUFFIX = "crc32c.json"
 """Per-rank checksum sidecars (``__0_crc32c.json``); not part of the checkpoint itself."""
 DATA_SUFFIX = ".distcp"
 """Suffix of the data files, DCP's ``filesystem.DEFAULT_SUFFIX`` (``dcp`` checks that they agree)."""
+DCP_METADATA = ".metadata"
+"""DCP's metadata file: the coordinator writes it once every rank's data files are written."""
 RECYCLE_DIR = ".recycle"
 """Folder of recycled data files under a local checkpoint root (never a step folder's name)."""
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -143,6 +146,34 @@ class CheckpointStore:
         marker = {"step": step, "files": files, "committed_at": time.time()}
         storage.write_bytes(storage.join(uri, MARKER), json.dumps(marker, indent=1).encode())
         return sum(f["size"] for f in files.values())
+
+    def dcp_complete(self, step: int) -> bool:
+        """True when DCP finished the step's folder: its ``.metadata``, which DCP writes after every
+        rank's data files, is there and is a whole pickle (read without unpickling it: no torch)."""
+        try:
+            data = storage.read_bytes(storage.join(self.step_uri(step), DCP_METADATA))
+            last = None
+            for opcode, _arg, pos in pickletools.genops(data):
+                last = (opcode.name, pos)
+        except (OSError, ValueError):
+            return False  # missing, or cut short by a kill during its write
+        return last is not None and last == ("STOP", len(data) - 1)
+
+    def seal(self) -> list[int]:
+        """Commit the step folders a process group left complete but without a marker: those newer
+        than the newest committed step that DCP finished (``dcp_complete``). Checkpoints written by
+        plain ``torch.distributed.checkpoint`` (no SAILOR marker of their own) become verifiable,
+        copyable and resumable this way. Called once the process group has exited, never while it
+        writes. Returns the steps sealed, oldest first."""
+        committed = self.committed_steps()
+        newest = committed[-1] if committed else -1
+        sealed = []
+        for step in self.step_dirs():
+            if step > newest and step not in committed and self.dcp_complete(step):
+                size = self.commit(step)
+                logger.info("sealed DCP checkpoint %s (%.1f MB): commit marker written", self.step_uri(step), size / 1e6)
+                sealed.append(step)
+        return sealed
 
     def copy_latest_to(self, dest_root: str) -> int | None:
         """Copy the newest verified checkpoint to ``dest_root`` (files first, marker last) and verify it.

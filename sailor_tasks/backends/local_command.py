@@ -1,0 +1,129 @@
+"""A run's own ``command`` on the local backend: confined to the allowed roots, turned into torchrun's argv.
+
+Whoever may trigger a run must not get arbitrary code execution on the Airflow worker, so a local
+``command`` starts only a Python script or an executable that resolves (symlinks followed) inside
+one of ``Settings.command_roots``, never a shell, never ``python -c``/``-m``. The same check runs
+when the request is validated and again when the process group is launched (the file may have
+changed in between). Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sailor_tasks.errors import InvalidRequestError
+
+_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
+"""A bare interpreter name: ``["python", "train.py", ...]`` runs ``train.py`` with SAILOR's Python."""
+
+LOCAL_ENV_REFUSED = (
+    "PATH",
+    "HOME",
+    "GCONV_PATH",
+    "GETCONF_DIR",
+    "HOSTALIASES",
+    "LOCALDOMAIN",
+    "LOCPATH",
+    "MALLOC_TRACE",
+    "NIS_PATH",
+    "NLSPATH",
+    "RESOLV_HOST_CONF",
+    "RES_OPTIONS",
+    "TMPDIR",
+    "TZDIR",
+)
+"""Env names a local run may not set: each makes the loader or Python run or read other files than
+the command's (glibc's list of variables it drops for setuid programs, plus PATH and HOME, which
+decide the interpreter and Python's user site-packages)."""
+LOCAL_ENV_REFUSED_PREFIXES = ("LD_", "DYLD_", "PYTHON")
+"""Prefixes a local run's env names may not have: the dynamic loader's (``LD_PRELOAD``, ...) and
+Python's (``PYTHONPATH``, ``PYTHONSTARTUP``, ...) ways to load code from elsewhere."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCommand:
+    """A confined command: what torchrun runs per worker."""
+
+    program: str
+    """Absolute real path of the script or executable."""
+    args: tuple[str, ...]
+    """Its arguments, passed as they are (no shell)."""
+    python: bool
+    """True: a Python script torchrun runs with SAILOR's interpreter; False: an executable
+    (``torchrun --no-python``)."""
+
+    def torchrun_args(self) -> list[str]:
+        """What follows torchrun's own options."""
+        return [*([] if self.python else ["--no-python"]), self.program, *self.args]
+
+
+def _inside(path: str, roots: Sequence[str]) -> bool:
+    for root in roots:
+        real = os.path.realpath(root)
+        if path == real or path.startswith(real.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def _confine(name: str, roots: Sequence[str]) -> str:
+    """The real path of ``name``: absolute, or relative to one of the roots (first found)."""
+    shown = tuple(roots) or ("none: set SAILOR_COMMAND_ROOTS",)
+    candidates = [name] if os.path.isabs(name) else [os.path.join(root, name) for root in roots]
+    for candidate in candidates:
+        real = os.path.realpath(candidate)
+        if not _inside(real, roots):
+            raise InvalidRequestError("command", name, "lies outside the folders local commands may run from", shown)
+        if os.path.isfile(real):
+            return real
+    raise InvalidRequestError("command", name, "no such file in the folders local commands may run from", shown)
+
+
+def resolve_local_command(command: Sequence[str], roots: Sequence[str]) -> LocalCommand:
+    """Confine a run's ``command`` (argv) to ``roots``.
+
+    Forms: ``[script.py, args...]`` or ``[python, script.py, args...]`` (a Python script, run by
+    SAILOR's interpreter), or ``[executable, args...]``. Relative paths are looked up in each root
+    in order; absolute ones must resolve inside a root.
+
+    Raises:
+        InvalidRequestError: (field ``command``) an empty command, a Python option instead of a
+            script, a file outside the roots or missing, or a non-Python file that is not executable.
+    """
+    if not command:
+        raise InvalidRequestError("command", list(command), "empty: name a script or executable to run")
+    first, rest = command[0], tuple(command[1:])
+    if "/" not in first and _PYTHON.match(first):
+        if not rest or rest[0].startswith("-"):
+            raise InvalidRequestError(
+                "command",
+                list(command)[:3],
+                "the local backend runs a script file, never python options (-c, -m, ...): "
+                "give [python, <script.py>, args...]",
+            )
+        return LocalCommand(_confine(rest[0], roots), rest[1:], python=True)
+    program = _confine(first, roots)
+    if program.endswith(".py"):
+        return LocalCommand(program, rest, python=True)
+    if not os.access(program, os.X_OK):
+        raise InvalidRequestError("command", first, "is neither a .py script nor executable (chmod +x)")
+    return LocalCommand(program, rest, python=False)
+
+
+def check_local_env(env: dict[str, str]) -> list[InvalidRequestError]:
+    """Errors for env names a local run may not set (``LOCAL_ENV_REFUSED``, ``LOCAL_ENV_REFUSED_PREFIXES``)."""
+    bad = sorted(
+        n for n in env if n in LOCAL_ENV_REFUSED or n.startswith(LOCAL_ENV_REFUSED_PREFIXES)
+    )
+    if not bad:
+        return []
+    return [
+        InvalidRequestError(
+            "env",
+            bad,
+            "names that load other code or files are refused on the local backend: "
+            f"{', '.join(LOCAL_ENV_REFUSED)} and names starting {', '.join(LOCAL_ENV_REFUSED_PREFIXES)}",
+        )
+    ]

@@ -1,0 +1,108 @@
+"""The run contract's names and files, torch-free: what a backend gives every worker of a run.
+
+A backend launches the run's command under torchrun with ``contract_env`` added to the
+environment; on a preemption it writes the notice file (``write_notice``), then sends SIGTERM.
+``docs/run-contract.md`` is the reference; ``runtime.run.Run`` reads the same names for user code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sailor_tasks.errors import PREEMPTED_EXIT_CODE
+from sailor_tasks.train.checkpoint.store import MARKER, step_dir_name
+from sailor_tasks.train.progress import PROGRESS_ENV
+
+RUN_ID = "SAILOR_RUN_ID"
+ATTEMPT = "SAILOR_ATTEMPT"
+DATA_DIR = "SAILOR_DATA_DIR"
+CHECKPOINT_DIR = "SAILOR_CHECKPOINT_DIR"
+TOTAL_STEPS = "SAILOR_TOTAL_STEPS"
+SEED = "SAILOR_SEED"
+NOTICE_FILE = "SAILOR_NOTICE_FILE"
+PROGRESS_FILE = PROGRESS_ENV
+"""Optional for the command: rank 0 may write ``{"step": N}`` there after each step (atomically)."""
+
+__all__ = [
+    "ATTEMPT",
+    "CHECKPOINT_DIR",
+    "DATA_DIR",
+    "MARKER",
+    "NOTICE_FILE",
+    "PREEMPTED_EXIT_CODE",
+    "PROGRESS_FILE",
+    "RUN_ID",
+    "SEED",
+    "TOTAL_STEPS",
+    "Notice",
+    "contract_env",
+    "read_notice",
+    "step_dir_name",
+    "write_notice",
+]
+
+
+def contract_env(
+    *,
+    run_id: str,
+    attempt: int,
+    data_dir: str,
+    checkpoint_dir: str,
+    total_steps: int,
+    seed: int,
+    notice_file: str,
+    progress_file: str | None = None,
+) -> dict[str, str]:
+    """The ``SAILOR_*`` variables of one attempt's workers (added to torchrun's own)."""
+    env = {
+        RUN_ID: run_id,
+        ATTEMPT: str(attempt),
+        DATA_DIR: data_dir,
+        CHECKPOINT_DIR: checkpoint_dir,
+        TOTAL_STEPS: str(total_steps),
+        SEED: str(seed),
+        NOTICE_FILE: notice_file,
+    }
+    if progress_file:
+        env[PROGRESS_FILE] = progress_file
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A preemption notice: the workers must have saved and exited by ``deadline``."""
+
+    deadline: float
+    """Epoch seconds after which the capacity is gone (the hard kill)."""
+    notice_s: float
+    """Length of the notice window the backend gave, in seconds."""
+    reason: str = "preemption"
+
+    def seconds_left(self, now: float | None = None) -> float:
+        return self.deadline - (time.time() if now is None else now)
+
+
+def write_notice(path: str, notice_s: float, reason: str = "preemption", now: float | None = None) -> Notice:
+    """Write the notice file atomically (the backend does this just before SIGTERM)."""
+    notice = Notice(deadline=(time.time() if now is None else now) + notice_s, notice_s=notice_s, reason=reason)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"deadline": notice.deadline, "notice_s": notice.notice_s, "reason": notice.reason}, f)
+    os.replace(tmp, path)
+    return notice
+
+
+def read_notice(path: str | None) -> Notice | None:
+    """The notice in ``path``, or None when there is none (no file: no notice was given)."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            data: Mapping = json.load(f)
+        return Notice(float(data["deadline"]), float(data["notice_s"]), str(data.get("reason", "preemption")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,213 @@
+"""``Run.from_env()``: the run contract as an object for training code, with SAILOR's checkpoints.
+
+A worker started by SAILOR (under torchrun, with the ``SAILOR_*`` variables of
+``runtime.contract``) builds one ``Run``: it knows the run's folders, attempt, step budget and
+seed, catches the preemption notice (SIGTERM and the notice file), reports progress, and saves and
+loads ``torch.distributed.checkpoint`` state through ``train.checkpoint.dcp.CheckpointManager``, so
+every checkpoint carries SAILOR's commit marker and checksums and SAILOR's recovery (copy to
+another region, verify, resume) works on it. Imports torch, fsspec and SAILOR's torch-side
+checkpoint code; never Airflow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from sailor_tasks.runtime import contract
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager, SaveInfo
+from sailor_tasks.train.progress import write_progress
+
+_REQUIRED = (
+    contract.RUN_ID,
+    contract.ATTEMPT,
+    contract.DATA_DIR,
+    contract.CHECKPOINT_DIR,
+    contract.TOTAL_STEPS,
+    contract.SEED,
+)
+
+
+@dataclass
+class Run:
+    """One worker's view of its run (build it with ``Run.from_env()``)."""
+
+    run_id: str
+    attempt: int
+    """1 for the first launch; each recovery after a preemption counts up."""
+    data_dir: str
+    """URI of the placed dataset (``file://`` or ``gs://``)."""
+    checkpoint_dir: str
+    """URI of the run's checkpoint root in its region's bucket."""
+    total_steps: int
+    seed: int
+    notice_file: str | None = None
+    progress_file: str | None = None
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    keep_latest_k: int = 2
+    """Committed checkpoints kept (older ones are retired after each save)."""
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _checkpoints: CheckpointManager | None = field(default=None, repr=False)
+    _resumed_from: int | None = field(default=None, repr=False)
+    _first_step_at: float | None = field(default=None, repr=False)
+    _checkpoint_step: int | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, handle_sigterm: bool = True) -> Run:
+        """The run this process belongs to, from the contract's environment.
+
+        Args:
+            environ: the environment (default ``os.environ``).
+            handle_sigterm: catch SIGTERM (the preemption notice) so ``should_save`` turns true
+                instead of the process dying; only possible from the main thread.
+
+        Raises:
+            ValueError: a contract variable is missing or malformed (names each one).
+        """
+        env = os.environ if environ is None else environ
+        missing = [n for n in _REQUIRED if not env.get(n)]
+        if missing:
+            raise ValueError(
+                f"not started by SAILOR: {', '.join(missing)} unset (docs/run-contract.md lists the variables)"
+            )
+        try:
+            run = cls(
+                run_id=env[contract.RUN_ID],
+                attempt=int(env[contract.ATTEMPT]),
+                data_dir=env[contract.DATA_DIR],
+                checkpoint_dir=env[contract.CHECKPOINT_DIR],
+                total_steps=int(env[contract.TOTAL_STEPS]),
+                seed=int(env[contract.SEED]),
+                notice_file=env.get(contract.NOTICE_FILE) or None,
+                progress_file=env.get(contract.PROGRESS_FILE) or None,
+                rank=int(env.get("RANK", "0")),
+                world_size=int(env.get("WORLD_SIZE", "1")),
+                local_rank=int(env.get("LOCAL_RANK", "0")),
+            )
+        except ValueError as exc:
+            raise ValueError(f"malformed run contract variable: {exc}") from exc
+        if handle_sigterm and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda signum, frame: run._stop.set())
+        return run
+
+    # --- the notice -------------------------------------------------------------------------
+    @property
+    def notice(self) -> contract.Notice | None:
+        """The preemption notice, once the backend has written it (None before)."""
+        return contract.read_notice(self.notice_file)
+
+    @property
+    def notice_deadline(self) -> float | None:
+        """Epoch seconds by which this attempt must have saved and exited; None without a notice."""
+        notice = self.notice
+        return notice.deadline if notice else None
+
+    @property
+    def noticed(self) -> bool:
+        """This process got the notice (SIGTERM, or the notice file)."""
+        return self._stop.is_set() or self.notice is not None
+
+    def should_save(self) -> bool:
+        """True on every rank once any rank got the notice: save, then ``exit_preempted()``.
+
+        With several ranks this is a collective: call it on every rank at the same point of each
+        step (after the optimizer step), as the ranks must agree on the step they save.
+        """
+        flag = torch.tensor([1 if self.noticed else 0], device=self._collective_device())
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _collective_device(self) -> torch.device:
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    def exit_preempted(self) -> NoReturn:
+        """Leave (``close``) and exit with the contract's status for "saved on a notice" (75)."""
+        self.close()
+        sys.exit(contract.PREEMPTED_EXIT_CODE)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    @property
+    def checkpoints(self) -> CheckpointManager:
+        """SAILOR's checkpoint manager on the run's checkpoint root (built on first use)."""
+        if self._checkpoints is None:
+            self._checkpoints = CheckpointManager(
+                self.checkpoint_dir,
+                rank=self.rank,
+                keep_latest_k=self.keep_latest_k,
+                distributed=dist.is_available() and dist.is_initialized(),
+            )
+        return self._checkpoints
+
+    def latest_step(self) -> int | None:
+        """The newest checkpoint that verifies against its marker (rank 0 decides, every rank agrees)."""
+        step = self.checkpoints.latest_valid_step() if self.rank == 0 else None
+        if dist.is_available() and dist.is_initialized():
+            box = [step]
+            dist.broadcast_object_list(box, src=0)
+            step = box[0]
+        return step
+
+    def load_latest(self, state: dict[str, Any]) -> int | None:
+        """Load the newest verified checkpoint into ``state`` in place (DCP: the dict's structure
+        names what to load; ``Stateful`` values allowed). Returns its step, or None when there is
+        none (a fresh run). Every rank calls this."""
+        step = self.latest_step()
+        if step is not None:
+            self.checkpoints.load(step, state)
+            self._checkpoint_step = step
+        self._resumed_from = step
+        self._report()
+        return step
+
+    def save(self, step: int, state: dict[str, Any]) -> SaveInfo:
+        """Save ``state`` as checkpoint ``step`` with DCP and commit it (marker with every file's
+        crc32c and size, written last by rank 0). Every rank calls this."""
+        info = self.checkpoints.save(step, state)
+        self._checkpoint_step = step
+        self._report(step)
+        return info
+
+    # --- progress ---------------------------------------------------------------------------
+    def report_step(self, step: int) -> None:
+        """Tell SAILOR the step reached (rank 0 writes the progress file; others do nothing).
+        The local backend fires step-triggered preemption injections and times recovery with it."""
+        if self._first_step_at is None:
+            self._first_step_at = time.time()
+        self._report(step)
+
+    def _report(self, step: int | None = None) -> None:
+        if self.rank != 0 or not self.progress_file:
+            return
+        fields: dict[str, Any] = {
+            "resumed_from": self._resumed_from,
+            "checkpoint_step": self._checkpoint_step,
+            "first_step_at": self._first_step_at,
+        }
+        if step is not None:
+            fields["step"] = step
+        write_progress(self.progress_file, **fields)
+
+    def close(self) -> None:
+        """Wait for background checkpoint work (retention), then leave the process group if one is
+        initialized. The barrier first lets gloo's worker thread release the last collective's
+        tensors (a save ends with one): destroying the group while that thread waits for the GIL to
+        free them deadlocks the exit (seen with torch 2.13, gloo)."""
+        if self._checkpoints is not None:
+            self._checkpoints.wait()
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()

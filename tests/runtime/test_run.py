@@ -1,0 +1,77 @@
+"""``Run.from_env()`` in one process: the contract's variables, the notice, and checkpoints that carry
+SAILOR's marker (the multi-rank path runs in tests/examples)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from sailor_tasks.runtime import Run, contract
+from sailor_tasks.train.checkpoint.store import MARKER
+
+
+@pytest.fixture
+def environ(tmp_path):
+    return {
+        contract.RUN_ID: "run-1",
+        contract.ATTEMPT: "2",
+        contract.DATA_DIR: f"file://{tmp_path}/data",
+        contract.CHECKPOINT_DIR: f"file://{tmp_path}/ckpt",
+        contract.TOTAL_STEPS: "30",
+        contract.SEED: "4",
+        contract.NOTICE_FILE: str(tmp_path / "notice.json"),
+        contract.PROGRESS_FILE: str(tmp_path / "progress.json"),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+
+
+def test_missing_contract_variables_are_named(environ):
+    del environ[contract.CHECKPOINT_DIR], environ[contract.SEED]
+    with pytest.raises(ValueError, match="SAILOR_CHECKPOINT_DIR, SAILOR_SEED unset"):
+        Run.from_env(environ, handle_sigterm=False)
+
+
+def test_run_reads_the_contract(environ, tmp_path):
+    run = Run.from_env(environ, handle_sigterm=False)
+    assert (run.run_id, run.attempt, run.total_steps, run.seed) == ("run-1", 2, 30, 4)
+    assert run.checkpoint_dir == f"file://{tmp_path}/ckpt" and (run.rank, run.world_size) == (0, 1)
+
+
+def test_notice_file_makes_should_save_true_and_gives_the_deadline(environ):
+    run = Run.from_env(environ, handle_sigterm=False)
+    assert not run.should_save() and run.notice_deadline is None
+    written = contract.write_notice(environ[contract.NOTICE_FILE], 30.0)
+    assert run.should_save() and run.notice_deadline == written.deadline
+
+
+def test_sigterm_makes_should_save_true(environ):
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        run = Run.from_env(environ)
+        assert not run.should_save()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert run.noticed and run.should_save()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_saves_carry_the_marker_and_resume_skips_a_damaged_newest(environ, tmp_path):
+    run = Run.from_env(environ, handle_sigterm=False)
+    assert run.load_latest({"w": torch.zeros(3), "step": 0}) is None
+    run.save(5, {"w": torch.arange(3.0), "step": 5})
+    run.save(10, {"w": torch.arange(3.0) * 2, "step": 10})
+    assert (tmp_path / "ckpt" / "step-00000010" / MARKER).exists()
+    newest = tmp_path / "ckpt" / "step-00000010"
+    data = sorted(p for p in newest.iterdir() if p.suffix == ".distcp")[0]
+    data.write_bytes(b"\0" * data.stat().st_size)  # corrupted at rest
+
+    again = Run.from_env(environ, handle_sigterm=False)
+    state = {"w": torch.zeros(3), "step": 0}
+    assert again.load_latest(state) == 5
+    assert torch.equal(state["w"], torch.arange(3.0)) and state["step"] == 5
+    run.close()
+    again.close()
