@@ -36,7 +36,8 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _engine(url: str) -> Engine:
+def open_engine(url: str) -> Engine:
+    """An engine for the ledger at ``url`` (SQLite: its folder created, WAL); no schema change."""
     if url.startswith("sqlite"):
         import os
 
@@ -80,7 +81,7 @@ def _replace_reservation(conn: Any, r: Reservation) -> None:
 class Ledger:
     def __init__(self, url: str):
         self.url = url
-        self.engine = _engine(url)
+        self.engine = open_engine(url)
         migrate.ensure_current(self.engine)  # alembic: a new or older ledger is upgraded to the head
 
     # --- runs ------------------------------------------------------------------------------
