@@ -154,3 +154,9 @@ class RebalanceInfeasibleError(SailorError, ValueError):
 
 class StageSkipped(SailorError):
     """The stage has nothing to do for this run (e.g. a dry run publishes nothing): the task is skipped."""
+
+
+class LedgerSchemaError(SailorError):
+    """The ledger's schema revisions cannot be applied as asked: an unknown revision, a ledger
+    migrated by a newer SAILOR, or migrations that fork into two heads. The message names the
+    revisions and the fix."""

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import PackageNotFoundError, distributions, requires
 from pathlib import Path
 
@@ -81,3 +82,53 @@ def test_training_image_covers_the_entrypoints_imports():
     assert not missing, (
         f"the training entrypoint imports packages the image does not install: {sorted(missing)}"
     )
+
+
+TEST_TOOLS = {"pytest", "ruff", "deptry", "import-linter", "selenium", "gcp-storage-emulator"}
+"""What the project's ``test`` extra installs for tests and lint: never in a service image."""
+
+
+def _airflow_image_install() -> tuple[set[str], str]:
+    """(extras, constraints source) of the Airflow image's one ``pip install`` of SAILOR."""
+    text = (ROOT / "docker" / "airflow.Dockerfile").read_text()
+    assert not re.search(r"pip install[^\n]*\s-r\s", text), "the Airflow image installs a requirements file"
+    installs = re.findall(r'pip install[^\n]*-c (\S+) "/opt/sailor\[([^\]]*)\]"', text)
+    assert len(installs) == 1, "the Airflow image no longer installs SAILOR with constraints and extras"
+    constraints, extras = installs[0]
+    return set(extras.split(",")), constraints
+
+
+def _project_requirements(extras: set[str]) -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"])
+    for extra in extras:
+        reqs += project["optional-dependencies"][extra]
+    return {re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
+
+
+def test_the_airflow_image_installs_no_test_tools():
+    extras, constraints = _airflow_image_install()
+    assert "test" not in extras and {"airflow", "train"} <= extras
+    installed = _closure(_project_requirements(extras))
+    assert "apache-airflow" in installed and "torch" in installed  # the closure sees real packages
+    assert installed & TEST_TOOLS == set(), sorted(installed & TEST_TOOLS)
+    # the constraints are requirements.txt without extras (pip refuses extras in constraints)
+    text = (ROOT / "docker" / "airflow.Dockerfile").read_text()
+    assert re.search(
+        rf"sed -E 's/\\\[\[\^\]\]\*\\\]//' /opt/sailor/requirements.txt > {re.escape(constraints)}", text
+    )
+
+
+def test_the_test_tools_list_is_the_test_extra():
+    assert (
+        _project_requirements({"test"}) - _project_requirements(set()) - {"cryptography", "psycopg2-binary"}
+        == TEST_TOOLS
+    )
+
+
+def test_the_gcs_emulator_image_installs_the_pinned_emulator_only():
+    text = (ROOT / "docker" / "gcs-emulator.Dockerfile").read_text()
+    assert re.search(r"grep -E '\^gcp-storage-emulator==' /tmp/requirements.txt", text)
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    pinned = [line for line in lines if line.startswith("gcp-storage-emulator==")]
+    assert len(pinned) == 1

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from sailor_tasks.cli import (
     cancel,
     catalog,
+    db,
     demo,
     gke,
     logs,
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_parser(sub)
     gke.add_parser(sub)  # buckets, render
     demo.add_data_parser(sub)  # demo-data
+    db.add_parser(sub)  # current, upgrade, revision
     simulate.add_parser(sub)
     demo.add_parser(sub)
     return parser

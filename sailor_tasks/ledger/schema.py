@@ -1,4 +1,8 @@
-"""Ledger tables (SQLAlchemy Core). Times are timezone-aware UTC datetimes."""
+"""Ledger tables (SQLAlchemy Core). Times are timezone-aware UTC datetimes.
+
+These are the models; the database gets them through the alembic revisions in ``migrations/``. A
+change here needs a revision (``sailor db revision -m "..."``; docs/ledger.md), or
+tests/ledger/test_migrations.py fails."""
 
 from __future__ import annotations
 
@@ -198,7 +202,6 @@ run_attempts = Table(
 
 attempt_markets = Table(
     # One row per attempt of a run: the market its strategy chose, why, the slack left, the cost.
-    # A table of its own (not columns of run_attempts) so existing ledgers gain it with create_all.
     "attempt_markets",
     metadata,
     Column("run_id", String(250), primary_key=True),

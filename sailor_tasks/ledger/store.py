@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
 
+from sailor_tasks.ledger import migrate
 from sailor_tasks.ledger import schema as t
 from sailor_tasks.model import Assignment, Placement, Reservation
 
@@ -37,7 +36,8 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _engine(url: str) -> Engine:
+def open_engine(url: str) -> Engine:
+    """An engine for the ledger at ``url`` (SQLite: its folder created, WAL); no schema change."""
     if url.startswith("sqlite"):
         import os
 
@@ -81,15 +81,8 @@ def _replace_reservation(conn: Any, r: Reservation) -> None:
 class Ledger:
     def __init__(self, url: str):
         self.url = url
-        self.engine = _engine(url)
-        for attempt in range(5):
-            try:
-                t.metadata.create_all(self.engine)
-                break
-            except DBAPIError:  # a concurrent process created a table between the check and CREATE
-                if attempt == 4:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+        self.engine = open_engine(url)
+        migrate.ensure_current(self.engine)  # alembic: a new or older ledger is upgraded to the head
 
     # --- runs ------------------------------------------------------------------------------
     def upsert_run(self, run_id: str, **fields: Any) -> None:

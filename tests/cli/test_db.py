@@ -1,0 +1,46 @@
+"""``sailor db``: current shows the revision without changing the ledger, upgrade brings it to the
+head (and is a no-op there), bad revisions are bad input naming the valid ones."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import create_engine, inspect
+
+from sailor_tasks.cli.main import main as sailor
+from sailor_tasks.ledger import migrate
+
+
+def test_current_then_upgrade_then_current(settings, capsys):
+    assert sailor(["db", "current", "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert before["current"] is None and before["up_to_date"] is False and before["tables"] == []
+    assert before["head"] == migrate.head_revision()
+
+    assert sailor(["db", "upgrade"]) == 0
+    assert f"upgraded from (none) to {migrate.head_revision()}" in capsys.readouterr().out
+    assert sailor(["db", "upgrade"]) == 0
+    assert "nothing to upgrade" in capsys.readouterr().out
+
+    assert sailor(["db", "current"]) == 0
+    out = capsys.readouterr().out
+    assert f"revision: {migrate.head_revision()}" in out and "(up to date)" in out
+
+
+def test_ledger_url_option_and_redacted_password(settings, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'other.db'}"
+    assert sailor(["db", "upgrade", "--ledger-url", url]) == 0
+    assert "runs" in inspect(create_engine(url)).get_table_names()
+    capsys.readouterr()
+    unreachable = "postgresql+psycopg2://sailor:s3cret@127.0.0.1:1/none"
+    assert sailor(["db", "current", "--ledger-url", unreachable]) == 3
+    err = capsys.readouterr().err
+    assert "cannot use the ledger at postgresql+psycopg2://sailor:***@127.0.0.1:1/none" in err
+    assert "s3cret" not in err
+
+
+def test_an_unknown_revision_is_bad_input_naming_the_valid_ones(settings, capsys):
+    assert sailor(["db", "upgrade", "--revision", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "'nope'" in err and migrate.head_revision() in err
+    assert inspect(create_engine(settings.ledger_url)).get_table_names() == []
