@@ -241,7 +241,7 @@ class CheckpointStore:
         marker = {"step": step, "files": files, "committed_at": time.time()}
         if self.attempt is not None:
             marker["attempt"] = self.attempt
-        with self._fence_lock():
+        with self._fence_lock() if self.attempt is not None else contextlib.nullcontext():
             self.check_fence()
             storage.write_bytes(storage.join(uri, MARKER), json.dumps(marker, indent=1).encode())
         return sum(f["size"] for f in files.values())
