@@ -91,6 +91,40 @@ class DataIntegrityError(SailorError):
         super().__init__(f"checksum mismatch for {uri}: expected {expected}, got {actual}")
 
 
+class LeaseBusyError(SailorError):
+    """Another holder kept a ledger lease (e.g. a copy into the same replica) past the wait.
+    Transient: the holder finishes or its lease expires, so a retry goes through."""
+
+    retryable = True
+
+    def __init__(self, name: str, holder: str, waited_s: float):
+        self.name, self.holder, self.waited_s = name, holder, waited_s
+        super().__init__(f"lease {name!r} still held by {holder!r} after waiting {waited_s:.0f} s")
+
+
+class LeaseLostError(SailorError):
+    """A lease expired or was taken over while its work ran: the work must not publish its result."""
+
+    retryable = True
+
+    def __init__(self, name: str, holder: str):
+        self.name, self.holder = name, holder
+        super().__init__(
+            f"lease {name!r} of {holder!r} was lost (expired or taken over) before the work ended"
+        )
+
+
+class StaleAttemptError(SailorError):
+    """A training attempt tried to write or commit a checkpoint after a newer attempt claimed the
+    checkpoint root (an orphaned worker of an ended attempt): nothing of it is committed."""
+
+    def __init__(self, root: str, attempt: int, newer: int):
+        self.root, self.attempt, self.newer = root, attempt, newer
+        super().__init__(
+            f"attempt {attempt} may no longer write checkpoints under {root}: attempt {newer} claimed it"
+        )
+
+
 class TrainingFailedError(SailorError):
     """The training process group exited with a failure (not a preemption)."""
 

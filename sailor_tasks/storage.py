@@ -24,6 +24,20 @@ from sailor_tasks.settings import Settings
 
 SAILOR_SCHEME = "sailor://"
 ALLOWED_SCHEMES = ("sailor", "file", "gs")
+TMP_MARK = ".sailor-tmp-"
+"""Infix of a local file still being written (``<name>.sailor-tmp-<hex>``), renamed when complete:
+a file with it in its name is never data (``is_temporary``), and one a killed writer left is
+removed by the next writer that owns the folder."""
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name (or path) is a temporary of an unfinished local write."""
+    return TMP_MARK in posixpath.basename(name.rstrip("/"))
+
+
+def temporary_name(path: str) -> str:
+    """A fresh temporary sibling of ``path`` (same folder, so the final rename is atomic)."""
+    return f"{path}{TMP_MARK}{uuid.uuid4().hex[:8]}"
 
 
 def fs_options(scheme: str) -> dict[str, Any]:
@@ -123,10 +137,15 @@ def write_bytes(uri: str, data: bytes) -> None:
     """
     fs, path = filesystem(uri)
     if scheme_of(uri) in ("", "file"):
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with fs.open(tmp, "wb") as f:
-            f.write(data)
-        fs.mv(tmp, path)
+        tmp = temporary_name(path)
+        try:
+            with fs.open(tmp, "wb") as f:
+                f.write(data)
+            fs.mv(tmp, path)
+        except BaseException:
+            if fs.exists(tmp):
+                fs.rm(tmp)
+            raise
     else:  # never rename on an object store (no atomic rename; the emulator answers moveTo with 501)
         with fs.open(path, "wb") as f:
             f.write(data)

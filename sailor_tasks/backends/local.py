@@ -92,23 +92,30 @@ class LocalBackend:
 
     def command(self, launch: TrainLaunch, config: TrainConfig | None = None) -> list[str]:
         """torchrun's argv: the run's own command (confined to ``Settings.command_roots``, checked
-        again here as the file may have changed since validation) or the built-in trainer.
+        again here as the file may have changed since validation) or the built-in trainer, each
+        worker started through ``runtime.die_with_agent`` (it dies with torchrun).
 
         Raises:
             InvalidRequestError: the run's command is not (or no longer) allowed.
         """
         config = config or _read_config(launch.config_uri)
         if config.command:
-            target = resolve_local_command(config.command, self.settings.command_roots).torchrun_args()
+            worker = resolve_local_command(config.command, self.settings.command_roots).argv()
         else:
-            target = ["-m", "sailor_tasks.train", "--config", launch.config_uri]
+            worker = [sys.executable, "-u", "-m", "sailor_tasks.train", "--config", launch.config_uri]
+        # Each worker starts through die_with_agent: it dies with torchrun (a SIGKILLed agent
+        # leaves no worker training on, as they run in sessions of their own).
         return [
             sys.executable,
             "-m",
             "torch.distributed.run",
             "--standalone",
             f"--nproc-per-node={launch.num_workers}",
-            *target,
+            "--no-python",
+            sys.executable,
+            "-m",
+            "sailor_tasks.runtime.die_with_agent",
+            *worker,
         ]
 
     def environment(self, launch: TrainLaunch, config: TrainConfig) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,10 @@ class LocalCommand:
     python: bool
     """True: a Python script torchrun runs with SAILOR's interpreter; False: an executable
     (``torchrun --no-python``)."""
+
+    def argv(self) -> list[str]:
+        """The worker's own command line (a Python script runs with SAILOR's interpreter)."""
+        return [*([sys.executable, "-u"] if self.python else []), self.program, *self.args]
 
     def torchrun_args(self) -> list[str]:
         """What follows torchrun's own options."""

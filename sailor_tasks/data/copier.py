@@ -12,8 +12,11 @@ server-side copy (bytes never pass through the worker) verified by crc32c. Files
 ``max_workers`` threads.
 
 A replica that will change loses its manifest before any file is touched; local files are written
-under a temporary name and renamed, and copies into one local replica are serialised by a lock file.
-A source without manifest is compared with the replica's previous manifest: unchanged files (size
+under a temporary name and renamed. Copies into one replica are serialised: on a local disk by a
+lock file, and on any store by a ledger lease when the caller passes one (``lease``; the stages
+do), which a copier killed with kill -9 stops renewing so that it expires. Temporary files a
+killed copier left are never listed as data, and the next copy into the replica deletes them. A
+source without manifest is compared with the replica's previous manifest: unchanged files (size
 and crc32c) are not copied again.
 """
 
@@ -25,10 +28,11 @@ import hashlib
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import google_crc32c
 
@@ -41,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int, float], None]
 """Called with (bytes done, bytes total, seconds elapsed)."""
+LeaseFn = Callable[[str], AbstractContextManager[Any]]
+"""Given a lock name, a context manager holding it (``Ledger.lease``); what it yields may have a
+``check()`` that raises when the lock was lost meanwhile (called before the manifest is written)."""
 
 DEFAULT_COPY_WORKERS = 8
 """Files copied at once: object-store copies are latency-bound, so threads overlap round trips."""
@@ -65,7 +72,12 @@ def _listing(root: str) -> dict[str, dict]:
     out = {}
     for path, info in found.items():
         rel = path[len(base) :].lstrip("/") if path.startswith(base) else path
-        if rel and rel != MANIFEST_NAME and info.get("type", "file") == "file":
+        if (
+            rel
+            and rel != MANIFEST_NAME
+            and info.get("type", "file") == "file"
+            and not storage.is_temporary(rel)
+        ):
             out[rel] = info
     return out
 
@@ -92,10 +104,6 @@ def _log_progress(done: int, total: int, elapsed: float) -> None:
     )
 
 
-TMP_MARK = ".sailor-tmp-"
-"""Infix of a file being written on a local disk (``<name>.sailor-tmp-<hex>``), renamed when complete."""
-
-
 def _copy_one(src: str, dst: str) -> tuple[str, int, str]:
     """Stream ``src`` to ``dst`` hashing on the way; return (sha256, size, crc32c).
 
@@ -106,7 +114,7 @@ def _copy_one(src: str, dst: str) -> tuple[str, int, str]:
     sfs, spath = storage.filesystem(src)
     dfs, dpath = storage.filesystem(dst)
     local = not _is_object_store(dst)
-    target = f"{dpath}{TMP_MARK}{uuid.uuid4().hex[:8]}" if local else dpath
+    target = storage.temporary_name(dpath) if local else dpath
     digest, crc, size = hashlib.sha256(), google_crc32c.Checksum(), 0
     try:
         with sfs.open(spath, "rb") as fin, dfs.open(target, "wb") as fout:
@@ -213,6 +221,7 @@ def copy_dataset(
     progress: ProgressFn | None = _log_progress,
     max_workers: int = DEFAULT_COPY_WORKERS,
     server_side: bool | None = None,
+    lease: LeaseFn | None = None,
 ) -> CopyResult:
     """Copy every file of ``src_root`` to ``dst_root`` and write the manifest last.
 
@@ -223,6 +232,8 @@ def copy_dataset(
         max_workers: files copied concurrently.
         server_side: copy inside the object store (default: when both ends are ``gs://`` and the
             source has a manifest, whose sha256 values the destination manifest then repeats).
+        lease: held (as ``replica:<dst_root>``) for the whole copy, so copies into one replica
+            from several machines run one after the other (the stages pass ``Ledger.lease``).
 
     Returns:
         The manifest written, and how many bytes were copied or already in place.
@@ -230,6 +241,8 @@ def copy_dataset(
     Raises:
         DataIntegrityError: a file changed while being copied, the source manifest disagrees, or
             the store recorded other bytes than were sent. The bad destination file is removed.
+        LeaseBusyError: another copy into the replica held the lease too long.
+        LeaseLostError: the lease lapsed during the copy: no manifest is written.
     """
     if max_workers < 1:
         raise ValueError(f"max_workers={max_workers} must be >= 1")
@@ -241,10 +254,37 @@ def copy_dataset(
         raise InvalidRequestError(
             "dataset_uri", src_root, "dataset not found (no such folder or object)"
         ) from None
-    with _replica_lock(dst_root):
+    with contextlib.ExitStack() as locks:
+        held = locks.enter_context(lease(f"replica:{dst_root}")) if lease is not None else None
+        locks.enter_context(_replica_lock(dst_root))
+        _remove_temporaries(dst_root)
         return _copy_locked(
-            src_root, dst_root, src_manifest, src_listing, progress, max_workers, server_side, start
+            src_root,
+            dst_root,
+            src_manifest,
+            src_listing,
+            progress,
+            max_workers,
+            server_side,
+            start,
+            getattr(held, "check", None),
         )
+
+
+def _remove_temporaries(dst_root: str) -> None:
+    """Delete the temporary files a killed copier left in a local replica (called with the replica
+    locked, so no live copier is writing them). Object stores have none: an upload is published
+    whole or not at all."""
+    if _is_object_store(dst_root):
+        return
+    fs, base = storage.filesystem(dst_root)
+    if not fs.exists(base):
+        return
+    for path in fs.find(base):
+        if storage.is_temporary(path):
+            logger.warning("removing %s, left by an interrupted copy", path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 @contextlib.contextmanager
@@ -277,6 +317,7 @@ def _copy_locked(
     max_workers: int,
     server_side: bool | None,
     start: float,
+    still_held: Callable[[], None] | None = None,
 ) -> CopyResult:
     files = sorted((rel, int(info["size"])) for rel, info in src_listing.items())
     total = sum(size for _, size in files)
@@ -328,6 +369,8 @@ def _copy_locked(
             if progress and moved:
                 progress(copied + skipped, total, time.monotonic() - start)
     manifest = DatasetManifest(dataset_uri=src_root, files=tuple(entries[rel] for rel, _ in files))
+    if still_held is not None:
+        still_held()  # raises when another copier may have taken the replica over meanwhile
     storage.write_json(storage.join(dst_root, MANIFEST_NAME), manifest.to_json())
     return CopyResult(manifest, copied, skipped, time.monotonic() - start)
 

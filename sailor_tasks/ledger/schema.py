@@ -230,3 +230,14 @@ gpu_allocations = Table(
     Column("steps_per_s", Float, nullable=False),  # effective throughput under the shares
     Index("ix_gpu_allocations_region", "region", "version"),
 )
+
+leases = Table(
+    # Named, expiring locks (e.g. one copy at a time into a dataset replica): a holder renews its
+    # lease while it works; a holder killed with kill -9 stops renewing and the lease expires.
+    "leases",
+    metadata,
+    Column("name", String(500), primary_key=True),
+    Column("holder", String(200), nullable=False),
+    Column("acquired_at", Float, nullable=False),  # epoch seconds
+    Column("expires_at", Float, nullable=False),  # epoch seconds
+)

@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 
 from sailor_tasks.ledger import migrate
 from sailor_tasks.ledger import schema as t
+from sailor_tasks.ledger.lease import Lease
 from sailor_tasks.model import Assignment, Placement, Reservation
 
 RUN_LIST_FIELDS = (
@@ -603,6 +604,63 @@ class Ledger:
                 }
                 for row in rows
             }
+
+    # --- leases ----------------------------------------------------------------------------
+    def try_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Take (or renew, for the same holder) the lease ``name`` for ``ttl_s`` seconds unless
+        another holder's lease on it is unexpired; True when ``holder`` now holds it. One
+        transaction, serialised like ``reserve_if_free`` (SQLite ``BEGIN IMMEDIATE``, PostgreSQL
+        an advisory lock on the name)."""
+        cols = t.leases.c
+        now = time.time()
+        with self._locking_engine.begin() as c:
+            if self._locking_engine.dialect.name == "postgresql":
+                import zlib
+
+                c.execute(
+                    text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(name.encode()) - (1 << 31)}
+                )
+            row = c.execute(select(cols.holder, cols.expires_at).where(cols.name == name)).first()
+            if row is not None and row.holder != holder and row.expires_at > now:
+                return False
+            _replace_row(c, t.leases, {"name": name}, holder=holder, acquired_at=now, expires_at=now + ttl_s)
+        return True
+
+    def renew_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Extend ``holder``'s lease by ``ttl_s`` from now; False when it no longer holds it."""
+        cols = t.leases.c
+        with self.engine.begin() as c:
+            res = c.execute(
+                update(t.leases)
+                .where(cols.name == name, cols.holder == holder, cols.expires_at > time.time())
+                .values(expires_at=time.time() + ttl_s)
+            )
+            return res.rowcount == 1
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        """Drop ``holder``'s lease; True when it held one."""
+        with self.engine.begin() as c:
+            res = c.execute(delete(t.leases).where(t.leases.c.name == name, t.leases.c.holder == holder))
+            return res.rowcount == 1
+
+    def lease_holder(self, name: str) -> str | None:
+        """Who holds the unexpired lease ``name``, or None."""
+        cols = t.leases.c
+        with self.engine.connect() as c:
+            return c.execute(
+                select(cols.holder).where(cols.name == name, cols.expires_at > time.time())
+            ).scalar_one_or_none()
+
+    def live_leases(self) -> list[dict[str, Any]]:
+        """Every unexpired lease (name, holder, acquired_at, expires_at)."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(t.leases).where(t.leases.c.expires_at > time.time()))
+            return [dict(r._mapping) for r in rows]
+
+    def lease(self, name: str, **options: Any) -> Lease:
+        """A ``Lease`` on ``name`` (a context manager: taken on entry, renewed, released on exit);
+        ``options`` as ``Lease`` (ttl_s, wait_s, poll_s)."""
+        return Lease(self, name, **options)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -149,11 +149,14 @@ class Run:
                 rank=self.rank,
                 keep_latest_k=self.keep_latest_k,
                 distributed=dist.is_available() and dist.is_initialized(),
+                attempt=self.attempt,
             )
         return self._checkpoints
 
     def latest_step(self) -> int | None:
         """The newest checkpoint that verifies against its marker (rank 0 decides, every rank agrees)."""
+        if self.rank == 0:
+            self.checkpoints.claim(self.attempt)  # older attempts' workers may write no more
         step = self.checkpoints.latest_valid_step() if self.rank == 0 else None
         if dist.is_available() and dist.is_initialized():
             box = [step]

@@ -250,6 +250,7 @@ def begin_attempt(
     for stale in (config.result_uri, report_uri):  # outputs of an earlier attempt must not be read as ours
         storage.remove(stale)
     storage.write_bytes(config_uri, config.to_json().encode())
+    CheckpointStore(config.checkpoint_uri).claim(attempt)  # an earlier attempt's stray workers commit no more
     ctx.ledger.start_attempt(run_id, attempt, try_number, to_dict(pl), data)
     ctx.ledger.upsert_run(run_id, status="running", region=pl.region, zone=pl.zone, market=pl.market)
     started = utcnow()
@@ -345,7 +346,7 @@ def finish_attempt(
         run_id, attempt, (ended - started).total_seconds() / 3600.0, pl.usd_per_hour, pl.market, req.strategy
     )
     report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
-    store = CheckpointStore(config.checkpoint_uri)
+    store = CheckpointStore(config.checkpoint_uri, attempt=attempt)
     store.seal()  # plain DCP checkpoints the workers left without a marker become resumable elsewhere
     result = storage.read_json(config.result_uri) if storage.exists(config.result_uri) else None
     if rc == 0 and result is None:  # the run's own command: done by the contract's exit status

@@ -108,7 +108,7 @@ def replicate_dataset(copy: JSON, ctx: StageContext | None = None) -> JSON:
     src = storage.resolve(uri, ctx.settings)
     dst = paths.replica_uri(region, uri, ctx.settings)
     logger.info("replicating %s into %s", src, dst)
-    result = copy_dataset(src, dst)
+    result = copy_dataset(src, dst, lease=ctx.ledger.lease)
     ctx.ledger.record_replica(uri, region, dst, result.manifest.total_bytes, len(result.manifest.files))
     return {
         "dataset_uri": uri,

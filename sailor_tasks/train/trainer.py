@@ -109,6 +109,7 @@ class Trainer:
             keep_latest_k=config.keep_latest_k,
             distributed=self.distributed,
             process_group=ckpt_group,
+            attempt=config.attempt,
         )
         self.step = 0
         self.tokens_seen = 0
@@ -144,6 +145,8 @@ class Trainer:
 
     def resume(self) -> int | None:
         """Load the newest verified checkpoint, if any; return its step. Rank 0 picks, all load."""
+        if self.rank == 0:
+            self.checkpoints.claim(self.config.attempt)  # older attempts' workers may write no more
         step = self.checkpoints.latest_valid_step() if self.rank == 0 else None
         if self.distributed:
             box = [step]

@@ -217,3 +217,40 @@ def test_concurrent_copies_of_one_replica_run_one_after_the_other(src, tmp_path,
     assert who == sorted(who, key=who.index)  # one copy's files, then (if any) the other's
     assert sorted(r.bytes_copied for r in results.values()) == [0, 55_000]  # the second found it done
     verify(dst, read_manifest(dst))
+
+
+def test_temporaries_of_a_killed_copier_are_never_data_and_are_removed(tmp_path):
+    """kill -9 of a copier writing a local replica leaves a temporary file: it is not listed as a
+    dataset file, and the next copy into the replica deletes it and completes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from sailor_tasks.data.copier import list_files
+
+    src = f"file://{tmp_path}/src"
+    storage.write_bytes(f"{src}/big.bin", os.urandom(2_000_000))
+    seal(src)
+    dst = f"file://{tmp_path}/dst"
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    proc = subprocess.Popen([sys.executable, "-m", "sailor_tasks.testing.faults", "copy", src, dst, url])
+    folder = tmp_path / "dst"
+    try:
+        deadline = time.monotonic() + 60
+        while not any(storage.is_temporary(p.name) and p.stat().st_size > 100_000 for p in folder.glob("*")):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "the copier ended before it was killed"
+            )
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    (leftover,) = [p for p in folder.glob("*") if storage.is_temporary(p.name)]
+    assert 0 < leftover.stat().st_size < 2_000_000
+    assert list_files(dst) == []  # a partial temporary is no dataset file
+    again = copy_dataset(src, dst, max_workers=1)
+    assert again.bytes_copied == 2_000_000 and not leftover.exists()
+    assert [p.name for p in folder.glob("*") if storage.is_temporary(p.name)] == []
+    assert list_files(dst) == [("big.bin", 2_000_000)]
+    verify(dst, read_manifest(dst))

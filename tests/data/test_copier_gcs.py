@@ -82,3 +82,103 @@ def test_gcs_source_without_manifest_is_streamed_and_sealed_at_destination(gcs, 
     result = copy_dataset(src, dst)
     assert [f.path for f in result.manifest.files] == ["a.txt", "b/c.txt"]
     verify(dst, read_manifest(dst))
+
+
+def test_concurrent_copies_into_one_gcs_replica_run_one_after_the_other(
+    gcs, local_src, tmp_path, monkeypatch
+):
+    """Two place_data of one dataset and region on two machines: each holds the replica's ledger
+    lease (a Ledger per machine on one database), so the second copies nothing."""
+    import threading
+    import time
+
+    from sailor_tasks.data import copier
+    from sailor_tasks.ledger import Ledger
+
+    dst = f"{gcs()}/datasets/d"
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    events: list[tuple[str, str]] = []
+    real_copy_one = copier._copy_one
+
+    def slow_copy_one(s, d):
+        who = threading.current_thread().name
+        events.append((who, "start"))
+        time.sleep(0.05)
+        out = real_copy_one(s, d)
+        events.append((who, "end"))
+        return out
+
+    monkeypatch.setattr(copier, "_copy_one", slow_copy_one)
+    results = {}
+
+    def copy(name):
+        ledger = Ledger(url)
+        results[name] = copy_dataset(
+            local_src, dst, max_workers=1, lease=lambda n: ledger.lease(n, poll_s=0.05)
+        )
+
+    threads = [threading.Thread(target=copy, args=(n,), name=n) for n in ("first", "second")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    who = [w for w, _ in events]
+    assert len(who) == 14 and who == sorted(who, key=who.index)  # one copy's 7 files, no interleaving
+    total = read_manifest(local_src).total_bytes
+    assert sorted(r.bytes_copied for r in results.values()) == [0, total]  # the second found it done
+    verify(dst, read_manifest(dst))
+    assert Ledger(url).live_leases() == []
+
+
+def test_copier_killed_mid_copy_into_gcs_lets_the_next_copy_finish(gcs, tmp_path):
+    """kill -9 of a copier holding the replica's lease: nothing partial is published, its lease
+    expires, and the next copier takes it over and completes a verified replica."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from sailor_tasks.ledger import Ledger
+
+    src = f"file://{tmp_path}/src"
+    for i in range(3):
+        storage.write_bytes(f"{src}/part-{i}.bin", os.urandom(400_000))
+    seal(src)
+    dst = f"{gcs()}/datasets/d"
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger = Ledger(url)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sailor_tasks.testing.faults",
+            "copy",
+            src,
+            dst,
+            url,
+            "--ttl",
+            "1.5",
+            "--delay",
+            "0.002",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while ledger.lease_holder(f"replica:{dst}") is None or not storage.exists(f"{dst}/part-0.bin"):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "the copier ended before it was killed"
+            )
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert ledger.lease_holder(f"replica:{dst}") is not None  # the dead copier's lease, not yet expired
+    assert read_manifest(dst) is None
+    for name in storage.listdir(dst):  # whatever is there is a whole file
+        assert storage.read_bytes(f"{dst}/{name}") == storage.read_bytes(f"{src}/{name}")
+    started = time.monotonic()
+    result = copy_dataset(src, dst, lease=lambda n: ledger.lease(n, ttl_s=1.5, poll_s=0.05))
+    assert time.monotonic() - started < 10
+    assert result.bytes_skipped >= 400_000  # the killed copier's finished file is kept
+    verify(dst, read_manifest(dst))
+    assert ledger.live_leases() == []

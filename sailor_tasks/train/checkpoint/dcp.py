@@ -529,6 +529,8 @@ class CheckpointManager(CheckpointStore):
         thread_count: writer threads per save (one data file each).
         recycle: on a local root, reuse retired checkpoints' data files (False: delete them and
             write new files, as on object stores).
+        attempt: the run's attempt saving here: written into each marker; once a newer attempt
+            claims the root (``claim``), this manager's saves raise ``StaleAttemptError``.
     """
 
     def __init__(
@@ -541,8 +543,9 @@ class CheckpointManager(CheckpointStore):
         process_group: Any = None,
         thread_count: int = 2,
         recycle: bool = True,
+        attempt: int | None = None,
     ):
-        super().__init__(root_uri, keep_latest_k=keep_latest_k, recycle=recycle)
+        super().__init__(root_uri, keep_latest_k=keep_latest_k, recycle=recycle, attempt=attempt)
         self.rank = rank
         self.distributed = distributed
         self.process_group = process_group
@@ -556,6 +559,7 @@ class CheckpointManager(CheckpointStore):
 
     def _writer(self, step: int) -> ChecksummingFsspecWriter:
         uri = self.step_uri(step)
+        self.check_fence()  # a stale attempt writes nothing into a root a newer one claimed
         fs, path = storage.filesystem(uri)
         if self.rank == 0 and fs.exists(path):
             fs.rm(path, recursive=True)  # a partial folder from a killed save of the same step

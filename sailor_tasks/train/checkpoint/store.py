@@ -5,6 +5,12 @@ so it works on the folders alone and never imports torch. ``dcp.CheckpointManage
 ``CheckpointStore`` to write and read the folders' contents. A folder is loadable only once its
 commit marker, written last and holding every file's crc32c and size, exists and matches its
 files; ``docs/checkpoints.md`` describes the layout and the file recycling on local roots.
+
+Fencing: each attempt of a run claims the checkpoint root (``claim``: ``ATTEMPT.json`` names the
+newest attempt and the steps committed before it), and every marker names the attempt that wrote
+it. A process of an older attempt (a worker that outlived its agent) can then neither replace a
+step folder nor commit or retire anything (``StaleAttemptError``), and a marker it still managed
+to write after the claim is not a valid checkpoint (``verify``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import time
 from typing import Any
 
 from sailor_tasks import storage
-from sailor_tasks.errors import DataIntegrityError
+from sailor_tasks.errors import DataIntegrityError, StaleAttemptError
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +37,8 @@ DATA_SUFFIX = ".distcp"
 """Suffix of the data files, DCP's ``filesystem.DEFAULT_SUFFIX`` (``dcp`` checks that they agree)."""
 DCP_METADATA = ".metadata"
 """DCP's metadata file: the coordinator writes it once every rank's data files are written."""
+FENCE = "ATTEMPT.json"
+"""At the checkpoint root: ``{"attempt": N, "inherited": [steps committed before N claimed it]}``."""
 RECYCLE_DIR = ".recycle"
 """Folder of recycled data files under a local checkpoint root (never a step folder's name)."""
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -58,11 +66,16 @@ class CheckpointStore:
         keep_latest_k: committed checkpoints ``retain`` keeps.
         recycle: on a local root, ``retain`` moves retired checkpoints' data files into
             ``RECYCLE_DIR`` for later saves to overwrite (False: delete them, as on object stores).
+        attempt: the run's attempt writing through this store (recorded in its markers; fenced
+            off once a newer attempt claims the root). None: a reader, or a writer that is not fenced.
     """
 
-    def __init__(self, root_uri: str, *, keep_latest_k: int = 2, recycle: bool = True):
+    def __init__(
+        self, root_uri: str, *, keep_latest_k: int = 2, recycle: bool = True, attempt: int | None = None
+    ):
         self.root_uri = root_uri.rstrip("/")
         self.keep_latest_k = keep_latest_k
+        self.attempt = attempt
         self.local = storage.scheme_of(self.root_uri) in ("", "file")
         """A local root: retention fsyncs what it keeps (object stores publish objects durably)."""
         self.recycle_dir: str | None = None
@@ -76,6 +89,78 @@ class CheckpointStore:
 
     def step_uri(self, step: int) -> str:
         return storage.join(self.root_uri, step_dir_name(step))
+
+    # --- fencing ---------------------------------------------------------------------------
+    def fence(self) -> dict[str, Any] | None:
+        """The root's claim (``{"attempt": N, "inherited": [...]}``), or None when unclaimed."""
+        uri = storage.join(self.root_uri, FENCE)
+        try:
+            return storage.read_json(uri)
+        except FileNotFoundError:
+            return None
+
+    def claim(self, attempt: int) -> None:
+        """Make ``attempt`` the newest attempt writing under this root (idempotent for the same
+        attempt): from now on older attempts cannot write, commit or retire here. Steps committed
+        so far by older attempts stay valid (``inherited``).
+
+        Raises:
+            StaleAttemptError: a newer attempt claimed the root already.
+        """
+        with self._fence_lock():
+            fence = self.fence()
+            newest = int(fence["attempt"]) if fence else 0
+            if newest > attempt:
+                raise StaleAttemptError(self.root_uri, attempt, newest)
+            if newest == attempt:
+                self.attempt = attempt
+                return
+            inherited = [s for s in self.committed_steps() if not self._stale(s, fence)]
+            storage.write_json(storage.join(self.root_uri, FENCE), {"attempt": attempt, "inherited": inherited})
+        self.attempt = attempt
+
+    def check_fence(self) -> None:
+        """Raise ``StaleAttemptError`` when a newer attempt than this store's claimed the root."""
+        if self.attempt is None:
+            return
+        fence = self.fence()
+        if fence and int(fence["attempt"]) > self.attempt:
+            raise StaleAttemptError(self.root_uri, self.attempt, int(fence["attempt"]))
+
+    def _stale(self, step: int, fence: dict[str, Any] | None, marker: dict[str, Any] | None = None) -> bool:
+        """Whether the step's marker was written by an older attempt after ``fence`` was claimed."""
+        if not fence:
+            return False
+        if marker is None:
+            try:
+                marker = storage.read_json(storage.join(self.step_uri(step), MARKER))
+            except (OSError, ValueError):
+                return False
+        written_by = marker.get("attempt")
+        return (
+            written_by is not None
+            and int(written_by) < int(fence["attempt"])
+            and step not in fence.get("inherited", ())
+        )
+
+    @contextlib.contextmanager
+    def _fence_lock(self) -> Any:
+        """On a local root, an exclusive ``flock`` beside the fence: a claim and a commit's check
+        of the fence followed by its marker write do not interleave. Object stores: no lock (a
+        marker written in that window is caught by ``verify``)."""
+        if not self.local:
+            yield
+            return
+        import fcntl
+
+        root = storage.filesystem(self.root_uri)[1]
+        os.makedirs(root, exist_ok=True)
+        with open(posixpath.join(root, f"{FENCE}.lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def step_dirs(self) -> list[int]:
         """Steps with a folder under the root, committed or not, oldest first."""
@@ -95,6 +180,13 @@ class CheckpointStore:
         uri = self.step_uri(step)
         try:
             marker = storage.read_json(storage.join(uri, MARKER))
+            if self._stale(step, self.fence(), marker):
+                logger.warning(
+                    "checkpoint %s: committed by attempt %s after a newer attempt claimed the root; skipping it",
+                    uri,
+                    marker.get("attempt"),
+                )
+                return False
             for name, meta in marker["files"].items():
                 crc, size = crc32c_of(storage.join(uri, name))
                 if crc != meta["crc32c"] or size != meta["size"]:
@@ -127,6 +219,9 @@ class CheckpointStore:
 
         Returns:
             The checkpoint's size in bytes (the files the marker lists).
+
+        Raises:
+            StaleAttemptError: a newer attempt claimed the root: nothing is committed.
         """
         uri = self.step_uri(step)
         names = list(own_sums or {}) if complete else storage.listdir(uri)
@@ -144,7 +239,11 @@ class CheckpointStore:
                 crc, size = crc32c_of(storage.join(uri, name))
                 files[name] = {"crc32c": crc, "size": size}
         marker = {"step": step, "files": files, "committed_at": time.time()}
-        storage.write_bytes(storage.join(uri, MARKER), json.dumps(marker, indent=1).encode())
+        if self.attempt is not None:
+            marker["attempt"] = self.attempt
+        with self._fence_lock() if self.attempt is not None else contextlib.nullcontext():
+            self.check_fence()
+            storage.write_bytes(storage.join(uri, MARKER), json.dumps(marker, indent=1).encode())
         return sum(f["size"] for f in files.values())
 
     def dcp_complete(self, step: int) -> bool:
@@ -200,6 +299,10 @@ class CheckpointStore:
                 while chunk := fin.read(_CHUNK):
                     fout.write(chunk)
         storage.write_bytes(storage.join(dst_uri, MARKER), marker)
+        fence = dest.fence()
+        if fence and step not in fence.get("inherited", ()):  # placed between attempts, on purpose
+            fence["inherited"] = sorted({*fence.get("inherited", ()), step})
+            storage.write_json(storage.join(dest.root_uri, FENCE), fence)
         if not dest.verify(step):
             raise DataIntegrityError(dst_uri, "files listed in the source marker", "a mismatching copy")
         return step
@@ -225,6 +328,7 @@ class CheckpointStore:
                 kept.append(step)
         if not kept:
             return  # nothing known good: retire nothing
+        self.check_fence()  # an older attempt retires nothing of a newer one's root
         oldest_kept = kept[-1] if len(kept) == self.keep_latest_k else -1
         retire = [
             s

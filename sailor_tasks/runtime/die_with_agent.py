@@ -1,0 +1,60 @@
+"""Start a worker that dies with the torchrun agent that started it (Linux ``PR_SET_PDEATHSIG``).
+
+torchrun starts each worker in a session of its own, so a SIGKILL of the agent (an OOM kill, a
+kill -9 of the task) leaves its workers running, training and writing checkpoints for an attempt
+that has ended. The local backend has torchrun run this module before each worker (``torchrun
+--no-python python -m sailor_tasks.runtime.die_with_agent <worker argv>``): it asks the kernel to
+send the process SIGKILL when its parent exits, checks the parent did not exit already, then
+``exec``s the worker's own command, which keeps the setting (same process, same parent).
+
+Torch-free and import-light: it runs once per worker before the worker's interpreter starts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option (linux/prctl.h): the signal the process gets when its parent thread exits."""
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent exits; False where the
+    system has no ``prctl`` (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    return True
+
+
+def _parent_is_agent(ppid: int) -> bool:
+    """Whether ``ppid`` is still a torchrun agent (it may have died before the setting took hold,
+    and this process been adopted by init or a subreaper)."""
+    try:
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            return b"torch.distributed" in f.read()
+    except OSError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        sys.exit("usage: python -m sailor_tasks.runtime.die_with_agent [--] PROGRAM [ARGS...]")
+    ppid = os.getppid()
+    if set_parent_death_signal() and (os.getppid() != ppid or not _parent_is_agent(ppid)):
+        os.kill(os.getpid(), signal.SIGKILL)  # the agent is gone already: never start the worker
+    os.execvp(args[0], args)
+
+
+if __name__ == "__main__":
+    main()
