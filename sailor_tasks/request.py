@@ -61,11 +61,11 @@ _OCI_DOMAIN = (
 _OCI_NAME = rf"(?:{_OCI_DOMAIN}/)?{_OCI_PATH_COMPONENT}(?:/{_OCI_PATH_COMPONENT})*"
 _OCI_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 _OCI_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[a-fA-F0-9]{32,}"
-IMAGE_PATTERN = rf"^$|^{_OCI_NAME}(?::{_OCI_TAG})?(?:@{_OCI_DIGEST})?$"
+IMAGE_PATTERN = whole_string(rf"|{_OCI_NAME}(?::{_OCI_TAG})?(?:@{_OCI_DIGEST})?")
 """An OCI image reference, ``[registry[:port]/]name[:tag][@digest]``, or empty."""
 IMAGE_NAME_MAX = 255
 """Longest repository name (registry included) the reference grammar allows."""
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ENV_NAME_PATTERN = whole_string(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIXES = ("SAILOR_", "TORCHELASTIC_")
 """Env name prefixes SAILOR and torchrun set for every worker (the run contract)."""
 RESERVED_ENV_NAMES = (

@@ -28,6 +28,7 @@ VALID = {
     "team": "research",
     "dataset_uri": "sailor://source/d",
     "preemption_trace_uri": "",
+    "image": "us-docker.pkg.dev/my-project/train/lm:1.2",
 }
 
 
@@ -48,7 +49,7 @@ def test_every_string_param_with_a_pattern_is_covered():
 def test_a_trailing_newline_fails_the_pattern(catalog, name):
     with pytest.raises(InvalidRequestErrors) as info:
         from_params({name: VALID[name] + "\n"}, catalog)
-    assert info.value.field == name and "does not match" in str(info.value)
+    assert info.value.field == name and repr(VALID[name] + "\n") in str(info.value)
     with pytest.raises(jsonschema.ValidationError):  # the Param schema Airflow checks says so too
         jsonschema.validate(VALID[name] + "\n", _schema(name))
 

@@ -41,6 +41,10 @@ RUN_KEY_ENV = "SAILOR_LOCAL_RUN_KEY"
 processes by it, even those that outlived their parent (torchrun starts workers in sessions of their
 own, so neither a process group nor the process tree is enough)."""
 
+STATE_DIR_ENV = "SAILOR_LOCAL_STATE_DIR"
+"""Set next to ``RUN_KEY_ENV``: the state folder of the deployment that started the run, so that two
+deployments on one machine (two state folders, equal run ids) never stop each other's processes."""
+
 CANCEL_GRACE_S = 3.0
 """Seconds ``cancel`` gives the workers after SIGTERM (they save a checkpoint, as on a preemption
 notice) before it kills what is left: within the 5 s Airflow's task supervisor waits after SIGTERM
@@ -136,6 +140,7 @@ class LocalBackend:
                 progress_file=self._progress_path(launch.run_key),
             ),
             RUN_KEY_ENV: launch.run_key,
+            STATE_DIR_ENV: os.path.realpath(self.settings.state_dir),
         }
 
     def _notice_path(self, run_key: str) -> str:
@@ -311,7 +316,7 @@ class LocalBackend:
         """Stop every process of the run: SIGTERM to the workers (they checkpoint and exit, as on a
         preemption notice), then, after ``grace_s`` or at once when 0, SIGKILL to whatever of the
         run is left, torchrun included, until none is. Returns how many processes were stopped."""
-        procs = run_processes(run_key)
+        procs = run_processes(run_key, self.settings.state_dir)
         if not procs:
             return 0
         for config_uri in {_config_uri(p) for p in procs} - {None}:  # before any signal: train reads it
@@ -326,7 +331,7 @@ class LocalBackend:
                 _signal(p, signal.SIGTERM)
             _wait_gone(procs, grace_s)
         for _ in range(20):  # SIGKILL what is left, and anything started meanwhile
-            left = run_processes(run_key)
+            left = run_processes(run_key, self.settings.state_dir)
             if not left:
                 break
             logger.warning("cancelling run %s: SIGKILL to %d process(es)", run_key, len(left))
@@ -335,7 +340,7 @@ class LocalBackend:
             _wait_gone(left, 5.0)
             stopped |= {p.pid for p in left}
         else:
-            raise RuntimeError(f"run {run_key}: processes still running after cancel: {run_processes(run_key)}")
+            raise RuntimeError(f"run {run_key}: processes still running after cancel: {run_processes(run_key, self.settings.state_dir)}")
         logger.warning("cancelled run %s: %d process(es) stopped", run_key, len(stopped))
         return len(stopped)
 
@@ -413,16 +418,24 @@ def trainer_exit_code(rc: int, failures: FailureSummary) -> int | None:
     return failures.exit_codes.get(failures.root_cause_rank) if failures.root_cause_rank is not None else None
 
 
-def run_processes(run_key: str) -> list[Any]:
-    """Live processes (zombies excluded) started for ``run_key`` by the local backend."""
+def run_processes(run_key: str, state_dir: str | None = None) -> list[Any]:
+    """Live processes (zombies excluded) started for ``run_key`` by the local backend (of the
+    deployment whose state folder is ``state_dir``, when given)."""
     import psutil
+
+    state = os.path.realpath(state_dir) if state_dir is not None else None
 
     found = []
     for p in psutil.process_iter():
         if p.pid == os.getpid():
             continue
         try:
-            if p.environ().get(RUN_KEY_ENV) == run_key and p.status() != psutil.STATUS_ZOMBIE:
+            env = p.environ()
+            if (
+                env.get(RUN_KEY_ENV) == run_key
+                and (state is None or env.get(STATE_DIR_ENV) == state)
+                and p.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -115,3 +115,26 @@ def test_teardown_stops_workers_that_outlived_a_hard_killed_task(ctx, demo_datas
     assert alive(tree) == [] and run_processes(run_key(run_id)) == []
     assert ctx.ledger.live_reservations() == [] and ctx.ledger.get_run(run_id)["status"] == "failed"
     assert os.listdir(ctx.settings.clusters_dir) == []
+
+
+def test_cancel_stops_only_the_processes_of_its_own_deployment(tmp_path):
+    """Two deployments (state folders) on one machine may hold runs with the same run key: a cancel in
+    one leaves the other's processes running."""
+    from sailor_tasks.backends.local import RUN_KEY_ENV, STATE_DIR_ENV, LocalBackend
+    from sailor_tasks.settings import Settings
+
+    mine, theirs = (Settings.from_env({}).with_state_dir(str(tmp_path / n)) for n in ("mine", "theirs"))
+    env = {**os.environ, RUN_KEY_ENV: "same-key", STATE_DIR_ENV: os.path.realpath(theirs.state_dir)}
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        deadline = time.time() + 10
+        while not run_processes("same-key") and time.time() < deadline:
+            time.sleep(0.05)
+        assert [p.pid for p in run_processes("same-key", theirs.state_dir)] == [other.pid]
+        assert LocalBackend(mine).cancel("same-key", grace_s=0.0) == 0
+        assert other.poll() is None
+        assert LocalBackend(theirs).cancel("same-key", grace_s=0.0) == 1
+        assert other.wait(timeout=10) == -9
+    finally:
+        other.kill()
+        other.wait()

@@ -5,6 +5,7 @@ no ``alembic_version``) is adopted with its rows, and the documented way to add 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import shutil
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
@@ -114,7 +115,7 @@ def test_a_model_change_without_a_revision_shows_as_a_difference(tmp_path):
     for table in ledger_schema.metadata.tables.values():
         table.to_metadata(changed)
     changed.tables["runs"].append_column(Column("priority", Integer))
-    Table("leases", changed, Column("run_id", String(250), primary_key=True))
+    Table("run_labels", changed, Column("run_id", String(250), primary_key=True))
     changed.tables["checkpoints"].c.step.type = Float()
     kinds = {d[0] if isinstance(d, tuple) else d[0][0] for d in migrate.schema_diff(ledger.engine, changed)}
     assert {"add_column", "add_table", "modify_type"} <= kinds
@@ -217,7 +218,7 @@ def _changed_models() -> MetaData:
         table.to_metadata(changed)
     changed.tables["runs"].append_column(Column("priority", Integer, nullable=True))
     Table(
-        "leases",
+        "run_labels",
         changed,
         Column("run_id", String(250), primary_key=True),
         Column("holder", String(100), nullable=False),
@@ -232,10 +233,10 @@ def test_a_generated_revision_upgrades_a_ledger_with_rows_and_loses_none(tmp_pat
     old_head = migrate.head_revision(location)
     changed = _changed_models()
     path = migrate.new_revision(
-        "add leases and runs.priority", script_location=location, target_metadata=changed
+        "add run_labels and runs.priority", script_location=location, target_metadata=changed
     )
-    assert path.parent == location / "versions" and path.name.endswith("_add_leases_and_runs_priority.py")
-    assert "leases" in path.read_text() and "priority" in path.read_text()
+    assert path.parent == location / "versions" and path.name.endswith("_add_run_labels_and_runs_priority.py")
+    assert "run_labels" in path.read_text() and "priority" in path.read_text()
     script = migrate.script_directory(location)
     new_head = migrate.head_revision(location)
     assert new_head != old_head and script.get_revision(new_head).down_revision == old_head
@@ -248,7 +249,7 @@ def test_a_generated_revision_upgrades_a_ledger_with_rows_and_loses_none(tmp_pat
     assert (before_at, after_at) == (old_head, new_head)
     after = _snapshot(engine)
     _rows_kept(before, after)
-    assert after["leases"] == [] and all(dict(r)["priority"] == "None" for r in after["runs"])
+    assert after["run_labels"] == [] and all(dict(r)["priority"] == "None" for r in after["runs"])
     assert migrate.schema_diff(engine, changed) == []
 
 
@@ -307,7 +308,9 @@ def postgres(tmp_path_factory):
 def test_postgresql_ledger_written_without_migrations_is_adopted_with_its_rows(postgres):
     url = postgres.create_database("ledger_adopt")
     engine = create_engine(url)
-    ledger_schema.metadata.create_all(engine)
+    # the tables of a ledger from before migrations (the frozen SQLite ledger's), as create_all made them
+    old = re.findall(r'CREATE TABLE "?(\w+)"?', PRE_MIGRATIONS_DUMP.read_text())
+    ledger_schema.metadata.create_all(engine, tables=[ledger_schema.metadata.tables[n] for n in old])
     _fill(engine)
     before = _snapshot(engine)
     ledger = Ledger(url)
