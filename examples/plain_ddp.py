@@ -22,6 +22,7 @@ import threading
 STOP = threading.Event()
 signal.signal(signal.SIGTERM, lambda signum, frame: STOP.set())
 
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
@@ -180,17 +181,22 @@ def main() -> int:
         if stop.item() and step < total:
             if rank == 0:
                 print(f"preemption notice: saved step {step}, exiting {PREEMPTED}", flush=True)
-            shutdown(world)
-            return PREEMPTED
+            break
+    del ddp  # before the group goes (see shutdown)
     shutdown(world)
-    return 0
+    return PREEMPTED if step < total else 0
 
 
 def shutdown(world: int) -> None:
-    """Leave the process group. The barrier first lets gloo's worker thread release the last
-    collective's tensors (DCP's save ends with one): destroying the group while that thread waits
-    for the GIL to free them deadlocks the exit (seen with torch 2.13, gloo)."""
+    """Leave the process group, once the DDP wrapper is gone.
+
+    Whoever drops the group's last reference joins gloo's worker threads, and a worker may still be
+    freeing the last collective's tensors (DCP's save ends with one), which takes the GIL. DDP's
+    reducer drops its reference holding the GIL (a deadlock when it is the last one: seen with torch
+    2.13, gloo); the group's own Python object releases the GIL first. So the wrapper goes first
+    (``gc.collect`` for any reference cycle), then the group is destroyed."""
     if world > 1:
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
 

@@ -93,7 +93,10 @@ def main() -> int:
         if step % every == 0 or step == run.total_steps or stop:
             run.save(step, state(step))
         if stop and step < run.total_steps:
-            run.exit_preempted()  # 75: saved on the notice
+            break
+    del ddp  # before run.close() leaves the process group (see Run.close)
+    if step < run.total_steps:
+        run.exit_preempted()  # 75: saved on the notice
     run.close()  # waits for checkpoint retention, leaves the process group
     return 0
 

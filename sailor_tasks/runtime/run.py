@@ -11,6 +11,7 @@ checkpoint code; never Airflow.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -239,11 +240,14 @@ class Run:
 
     def close(self) -> None:
         """Wait for background checkpoint work (retention), then leave the process group if one is
-        initialized. The barrier first lets gloo's worker thread release the last collective's
-        tensors (a save ends with one): destroying the group while that thread waits for the GIL to
-        free them deadlocks the exit (seen with torch 2.13, gloo)."""
+        initialized. Drop your ``DistributedDataParallel`` wrapper first (``del ddp``): whoever drops
+        the group's last reference joins gloo's worker threads, which may still be freeing the last
+        collective's tensors (a save ends with one) and need the GIL for it; DDP's reducer drops its
+        reference holding the GIL (a deadlock when it is the last one: seen with torch 2.13, gloo),
+        the group's own Python object releases it first."""
         if self._checkpoints is not None:
             self._checkpoints.wait()
         if dist.is_available() and dist.is_initialized():
+            gc.collect()  # a wrapper left in a reference cycle goes now, not after the group
             dist.barrier()
             dist.destroy_process_group()

@@ -17,6 +17,7 @@ STOP = threading.Event()
 signal.signal(signal.SIGTERM, lambda signum, frame: STOP.set())
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -70,11 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         device_plan=plan,
     )
     try:
-        result = trainer.train()
+        status = trainer.train().status
     finally:
+        # The DDP wrapper goes before the group: whoever drops the group's last reference joins
+        # gloo's worker threads, which may still need the GIL to free the last collective's
+        # tensors; DDP's reducer drops its reference holding the GIL, the group's own Python
+        # object releases it first (torch 2.13, gloo).
+        del trainer
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
-    return PREEMPTED_EXIT_CODE if result.status == "preempted" else 0
+    return PREEMPTED_EXIT_CODE if status == "preempted" else 0
 
 
 if __name__ == "__main__":
