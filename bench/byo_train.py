@@ -12,6 +12,9 @@ what the stages add around them, and what a gke run of one's own image and comma
   and through every stage (validate, plan, place_data, provision, train, finalize, teardown),
   alternately, ``--rounds`` times; the median of (staged - bare) wall seconds over all pairs
   (``orchestration_runs`` has each pair with the staged run's seconds per stage). Target ≤ 10 s.
+  Both sides include the training itself, whose speed varies by several seconds between identical
+  runs on a loaded machine; ``outside_torchrun_s`` (the median of the staged wall time minus the
+  torchrun process's own, from the attempt's ``launch.json``) is the stages' share without it.
 - ``gke_pod_image_matches``: the pods ``sailor render`` (``airflow_glue.gcp.render_run``, no cloud
   call) builds for a gke run with ``image`` and ``command`` run that image, and that command under
   torchrun, in every container; false with ``gke_pod_image_reason`` when the render refuses or
@@ -202,7 +205,7 @@ def main() -> None:
     os.environ.pop("SAILOR_COMMAND_ROOTS", None)  # the default: the project's examples/
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    from sailor_tasks import storage
+    from sailor_tasks import paths, storage
     from sailor_tasks.data.demo import DEMO_DATASET, write_demo_dataset
     from sailor_tasks.settings import Settings
     from sailor_tasks.stages import StageContext
@@ -237,7 +240,16 @@ def main() -> None:
             stages = {
                 t["stage"]: round(t["seconds"], 2) for t in ctx.ledger.stage_timings(f"ref-{script}-{i}")
             }
-            pairs.append({"bare_s": round(bare_s, 2), "staged_s": round(staged_s, 2), "stage_s": stages})
+            run_folder = summary["checkpoint_uri"].rsplit("/checkpoints/", 1)[0]
+            launch = storage.read_json(paths.launch_report_uri(run_folder))
+            pairs.append(
+                {
+                    "bare_s": round(bare_s, 2),
+                    "staged_s": round(staged_s, 2),
+                    "torchrun_s": round(launch["ended_at"] - launch["started_at"], 2),
+                    "stage_s": stages,
+                }
+            )
         overheads[script] = pairs
         key = "plain_example_identical" if script == "plain_ddp.py" else "helper_example_identical"
         check = identical(script, params, args.preempt_at, ctx, settings, reference)
@@ -247,6 +259,8 @@ def main() -> None:
 
     diffs = [p["staged_s"] - p["bare_s"] for pairs in overheads.values() for p in pairs]
     result["orchestration_s"] = round(statistics.median(diffs), 2)
+    outside = [p["staged_s"] - p["torchrun_s"] for pairs in overheads.values() for p in pairs]
+    result["outside_torchrun_s"] = round(statistics.median(outside), 2)
     result["orchestration_runs"] = overheads
     result.update(gke_render())
     result.update(gpu_figures())
