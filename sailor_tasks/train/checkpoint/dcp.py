@@ -436,8 +436,9 @@ class RawTensorFsspecReader(FsspecReader):
         chunk = next(c for c in md.chunks if tuple(c.offsets) == offsets)
         target = planner.resolve_tensor(req).detach()
         whole = tuple(req.lengths) == tuple(chunk.sizes) and not any(req.storage_offsets)
-        if whole and target.is_contiguous() and target.dtype == md.properties.dtype:
-            dest = target  # read in place
+        on_host = target.device.type == "cpu"
+        if whole and on_host and target.is_contiguous() and target.dtype == md.properties.dtype:
+            dest = target  # read in place (a GPU tensor is read into host memory, then copied)
         else:
             dest = torch.empty(tuple(chunk.sizes), dtype=md.properties.dtype)
         view = _tensor_bytes(dest) if dest.is_contiguous() else None
