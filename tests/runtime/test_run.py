@@ -56,6 +56,11 @@ def test_the_device_follows_the_machine_and_the_nodes_worker_count(environ, monk
     assert seen == [(1, 2)]  # asked once, with torchrun's local rank and node size
     x = torch.ones(3)
     assert run.to_device(x) is x
+    with run.autocast():
+        assert not torch.is_autocast_enabled("cpu")
+    # one worker: no process group to join, the device to train on
+    assert run.world_size == 1 and run.init_distributed() == torch.device("cpu")
+    assert not torch.distributed.is_initialized()
 
 
 def test_notice_file_makes_should_save_true_and_gives_the_deadline(environ):
