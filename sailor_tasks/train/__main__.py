@@ -2,8 +2,8 @@
 
 Launched by ``torchrun`` (one process per worker) on every backend. Reads RANK/WORLD_SIZE here
 and nowhere else, and picks the worker's device from what the machine has (``device.py``: nccl on
-this worker's GPU, gloo on the CPU otherwise). A SIGTERM (the cloud's preemption notice) asks the trainer to finish its step,
-checkpoint, and exit with ``PREEMPTED_EXIT_CODE``.
+this worker's GPU, gloo on the CPU otherwise). A SIGTERM (the cloud's preemption notice) asks the
+trainer to finish its step, checkpoint, and exit with ``PREEMPTED_EXIT_CODE``.
 """
 
 from __future__ import annotations
