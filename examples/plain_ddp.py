@@ -3,7 +3,8 @@
 Run by SAILOR as ``command: ["python", "plain_ddp.py"]`` (torchrun sets RANK, WORLD_SIZE, ...;
 SAILOR adds the SAILOR_* variables, docs/run-contract.md). A next-byte model over the placed
 dataset; batches are a pure function of (seed, step, rank), so resuming from a checkpoint gives
-the same parameters as a run that was never interrupted.
+the same parameters as a run that was never interrupted. On a GPU per worker it trains with nccl,
+bf16 autocast (where supported) and pinned-memory copies; on the CPU with gloo in fp32.
 
 Checkpoints: torch.distributed.checkpoint into ``$SAILOR_CHECKPOINT_DIR/step-NNNNNNNN/`` every
 ``CHECKPOINT_EVERY`` steps (an ``env`` param of the run), at the end, and on the preemption notice
@@ -21,6 +22,7 @@ import threading
 STOP = threading.Event()
 signal.signal(signal.SIGTERM, lambda signum, frame: STOP.set())
 
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
@@ -66,6 +68,21 @@ def batch(data: torch.Tensor, seed: int, step: int, rank: int, world: int) -> tu
     starts = torch.randint(0, data.numel() - CONTEXT - 1, (BATCH * world,), generator=g)[rank::world]
     window = data[starts[:, None] + torch.arange(CONTEXT + 1)[None, :]]
     return window[:, :-1], window[:, -1]
+
+
+def pick_device(local_rank: int, local_world: int) -> tuple[str, torch.device, torch.dtype | None]:
+    """(backend, device, autocast dtype): nccl on this worker's GPU when every worker of the node
+    has one (bf16 autocast where supported), gloo on the CPU in fp32 otherwise."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world and dist.is_nccl_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        return "nccl", device, torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return "gloo", torch.device("cpu"), None
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host-to-GPU through pinned memory, without blocking the host; the CPU tensor as is."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
 def writer(uri: str) -> dcp.StorageWriter:
@@ -114,13 +131,15 @@ def main() -> int:
     root = env["SAILOR_CHECKPOINT_DIR"].rstrip("/")
     progress = env.get("SAILOR_PROGRESS_FILE")
     torch.set_num_threads(1)
+    backend, device, amp = pick_device(int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "1")))
     if world > 1:
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend)
 
     data = read_dataset(env["SAILOR_DATA_DIR"])
     torch.manual_seed(seed)  # the same initial weights on every rank
-    model = NextByte()
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    model = NextByte().to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if world > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
 
     def state(step: int) -> dict:
@@ -145,7 +164,8 @@ def main() -> int:
 
     while step < total:
         x, y = batch(data, seed, step, rank, world)
-        loss = ddp(x, y)
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            loss = ddp(to_device(x, device), to_device(y, device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -153,7 +173,7 @@ def main() -> int:
         report(progress, rank, step=step, resumed_from=newest)
         if rank == 0 and step % 10 == 0:
             print(f"step {step}/{total} loss {loss.item():.4f}", flush=True)
-        stop = torch.tensor([1 if STOP.is_set() else 0])
+        stop = torch.tensor([1 if STOP.is_set() else 0], device=device)
         if world > 1:
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank saves the same step
         if step % every == 0 or step == total or stop.item():
@@ -161,17 +181,22 @@ def main() -> int:
         if stop.item() and step < total:
             if rank == 0:
                 print(f"preemption notice: saved step {step}, exiting {PREEMPTED}", flush=True)
-            shutdown(world)
-            return PREEMPTED
+            break
+    del ddp  # before the group goes (see shutdown)
     shutdown(world)
-    return 0
+    return PREEMPTED if step < total else 0
 
 
 def shutdown(world: int) -> None:
-    """Leave the process group. The barrier first lets gloo's worker thread release the last
-    collective's tensors (DCP's save ends with one): destroying the group while that thread waits
-    for the GIL to free them deadlocks the exit (seen with torch 2.13, gloo)."""
+    """Leave the process group, once the DDP wrapper is gone.
+
+    Whoever drops the group's last reference joins gloo's worker threads, and a worker may still be
+    freeing the last collective's tensors (DCP's save ends with one), which takes the GIL. DDP's
+    reducer drops its reference holding the GIL (a deadlock when it is the last one: seen with torch
+    2.13, gloo); the group's own Python object releases the GIL first. So the wrapper goes first
+    (``gc.collect`` for any reference cycle), then the group is destroyed."""
     if world > 1:
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
 

@@ -19,7 +19,6 @@ import sys  # noqa: E402
 
 import fsspec  # noqa: E402
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 
 CONTEXT = 8
@@ -60,13 +59,13 @@ def main() -> int:
     every = int(os.environ.get("CHECKPOINT_EVERY", "10"))
     lr = float(os.environ.get("LEARNING_RATE", "0.01"))
     torch.set_num_threads(1)
-    if run.world_size > 1:
-        dist.init_process_group("gloo")
+    device = run.init_distributed()  # nccl on this worker's GPU, else gloo on the CPU (run.device_plan)
 
     data = read_dataset(run.data_dir)
     torch.manual_seed(run.seed)
-    model = NextByte()
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if run.world_size > 1 else model
+    model = NextByte().to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if run.world_size > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
 
     def state(step: int) -> dict:
@@ -81,7 +80,8 @@ def main() -> int:
 
     while step < run.total_steps:
         x, y = batch(data, run.seed, step, run.rank, run.world_size)
-        loss = ddp(x, y)
+        with run.autocast():  # bf16 where the GPU supports it
+            loss = ddp(run.to_device(x), run.to_device(y))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -93,7 +93,10 @@ def main() -> int:
         if step % every == 0 or step == run.total_steps or stop:
             run.save(step, state(step))
         if stop and step < run.total_steps:
-            run.exit_preempted()  # 75: saved on the notice
+            break
+    del ddp  # before run.close() leaves the process group (see Run.close)
+    if step < run.total_steps:
+        run.exit_preempted()  # 75: saved on the notice
     run.close()  # waits for checkpoint retention, leaves the process group
     return 0
 

@@ -24,9 +24,9 @@ OPTIONAL_IMPORTS = {
 
 def _train_image_packages() -> set[str]:
     text = (ROOT / "docker" / "train.Dockerfile").read_text()
-    pattern = re.search(r"grep -E '\^\(([^)]*)\)==' requirements.txt", text)
-    assert pattern, "train.Dockerfile no longer selects its packages from requirements.txt"
-    names = set(pattern.group(1).split("|"))
+    selections = re.findall(r"grep -E '\^\(([^)]*)\)==' requirements.txt", text)
+    assert selections, "train.Dockerfile no longer selects its packages from requirements.txt"
+    names = {name for selection in selections for name in selection.split("|")}
     pinned = {
         line.split("==")[0] for line in (ROOT / "requirements.txt").read_text().splitlines() if "==" in line
     }
@@ -132,3 +132,16 @@ def test_the_gcs_emulator_image_installs_the_pinned_emulator_only():
     lines = (ROOT / "requirements.txt").read_text().splitlines()
     pinned = [line for line in lines if line.startswith("gcp-storage-emulator==")]
     assert len(pinned) == 1
+
+
+def test_training_image_installs_torchs_cuda_wheel():
+    """torch comes from PyTorch's CUDA index (a CUDA line, not ``cpu``), pinned by requirements.txt,
+    and the build stops when the installed torch has no CUDA."""
+    text = (ROOT / "docker" / "train.Dockerfile").read_text()
+    cuda = re.search(r"^ARG TORCH_CUDA=(\S+)$", text, re.M)
+    assert cuda and re.fullmatch(r"cu1\d{2}", cuda.group(1)), "TORCH_CUDA must name a CUDA wheel line (cuNNN)"
+    install = re.search(r"grep -E '\^\(torch\)==' requirements.txt > (\S+)[^\n]*\n\s*&& pip install ([^\n]*)", text)
+    assert install, "torch is not installed on its own from requirements.txt's pin"
+    assert '--index-url "https://download.pytorch.org/whl/${TORCH_CUDA}"' in install.group(2)
+    assert f"-r {install.group(1)}" in install.group(2)
+    assert "torch.version.cuda" in text  # the build checks the wheel it got

@@ -11,6 +11,7 @@ checkpoint code; never Airflow.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -24,7 +25,9 @@ import torch
 import torch.distributed as dist
 
 from sailor_tasks.runtime import contract
+from sailor_tasks.train import device as devices
 from sailor_tasks.train.checkpoint.dcp import CheckpointManager, SaveInfo
+from sailor_tasks.train.device import DevicePlan
 from sailor_tasks.train.progress import write_progress
 
 _REQUIRED = (
@@ -55,6 +58,8 @@ class Run:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1
+    """Workers on this node (torchrun's ``LOCAL_WORLD_SIZE``): GPUs are used when each has one."""
     keep_latest_k: int = 2
     """Committed checkpoints kept (older ones are retired after each save)."""
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -62,6 +67,7 @@ class Run:
     _resumed_from: int | None = field(default=None, repr=False)
     _first_step_at: float | None = field(default=None, repr=False)
     _checkpoint_step: int | None = field(default=None, repr=False)
+    _plan: DevicePlan | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, handle_sigterm: bool = True) -> Run:
@@ -94,6 +100,7 @@ class Run:
                 rank=int(env.get("RANK", "0")),
                 world_size=int(env.get("WORLD_SIZE", "1")),
                 local_rank=int(env.get("LOCAL_RANK", "0")),
+                local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
             )
         except ValueError as exc:
             raise ValueError(f"malformed run contract variable: {exc}") from exc
@@ -133,6 +140,36 @@ class Run:
         if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
             return torch.device("cuda", self.local_rank)
         return torch.device("cpu")
+
+    # --- the device -------------------------------------------------------------------------
+    @property
+    def device_plan(self) -> DevicePlan:
+        """Where this worker trains, from what the machine has (``train.device.device_plan``):
+        nccl on ``cuda:LOCAL_RANK`` with bf16 autocast where supported and pinned-memory copies
+        when every worker of the node has a GPU; gloo on the CPU otherwise."""
+        if self._plan is None:
+            self._plan = devices.detect_device_plan(self.local_rank, self.local_world_size)
+        return self._plan
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.device_plan.device)
+
+    def init_distributed(self) -> torch.device:
+        """Make the plan's GPU current and, with several workers, join the process group with the
+        plan's backend. Returns the device to put the model and batches on."""
+        device = devices.select_device(self.device_plan)
+        if self.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group(self.device_plan.backend)
+        return device
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on this worker's device (pinned memory and a non-blocking copy on a GPU)."""
+        return devices.to_device(tensor, self.device_plan)
+
+    def autocast(self) -> Any:
+        """Context for the forward pass: bf16 autocast where the plan has it, else nothing."""
+        return devices.autocast(self.device_plan)
 
     def exit_preempted(self) -> NoReturn:
         """Leave (``close``) and exit with the contract's status for "saved on a notice" (75)."""
@@ -206,11 +243,14 @@ class Run:
 
     def close(self) -> None:
         """Wait for background checkpoint work (retention), then leave the process group if one is
-        initialized. The barrier first lets gloo's worker thread release the last collective's
-        tensors (a save ends with one): destroying the group while that thread waits for the GIL to
-        free them deadlocks the exit (seen with torch 2.13, gloo)."""
+        initialized. Drop your ``DistributedDataParallel`` wrapper first (``del ddp``): whoever drops
+        the group's last reference joins gloo's worker threads, which may still be freeing the last
+        collective's tensors (a save ends with one) and need the GIL for it; DDP's reducer drops its
+        reference holding the GIL (a deadlock when it is the last one: seen with torch 2.13, gloo),
+        the group's own Python object releases it first."""
         if self._checkpoints is not None:
             self._checkpoints.wait()
         if dist.is_available() and dist.is_initialized():
+            gc.collect()  # a wrapper left in a reference cycle goes now, not after the group
             dist.barrier()
             dist.destroy_process_group()

@@ -1,8 +1,9 @@
 """Entrypoint of one training worker: ``python -m sailor_tasks.train --config URI``.
 
 Launched by ``torchrun`` (one process per worker) on every backend. Reads RANK/WORLD_SIZE here
-and nowhere else. A SIGTERM (the cloud's preemption notice) asks the trainer to finish its step,
-checkpoint, and exit with ``PREEMPTED_EXIT_CODE``.
+and nowhere else, and picks the worker's device from what the machine has (``device.py``: nccl on
+this worker's GPU, gloo on the CPU otherwise). A SIGTERM (the cloud's preemption notice) asks the
+trainer to finish its step, checkpoint, and exit with ``PREEMPTED_EXIT_CODE``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ STOP = threading.Event()
 signal.signal(signal.SIGTERM, lambda signum, frame: STOP.set())
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -27,6 +29,7 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 from sailor_tasks import storage  # noqa: E402
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE  # noqa: E402
 from sailor_tasks.train.config import TrainConfig  # noqa: E402
+from sailor_tasks.train.device import detect_device_plan, select_device  # noqa: E402
 from sailor_tasks.train.progress import PROGRESS_ENV  # noqa: E402
 from sailor_tasks.train.trainer import Trainer  # noqa: E402
 
@@ -52,22 +55,33 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, int(os.environ.get("SAILOR_THREADS_PER_WORKER", "1"))))
     config = TrainConfig.from_json(storage.read_bytes(args.config).decode())
 
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    plan = detect_device_plan(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    select_device(plan)
+    logging.getLogger(__name__).info("device %s, %s backend: %s", plan.device, plan.backend, plan.reason)
     stop = STOP
     if world_size > 1:
-        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend=plan.backend)
     trainer = Trainer(
         config,
         rank=rank,
         world_size=world_size,
         stop_event=stop,
         progress_path=os.environ.get(PROGRESS_ENV) or None,
+        device_plan=plan,
     )
     try:
-        result = trainer.train()
+        status = trainer.train().status
     finally:
+        # The DDP wrapper goes before the group: whoever drops the group's last reference joins
+        # gloo's worker threads, which may still need the GIL to free the last collective's
+        # tensors; DDP's reducer drops its reference holding the GIL, the group's own Python
+        # object releases it first (torch 2.13, gloo).
+        del trainer
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
-    return PREEMPTED_EXIT_CODE if result.status == "preempted" else 0
+    return PREEMPTED_EXIT_CODE if status == "preempted" else 0
 
 
 if __name__ == "__main__":

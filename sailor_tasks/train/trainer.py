@@ -24,13 +24,13 @@ from sailor_tasks import storage
 from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.data import ByteCorpus
+from sailor_tasks.train.device import CPU_PLAN, DevicePlan, autocast, to_device
 from sailor_tasks.train.models import build_model
 from sailor_tasks.train.progress import write_progress
 from sailor_tasks.train.specs import MODEL_SPECS
 from sailor_tasks.train.state_dicts import model_optim_state_dict
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +84,10 @@ class Trainer:
         world_size: int = 1,
         stop_event: threading.Event | None = None,
         progress_path: str | None = None,
+        device_plan: DevicePlan = CPU_PLAN,
     ):
         self.config, self.rank, self.world_size = config, rank, world_size
+        self.plan = device_plan
         self.distributed = world_size > 1 or (dist.is_available() and dist.is_initialized())
         self.stop_event = stop_event or threading.Event()
         self.progress_path = progress_path if rank == 0 else None
@@ -93,9 +95,11 @@ class Trainer:
         self._first_step_at: float | None = None
         spec = MODEL_SPECS[config.model]
         torch.manual_seed(config.seed)  # identical init on every rank
-        model = build_model(spec)
+        model = build_model(spec).to(device_plan.device)
         if self.distributed:
-            model = torch.nn.parallel.DistributedDataParallel(model)
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[torch.device(device_plan.device).index] if device_plan.is_cuda else None
+            )
         self.model = model
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
@@ -125,6 +129,9 @@ class Trainer:
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     def state(self) -> dict[str, Any]:
+        rng = {f"rng_rank{self.rank}": torch.get_rng_state()}
+        if self.plan.is_cuda:  # dropout on the GPU draws from the device's own generator
+            rng[f"cuda_rng_rank{self.rank}"] = torch.cuda.get_rng_state(self.plan.device)
         return {
             "app": _ModelOptimState(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
@@ -133,7 +140,7 @@ class Trainer:
                 "tokens_seen": self.tokens_seen,
                 "initial_loss": self.initial_loss,
             },
-            f"rng_rank{self.rank}": torch.get_rng_state(),
+            **rng,
         }
 
     def _apply(self, state: dict[str, Any]) -> None:
@@ -142,6 +149,8 @@ class Trainer:
         self.step, self.tokens_seen = int(meta["step"]), int(meta["tokens_seen"])
         self.initial_loss = float(meta["initial_loss"])
         torch.set_rng_state(state[f"rng_rank{self.rank}"])
+        if f"cuda_rng_rank{self.rank}" in state:
+            torch.cuda.set_rng_state(state[f"cuda_rng_rank{self.rank}"], self.plan.device)
 
     def resume(self) -> int | None:
         """Load the newest verified checkpoint, if any; return its step. Rank 0 picks, all load."""
@@ -155,6 +164,10 @@ class Trainer:
         if step is None:
             return None
         state = self.state()
+        cuda_rng = f"cuda_rng_rank{self.rank}"
+        if cuda_rng in state and cuda_rng not in self.checkpoints.saved_keys(step):
+            # saved on a machine without GPUs: the GPU's generator keeps its seeded state
+            del state[cuda_rng]
         self.checkpoints.load(step, state)
         self._apply(state)
         self.last_checkpoint_step = step
@@ -164,15 +177,15 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> float:
         self.model.eval()
-        losses = [
-            float(self.model(x, y))
-            for x, y in self.corpus.eval_batches(self.config.num_eval_batches, self.config.batch_size)
-        ]
+        losses = []
+        for x, y in self.corpus.eval_batches(self.config.num_eval_batches, self.config.batch_size):
+            with autocast(self.plan):
+                losses.append(float(self.model(to_device(x, self.plan), to_device(y, self.plan))))
         self.model.train()
         return sum(losses) / len(losses)
 
     def _stop_requested(self) -> bool:
-        flag = torch.tensor([1 if self.stop_event.is_set() else 0])
+        flag = torch.tensor([1 if self.stop_event.is_set() else 0], device=self.plan.device)
         if self.distributed:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
@@ -202,6 +215,24 @@ class Trainer:
                 first_step_at=self._first_step_at,
             )
 
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step on this rank's slice of step ``self.step``'s batch; returns the loss
+        (on the plan's device: reading it waits for the GPU)."""
+        x, y = self.corpus.train_batch(self.step, self.rank, self.world_size, self.config.batch_size)
+        with autocast(self.plan):
+            loss = self.model(to_device(x, self.plan), to_device(y, self.plan))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        # A pipelined async save copies the weights and optimizer state while this step's
+        # forward/backward runs; the optimizer step changes them in place, so it waits.
+        self.checkpoints.wait_staged()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        self.tokens_seen += x.numel() * self.world_size
+        return loss.detach()
+
     def train(self) -> TrainResult:
         cfg = self.config
         start = time.monotonic()
@@ -218,19 +249,7 @@ class Trainer:
         first_step = self.step
         status = "completed"
         while self.step < cfg.total_steps:
-            x, y = self.corpus.train_batch(self.step, self.rank, self.world_size, cfg.batch_size)
-            loss_t = self.model(x, y)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_t.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            # A pipelined async save copies the weights and optimizer state while this step's
-            # forward/backward runs; the optimizer step changes them in place, so it waits.
-            self.checkpoints.wait_staged()
-            self.optimizer.step()
-            self.scheduler.step()
-            self.step += 1
-            self.tokens_seen += x.numel() * self.world_size
-            loss = loss_t.item()
+            loss_t = self.train_step()
             if self._first_step_at is None:
                 self._first_step_at = time.time()  # end of recovery: the first step of this attempt
             self._report_progress()
@@ -243,7 +262,7 @@ class Trainer:
                     "step %d/%d loss %.4f samples/s %.1f lr %.2e eta %.0fs",
                     self.step,
                     cfg.total_steps,
-                    loss,
+                    loss_t.item(),
                     rate,
                     self.scheduler.get_last_lr()[0],
                     eta,

@@ -41,6 +41,28 @@ def test_run_reads_the_contract(environ, tmp_path):
     assert run.checkpoint_dir == f"file://{tmp_path}/ckpt" and (run.rank, run.world_size) == (0, 1)
 
 
+def test_the_device_follows_the_machine_and_the_nodes_worker_count(environ, monkeypatch):
+    from sailor_tasks.train import device
+
+    seen = []
+
+    def detect(local_rank, local_world_size):
+        seen.append((local_rank, local_world_size))
+        return device.CPU_PLAN
+
+    monkeypatch.setattr(device, "detect_device_plan", detect)
+    run = Run.from_env({**environ, "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, handle_sigterm=False)
+    assert run.device_plan is device.CPU_PLAN and run.device == torch.device("cpu")
+    assert seen == [(1, 2)]  # asked once, with torchrun's local rank and node size
+    x = torch.ones(3)
+    assert run.to_device(x) is x
+    with run.autocast():
+        assert not torch.is_autocast_enabled("cpu")
+    # one worker: no process group to join, the device to train on
+    assert run.world_size == 1 and run.init_distributed() == torch.device("cpu")
+    assert not torch.distributed.is_initialized()
+
+
 def test_notice_file_makes_should_save_true_and_gives_the_deadline(environ):
     run = Run.from_env(environ, handle_sigterm=False)
     assert not run.should_save() and run.notice_deadline is None

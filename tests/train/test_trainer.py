@@ -130,3 +130,11 @@ def test_the_loader_refuses_a_replica_whose_files_do_not_match_the_manifest(data
     storage.write_bytes(uri, bytes(data))
     with pytest.raises(DataIntegrityError, match=first.path):
         ByteCorpus.load(data_uri, seq_len=16, seed=0)
+
+
+def test_a_cpu_checkpoint_names_its_entries_and_holds_no_gpu_generator(data_uri, tmp_path):
+    # A run resumed on a GPU loads its GPU generator only from a checkpoint that saved one.
+    trainer = Trainer(config(data_uri, f"file://{tmp_path}/keys", total_steps=3))
+    trainer.train()
+    keys = trainer.checkpoints.saved_keys(3)
+    assert {"app", "scheduler", "trainer", "rng_rank0"} <= keys and "cuda_rng_rank0" not in keys

@@ -436,8 +436,9 @@ class RawTensorFsspecReader(FsspecReader):
         chunk = next(c for c in md.chunks if tuple(c.offsets) == offsets)
         target = planner.resolve_tensor(req).detach()
         whole = tuple(req.lengths) == tuple(chunk.sizes) and not any(req.storage_offsets)
-        if whole and target.is_contiguous() and target.dtype == md.properties.dtype:
-            dest = target  # read in place
+        on_host = target.device.type == "cpu"
+        if whole and on_host and target.is_contiguous() and target.dtype == md.properties.dtype:
+            dest = target  # read in place (a GPU tensor is read into host memory, then copied)
         else:
             dest = torch.empty(tuple(chunk.sizes), dtype=md.properties.dtype)
         view = _tensor_bytes(dest) if dest.is_contiguous() else None
@@ -474,10 +475,21 @@ def _layout(obj: Any) -> Any:
     return type(obj)
 
 
+def _on_gpu(obj: Any) -> bool:
+    """Some tensor of the nested state ``obj`` is on a CUDA device."""
+    if isinstance(obj, torch.Tensor):
+        return obj.is_cuda
+    if isinstance(obj, dict):
+        return any(_on_gpu(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_on_gpu(v) for v in obj)
+    return False
+
+
 class _StagingBuffers:
     """CPU buffers allocated once and reused by every async save of the run: after the first save,
     staging is a plain memory copy (no allocation, no page faults). Reallocated only if the state's
-    layout (keys, shapes, dtypes) changes. Unpinned, so it works without CUDA. One save at a time:
+    layout (keys, shapes, dtypes) changes. Pinned only for a state on a GPU (pinning needs CUDA). One save at a time:
     a new save starts only after the previous one finished writing."""
 
     def __init__(self) -> None:
@@ -487,7 +499,9 @@ class _StagingBuffers:
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         layout = _layout(state_dict)
         if self._buffers is None or layout != self._layout:
-            self._buffers, self._layout = _create_cpu_state_dict(state_dict), layout
+            # page-locked when the state lives on a GPU: device-to-host copies run at full speed
+            self._buffers = _create_cpu_state_dict(state_dict, pin_memory=_on_gpu(state_dict))
+            self._layout = layout
         return _copy_state_dict(state_dict, self._buffers)
 
 
@@ -707,6 +721,11 @@ class CheckpointManager(CheckpointStore):
         if not state:
             raise ValueError(f"checkpoint {self.step_uri(step)} holds no entries")
         return state
+
+    def saved_keys(self, step: int) -> set[str]:
+        """The top-level keys saved at ``step`` (from DCP's metadata; nothing else is read)."""
+        metadata = _reader(self.step_uri(step)).read_metadata()
+        return {str(fqn).split(".", 1)[0] for fqn in metadata.state_dict_metadata}
 
     def load(self, step: int, state: dict[str, Any]) -> None:
         """Load step ``step`` into ``state`` in place (every rank calls this)."""

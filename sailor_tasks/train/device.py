@@ -1,0 +1,129 @@
+"""Where a training worker computes: one pure choice from what the machine has, and its torch side.
+
+``device_plan`` decides from plain inputs (CUDA present, GPUs on the node, this worker's local
+rank and the node's worker count, bf16 support): ``nccl`` and ``cuda:LOCAL_RANK`` with pinned-memory
+host-to-GPU copies when every worker of the node has a GPU of its own, bf16 autocast where that GPU
+supports it; ``gloo`` on the CPU in full fp32 otherwise (bit-identical resumes there).
+``detect_device_plan`` asks torch for those inputs; the built-in trainer (``train.__main__``) and
+the runtime helper (``runtime.Run.init_distributed``) both use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePlan:
+    """How one worker trains: process-group backend, device, autocast dtype, host-memory pinning."""
+
+    backend: str
+    """``torch.distributed`` backend: ``nccl`` on GPUs, ``gloo`` on the CPU."""
+    device: str
+    """``cuda:N`` (N = the worker's local rank) or ``cpu``."""
+    autocast_dtype: str | None
+    """``bfloat16`` when the forward pass runs under ``torch.autocast``; None for full fp32."""
+    pin_memory: bool
+    """Batches are copied from page-locked host memory with ``non_blocking`` copies."""
+    reason: str
+    """Why this plan (one line for the worker's log)."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":", 1)[0]
+
+
+CPU_PLAN = DevicePlan("gloo", "cpu", None, False, "CPU")
+
+
+def device_plan(
+    *,
+    cuda_available: bool,
+    device_count: int,
+    local_rank: int,
+    local_world_size: int,
+    bf16_supported: bool,
+    nccl_available: bool = True,
+) -> DevicePlan:
+    """The plan of the worker with ``local_rank`` among ``local_world_size`` workers on its node.
+
+    GPUs only when each worker of the node gets one of its own (NCCL refuses two ranks on one GPU,
+    and every worker decides alike, so the whole node agrees on one backend): with fewer GPUs than
+    workers, or without NCCL, the node trains on the CPU with gloo and says why.
+
+    Raises:
+        ValueError: ``local_rank`` outside ``[0, local_world_size)``, or a negative count.
+    """
+    if local_world_size < 1 or device_count < 0:
+        raise ValueError(
+            f"local_world_size={local_world_size} must be >= 1 and device_count={device_count} >= 0"
+        )
+    if not 0 <= local_rank < local_world_size:
+        raise ValueError(f"local_rank={local_rank} must be in [0, {local_world_size}) (local_world_size)")
+    if not cuda_available or device_count == 0:
+        return CPU_PLAN
+    if device_count < local_world_size:
+        return DevicePlan(
+            "gloo",
+            "cpu",
+            None,
+            False,
+            f"CPU: {local_world_size} workers on this node but {device_count} GPU(s); one GPU per worker needed",
+        )
+    if not nccl_available:
+        return DevicePlan("gloo", "cpu", None, False, "CPU: this torch build has CUDA but no NCCL")
+    return DevicePlan(
+        "nccl",
+        f"cuda:{local_rank}",
+        "bfloat16" if bf16_supported else None,
+        True,
+        f"GPU {local_rank} of {device_count}" + (", bf16 autocast" if bf16_supported else ", fp32 (no bf16)"),
+    )
+
+
+def detect_device_plan(local_rank: int, local_world_size: int) -> DevicePlan:
+    """``device_plan`` with what this machine has (torch's view of CUDA)."""
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    return device_plan(
+        cuda_available=cuda,
+        device_count=torch.cuda.device_count() if cuda else 0,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        bf16_supported=cuda and torch.cuda.is_bf16_supported(),
+        nccl_available=dist.is_available() and dist.is_nccl_available(),
+    )
+
+
+def select_device(plan: DevicePlan) -> torch.device:
+    """Make the plan's GPU this process's current one (NCCL and DCP's collectives use it)."""
+    device = torch.device(plan.device)
+    if plan.is_cuda:
+        torch.cuda.set_device(device)
+    return device
+
+
+def to_device(tensor: torch.Tensor, plan: DevicePlan) -> torch.Tensor:
+    """``tensor`` on the plan's device: through pinned memory and a non-blocking copy on a GPU
+    (ordered on the current stream before the kernels that use it); unchanged on the CPU."""
+    if not plan.is_cuda:
+        return tensor
+    if plan.pin_memory:
+        return tensor.pin_memory().to(plan.device, non_blocking=True)
+    return tensor.to(plan.device)
+
+
+def autocast(plan: DevicePlan) -> Any:
+    """The forward pass's autocast context (a no-op context in full fp32)."""
+    if plan.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=plan.device_type, dtype=getattr(torch, plan.autocast_dtype))
