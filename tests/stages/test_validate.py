@@ -130,6 +130,7 @@ def test_gs_datasets_come_only_from_allowed_buckets(settings, monkeypatch):
     assert "sailor-demo-sailor-source" not in str(err)  # the local template names no gs:// bucket
 
     monkeypatch.setenv("SAILOR_BUCKET_TEMPLATE", "gs://{project}-sailor-{bucket}")
+    monkeypatch.setenv("SAILOR_GCP_PROJECT", "sailor-demo")
     err = _rejection({"dataset_uri": "gs://someone-elses-bucket/data"}, run_id="bad-2")
     assert "sailor-demo-sailor-source" in str(err) and "sailor-demo-sailor-us-central1" in str(err)
     err = _rejection({"dataset_uri": "gs://sailor-demo-sailor-us-central1/runs/x"}, run_id="bad-3")
