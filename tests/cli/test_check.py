@@ -1,0 +1,166 @@
+"""``sailor check``: ✔/✘ per prerequisite with its fix, --json, exit codes, --write-supply."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sailor_tasks.cli.main import main as sailor
+from tests.backends.google_apis import GoogleState, google_apis
+
+PROJECT = "acme-ml"
+REGIONS = ("us-central1", "europe-west4")
+
+
+@pytest.fixture
+def clean_glue():
+    yield
+    from sailor_tasks import gcp_auth
+    from sailor_tasks.backends import gke
+
+    gcp_auth.set_provider(None)
+    gke.set_pod_runner(None)
+
+
+def _json(capsys, argv):
+    capsys.readouterr()
+    code = sailor(argv)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_local_check_holds_on_this_machine(settings, capsys, clean_glue):
+    code, out = _json(capsys, ["check", "--backend", "local", "--json"])
+    assert code == 0 and out["ok"] and out["backend"] == "local"
+    names = [c["name"] for c in out["checks"]]
+    assert names == [
+        "state folder writable",
+        "ledger reachable",
+        "torchrun starts",
+        "command roots exist",
+        "Airflow DAGs importable",
+    ]
+    assert all(c["status"] == "ok" and c["fix"] == "" for c in out["checks"])
+
+
+def test_unconfigured_gke_reports_every_prerequisite_with_a_fix(settings, capsys, monkeypatch, clean_glue):
+    monkeypatch.delenv("SAILOR_GCP_PROJECT", raising=False)
+    monkeypatch.delenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", raising=False)
+    code, out = _json(capsys, ["check", "--backend", "gke", "--json"])
+    assert code == 1 and not out["ok"]
+    failed = [c for c in out["checks"] if not c["ok"]]
+    assert len(failed) >= 5 and all(c["fix"] for c in failed)
+    first = out["checks"][0]
+    assert (
+        first["name"] == "Airflow connection 'google_cloud_default'" and first["detail"] == "does not exist"
+    )
+    assert "airflow connections add google_cloud_default" in first["fix"]
+
+    assert sailor(["check", "--backend", "gke"]) == 1
+    text = capsys.readouterr().out
+    assert "✘ GCP project" in text and "fix: set the project in the Airflow connection" in text
+    assert "✔" not in text and text.rstrip().endswith(f"0 of {len(out['checks'])} prerequisites hold")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["check", "--backend", "gke", "--region", "mars-1"], "--region mars-1 not in the catalog; valid: "),
+        (["check", "--backend", "local", "--write-supply", "s.yaml"], "use them with --backend gke"),
+        (
+            ["check", "--backend", "gke", "--write-supply", "/no/such/dir/s.yaml"],
+            "/no/such/dir does not exist",
+        ),
+    ],
+)
+def test_bad_input_is_exit_2_naming_the_value(settings, capsys, argv, message):
+    assert sailor(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def _google(prefix: str) -> GoogleState:
+    tag = "projects/acme-ml/locations/{}/repositories/sailor/packages/sailor-train/tags/0.1.0"
+    return GoogleState(
+        quotas={
+            (PROJECT, "us-central1"): {"NVIDIA_L4_GPUS": 8, "PREEMPTIBLE_NVIDIA_L4_GPUS": 24},
+            (PROJECT, "europe-west4"): {"NVIDIA_T4_GPUS": 4, "PREEMPTIBLE_NVIDIA_T4_GPUS": 16},
+        },
+        images={tag.format(r) for r in REGIONS},
+        services={
+            (PROJECT, s): "ENABLED"
+            for s in (
+                "container.googleapis.com",
+                "compute.googleapis.com",
+                "artifactregistry.googleapis.com",
+                "storage.googleapis.com",
+            )
+        },
+    )
+
+
+def test_a_configured_project_passes_and_writes_the_supply_file(
+    gcs, settings, capsys, monkeypatch, tmp_path, clean_glue
+):
+    """The connection (a service-account key, project acme-ml) names the project; no
+    SAILOR_GCP_PROJECT. Buckets on the GCS API server, the rest on the Google API stand-in."""
+    import uuid
+
+    from sailor_tasks.backends import checks
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.catalog.supply import load_supply
+    from tests.dags.test_sailor_train_gcs import _fake_service_account
+
+    info, secrets = _fake_service_account()
+    info["project_id"] = PROJECT
+    conn = {
+        "conn_type": "google_cloud_platform",
+        "extra": {"keyfile_dict": json.dumps(info), "project": PROJECT},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", json.dumps(conn))
+    monkeypatch.delenv("SAILOR_GCP_PROJECT", raising=False)
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("SAILOR_BUCKET_TEMPLATE", f"gs://{prefix}-{{project}}-{{bucket}}")
+    for bucket in ("source", *REGIONS):
+        gcs(f"{prefix}-{PROJECT}-{bucket}")
+    supply_file = tmp_path / "supply.yaml"
+    state = _google(prefix)
+    with google_apis(state) as endpoint:
+        monkeypatch.setattr(checks, "default_apis", lambda: checks.GcpApis(endpoint=endpoint))
+        argv = ["check", "--backend", "gke", "--json", "--write-supply", str(supply_file)]
+        code, out = _json(capsys, [*argv, *(a for r in REGIONS for a in ("--region", r))])
+    assert state.unexpected == []
+    assert code == 0, [c for c in out["checks"] if not c["ok"]]
+    by_name = {c["name"]: c for c in out["checks"]}
+    assert by_name["Airflow connection 'google_cloud_default'"]["detail"] == "credentials of project acme-ml"
+    assert by_name["GCP project"]["detail"] == "acme-ml (from Airflow connection 'google_cloud_default')"
+    assert not any(s in json.dumps(out) for s in secrets)
+
+    assert out["supply_file"] == str(supply_file)
+    supply = load_supply(str(supply_file))
+    catalog = load_catalog()
+    for region, gpu, quota in (("us-central1", "L4", 24), ("europe-west4", "T4", 16)):
+        zones = {o.zone for o in catalog.offers if o.region == region and o.gpu_type == gpu}
+        assert sum(supply.capacity(region, z, gpu) for z in zones) == quota
+    a100_zone = next(o.zone for o in catalog.offers if o.region == "us-central1" and o.gpu_type == "A100")
+    assert supply.capacity("us-central1", a100_zone, "A100") == load_supply().capacity(
+        "us-central1", a100_zone, "A100"
+    )
+
+
+def test_write_supply_changes_nothing_when_the_quotas_cannot_be_read(
+    settings, capsys, monkeypatch, tmp_path, clean_glue
+):
+    from sailor_tasks.backends import checks
+
+    monkeypatch.setenv("SAILOR_GCP_PROJECT", PROJECT)
+    supply_file = tmp_path / "supply.yaml"
+    supply_file.write_text("version: 1\n")
+    state = GoogleState(forbidden_projects={PROJECT})
+    with google_apis(state) as endpoint:
+        monkeypatch.setattr(checks, "default_apis", lambda: checks.GcpApis(endpoint=endpoint))
+        code = sailor(
+            ["check", "--backend", "gke", "--region", "us-central1", "--write-supply", str(supply_file)]
+        )
+    assert code == 1
+    assert "supply file not written: the quotas of us-central1 could not be read" in capsys.readouterr().err
+    assert supply_file.read_text() == "version: 1\n"
