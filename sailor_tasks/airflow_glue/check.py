@@ -114,7 +114,7 @@ def backend_checks(
     from sailor_tasks.catalog import load_catalog
 
     conn_id = gcp.conn_id_from_env()
-    gcp.install(conn_id)
+    gcp.install_for_command(conn_id)
     settings = settings or Settings.from_env()
     catalog = catalog or load_catalog()
     checks = [connection_check(conn_id)]

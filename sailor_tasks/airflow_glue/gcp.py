@@ -71,6 +71,13 @@ def install(conn_id: str | None = None) -> None:
     gke.set_pod_runner(run_training_pods, delete_run_pods)
 
 
+def install_for_command(conn_id: str | None = None) -> None:
+    """``install`` in a ``sailor`` command: like ``airflow connections get``, the command reads
+    connections from Airflow's database too (server context), not only from the environment."""
+    os.environ.setdefault("_AIRFLOW_PROCESS_CONTEXT", "server")
+    install(conn_id)
+
+
 def training_pod_operator(
     config: gke.GkeConfig,
     launch: TrainLaunch,

@@ -41,9 +41,9 @@ def cmd_buckets(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     if "{project}" in settings.bucket_template:
-        from sailor_tasks.airflow_glue.gcp import install
+        from sailor_tasks.airflow_glue.gcp import install_for_command
 
-        install()  # the Airflow connection's project fills {project}
+        install_for_command()  # the Airflow connection's project fills {project}
     catalog = load_catalog()
     bad = [r for r in args.region or () if r not in catalog.regions]
     if bad:
@@ -74,12 +74,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     try:
         params = load_params(args.params, args.set)
         with contextlib.redirect_stdout(sys.stderr):  # operator logs must not mix with the JSON
-            from sailor_tasks.airflow_glue.gcp import install, render_run
+            from sailor_tasks.airflow_glue.gcp import install_for_command, render_run
             from sailor_tasks.ledger import Ledger
             from sailor_tasks.model import ClusterState
             from sailor_tasks.request import DEMO_DATASET_URI
 
-            install()  # the Airflow connection's project names the clusters and buckets
+            install_for_command()  # the Airflow connection's project names the clusters and buckets
             settings = Settings.from_env()
             ledger = Ledger(settings.ledger_url)
             state = ClusterState(  # the same snapshot `plan` would see

@@ -15,12 +15,21 @@ REGIONS = ("us-central1", "europe-west4")
 
 @pytest.fixture
 def clean_glue():
+    """Undo what a gke check installs in this process: the credentials provider, the pod runner
+    and the server context it reads Airflow's connections in."""
+    import os
+
+    context = os.environ.get("_AIRFLOW_PROCESS_CONTEXT")
     yield
     from sailor_tasks import gcp_auth
     from sailor_tasks.backends import gke
 
     gcp_auth.set_provider(None)
     gke.set_pod_runner(None)
+    if context is None:
+        os.environ.pop("_AIRFLOW_PROCESS_CONTEXT", None)
+    else:
+        os.environ["_AIRFLOW_PROCESS_CONTEXT"] = context
 
 
 def _json(capsys, argv):
@@ -60,6 +69,38 @@ def test_unconfigured_gke_reports_every_prerequisite_with_a_fix(settings, capsys
     text = capsys.readouterr().out
     assert "✘ GCP project" in text and "fix: set the project in the Airflow connection" in text
     assert "✔" not in text and text.rstrip().endswith(f"0 of {len(out['checks'])} prerequisites hold")
+
+
+def test_a_connection_stored_in_airflows_database_names_the_project(
+    settings, capsys, monkeypatch, clean_glue
+):
+    """`airflow connections add` stores it in the metadata database, which a command (unlike a
+    task) does not read by default."""
+    import uuid
+
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    from tests.dags.test_sailor_train_gcs import _fake_service_account
+
+    info, secrets = _fake_service_account()
+    conn_id = f"sailor_check_{uuid.uuid4().hex[:8]}"
+    extra = {"keyfile_dict": json.dumps(info), "project": "db-project"}
+    with create_session() as session:
+        session.add(Connection(conn_id=conn_id, conn_type="google_cloud_platform", extra=json.dumps(extra)))
+    monkeypatch.setenv("SAILOR_GCP_CONN_ID", conn_id)
+    monkeypatch.delenv("SAILOR_GCP_PROJECT", raising=False)
+    try:
+        code, out = _json(capsys, ["check", "--backend", "gke", "--json", "--region", "us-central1"])
+    finally:
+        with create_session() as session:
+            session.query(Connection).filter(Connection.conn_id == conn_id).delete()
+    connection, project = out["checks"][:2]
+    assert connection == {**connection, "name": f"Airflow connection {conn_id!r}", "ok": True}
+    assert connection["detail"] == "credentials of project db-project"
+    assert project["ok"] and project["detail"] == f"db-project (from Airflow connection {conn_id!r})"
+    assert code == 1  # the bucket template is still local
+    assert not any(s in json.dumps(out) for s in secrets)
 
 
 @pytest.mark.parametrize(
