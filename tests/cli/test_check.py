@@ -205,3 +205,19 @@ def test_write_supply_changes_nothing_when_the_quotas_cannot_be_read(
     assert code == 1
     assert "supply file not written: the quotas of us-central1 could not be read" in capsys.readouterr().err
     assert supply_file.read_text() == "version: 1\n"
+
+
+def test_first_hour_counts_what_an_unconfigured_gke_check_reports(settings, monkeypatch):
+    """bench/first_hour.py's check_gke_reports: a subprocess with every GCP setting left out."""
+    import os
+
+    from sailor_tasks.testing.first_hour import check_gke
+
+    monkeypatch.setenv("SAILOR_GCP_PROJECT", "would-configure-it")  # left out by check_gke
+    result = check_gke(dict(os.environ))
+    assert result["exit"] == 1 and result["all_have_a_fix"]
+    assert result["reports"] >= 5 and result["names"][:3] == [
+        "Airflow connection 'google_cloud_default'",
+        "GCP project",
+        "bucket template",
+    ]
