@@ -7,7 +7,7 @@ Reads each team's GPU demand per region and GPU type from the ledger over a wind
 datasets it reads), solves region shares and new dataset replicas with HiGHS (worst regional
 overload first, then soft balance, then bytes moved; data locality, byte budget, storage caps and
 quotas as hard constraints), publishes a new assignment version (asset `sailor_assignment`) that
-every `sailor_train` run's `plan` reads, copies the planned replicas (one mapped task per copy,
+every `sailor_train` run's `plan` reads (and `sailor_assignment_review` reviews), copies the planned replicas (one mapped task per copy,
 same checksummed copier as `place_data`) and writes a chart + summary under
 `sailor://source/reports/rebalance/<run>/`. `dry_run` computes and reports, publishes and copies
 nothing.
@@ -18,11 +18,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import Asset, Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task
 
-# Named asset (no URI scheme: a custom scheme makes Airflow load every provider at parse time).
-# Data-aware DAGs follow it with ``schedule=[Asset("sailor_assignment")]``.
-ASSIGNMENT_ASSET = Asset(name="sailor_assignment")
+from sailor_tasks.airflow_glue.lineage import ASSIGNMENT as ASSIGNMENT_ASSET
 
 
 @dag(
@@ -124,6 +122,7 @@ def sailor_rebalance():
         published = run_stage(
             stages.publish_assignment, solution, source=source, dry_run=bool(ctx["params"]["dry_run"])
         )
+        ctx["outlet_events"][ASSIGNMENT_ASSET].extra["version"] = published["version"]
         return published["copies"]  # one mapped replicate_data task per copy
 
     @task(max_active_tis_per_dag=4)
