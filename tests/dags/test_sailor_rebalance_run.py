@@ -98,7 +98,7 @@ def test_rebalance_publishes_replicates_and_reports(dagbag, settings, demo_ledge
 
     # data-aware DAGs see a new event of the assignment asset
     events = _asset_events(dagrun.run_id)
-    assert len(events) == 1
+    assert len(events) == 1 and events[0].extra["version"] == assignment.version
 
     # the report: a PNG chart and a markdown summary stored with the run
     assert storage.read_bytes(night["report_uri"]).startswith(b"\x89PNG")
