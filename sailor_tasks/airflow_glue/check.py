@@ -19,6 +19,7 @@ from sailor_tasks.backends.checks import (
     RegionQuota,
     gke_checks,
     local_checks,
+    project_check,
     run_probe,
 )
 from sailor_tasks.settings import Settings
@@ -120,9 +121,9 @@ def backend_checks(
     checks = [connection_check(conn_id)]
     try:
         config: GkeConfig | None = GkeConfig.from_env(settings)
-    except ValueError as exc:
+    except Exception as exc:  # a bad SAILOR_GKE_* value, or no project (the project check says so)
         config = None
-        if settings.gcp_project:  # without a project, the project check says so
+        if project_check(settings, conn_id).ok:
             checks.append(
                 Check(
                     "GKE settings", FAILED, str(exc), "fix the SAILOR_GKE_* variable it names (docs/gke.md)"

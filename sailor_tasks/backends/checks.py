@@ -189,7 +189,16 @@ def _command_roots(settings: Settings) -> Check:
 def project_check(settings: Settings, conn_id: str) -> Check:
     """The project of buckets and clusters: ``SAILOR_GCP_PROJECT``, else the credentials' project."""
     name = "GCP project"
-    project = settings.gcp_project
+    try:
+        project = settings.gcp_project
+    except Exception as exc:  # the credentials provider failed (no key, no ADC, a bad key)
+        return Check(
+            name,
+            FAILED,
+            f"SAILOR_GCP_PROJECT is unset and the credentials cannot be read: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200]}",
+            f"give the Airflow connection {conn_id!r} credentials (see its check), or set SAILOR_GCP_PROJECT",
+        )
     if not project:
         return Check(
             name,

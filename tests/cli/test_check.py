@@ -103,6 +103,25 @@ def test_a_connection_stored_in_airflows_database_names_the_project(
     assert not any(s in json.dumps(out) for s in secrets)
 
 
+def test_a_connection_without_credentials_is_reported_not_raised(
+    settings, capsys, monkeypatch, tmp_path, clean_glue
+):
+    """A connection naming only a project, where no application default credentials exist."""
+    conn = {"conn_type": "google_cloud_platform", "extra": {"project": PROJECT}}
+    monkeypatch.setenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", json.dumps(conn))
+    monkeypatch.delenv("SAILOR_GCP_PROJECT", raising=False)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # no metadata server either
+    code, out = _json(capsys, ["check", "--backend", "gke", "--json", "--region", "us-central1"])
+    assert code == 1
+    connection, project = out["checks"][:2]
+    assert connection["status"] == "failed" and connection["detail"].startswith("no credentials: ")
+    assert "key_path" in connection["fix"]
+    assert project["status"] == "failed" and "credentials cannot be read" in project["detail"]
+    assert all(c["fix"] for c in out["checks"] if not c["ok"])
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
