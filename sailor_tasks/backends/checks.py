@@ -462,7 +462,10 @@ def buckets_check(settings: Settings, regions: Iterable[str]) -> Check:
             parts.append(f"not writable: {', '.join(readonly)}")
         fixes = []
         if missing:
-            fixes.append(f"sailor buckets --create{''.join(f' --region {r}' for r in regions)}")
+            # `sailor buckets` always includes the source bucket; name the missing regions' buckets
+            missing_regions = [i["bucket"] for i in items if not i["exists"] and i["bucket"] != SOURCE_BUCKET]
+            flags = missing_regions or [i["bucket"] for i in items if i["bucket"] != SOURCE_BUCKET][:1]
+            fixes.append(f"sailor buckets --create{''.join(f' --region {r}' for r in flags)}")
         if readonly:
             fixes.append("grant the connection's service account roles/storage.objectAdmin on those buckets")
         return Check(name, FAILED, "; ".join(parts), "; ".join(fixes), tuple(items))
@@ -542,53 +545,73 @@ def read_quotas(apis: GcpApis, project: str, catalog: Any, regions: Iterable[str
 def quota_check(
     apis: GcpApis, project: str, catalog: Any, regions: Iterable[str]
 ) -> tuple[Check, list[RegionQuota]]:
-    """A check of the GPU quotas (some GPU in every region) and the quotas it read."""
+    """The GPUs SAILOR plans with (the catalog's supply, per region and GPU type) fit the project's
+    quota there; and the quotas read. A (region, GPU type) whose quota the region does not report
+    is listed, not failed."""
+    from sailor_tasks.catalog.supply import region_supply
+
     name = "GPU quota"
     quotas = read_quotas(apis, project, catalog, regions)
-    items = []
+    planned = region_supply(catalog.offers)
+    items: list[dict[str, Any]] = []
+    over, unreported = [], []
     for q in quotas:
         if q.error:
             items.append({"region": q.region, "error": q.error})
             continue
         for gpu, (on_demand, preemptible) in q.gpus.items():
-            items.append(
-                {"region": q.region, "gpu_type": gpu, "on_demand": on_demand, "preemptible": preemptible}
-            )
+            supply = planned.get((q.region, gpu), 0)
+            item = {
+                "region": q.region,
+                "gpu_type": gpu,
+                "on_demand": on_demand,
+                "preemptible": preemptible,
+                "supply": supply,
+            }
+            items.append(item)
+            if on_demand is None and preemptible is None:
+                unreported.append(f"{q.region} {gpu}")
+            elif supply > max(on_demand or 0, preemptible or 0):
+                over.append(item)
     failed = [q.region for q in quotas if q.error]
-    empty = [
-        q.region
-        for q in quotas
-        if not q.error and not any((a or 0) + (b or 0) > 0 for a, b in q.gpus.values())
-    ]
-    with_gpus = len(quotas) - len(failed) - len(empty)
-    console = f"https://console.cloud.google.com/iam-admin/quotas?project={project}"
     if failed:
-        status = (
-            UNREACHABLE if all(i.get("error", "").startswith("0:") for i in items if "error" in i) else FAILED
-        )
+        errors = [i["error"] for i in items if "error" in i]
         return (
             Check(
                 name,
-                status,
-                f"cannot read the quotas of {', '.join(failed)}: {next(i['error'] for i in items if 'error' in i)}",
+                UNREACHABLE if all(e.startswith("0:") for e in errors) else FAILED,
+                f"cannot read the quotas of {', '.join(failed)}: {errors[0]}",
                 "grant the connection's service account roles/compute.viewer and enable compute.googleapis.com",
                 tuple(items),
             ),
             quotas,
         )
-    if empty:
+    note = f"; quota not reported, not checked: {', '.join(unreported)}" if unreported else ""
+    if over:
+        worst = ", ".join(
+            f"{i['region']} {i['gpu_type']} (plans {i['supply']}, quota "
+            f"{max(i['on_demand'] or 0, i['preemptible'] or 0):g})"
+            for i in over[:5]
+        )
+        more = f" and {len(over) - 5} more" if len(over) > 5 else ""
         return (
             Check(
                 name,
                 FAILED,
-                f"no GPU quota for any GPU type the catalog offers in {', '.join(empty)}",
-                f"request GPU quota (e.g. PREEMPTIBLE_NVIDIA_L4_GPUS) per region at {console}, "
-                "or leave those regions out (allowed_regions)",
+                f"the supply SAILOR plans with exceeds the quota in {len(over)} (region, GPU type): {worst}{more}{note}",
+                "plan with the quotas: sailor check --backend gke --write-supply supply.yaml, then "
+                "SAILOR_SUPPLY_FILE=supply.yaml; or request quota at "
+                f"https://console.cloud.google.com/iam-admin/quotas?project={project}",
                 tuple(items),
             ),
             quotas,
         )
-    return Check(name, OK, f"GPU quota in {with_gpus} regions", items=tuple(items)), quotas
+    checked = sum(
+        1 for i in items if i.get("gpu_type") and f"{i['region']} {i['gpu_type']}" not in unreported
+    )
+    return Check(
+        name, OK, f"the supply fits the quota in {checked} (region, GPU type){note}", items=tuple(items)
+    ), quotas
 
 
 def services_check(apis: GcpApis, project: str) -> Check:

@@ -20,7 +20,7 @@ from sailor_tasks.backends.checks import (
 )
 from sailor_tasks.catalog import load_catalog
 from sailor_tasks.catalog.offers import Catalog
-from sailor_tasks.catalog.supply import apply_supply, load_supply, parse_supply
+from sailor_tasks.catalog.supply import apply_supply, load_supply, parse_supply, region_supply
 from tests.backends.google_apis import GoogleState, google_apis
 
 PROJECT = "acme-ml"
@@ -117,7 +117,7 @@ def test_buckets_exist_and_take_a_write(gcp_settings):
     assert check.status == "failed"
     missing = gcp_settings.bucket_uri("europe-west4")
     assert check.detail == f"missing: {missing}"
-    assert check.fix == "sailor buckets --create --region us-central1 --region europe-west4"
+    assert check.fix == "sailor buckets --create --region europe-west4"
     by_bucket = {i["bucket"]: i for i in check.items}
     assert by_bucket["source"]["writable"] and by_bucket["us-central1"]["writable"]
     assert not by_bucket["europe-west4"]["exists"]
@@ -174,12 +174,20 @@ def test_gcp_checks_through_the_client_libraries(gcp_settings):
     assert image.detail == "missing: europe-west4-docker.pkg.dev/acme-ml/sailor/sailor-train:0.1.0"
     assert "docker/train.Dockerfile" in image.fix
 
+    # the packaged supply plans with more L4s in us-central1 than the quota's 24, and with GPUs in
+    # europe-west4, whose GPU quotas are 0 (not reported: not checked)
     quota = checks["GPU quota"]
-    assert quota.status == "failed" and "europe-west4" in quota.detail and "us-central1" not in quota.detail
+    supply = region_supply(catalog.offers)
+    assert quota.status == "failed" and "--write-supply" in quota.fix
+    assert f"us-central1 L4 (plans {supply['us-central1', 'L4']}, quota 24)" in quota.detail
     l4 = next(i for i in quota.items if i.get("region") == "us-central1" and i.get("gpu_type") == "L4")
-    assert (l4["on_demand"], l4["preemptible"]) == (8.0, 24.0)
+    assert (l4["on_demand"], l4["preemptible"], l4["supply"]) == (8.0, 24.0, supply["us-central1", "L4"])
+    a100 = next(i for i in quota.items if i.get("region") == "us-central1" and i.get("gpu_type") == "A100")
+    assert a100["on_demand"] == 16.0 and a100["preemptible"] is None
+    assert "us-central1 A100" in quota.detail  # 16 < the packaged supply
     offered = {o.gpu_type for o in catalog.offers if o.region == "us-central1"}
     assert {i["gpu_type"] for i in quota.items if i.get("region") == "us-central1"} == offered
+    assert "quota not reported, not checked: " in quota.detail and "europe-west4 " in quota.detail
 
     apis = checks["APIs enabled"]
     assert apis.status == "failed"

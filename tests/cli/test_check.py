@@ -184,18 +184,27 @@ def test_a_configured_project_passes_and_writes_the_supply_file(
         gcs(f"{prefix}-{PROJECT}-{bucket}")
     supply_file = tmp_path / "supply.yaml"
     state = _google(prefix)
+    regions = [a for r in REGIONS for a in ("--region", r)]
     with google_apis(state) as endpoint:
         monkeypatch.setattr(checks, "default_apis", lambda: checks.GcpApis(endpoint=endpoint))
-        argv = ["check", "--backend", "gke", "--json", "--write-supply", str(supply_file)]
-        code, out = _json(capsys, [*argv, *(a for r in REGIONS for a in ("--region", r))])
+        argv = ["check", "--backend", "gke", "--json", *regions]
+        # the packaged supply plans with more GPUs than this project's quota: write the quotas' supply
+        code, out = _json(capsys, [*argv, "--write-supply", str(supply_file)])
+        assert code == 1 and [c["name"] for c in out["checks"] if not c["ok"]] == ["GPU quota"]
+        assert out["supply_file"] == str(supply_file)
+        monkeypatch.setenv("SAILOR_SUPPLY_FILE", str(supply_file))
+        load_catalog.cache_clear()  # a command reads it at start; this process cached the packaged one
+        code, out = _json(capsys, argv)  # planning with it, every prerequisite holds
     assert state.unexpected == []
     assert code == 0, [c for c in out["checks"] if not c["ok"]]
     by_name = {c["name"]: c for c in out["checks"]}
     assert by_name["Airflow connection 'google_cloud_default'"]["detail"] == "credentials of project acme-ml"
     assert by_name["GCP project"]["detail"] == "acme-ml (from Airflow connection 'google_cloud_default')"
+    assert by_name["GPU quota"]["detail"].startswith("the supply fits the quota in 2 (region, GPU type)")
     assert not any(s in json.dumps(out) for s in secrets)
 
-    assert out["supply_file"] == str(supply_file)
+    monkeypatch.delenv("SAILOR_SUPPLY_FILE")
+    load_catalog.cache_clear()
     supply = load_supply(str(supply_file))
     catalog = load_catalog()
     for region, gpu, quota in (("us-central1", "L4", 24), ("europe-west4", "T4", 16)):
