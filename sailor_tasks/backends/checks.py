@@ -4,8 +4,9 @@
 starts under SAILOR's interpreter, the command roots exist. ``gke_checks``: the GCP project (the
 Google credentials' project, i.e. the Airflow connection's, unless ``SAILOR_GCP_PROJECT``
 overrides it), gs:// bucket template, every bucket exists and takes a write, the training image is
-in each region's Artifact Registry, GPU quota per region for the GPU types the catalog offers
-there (Compute Engine regions), and the APIs SAILOR calls are enabled (Service Usage).
+in each region's Artifact Registry, the GPUs SAILOR plans with fit the project's quota per region
+and GPU type the catalog offers there (Compute Engine regions; ``supply_from_quotas`` turns the
+quotas into a supply file), and the APIs SAILOR calls are enabled (Service Usage).
 ``config_problems`` is the network-free part ``validate`` runs for gke runs before anything is
 reserved. The orchestrator's glue adds what needs Airflow (the connection, the DAGs).
 
@@ -359,18 +360,6 @@ def _http_error_message(exc: Any) -> str:
 def default_apis() -> GcpApis:
     """The API clients ``gke_checks`` uses: Google's public endpoints with ``gcp_auth``'s credentials."""
     return GcpApis(gcp_auth.current().credentials)
-
-
-def _api_fix(exc: ApiError, what: str) -> tuple[str, str]:
-    """(status, fix) for an API error met while checking ``what``."""
-    if exc.status == 0:
-        return UNREACHABLE, "check the network path to Google's APIs (proxy, firewall, DNS)"
-    if exc.status in (401, 403):
-        return FAILED, (
-            f"grant the connection's service account the role to read {what} "
-            "(and enable the API if the error says it is disabled)"
-        )
-    return FAILED, f"see the API's answer above ({exc.status})"
 
 
 # --- GCP: the checks ------------------------------------------------------------------------------
