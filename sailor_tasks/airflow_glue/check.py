@@ -43,7 +43,7 @@ def connection_check(conn_id: str) -> Check:
         conn = hook.get_connection(conn_id)
     except AirflowNotFoundException:
         return Check(name, FAILED, "does not exist", add)
-    if conn.conn_type not in ("google_cloud_platform", "gcpcloudsql"):
+    if conn.conn_type != "google_cloud_platform":
         return Check(
             name,
             FAILED,
