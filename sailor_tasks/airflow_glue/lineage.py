@@ -21,7 +21,8 @@ ASSIGNMENT = Asset(name="sailor_assignment")
 a URI: a custom scheme makes Airflow load every provider at parse time. ``sailor_assignment_review``
 is scheduled on it."""
 DATASETS = AssetAlias(name="sailor_datasets")
-"""Every dataset copy a ``sailor_train`` run placed (one asset per region and dataset)."""
+"""Every dataset copy ``place_data`` placed or the nightly rebalance replicated (one asset per
+region and dataset)."""
 CHECKPOINTS = AssetAlias(name="sailor_checkpoints")
 """Every final checkpoint a ``sailor_train`` run committed."""
 
@@ -40,6 +41,23 @@ def emit_dataset(
             "bytes": data["bytes"],
             "files": data["files"],
             "bytes_copied": data["bytes_copied"],
+        },
+    )
+    return asset
+
+
+def emit_replica(outlet_events: Any, replica: Mapping[str, Any], run_id: str) -> Asset:
+    """Add a dataset copy the nightly rebalance made (``replicate_dataset``'s result) to ``DATASETS``."""
+    asset = Asset(uri=replica["uri"])
+    outlet_events[DATASETS].add(
+        asset,
+        extra={
+            "kind": "dataset",
+            "dataset_uri": replica["dataset_uri"],
+            "run_id": run_id,
+            "region": replica["region"],
+            "bytes": replica["bytes"],
+            "bytes_copied": replica["bytes_copied"],
         },
     )
     return asset
