@@ -89,7 +89,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             return ExitCode.BAD_INPUT
     from sailor_tasks.catalog import load_catalog
 
-    catalog = load_catalog()
+    try:
+        catalog = load_catalog()
+    except (OSError, ValueError) as exc:  # SAILOR_CATALOG_FILE or SAILOR_SUPPLY_FILE unreadable
+        print(f"error: the catalog cannot be loaded: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     bad = [r for r in args.region or () if r not in catalog.regions]
     if bad:
         print(

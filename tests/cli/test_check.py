@@ -138,6 +138,20 @@ def test_bad_input_is_exit_2_naming_the_value(settings, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_an_unreadable_supply_file_is_bad_input(settings, capsys, monkeypatch, tmp_path):
+    from sailor_tasks.catalog import load_catalog
+
+    bad = tmp_path / "supply.yaml"
+    bad.write_text("version: 2\n")
+    monkeypatch.setenv("SAILOR_SUPPLY_FILE", str(bad))
+    load_catalog.cache_clear()
+    try:
+        assert sailor(["check", "--backend", "gke"]) == 2
+    finally:
+        load_catalog.cache_clear()
+    assert "the catalog cannot be loaded: supply file version=2; valid: 1" in capsys.readouterr().err
+
+
 def _google(prefix: str) -> GoogleState:
     tag = "projects/acme-ml/locations/{}/repositories/sailor/packages/sailor-train/tags/0.1.0"
     return GoogleState(
