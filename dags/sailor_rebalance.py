@@ -7,8 +7,9 @@ Reads each team's GPU demand per region and GPU type from the ledger over a wind
 datasets it reads), solves region shares and new dataset replicas with HiGHS (worst regional
 overload first, then soft balance, then bytes moved; data locality, byte budget, storage caps and
 quotas as hard constraints), publishes a new assignment version (asset `sailor_assignment`) that
-every `sailor_train` run's `plan` reads, copies the planned replicas (one mapped task per copy,
-same checksummed copier as `place_data`) and writes a chart + summary under
+every `sailor_train` run's `plan` reads (and `sailor_assignment_review` reviews), copies the
+planned replicas (one mapped task per copy, same checksummed copier as `place_data`, each copy an
+event of the asset alias `sailor_datasets`) and writes a chart + summary under
 `sailor://source/reports/rebalance/<run>/`. `dry_run` computes and reports, publishes and copies
 nothing.
 """
@@ -18,11 +19,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import Asset, Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task
 
-# Named asset (no URI scheme: a custom scheme makes Airflow load every provider at parse time).
-# Data-aware DAGs follow it with ``schedule=[Asset("sailor_assignment")]``.
-ASSIGNMENT_ASSET = Asset(name="sailor_assignment")
+from sailor_tasks.airflow_glue import lineage
+from sailor_tasks.airflow_glue.lineage import ASSIGNMENT as ASSIGNMENT_ASSET
 
 
 @dag(
@@ -124,14 +124,18 @@ def sailor_rebalance():
         published = run_stage(
             stages.publish_assignment, solution, source=source, dry_run=bool(ctx["params"]["dry_run"])
         )
+        ctx["outlet_events"][ASSIGNMENT_ASSET].extra["version"] = published["version"]
         return published["copies"]  # one mapped replicate_data task per copy
 
-    @task(max_active_tis_per_dag=4)
+    @task(max_active_tis_per_dag=4, outlets=[lineage.DATASETS])
     def replicate_data(copy: dict) -> dict:
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue.stage import run_stage
 
-        return run_stage(stages.replicate_dataset, copy)
+        ctx = get_current_context()
+        replica = run_stage(stages.replicate_dataset, copy)
+        lineage.emit_replica(ctx["outlet_events"], replica, ctx["run_id"])
+        return replica
 
     @task(trigger_rule="none_failed")
     def report(utilization: dict, solution: dict, replicated: list | None) -> dict:

@@ -11,7 +11,8 @@ capacity was reserved: removes the cluster first, then releases the reservation,
 - **plan**: the run's market `strategy` (default `sailor`: spot while the deadline's slack covers
   the expected preemption loss, else on-demand) picks the market; the planner picks region / zone /
   GPU type from the catalog and reserves the capacity.
-- **place_data**: copies the dataset into the region's bucket (checksummed manifest written last).
+- **place_data**: copies the dataset into the region's bucket (checksummed manifest written last);
+  the copy is an asset event of the alias `sailor_datasets`.
 - **provision**: creates the cluster (local: a record + torchrun; gke: a spot GPU node pool).
 - **train** (`SailorTrainOperator`): `python -m sailor_tasks.train` under torchrun; resumes from
   the newest checkpoint. Local: on a spot preemption the try fails with `PreemptedError` and is
@@ -22,7 +23,8 @@ capacity was reserved: removes the cluster first, then releases the reservation,
   preempted attempt recovers the same way and defers again within the try. Every attempt is a row
   of the ledger's `run_attempts`, `attempt_markets` (market, why, slack left, cost) and `preemptions`.
 - **finalize**: records the result and writes the run summary (markdown) next to the checkpoints;
-  the summary is also in its log and in its XCom (`summary_md`).
+  the summary is also in its log and in its XCom (`summary_md`). The final checkpoint is an asset
+  event of the alias `sailor_checkpoints`; its extra `trained_on` names the dataset copy's asset.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from sailor_tasks.airflow_glue import lineage
 from sailor_tasks.airflow_glue.operators import SailorTrainOperator
 from sailor_tasks.request import train_param_schemas
 
@@ -77,12 +80,15 @@ def sailor_train():
 
         return run_stage(stages.plan, request, get_current_context()["run_id"])
 
-    @task
+    @task(outlets=[lineage.DATASETS])
     def place_data(request: dict, placement: dict) -> dict:
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue.stage import run_stage
 
-        return run_stage(stages.place_data, request, placement, get_current_context()["run_id"])
+        ctx = get_current_context()
+        data = run_stage(stages.place_data, request, placement, ctx["run_id"])
+        lineage.emit_dataset(ctx["outlet_events"], request, data, ctx["run_id"])
+        return data
 
     @task
     def provision(request: dict, placement: dict) -> dict:
@@ -91,12 +97,15 @@ def sailor_train():
 
         return run_stage(stages.provision, request, placement, get_current_context()["run_id"])
 
-    @task
+    @task(outlets=[lineage.CHECKPOINTS])
     def finalize(request: dict, placement: dict, data: dict, result: dict) -> dict:
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue.stage import run_stage
 
-        return run_stage(stages.finalize, request, placement, data, result, get_current_context()["run_id"])
+        ctx = get_current_context()
+        summary = run_stage(stages.finalize, request, placement, data, result, ctx["run_id"])
+        lineage.emit_checkpoint(ctx["outlet_events"], request, summary, ctx["run_id"])
+        return summary
 
     @task(task_id="teardown")
     def release_capacity() -> dict:

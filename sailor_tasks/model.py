@@ -16,6 +16,18 @@ MarketChoice = Literal["spot", "on_demand", "auto"]
 MARKETS: tuple[str, ...] = ("spot", "on_demand")
 MARKET_CHOICES: tuple[str, ...] = ("spot", "on_demand", "auto")
 ANY_GPU = "any"
+RUN_STATUSES = (
+    "validated",
+    "rejected",
+    "planned",
+    "provisioned",
+    "running",
+    "preempted",
+    "success",
+    "failed",
+    "cancelled",
+)
+"""Every value of a run's status in the ledger (``runs.status``), in pipeline order."""
 
 T = TypeVar("T")
 

@@ -10,7 +10,8 @@ run at another state folder without touching code.
 | SAILOR_LEDGER_URL        | ``sqlite:///{state_dir}/ledger.db``       | SQLAlchemy URL of the ledger         |
 | SAILOR_BUCKET_TEMPLATE   | ``file://{state_dir}/buckets/{bucket}``   | URI of bucket ``{bucket}``           |
 | SAILOR_BACKEND           | ``local``                                 | default backend (``local``/``gke``)  |
-| SAILOR_GCP_PROJECT       | ``sailor-demo``                           | ``{project}`` in the bucket template |
+| SAILOR_GCP_PROJECT       | the Google credentials' project           | overrides the project of buckets     |
+|                          | (the Airflow connection's)                | (``{project}``) and clusters         |
 | SAILOR_DATA_ROOTS        | (none)                                    | folders file:// datasets and traces  |
 |                          |                                           | may come from (``os.pathsep``-sep.)  |
 | SAILOR_DATA_BUCKETS      | (none)                                    | gs:// buckets datasets and traces    |
@@ -47,8 +48,9 @@ class Settings:
     """Template of a bucket's root URI; ``{bucket}``, ``{region}``, ``{project}`` and ``{state_dir}`` are filled."""
     backend: str = "local"
     """Default backend."""
-    gcp_project: str = "sailor-demo"
-    """GCP project used in bucket names on the gke backend."""
+    gcp_project_override: str | None = None
+    """``SAILOR_GCP_PROJECT``: the GCP project of buckets and clusters when set; else ``gcp_project``
+    is the project of the Google credentials (the Airflow connection's)."""
     data_roots: tuple[str, ...] = ()
     """Folders that ``file://`` datasets and traces may be read from, besides SAILOR's own buckets."""
     data_buckets: tuple[str, ...] = ()
@@ -69,7 +71,7 @@ class Settings:
             ledger_url=env.get("SAILOR_LEDGER_URL") or f"sqlite:///{state_dir}/ledger.db",
             bucket_template=env.get("SAILOR_BUCKET_TEMPLATE") or "file://{state_dir}/buckets/{bucket}",
             backend=backend,
-            gcp_project=env.get("SAILOR_GCP_PROJECT", "sailor-demo"),
+            gcp_project_override=env.get("SAILOR_GCP_PROJECT") or None,
             data_roots=tuple(p for p in env.get("SAILOR_DATA_ROOTS", "").split(os.pathsep) if p),
             data_buckets=tuple(
                 b.strip().removeprefix("gs://").strip("/")
@@ -101,10 +103,41 @@ class Settings:
         userinfo, _, hostport = parts.netloc.rpartition("@")
         return urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hostport}"))
 
+    @property
+    def gcp_project(self) -> str:
+        """GCP project of the buckets (``{project}``) and GKE clusters: ``SAILOR_GCP_PROJECT`` when
+        set, else the project of the Google credentials (``gcp_auth.current()``: the Airflow
+        connection's when the glue installed it); "" when neither names one."""
+        if self.gcp_project_override:
+            return self.gcp_project_override
+        from sailor_tasks import gcp_auth
+
+        return gcp_auth.current().project or ""
+
+    @property
+    def gcp_project_source(self) -> str:
+        """Where ``gcp_project`` comes from, for messages."""
+        if self.gcp_project_override:
+            return "SAILOR_GCP_PROJECT"
+        from sailor_tasks import gcp_auth
+
+        return gcp_auth.current().source
+
     def bucket_uri(self, bucket: str) -> str:
-        """Root URI of a SAILOR bucket: a region name, or ``source`` for unplaced datasets."""
+        """Root URI of a SAILOR bucket: a region name, or ``source`` for unplaced datasets.
+
+        Raises:
+            ValueError: the bucket template names ``{project}`` and no project is known.
+        """
+        project = self.gcp_project if "{project}" in self.bucket_template else ""
+        if "{project}" in self.bucket_template and not project:
+            raise ValueError(
+                f"SAILOR_BUCKET_TEMPLATE={self.bucket_template!r} names {{project}} but no GCP project is "
+                f"known: none from {self.gcp_project_source}, and SAILOR_GCP_PROJECT is unset; set the "
+                "project of the Airflow connection (extra 'project') or SAILOR_GCP_PROJECT"
+            )
         return self.bucket_template.format(
-            bucket=bucket, region=bucket, project=self.gcp_project, state_dir=self.state_dir
+            bucket=bucket, region=bucket, project=project, state_dir=self.state_dir
         ).rstrip("/")
 
     @property

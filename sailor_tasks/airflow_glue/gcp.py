@@ -40,6 +40,10 @@ returns its ``trigger_kwargs`` in every event (KubernetesPodTrigger: "additional
 to send in the event")."""
 
 
+RENDER_PROJECT = "my-project"
+"""Project ``render_run`` names when none is known (the render needs none to exist)."""
+
+
 def conn_id_from_env(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     return env.get("SAILOR_GCP_CONN_ID") or DEFAULT_CONN_ID
@@ -65,6 +69,13 @@ def install(conn_id: str | None = None) -> None:
     conn = conn_id or conn_id_from_env()
     gcp_auth.set_provider(lambda: connection_credentials(conn))
     gke.set_pod_runner(run_training_pods, delete_run_pods)
+
+
+def install_for_command(conn_id: str | None = None) -> None:
+    """``install`` in a ``sailor`` command: like ``airflow connections get``, the command reads
+    connections from Airflow's database too (server context), not only from the environment."""
+    os.environ.setdefault("_AIRFLOW_PROCESS_CONTEXT", "server")
+    install(conn_id)
 
 
 def training_pod_operator(
@@ -341,6 +352,12 @@ def render_run(
     from sailor_tasks.request import from_params
 
     notes = []
+    if not settings.gcp_project:
+        notes.append(
+            f"no GCP project: none from {settings.gcp_project_source}, and SAILOR_GCP_PROJECT is unset; "
+            f"rendered with project {RENDER_PROJECT!r}"
+        )
+        settings = dataclasses.replace(settings, gcp_project_override=RENDER_PROJECT)
     if storage.scheme_of(settings.bucket_uri("source")) != "gs":
         settings = dataclasses.replace(settings, bucket_template=gke.GCS_BUCKET_TEMPLATE)
         notes.append(f"SAILOR_BUCKET_TEMPLATE is not gs://; rendered with {gke.GCS_BUCKET_TEMPLATE}")

@@ -40,6 +40,10 @@ def cmd_buckets(args: argparse.Namespace) -> int:
     from sailor_tasks.catalog import load_catalog
 
     settings = Settings.from_env()
+    if "{project}" in settings.bucket_template:
+        from sailor_tasks.airflow_glue.gcp import install_for_command
+
+        install_for_command()  # the Airflow connection's project fills {project}
     catalog = load_catalog()
     bad = [r for r in args.region or () if r not in catalog.regions]
     if bad:
@@ -50,7 +54,11 @@ def cmd_buckets(args: argparse.Namespace) -> int:
         return 2
     wanted = [(SOURCE_BUCKET, args.source_location), *((r, r) for r in (args.region or catalog.regions))]
     for bucket, location in wanted:
-        uri = settings.bucket_uri(bucket)
+        try:
+            uri = settings.bucket_uri(bucket)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         created = storage.ensure_bucket(uri, location=location) if args.create else False
         state = "created" if created else ("exists" if args.create else "")
         print(f"{bucket:28s} {uri} {state}".rstrip())
@@ -66,11 +74,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     try:
         params = load_params(args.params, args.set)
         with contextlib.redirect_stdout(sys.stderr):  # operator logs must not mix with the JSON
-            from sailor_tasks.airflow_glue.gcp import render_run
+            from sailor_tasks.airflow_glue.gcp import install_for_command, render_run
             from sailor_tasks.ledger import Ledger
             from sailor_tasks.model import ClusterState
             from sailor_tasks.request import DEMO_DATASET_URI
 
+            install_for_command()  # the Airflow connection's project names the clusters and buckets
             settings = Settings.from_env()
             ledger = Ledger(settings.ledger_url)
             state = ClusterState(  # the same snapshot `plan` would see

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from sailor_tasks.cli import (
     cancel,
     catalog,
+    check,
     db,
     demo,
     gke,
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_parser(sub)
     logs.add_parser(sub)
     cancel.add_parser(sub)
+    check.add_parser(sub)
     catalog.add_parser(sub)
     plan.add_parser(sub)
     rebalance.add_parser(sub)

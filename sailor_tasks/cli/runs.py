@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from sailor_tasks.cli.output import json_default, print_table
 from sailor_tasks.errors import ExitCode
+from sailor_tasks.model import RUN_STATUSES
 from sailor_tasks.settings import Settings
 
 TABLE_COLUMNS = (
@@ -29,6 +31,13 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("runs", help="list runs recorded in the ledger, newest first")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
+    p.add_argument("--team", help="only the runs of this team")
+    p.add_argument(
+        "--status",
+        action="append",
+        metavar="STATUS",
+        help=f"only runs in this status (repeatable, or comma-separated); one of: {', '.join(RUN_STATUSES)}",
+    )
     p.set_defaults(func=cmd_runs)
 
 
@@ -36,8 +45,22 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from sailor_tasks.ledger import Ledger
     from sailor_tasks.ledger.store import RUN_LIST_FIELDS
 
+    statuses = None
+    if args.status:
+        statuses = [s.strip() for item in args.status for s in item.split(",") if s.strip()]
+        bad = [s for s in statuses if s not in RUN_STATUSES]
+        if bad or not statuses:
+            print(
+                f"error: --status {', '.join(bad) or repr('')} is not a run status; valid: {', '.join(RUN_STATUSES)}",
+                file=sys.stderr,
+            )
+            return ExitCode.BAD_INPUT
+    if args.limit < 1:
+        print(f"error: --limit {args.limit} must be at least 1", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     ledger = Ledger(Settings.from_env().ledger_url)
-    rows = [{k: r[k] for k in RUN_LIST_FIELDS} for r in ledger.list_runs(limit=args.limit)]
+    found = ledger.list_runs(limit=args.limit, team=args.team, status=statuses)
+    rows = [{k: r[k] for k in RUN_LIST_FIELDS} for r in found]
     if args.json:
         print(json.dumps(rows, indent=2, default=json_default))
     else:

@@ -102,10 +102,17 @@ class Ledger:
             row = c.execute(select(t.runs).where(t.runs.c.run_id == run_id)).mappings().first()
             return dict(row) if row else None
 
-    def list_runs(self, limit: int = 100) -> list[dict[str, Any]]:
+    def list_runs(
+        self, limit: int = 100, *, team: str | None = None, status: Iterable[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The newest ``limit`` runs, of ``team`` only and in one of the ``status`` values when given."""
+        q = select(t.runs).order_by(t.runs.c.created_at.desc()).limit(limit)
+        if team is not None:
+            q = q.where(t.runs.c.team == team)
+        if status is not None:
+            q = q.where(t.runs.c.status.in_(list(status)))
         with self.engine.connect() as c:
-            rows = c.execute(select(t.runs).order_by(t.runs.c.created_at.desc()).limit(limit)).mappings()
-            return [dict(r) for r in rows]
+            return [dict(r) for r in c.execute(q).mappings()]
 
     # --- placements and reservations ---------------------------------------------------------
     def record_placement(self, placement: Placement, attempt: int = 1) -> None:

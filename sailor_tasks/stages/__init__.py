@@ -16,6 +16,7 @@ from sailor_tasks.stages.rebalance import (
     publish_assignment,
     replicate_dataset,
     report_rebalance,
+    review_assignment,
     solve_assignment,
 )
 from sailor_tasks.stages.train import finalize, finish_train, launch_train, stop_training, teardown, train
@@ -33,6 +34,7 @@ __all__ = [
     "publish_assignment",
     "replicate_dataset",
     "report_rebalance",
+    "review_assignment",
     "solve_assignment",
     "stop_training",
     "teardown",

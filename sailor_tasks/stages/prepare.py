@@ -37,6 +37,16 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
         try:
             request = from_params(params, ctx.catalog)
             errors = []
+            if request.backend == "gke":  # before the bucket names: they need the project
+                from sailor_tasks.backends.checks import config_problems
+
+                if problems := config_problems(ctx.settings):
+                    raise InvalidRequestErrors(
+                        [
+                            InvalidRequestError("backend", "gke", f"{c.name}: {c.detail}; fix: {c.fix}")
+                            for c in problems
+                        ]
+                    )
             access = [("dataset_uri", request.dataset_uri)]
             if request.preemption_trace_uri:
                 access.append(("preemption_trace_uri", request.preemption_trace_uri))

@@ -214,3 +214,55 @@ def allocate_gpu_types(
         utilization.get("since"),
     )
     return {"policy": policy, "regions": regions}
+
+
+def review_assignment(version: int | None = None, ctx: StageContext | None = None) -> JSON:
+    """What a newly published assignment means for the capacity held now: the runs with a live
+    reservation in a region their team's new shares leave out (they keep running; ``plan`` steers
+    their next placement, e.g. a recovery, by the new shares), and the regions it projects over
+    capacity. ``version``: the version the triggering asset event names; the newest is reviewed.
+
+    Raises:
+        StageSkipped: no assignment has been published.
+    """
+    ctx = resolve_ctx(ctx)
+    assignment = ctx.ledger.latest_assignment()
+    if assignment is None:
+        raise StageSkipped("no assignment published yet")
+    if version is not None and version != assignment.version:
+        logger.info("assignment v%d was published; reviewing the newest, v%d", version, assignment.version)
+    reservations = ctx.ledger.live_reservations()
+    outside = []
+    for r in reservations:
+        run = ctx.ledger.get_run(r.run_id) or {}
+        shares = assignment.shares.get(run.get("team", ""), {})
+        if shares and shares.get(r.region, 0.0) <= 0.0:
+            outside.append(
+                {
+                    "run_id": r.run_id,
+                    "team": run["team"],
+                    "region": r.region,
+                    "gpus": r.gpus,
+                    "assigned_regions": sorted(k for k, v in shares.items() if v > 0),
+                }
+            )
+    overloaded = {k: round(v, 3) for k, v in sorted(assignment.region_load.items()) if v > 1.0}
+    lines = [
+        f"assignment v{assignment.version} ({len(assignment.shares)} teams, {assignment.source or 'no source'}): "
+        f"{len(reservations)} live reservations, {len(outside)} outside their team's new regions"
+    ]
+    lines += [
+        f"  {o['run_id']} ({o['team']}, {o['gpus']} GPUs) in {o['region']}; "
+        f"assigned: {', '.join(o['assigned_regions'])}"
+        for o in outside
+    ]
+    if overloaded:
+        lines.append("projected over capacity: " + ", ".join(f"{k} {v:.2f}" for k, v in overloaded.items()))
+    logger.info("%s", "\n".join(lines))
+    return {
+        "version": assignment.version,
+        "live_reservations": len(reservations),
+        "outside": outside,
+        "overloaded": overloaded,
+        "report": "\n".join(lines),
+    }

@@ -1,6 +1,7 @@
 """A new user's first hour on a real Airflow stack, scripted through the ``sailor`` command: submit
 to a paused DAG, then with --unpause; show the run; read its logs from the folder and the REST API;
-cancel a long run and count the processes it left. For bench/first_hour.py and the e2e tests."""
+cancel a long run and count the processes it left; ``sailor check`` of the local backend, and of gke
+with no GCP setup. For bench/first_hour.py and the e2e tests."""
 
 from __future__ import annotations
 
@@ -196,6 +197,65 @@ def cancel(stack: AirflowStack) -> dict[str, Any]:
     }
 
 
+UNCONFIGURED_GCP = (
+    "SAILOR_GCP_PROJECT",
+    "SAILOR_GCP_CONN_ID",
+    "SAILOR_BUCKET_TEMPLATE",
+    "SAILOR_GKE_IMAGE",
+    "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "GOOGLE_CLOUD_PROJECT",
+    "CLOUDSDK_CONFIG",
+)
+"""What makes a GCP setup: left out of the environment for ``check_gke``."""
+
+
+def _check(env: dict[str, str], backend: str, timeout_s: float = 600.0) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sailor_tasks.cli", "check", "--backend", backend, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except ValueError:
+        return proc.returncode, {"checks": [], "stdout": proc.stdout[-1000:], "stderr": proc.stderr[-2000:]}
+
+
+def check_local(env: dict[str, str]) -> dict[str, Any]:
+    """``sailor check --backend local`` in ``env``: every prerequisite holds and the exit status is 0."""
+    code, out = _check(env, "local")
+    checks = out.get("checks", [])
+    ok = code == 0 and bool(checks) and all(c["ok"] for c in checks)
+    return {"ok": ok, "exit": code, "failed": [c for c in checks if not c["ok"]], **_errors(out)}
+
+
+def check_gke(env: dict[str, str]) -> dict[str, Any]:
+    """``sailor check --backend gke`` with no GCP setup (``UNCONFIGURED_GCP`` left out of ``env``,
+    a fresh ``CLOUDSDK_CONFIG`` so no gcloud login counts): the prerequisites it reports failing,
+    each with a fix, and the exit status (1)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sailor-no-gcloud-") as gcloud:
+        bare = {k: v for k, v in env.items() if k not in UNCONFIGURED_GCP} | {"CLOUDSDK_CONFIG": gcloud}
+        code, out = _check(bare, "gke")
+    checks = out.get("checks", [])
+    reported = [c for c in checks if not c["ok"] and c["fix"]]
+    return {
+        "reports": len(reported),
+        "exit": code,
+        "names": [c["name"] for c in reported],
+        "all_have_a_fix": all(c["fix"] for c in checks if not c["ok"]),
+        **_errors(out),
+    }
+
+
+def _errors(out: dict[str, Any]) -> dict[str, Any]:
+    return {k: out[k] for k in ("stdout", "stderr") if k in out}
+
+
 def first_hour(stack: AirflowStack) -> dict[str, Any]:
     """Every check that needs the stack, in a new user's order (bench/first_hour.py adds
     ``flags_without_help``, which needs only the parser)."""
@@ -204,13 +264,20 @@ def first_hour(stack: AirflowStack) -> dict[str, Any]:
     shown = show(stack, run_id) if submitted["state"] == "success" else {"ok": False}
     logged = logs(stack, run_id) if submitted["state"] == "success" else {"ok": False}
     cancelled = cancel(stack)
+    local, gke = check_local(stack.env), check_gke(stack.env)
     return {
         "show_ok": shown["ok"],
         "logs_ok": logged["ok"],
         "cancel_leftover_processes": cancelled["leftover_processes"],
-        "check_local_ok": None,
-        "check_gke_reports": None,
+        "check_local_ok": local["ok"],
+        "check_gke_reports": gke["reports"],
         "submit_paused_dag_ok": submitted["ok"],
-        "note": "check_local_ok and check_gke_reports are null: `sailor check` is not built yet",
-        "details": {"submit": submitted, "show": shown, "logs": logged, "cancel": cancelled},
+        "details": {
+            "submit": submitted,
+            "show": shown,
+            "logs": logged,
+            "cancel": cancelled,
+            "check_local": local,
+            "check_gke": gke,
+        },
     }

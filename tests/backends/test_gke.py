@@ -327,6 +327,7 @@ def gke_settings(gcs, settings):
 
 
 def test_gke_backend_refuses_local_buckets(settings):
+    settings = dataclasses.replace(settings, gcp_project_override="acme-ml")
     with pytest.raises(ValueError, match="SAILOR_BUCKET_TEMPLATE=gs://"):
         GkeBackend(settings, config=CONFIG, client=FakeClusterManager())
     with pytest.raises(ValueError, match="gs://"):

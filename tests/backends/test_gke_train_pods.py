@@ -63,6 +63,7 @@ def test_gke_train_stage_runs_the_rendered_pods_to_a_checkpointed_result(gcs, se
     for bucket in ("source", REGION):
         gcs(f"{prefix}-{bucket}")
     monkeypatch.setenv("SAILOR_BUCKET_TEMPLATE", f"gs://{prefix}-{{bucket}}")
+    monkeypatch.setenv("SAILOR_GCP_PROJECT", "acme-ml")  # a gke run needs a project
     monkeypatch.setattr(gke, "_pod_runner", run_pods_as_local_processes)
     from sailor_tasks.data.demo import DEMO_DATASET, write_demo_dataset
     from sailor_tasks.settings import Settings

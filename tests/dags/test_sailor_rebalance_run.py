@@ -69,6 +69,25 @@ def _asset_events(run_id):
         ).all()
 
 
+def _replica_events(run_id):
+    """URI and extra of each event of the alias sailor_datasets from ``run_id``."""
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        events = session.scalars(
+            select(AssetEvent).where(
+                AssetEvent.source_run_id == run_id, AssetEvent.source_task_id == "replicate_data"
+            )
+        ).all()
+        return [
+            {"uri": e.asset.uri, **(e.extra or {})}
+            for e in events
+            if [a.name for a in e.source_aliases] == ["sailor_datasets"]
+        ]
+
+
 def _states(dagrun):
     return {ti.task_id: ti.state for ti in dagrun.get_task_instances()}
 
@@ -98,7 +117,13 @@ def test_rebalance_publishes_replicates_and_reports(dagbag, settings, demo_ledge
 
     # data-aware DAGs see a new event of the assignment asset
     events = _asset_events(dagrun.run_id)
-    assert len(events) == 1
+    assert len(events) == 1 and events[0].extra["version"] == assignment.version
+    # and every copy made is an event of the dataset alias, as place_data's copies are
+    copies = _replica_events(dagrun.run_id)
+    assert sorted(e["region"] for e in copies) == sorted(r for r in replicas if r != "us-east1")
+    for e in copies:
+        assert e["uri"] == storage.resolve(f"sailor://{e['region']}/{replica_path(demo_dataset)}", settings)
+        assert e["dataset_uri"] == demo_dataset and e["bytes"] == src.total_bytes
 
     # the report: a PNG chart and a markdown summary stored with the run
     assert storage.read_bytes(night["report_uri"]).startswith(b"\x89PNG")

@@ -35,3 +35,10 @@ def test_cancel_stops_every_process_of_the_run_and_teardown_releases_it(stack):
     assert result["processes_before"] >= 3 and result["leftover_processes"] == 0, result
     assert result["ledger_status"] in ("cancelled", "failed") and result["reservation_released"], result
     assert result["follow_ended"] and result["followed_train_log"], result
+
+
+def test_check_holds_on_the_stack_and_reports_an_unconfigured_gcp_setup(stack):
+    local = fh.check_local(stack.env)
+    assert local["ok"], local
+    gke = fh.check_gke(stack.env)
+    assert gke["exit"] == 1 and gke["reports"] >= 5 and gke["all_have_a_fix"], gke

@@ -130,6 +130,7 @@ def test_gs_datasets_come_only_from_allowed_buckets(settings, monkeypatch):
     assert "sailor-demo-sailor-source" not in str(err)  # the local template names no gs:// bucket
 
     monkeypatch.setenv("SAILOR_BUCKET_TEMPLATE", "gs://{project}-sailor-{bucket}")
+    monkeypatch.setenv("SAILOR_GCP_PROJECT", "sailor-demo")
     err = _rejection({"dataset_uri": "gs://someone-elses-bucket/data"}, run_id="bad-2")
     assert "sailor-demo-sailor-source" in str(err) and "sailor-demo-sailor-us-central1" in str(err)
     err = _rejection({"dataset_uri": "gs://sailor-demo-sailor-us-central1/runs/x"}, run_id="bad-3")
@@ -147,3 +148,16 @@ def test_configured_gs_buckets_are_allowed(monkeypatch):
     assert check_data_access("dataset_uri", "gs://corp-more/text", settings, regions) is None
     err = check_data_access("dataset_uri", "gs://corp-other/text", settings, regions)
     assert err is not None and "corp-datasets" in str(err) and "corp-more" in str(err)
+
+
+def test_a_gke_run_without_a_gcp_project_is_rejected_before_anything_is_reserved(settings, monkeypatch):
+    monkeypatch.setenv("SAILOR_BUCKET_TEMPLATE", "gs://{project}-sailor-{bucket}")
+    monkeypatch.delenv("SAILOR_GCP_PROJECT", raising=False)
+    err = _rejection({"backend": "gke"}, run_id="no-project")
+    assert [e.field for e in err.errors] == ["backend"]
+    assert "GCP project: no project" in str(err) and "SAILOR_GCP_PROJECT" in str(err)
+    assert "extra 'project'" in str(err)  # the fix: the connection's project
+
+    monkeypatch.setenv("SAILOR_GCP_PROJECT", "acme-ml")  # with a project, the bucket names resolve
+    err = _rejection({"backend": "gke", "dataset_uri": "gs://elsewhere/data"}, run_id="with-project")
+    assert [e.field for e in err.errors] == ["dataset_uri"] and "acme-ml-sailor-source" in str(err)
