@@ -25,6 +25,7 @@ from typing import Any
 from sailor_tasks import gcp_auth, paths
 from sailor_tasks.backends import gke
 from sailor_tasks.backends.base import TrainLaunch
+from sailor_tasks.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def training_pod_operator(
         image=pod.spec.containers[0].image,
         durable=True,
         on_finish_action="delete_succeeded_pod",
-        termination_grace_period=gke.PREEMPTION_NOTICE_S,
+        termination_grace_period=pod.spec.termination_grace_period_seconds,
         startup_timeout_seconds=POD_STARTUP_TIMEOUT_S,
         get_logs=True,
         do_xcom_push=False,
@@ -110,14 +111,16 @@ def training_pod_operator(
 
 
 def delete_run_pods(config: gke.GkeConfig, region: str, run_key: str) -> int:
-    """Delete the run's pods that have not ended (every attempt's), in the region's cluster, through
-    the provider's GKE Kubernetes hook; pods that ended are kept for inspection. Returns how many."""
+    """Delete the run's pods that have not ended (every attempt's) and its rendezvous services, in
+    the region's cluster, through the provider's GKE Kubernetes hook; pods that ended are kept for
+    inspection. Returns how many pods were deleted."""
     from kubernetes.client.exceptions import ApiException
 
     op = _cluster_operator(config, region)
     core = op.hook.core_v1_client
+    selector = gke.run_selector(run_key)
     deleted = 0
-    for pod in core.list_namespaced_pod(config.namespace, label_selector=gke.run_selector(run_key)).items:
+    for pod in core.list_namespaced_pod(config.namespace, label_selector=selector).items:
         if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
             continue
         try:
@@ -128,6 +131,14 @@ def delete_run_pods(config: gke.GkeConfig, region: str, run_key: str) -> int:
             continue
         deleted += 1
         logger.warning("deleted training pod %s of run %s", pod.metadata.name, run_key)
+    for service in core.list_namespaced_service(config.namespace, label_selector=selector).items:
+        try:
+            core.delete_namespaced_service(service.metadata.name, config.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            continue
+        logger.info("deleted rendezvous service %s of run %s", service.metadata.name, run_key)
     return deleted
 
 
@@ -205,10 +216,35 @@ def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence
 @dataclass(frozen=True)
 class PodStep:
     """Where one training pod stands after driving its operator: still running, with the provider's
-    ``trigger`` to defer on, or ended with ``exit_code`` (0 success, 75 preempted after saving)."""
+    ``trigger`` to defer on, or ended with ``exit_code`` (0 success, 75 preempted after saving) and
+    SAILOR's judgement of the end (``end``: completed, preempted or failed, and why)."""
 
     trigger: Any = None
     exit_code: int | None = None
+    end: gke.PodEnd | None = None
+
+
+def judge_pod(core: Any, namespace: str, name: str, *, spot: bool) -> gke.PodEnd:
+    """How a training pod that ended did end (``gke.classify_pod_end``), from the pod and its node
+    as the Kubernetes API has them now (a 404 is the pod or node gone)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        pod = core.read_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        pod = None
+    node, node_gone = None, False
+    node_name = getattr(getattr(pod, "spec", None), "node_name", None)
+    if node_name:
+        try:
+            node = core.read_node(node_name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            node_gone = True
+    return gke.classify_pod_end(pod, node, spot=spot, node_gone=node_gone)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -247,10 +283,16 @@ class TrainingPods:
     identity (``task_state_store``) is withheld: the pods are found by their labels.
     """
 
-    def __init__(self, config: gke.GkeConfig, launch: TrainLaunch, context: Mapping[str, Any]):
+    def __init__(
+        self,
+        config: gke.GkeConfig,
+        launch: TrainLaunch,
+        context: Mapping[str, Any],
+        pods: Sequence[Any],
+        service: Any,
+    ):
         self.config, self.launch = config, launch
-        self.pods = gke.build_training_pods(config, launch)
-        self.service = gke.build_rendezvous_service(config, launch)
+        self.pods, self.service = list(pods), service
         self.context = {k: v for k, v in context.items() if k != "task_state_store"}
         self._ops: dict[int, Any] = {}
 
@@ -299,8 +341,8 @@ class TrainingPods:
     def _drive(self, index: int, action: Any, *, ended: bool) -> PodStep:
         """Run one provider step for a pod. An error is the pod's outcome when the pod has failed
         (its exit status; 1 when unreadable, e.g. gone with its reclaimed node, and ``ended``: the
-        trigger said so); otherwise (API or config errors, a succeeded pod) it propagates, and
-        Airflow's retry reattaches."""
+        trigger said so), judged from the pod and its node (``judge_pod``); otherwise (API or
+        config errors, a succeeded pod) it propagates, and Airflow's retry reattaches."""
         from airflow.sdk.exceptions import TaskDeferred
 
         op = self.op(index)
@@ -312,9 +354,41 @@ class TrainingPods:
             code = _ended_code(op)
             if _transient(exc) or code == 0 or (code is None and not ended):
                 raise
-            logger.warning("training pod %s ended with exit status %s: %s", self.name(index), code, exc)
-            return PodStep(exit_code=1 if code is None else code)
-        return PodStep(exit_code=0)
+            end = self.judge(index)
+            logger.warning(
+                "training pod %s ended with exit status %s (%s: %s): %s",
+                self.name(index),
+                code,
+                end.outcome,
+                end.reason,
+                exc,
+            )
+            return PodStep(exit_code=1 if code is None else code, end=end)
+        return PodStep(exit_code=0, end=gke.PodEnd("completed", "exit status 0", 0))
+
+    def judge(self, index: int) -> gke.PodEnd:
+        return judge_pod(
+            self.op(index).hook.core_v1_client,
+            self.config.namespace,
+            self.name(index),
+            spot=self.launch.placement.market == "spot",
+        )
+
+
+def attempt_preemption(ends: Mapping[str, Mapping[str, Any]], at: float) -> dict[str, Any] | None:
+    """The launch report's ``preemption`` for an attempt whose pods ended as ``ends`` (index →
+    ``PodEnd`` as a dict): the first pod judged preempted decides (noticed or not, why); None when
+    none was."""
+    for index in sorted(ends, key=int):
+        end = ends[index]
+        if end.get("outcome") == "preempted":
+            return {
+                "noticed": bool(end.get("noticed")),
+                "at": at,
+                "reason": end.get("reason"),
+                "node": int(index),
+            }
+    return None
 
 
 KUBERNETES_VERSION = "1.30"
@@ -350,12 +424,28 @@ def render_run(
     config = gke.GkeConfig.from_env(settings)
     key = run_key(run_id)
     run_uri = paths.run_uri(placement.region, run_id, settings)
-    launch = TrainLaunch(run_id, key, paths.train_config_uri(run_uri), request.num_workers, placement)
+    launch = TrainLaunch(
+        run_id, key, paths.train_config_uri(run_uri), request.num_workers, placement, image=request.image
+    )
+    train = TrainConfig(
+        run_id=run_id,
+        model=request.model,
+        data_uri=paths.replica_uri(placement.region, request.dataset_uri, settings),
+        output_uri=run_uri,
+        total_steps=request.total_steps,
+        checkpoint_every_steps=request.checkpoint_every_steps,
+        seed=request.seed,
+        batch_size=request.batch_size,
+        learning_rate=request.learning_rate,
+        command=request.command,
+        env=dict(request.env),
+    )
     cluster = gke.build_cluster_body(config, placement.region, placement.zone)
     node_pool = gke.build_node_pool_body(config, key, placement)
     gke.validate_cluster_body(cluster)
     gke.validate_node_pool_body(node_pool)
-    pods, service = gke.build_training_pods(config, launch), gke.build_rendezvous_service(config, launch)
+    pods = gke.build_training_pods(config, launch, train)
+    service = gke.build_rendezvous_service(config, launch)
     manifests = [render_pod(config, launch, pod) for pod in pods]
     if service is not None:
         manifests.append(gke.serialize(service))
@@ -367,5 +457,6 @@ def render_run(
         "node_pool": {"parent": config.cluster_path(placement.region), "node_pool": node_pool},
         "manifests": manifests,
         "kubernetes_version": KUBERNETES_VERSION,
+        "grace_s": config.pod_grace_s(),
         "notes": notes,
     }

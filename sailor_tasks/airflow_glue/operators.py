@@ -13,6 +13,32 @@ from sailor_tasks.airflow_glue.stage import run_stage
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 
 
+def _end_dict(end: Any) -> dict[str, Any]:
+    """A pod's ``gke.PodEnd`` as JSON for the trigger's state (empty when there is none)."""
+    if end is None:
+        return {}
+    return {"outcome": end.outcome, "reason": end.reason, "noticed": end.noticed, "exit_code": end.exit_code}
+
+
+def _report_pod_ends(attempt: Any, ends: dict[str, dict[str, Any]]) -> None:
+    """Write what the pods' ends say into the attempt's launch report (``launch.json``), which
+    ``stages.finish_train`` reads with the trainer's result: a pod judged preempted (its Spot node
+    reclaimed, gone with its node, stopped by the kubelet's node shutdown) makes the attempt a
+    preemption even when the trainer could not write so."""
+    import time
+
+    from sailor_tasks import paths, storage
+    from sailor_tasks.airflow_glue import gcp
+
+    preemption = gcp.attempt_preemption(ends, time.time())
+    uri = paths.launch_report_uri(attempt.config.output_uri)
+    report = storage.read_json(uri) if storage.exists(uri) else {}
+    report["pods"] = ends
+    if preemption is not None:
+        report["preemption"] = preemption
+    storage.write_json(uri, report)
+
+
 class SailorTrainOperator(BaseOperator):
     """Train the run on its placement, resuming from the newest checkpoint; recover on preemption.
 
@@ -111,8 +137,9 @@ class SailorTrainOperator(BaseOperator):
         if step.trigger is not None:  # the provider re-defers on the same pod (still running)
             self._defer(step.trigger, state)
         codes = {**state["exit"], str(index): step.exit_code}
+        ends = {**state.get("ends", {}), str(index): _end_dict(step.end)}
         self.log.info("training pod %s ended with exit status %s", pods.name(index), step.exit_code)
-        return self._advance(context, pods, attempt.number, codes, {})
+        return self._advance(context, pods, attempt, codes, {}, ends)
 
     # --- gke helpers -------------------------------------------------------------------------
 
@@ -133,7 +160,9 @@ class SailorTrainOperator(BaseOperator):
         from sailor_tasks.airflow_glue import gcp
         from sailor_tasks.backends import get_backend
 
-        return gcp.TrainingPods(get_backend("gke", ctx.settings).cfg, attempt.launch, context)
+        backend = get_backend("gke", ctx.settings)
+        pods, service = backend.launch_manifests(attempt.launch, attempt.config)
+        return gcp.TrainingPods(backend.cfg, attempt.launch, context, pods, service)
 
     def _launch(self, context: Any, attempt: Any) -> Any:
         from sailor_tasks import stages, storage
@@ -157,19 +186,25 @@ class SailorTrainOperator(BaseOperator):
             pods.config.namespace,
         )
         codes = {str(i): s.exit_code for i, s in enumerate(steps) if s.exit_code is not None}
+        ends = {str(i): _end_dict(s.end) for i, s in enumerate(steps) if s.exit_code is not None}
         pending = {i: s for i, s in enumerate(steps) if s.trigger is not None}
-        return self._advance(context, pods, attempt.number, codes, pending)
+        return self._advance(context, pods, attempt, codes, pending, ends)
 
-    def _advance(self, context: Any, pods: Any, attempt: int, codes: dict[str, int], pending: dict) -> Any:
+    def _advance(
+        self, context: Any, pods: Any, attempt: Any, codes: dict[str, int], pending: dict, ends: dict
+    ) -> Any:
         """Defer on the first pod still running, or end the attempt when none is."""
         for index in range(len(pods)):
             if str(index) in codes:
                 continue
             step = pending.pop(index, None) or pods.watch(index)
             if step.trigger is not None:
-                self._defer(step.trigger, {"attempt": attempt, "pod": index, "exit": codes})
+                state = {"attempt": attempt.number, "pod": index, "exit": codes, "ends": ends}
+                self._defer(step.trigger, state)
             codes[str(index)] = step.exit_code
-        return self._finish(context, attempt, max(codes.values()))
+            ends[str(index)] = _end_dict(step.end)
+        _report_pod_ends(attempt, ends)
+        return self._finish(context, attempt.number, max(codes.values()))
 
     def _defer(self, trigger: Any, state: Mapping[str, Any]) -> None:
         from sailor_tasks.airflow_glue import gcp

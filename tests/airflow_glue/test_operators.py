@@ -79,6 +79,7 @@ class FakeCoreV1:
         self.pods: dict[str, dict] = {}  # name -> {"body": manifest dict, "labels", "exit", "proc", "log"}
         self.services: dict[str, object] = {}
         self.deleted: list[str] = []
+        self.deleted_services: list[str] = []
         self.port = free_port()
         self.progress = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"progress-{uuid.uuid4().hex}.json")
 
@@ -164,11 +165,22 @@ class FakeCoreV1:
         pod["log"].seek(0)
         return [line.encode() for line in pod["log"].read().splitlines(keepends=True)[-20:]]
 
+    def read_node(self, name, **_):
+        raise _api_error(404)
+
     # services
     def create_namespaced_service(self, namespace, service, **_):
         if service.metadata.name in self.services:
             raise _api_error(409)
         self.services[service.metadata.name] = service
+
+    def list_namespaced_service(self, namespace, label_selector, **_):
+        items = [s for s in self.services.values() if _matches(dict(s.metadata.labels), label_selector)]
+        return SimpleNamespace(items=items)
+
+    def delete_namespaced_service(self, name, namespace, **_):
+        del self.services[name]
+        self.deleted_services.append(name)
 
 
 class FakeTaskStateStore:
@@ -208,7 +220,7 @@ def gke_env(gcs, settings, monkeypatch):
 
     clusters = FakeClusterManager()
     monkeypatch.setattr(gke.GkeBackend, "_client", lambda self: clusters)
-    monkeypatch.setattr(gke.GkeBackend, "_wait", lambda self, op, what: None)
+    monkeypatch.setattr(gke.GkeBackend, "wait", lambda self, pending: None)
     core = FakeCoreV1()
     hooks: list[dict] = []
 
@@ -288,14 +300,14 @@ def test_execute_on_gke_starts_the_pods_and_defers_on_the_provider_trigger(gke_e
     assert deferred.value.method_name == "resume_train" and deferred.value.timeout is None
     classpath, kwargs = deferred.value.trigger.serialize()
     assert classpath == "airflow.providers.google.cloud.triggers.kubernetes_engine.GKEStartPodTrigger"
-    pool = gke.node_pool_name(run_key(run_id))
+    pool = gke.run_prefix(run_key(run_id))
     names = [f"{pool}-a1-node-0", f"{pool}-a1-node-1"]
     assert kwargs["pod_name"] == names[0] and kwargs["pod_namespace"] == "sailor"
     assert (kwargs["cluster_url"], kwargs["ssl_ca_cert"]) == (CLUSTER_URL, CA_CERT)
     assert kwargs["gcp_conn_id"] == "google_cloud_default"
     assert kwargs["poll_interval"] == 15 and kwargs["startup_timeout"] == 30 * 60
     assert kwargs["on_finish_action"] == "delete_succeeded_pod" and kwargs["get_logs"] is True
-    assert kwargs["trigger_kwargs"] == {"sailor_train": {"attempt": 1, "pod": 0, "exit": {}}}
+    assert kwargs["trigger_kwargs"] == {"sailor_train": {"attempt": 1, "pod": 0, "exit": {}, "ends": {}}}
 
     # Both nodes' pods exist, labelled for reattachment, with the rendezvous service of attempt 1.
     assert sorted(gke_env.core.pods) == names
@@ -320,7 +332,7 @@ def test_on_kill_deletes_the_running_pods_and_keeps_the_ended_ones(gke_env):
     op = _operator(request, placement, data)
     with pytest.raises(TaskDeferred):
         op.execute(_context(run_id))
-    pool = gke.node_pool_name(run_key(run_id))
+    pool = gke.run_prefix(run_key(run_id))
     running, ended = f"{pool}-a1-node-0", f"{pool}-a1-node-1"
     gke_env.core.pods[ended]["exit"] = 1
     gke_env.core.pods["someone-else"] = {"labels": {"sailor.dev/run": "other"}, "exit": None, "proc": None}
@@ -380,7 +392,7 @@ def test_resume_follows_each_pod_in_turn_then_fails_clearly_on_a_failed_pod(gke_
     with pytest.raises(TaskDeferred) as second:
         op.resume_train(context, event=_event(first.value, "success"))
     assert second.value.trigger.pod_name == node1
-    assert second.value.trigger.trigger_kwargs["sailor_train"] == {"attempt": 1, "pod": 1, "exit": {"0": 0}}
+    assert second.value.trigger.trigger_kwargs["sailor_train"] ["exit"] == {"0": 0}
     assert node0 in gke_env.core.deleted  # the provider cleans up a succeeded pod
 
     gke_env.core.pods[node1]["exit"] = 3
