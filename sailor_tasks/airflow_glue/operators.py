@@ -1,5 +1,6 @@
-"""``SailorTrainOperator``: ``sailor_train``'s ``train`` task, inline on the local backend,
-deferrable on GKE."""
+"""``sailor_train``'s ``provision`` and ``train`` tasks: inline on the local backend, deferrable on
+GKE (``SailorProvisionOperator`` waits for cluster and node-pool operations in the triggerer,
+``SailorTrainOperator`` for the training pods)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,69 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from sailor_tasks.airflow_glue.stage import run_stage
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE
+
+
+class SailorProvisionOperator(BaseOperator):
+    """Create (or reuse) the run's capacity: ``stages.provision`` inline on the local backend; on
+    GKE one ``stages.provision_step`` at a time, deferring on the Google provider's
+    ``GKEOperationTrigger`` while a cluster or node-pool operation runs (minutes for a cluster), so
+    no worker slot is held. ``resume_provision`` checks the finished operation (the trigger reports
+    an operation that ended in error as done too) and takes the next step."""
+
+    template_fields: Sequence[str] = ("request", "placement")
+    ui_color = "#fce5cd"
+
+    def __init__(self, *, request: Any, placement: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.request, self.placement = request, placement
+
+    def execute(self, context: Any) -> Any:
+        from sailor_tasks import stages
+
+        if self.request.get("backend") != "gke":
+            return run_stage(stages.provision, self.request, self.placement, context["run_id"])
+        return self._step(context, None)
+
+    def resume_provision(
+        self, context: Any, event: Mapping[str, Any] | None = None, pending: Mapping[str, Any] | None = None
+    ) -> Any:
+        """Re-entry from ``GKEOperationTrigger``: go on when the operation is done, else fail with
+        what the trigger said (Airflow's retry provisions again: what exists is reused)."""
+        event = event or {}
+        if pending is None or event.get("status") != "success":
+            raise RuntimeError(
+                f"GKE operation {(pending or {}).get('name')} ({(pending or {}).get('what')}) did not "
+                f"finish: {event.get('status')}: {event.get('message')}"
+            )
+        return self._step(context, pending)
+
+    def _step(self, context: Any, finished: Mapping[str, Any] | None) -> Any:
+        from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
+
+        from sailor_tasks import stages
+
+        out = run_stage(
+            stages.provision_step,
+            self.request,
+            self.placement,
+            context["run_id"],
+            finished=None if finished is None else dict(finished),
+        )
+        pending = out.get("pending")
+        if pending is None:
+            return out
+        self.log.info("waiting in the triggerer for GKE operation %s (%s)", pending["name"], pending["what"])
+        self.defer(
+            trigger=GKEOperationTrigger(
+                operation_name=pending["name"],
+                project_id=pending["project"],
+                location=pending["location"],
+                gcp_conn_id=pending["gcp_conn_id"],
+                poll_interval=int(pending["poll_s"]),
+            ),
+            method_name="resume_provision",
+            kwargs={"pending": pending},
+        )
 
 
 def _end_dict(end: Any) -> dict[str, Any]:
