@@ -328,15 +328,37 @@ class TrainingPods:
             op.pod = op.hook.get_pod(op.name, self.config.namespace)
             op.invoke_defer_method(context=self.context)
 
-    def resume(self, index: int, event: Mapping[str, Any]) -> PodStep:
-        return self._drive(index, lambda op: op.trigger_reentry(self.context, dict(event)), ended=True)
+    def conclude(self, status: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+        """End the attempt's pods from what ``AttemptPodsTrigger`` saw (pod name → phase, exit
+        status): a succeeded pod is deleted (cleanup) and completed; a failed or gone one is judged
+        from the pod and its node (``judge_pod``) and kept for inspection; one still running or
+        pending is deleted at once, since the attempt has ended with its peer. Returns node index →
+        ``end_dict``."""
+        ends: dict[str, dict[str, Any]] = {}
+        failed = [n for n, p in status.items() if p.get("phase") in ("Failed", "Gone")]
+        for index in range(len(self)):
+            name = self.name(index)
+            phase = (status.get(name) or {}).get("phase", "")
+            if phase == "Succeeded":
+                self._delete(index)
+                ends[str(index)] = end_dict(gke.PodEnd("completed", "exit status 0", 0))
+            elif phase in ("Failed", "Gone"):
+                ends[str(index)] = end_dict(self.judge(index))
+            else:
+                self._delete(index)
+                why = f"stopped: pod {failed[0]} ended first" if failed else f"stopped in phase {phase or '?'}"
+                ends[str(index)] = end_dict(gke.PodEnd("failed", why, None))
+                logger.warning("training pod %s %s", name, why)
+        return ends
 
-    def watch(self, index: int) -> PodStep:
-        def follow(op: Any) -> None:
-            op.pod = op.hook.get_pod(self.name(index), self.config.namespace)
-            op.invoke_defer_method(context=self.context)
+    def _delete(self, index: int) -> None:
+        from kubernetes.client.exceptions import ApiException
 
-        return self._drive(index, follow, ended=False)
+        try:
+            self.op(index).hook.core_v1_client.delete_namespaced_pod(self.name(index), self.config.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def _drive(self, index: int, action: Any, *, ended: bool) -> PodStep:
         """Run one provider step for a pod. An error is the pod's outcome when the pod has failed
@@ -373,6 +395,11 @@ class TrainingPods:
             self.name(index),
             spot=self.launch.placement.market == "spot",
         )
+
+
+def end_dict(end: gke.PodEnd) -> dict[str, Any]:
+    """A ``gke.PodEnd`` as JSON (the launch report's ``pods``)."""
+    return {"outcome": end.outcome, "reason": end.reason, "noticed": end.noticed, "exit_code": end.exit_code}
 
 
 def attempt_preemption(ends: Mapping[str, Mapping[str, Any]], at: float) -> dict[str, Any] | None:

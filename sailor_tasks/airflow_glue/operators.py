@@ -77,13 +77,6 @@ class SailorProvisionOperator(BaseOperator):
         )
 
 
-def _end_dict(end: Any) -> dict[str, Any]:
-    """A pod's ``gke.PodEnd`` as JSON for the trigger's state (empty when there is none)."""
-    if end is None:
-        return {}
-    return {"outcome": end.outcome, "reason": end.reason, "noticed": end.noticed, "exit_code": end.exit_code}
-
-
 def _report_pod_ends(attempt: Any, ends: dict[str, dict[str, Any]]) -> None:
     """Write what the pods' ends say into the attempt's launch report (``launch.json``), which
     ``stages.finish_train`` reads with the trainer's result: a pod judged preempted (its Spot node
@@ -115,30 +108,33 @@ class SailorTrainOperator(BaseOperator):
     1. ``execute``: ``stages.launch_train`` begins the attempt with the same code as local
        (recovery, placement, checkpoint and bucket URIs, train config, ledger), or takes over the
        attempt a dead try left running. ``gcp.TrainingPods`` creates the attempt's pods
-       (``gke.build_training_pods``: one per node, torchrun ``--nnodes`` with a per-attempt
-       rendezvous service) through ``GKEStartPodOperator``, or reattaches to them by label; the
-       task defers on the provider's ``GKEStartPodTrigger`` and frees its worker slot.
-    2. ``resume_train(event)``: the provider's ``trigger_reentry`` ends that pod (its log into the
-       task log, cleanup, exit status). The provider's trigger follows one pod, so a multi-node
-       attempt defers on its pods in sequence, node 0 first; a pod that ended meanwhile answers
-       at once, so the wait is as long as the slowest pod (torchrun on the others stops when a
-       peer dies: its collectives fail).
-    3. When every pod has ended, ``stages.finish_train`` with the highest exit status, read with
-       what the trainer wrote (as on local): 0 and a completed result → the result (XCom); a
-       ``preempted`` result (the trainer saved on SIGTERM and exited 75; torchrun, the pod's
-       main process, then exits 1) → ``PreemptedError``: the recovery strategy re-plans,
-       places data, moves the checkpoint and provisions (``stages.launch_train``), and the task
-       defers on the new attempt's pods, within the same try, at most ``max_tries + 1`` attempts
+       (``gke.GkeBackend.launch_manifests``: one per node, the run's image and command under
+       torchrun ``--nnodes`` with a per-attempt rendezvous service) through
+       ``GKEStartPodOperator``, or reattaches to them by label; the task defers on
+       ``triggers.AttemptPodsTrigger``, which follows every pod of the attempt at once and streams
+       their logs into the task log, and frees its worker slot.
+    2. ``resume_train(event)``: the trigger fired because a pod failed or is gone, or all
+       succeeded. Each pod is judged from the pod and its node (``gcp.judge_pod``: Spot node
+       reclaimed, pod gone with its node, node shutdown → preempted); the attempt's other pods are
+       deleted at once (a dead node does not leave its peers waiting on a collective), succeeded
+       ones cleaned up, failed ones kept for inspection; a pod judged preempted goes into the
+       attempt's launch report.
+    3. ``stages.finish_train`` with the highest exit status, read with the launch report and what
+       the trainer wrote (as on local): 0 and a completed result → the result (XCom); a
+       preemption (judged from the pods, or a ``preempted`` result: the trainer saved on SIGTERM)
+       → ``PreemptedError``: the recovery strategy re-plans with the zone blocked, places data,
+       moves the checkpoint and provisions (``stages.launch_train``), and the task defers on the
+       new attempt's pods, within the same try, at most ``max_tries + 1`` attempts
        (``RecoveryExhaustedError`` then fails the task without retry); anything else
        ``TrainingFailedError`` (retried by Airflow; the retry relaunches on the same placement).
 
     **on_kill** (the run marked failed, e.g. by ``sailor cancel``, while the task runs): stops
-    everything it started, every local worker process or every pod still running
-    (``stages.stop_training``); ``teardown``, which still runs, stops whatever is left (a task that
-    was deferred is not running, so it has nothing to kill) and releases the capacity.
+    everything it started, every local worker process or every pod still running and the
+    rendezvous services (``stages.stop_training``, which ends a GKE attempt as ``cancelled``);
+    ``teardown``, which still runs, stops whatever is left (a task that was deferred is not
+    running, so it has nothing to kill) and releases the capacity.
 
-    The resume state (attempt, pod index, exit statuses so far) rides in the trigger's
-    ``trigger_kwargs``, which the provider's trigger returns in its event, so it reaches
+    The resume state (the attempt) rides in the trigger's event (``sailor_train``), so it reaches
     ``resume_train`` both from the triggerer and from ``airflow dags test`` (which hands the
     method the event alone); everything else is in the ledger and the run's bucket.
     """
@@ -181,29 +177,25 @@ class SailorTrainOperator(BaseOperator):
         self.log.warning("stopped %d training process(es) or pod(s) of run %s", stopped, run_id)
 
     def resume_train(self, context: Any, event: Mapping[str, Any] | None = None, **_: Any) -> Any:
-        """Re-entry from the pod trigger: finish that pod, then defer on the next, or end the attempt."""
+        """Re-entry from ``AttemptPodsTrigger``: judge the pods, stop the rest, end the attempt."""
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue import gcp
         from sailor_tasks.stages import attempts
 
         self._run_id = context["run_id"]
-        state = (event or {}).get(gcp.TRIGGER_STATE_KEY)
+        event = event or {}
+        state = event.get(gcp.TRIGGER_STATE_KEY)
         if not isinstance(state, Mapping) or "attempt" not in state:
             raise AirflowFailException(
                 f"train resumed by an event without SAILOR's state ({gcp.TRIGGER_STATE_KEY!r}): {event!r}"
             )
+        if event.get("status") not in ("success", "ended"):
+            # The pods did not start or the API kept failing: Airflow's retry reattaches to them.
+            raise RuntimeError(f"following attempt {state['attempt']}'s pods failed: {event.get('message')}")
         gcp.install()
         ctx = stages.StageContext.from_env()
         attempt = attempts.resume_attempt(ctx, self.request, context["run_id"], int(state["attempt"]))
-        pods = self._pods(context, ctx, attempt)
-        index = int(state["pod"])
-        step = pods.resume(index, event or {})
-        if step.trigger is not None:  # the provider re-defers on the same pod (still running)
-            self._defer(step.trigger, state)
-        codes = {**state["exit"], str(index): step.exit_code}
-        ends = {**state.get("ends", {}), str(index): _end_dict(step.end)}
-        self.log.info("training pod %s ended with exit status %s", pods.name(index), step.exit_code)
-        return self._advance(context, pods, attempt, codes, {}, ends)
+        return self._conclude(context, self._pods(context, ctx, attempt), attempt, event.get("pods") or {})
 
     # --- gke helpers -------------------------------------------------------------------------
 
@@ -242,40 +234,52 @@ class SailorTrainOperator(BaseOperator):
             return self._finish(context, attempt.number, rc)
         pods = self._pods(context, ctx, attempt)
         steps = pods.start()
+        names = [pods.name(i) for i in range(len(pods))]
         self.log.info(
             "attempt %d: %d training pod(s) %s in namespace %s",
             attempt.number,
             len(pods),
-            ", ".join(pods.name(i) for i in range(len(pods))),
+            ", ".join(names),
             pods.config.namespace,
         )
-        codes = {str(i): s.exit_code for i, s in enumerate(steps) if s.exit_code is not None}
-        ends = {str(i): _end_dict(s.end) for i, s in enumerate(steps) if s.exit_code is not None}
-        pending = {i: s for i, s in enumerate(steps) if s.trigger is not None}
-        return self._advance(context, pods, attempt, codes, pending, ends)
+        running = [s.trigger for s in steps if s.trigger is not None]
+        if not running:  # every pod has ended already (a retried task found them so)
+            status = {
+                pods.name(i): {"phase": "Succeeded" if s.exit_code == 0 else "Failed", "exit_code": s.exit_code}
+                for i, s in enumerate(steps)
+            }
+            return self._conclude(context, pods, attempt, status)
+        self._defer(pods, attempt.number, running[0])
 
-    def _advance(
-        self, context: Any, pods: Any, attempt: Any, codes: dict[str, int], pending: dict, ends: dict
-    ) -> Any:
-        """Defer on the first pod still running, or end the attempt when none is."""
-        for index in range(len(pods)):
-            if str(index) in codes:
-                continue
-            step = pending.pop(index, None) or pods.watch(index)
-            if step.trigger is not None:
-                state = {"attempt": attempt.number, "pod": index, "exit": codes, "ends": ends}
-                self._defer(step.trigger, state)
-            codes[str(index)] = step.exit_code
-            ends[str(index)] = _end_dict(step.end)
-        _report_pod_ends(attempt, ends)
-        return self._finish(context, attempt.number, max(codes.values()))
-
-    def _defer(self, trigger: Any, state: Mapping[str, Any]) -> None:
+    def _defer(self, pods: Any, attempt: int, pod_trigger: Any) -> None:
+        """Defer on every pod of the attempt (the cluster's address from the provider's pod trigger)."""
         from sailor_tasks.airflow_glue import gcp
+        from sailor_tasks.airflow_glue.triggers import AttemptPodsTrigger
 
-        trigger.trigger_kwargs = {**(trigger.trigger_kwargs or {}), gcp.TRIGGER_STATE_KEY: dict(state)}
-        self.log.info("deferring on pod %s (attempt %s)", trigger.pod_name, state["attempt"])
+        cluster = pod_trigger.serialize()[1]
+        trigger = AttemptPodsTrigger(
+            pod_names=[pods.name(i) for i in range(len(pods))],
+            namespace=pods.config.namespace,
+            cluster_url=cluster["cluster_url"],
+            ssl_ca_cert=cluster["ssl_ca_cert"],
+            gcp_conn_id=pods.config.gcp_conn_id,
+            poll_interval=gcp.POD_POLL_INTERVAL_S,
+            startup_timeout=gcp.POD_STARTUP_TIMEOUT_S,
+            state={"attempt": attempt},
+        )
+        self.log.info("deferring on the %d pod(s) of attempt %d", len(pods), attempt)
         self.defer(trigger=trigger, method_name="resume_train")
+
+    def _conclude(self, context: Any, pods: Any, attempt: Any, status: Mapping[str, Any]) -> Any:
+        """Judge every pod, stop those still running, record the ends, finish the attempt."""
+        ends = pods.conclude(status)
+        for index, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
+            self.log.info(
+                "training pod %s: %s (%s)", pods.name(int(index)), end.get("outcome"), end.get("reason")
+            )
+        _report_pod_ends(attempt, ends)
+        codes = [e["exit_code"] for e in ends.values() if e.get("exit_code") is not None]
+        return self._finish(context, attempt.number, max(codes, default=1))
 
     def _finish(self, context: Any, attempt: int, exit_status: int) -> Any:
         from sailor_tasks import stages
