@@ -6,10 +6,11 @@ Airflow: ``gcp_auth`` gets a provider that reads the connection (``SAILOR_GCP_CO
 GKE is used, and the GKE backend gets a pod runner built on ``GKEStartPodOperator``. Credentials
 stay inside google-auth objects; nothing here logs or returns them.
 
-``TrainingPods`` drives the pods of one attempt through the provider's deferrable path
-(``execute_async`` → ``GKEStartPodTrigger`` → ``trigger_reentry``) for
-``operators.SailorTrainOperator``; ``run_training_pods`` runs them inline (blocking) for callers
-of ``stages.train`` outside that operator.
+``TrainingPods`` creates (or finds) the pods of one attempt through the provider's
+``GKEStartPodOperator`` and ends them once ``triggers.AttemptPodsTrigger`` has fired, for
+``operators.SailorTrainOperator``; ``judge_pod`` reads how a pod ended from the pod and its node;
+``run_training_pods`` runs the pods inline (blocking) for callers of ``stages.train`` outside that
+operator.
 """
 
 from __future__ import annotations
@@ -273,11 +274,10 @@ class TrainingPods:
 
     ``start`` creates the rendezvous service and every pod, or finds them by their labels when a
     retried task reattaches (``durable``: dag/task/run labels without try_number, plus run, plan,
-    attempt and node-rank, and not ``already_checked``); ``resume`` hands a trigger event to the
-    provider's ``trigger_reentry`` (task log gets the pod's log, finished pods are cleaned up: a
-    succeeded one deleted, a failed one kept and labelled ``already_checked``); ``watch`` builds the
-    trigger of a pod that was started earlier. Each returns a ``PodStep``: the provider's trigger
-    when the pod still runs, else its exit status.
+    attempt and node-rank, and not ``already_checked``), and returns a ``PodStep`` per pod: the
+    provider's trigger when the pod runs (its cluster address is what ``AttemptPodsTrigger``
+    needs), else its exit status. ``conclude`` ends them all from the trigger's event: succeeded
+    pods deleted, failed or gone ones judged (``judge_pod``) and kept, the rest stopped.
 
     Several pods of one task share the task's identity, so the provider's single persisted pod
     identity (``task_state_store``) is withheld: the pods are found by their labels.
