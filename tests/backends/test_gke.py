@@ -31,6 +31,7 @@ from sailor_tasks.backends.gke import (
 )
 from sailor_tasks.catalog import load_catalog
 from sailor_tasks.model import Placement
+from sailor_tasks.testing.gke_fake import InMemoryClusterManager
 from sailor_tasks.train.config import TrainConfig
 
 pytestmark = pytest.mark.gke
@@ -261,75 +262,8 @@ def test_exit_status_of_a_finished_training_container_is_read_from_the_pod():
 # --- provisioning against an in-memory ClusterManager -------------------------------------------
 
 
-class FakeClusterManager:
-    """In-memory ClusterManager: clusters and pools by resource path, GKE's status codes as errors."""
-
-    def __init__(self, version: str = "1.35.1-gke.1396000"):
-        self.version = version
-        self.clusters: dict[str, object] = {}
-        self.pools: dict[str, object] = {}
-        self.calls: list[str] = []
-
-    def _op(self):
-        from google.cloud.container_v1 import types
-
-        return types.Operation(name="op", status=types.Operation.Status.DONE, location="us-central1")
-
-    def get_cluster(self, *, name):
-        from google.api_core.exceptions import NotFound
-
-        self.calls.append("get_cluster")
-        if name not in self.clusters:
-            raise NotFound(name)
-        return self.clusters[name]
-
-    def create_cluster(self, *, parent, cluster):
-        from google.api_core.exceptions import AlreadyExists
-
-        self.calls.append("create_cluster")
-        path = f"{parent}/clusters/{cluster.name}"
-        if path in self.clusters:
-            raise AlreadyExists(path)
-        cluster.current_master_version = self.version
-        self.clusters[path] = cluster
-        return self._op()
-
-    def create_node_pool(self, *, parent, node_pool):
-        from google.api_core.exceptions import AlreadyExists
-
-        self.calls.append("create_node_pool")
-        path = f"{parent}/nodePools/{node_pool.name}"
-        if path in self.pools:
-            raise AlreadyExists(path)
-        self.pools[path] = node_pool
-        return self._op()
-
-    def set_node_pool_size(self, *, name, node_count):
-        from google.api_core.exceptions import NotFound
-
-        self.calls.append(f"set_node_pool_size={node_count}")
-        if name not in self.pools:
-            raise NotFound(name)
-        self.pools[name].initial_node_count = node_count
-        return self._op()
-
-    def delete_node_pool(self, *, name):
-        from google.api_core.exceptions import NotFound
-
-        self.calls.append("delete_node_pool")
-        if name not in self.pools:
-            raise NotFound(name)
-        del self.pools[name]
-        return self._op()
-
-    def get_node_pool(self, *, name):
-        return self.pools[name]
-
-    def set_node_pool_autoscaling(self, *, name, autoscaling):
-        raise NotImplementedError
-
-    def get_operation(self, *, name):
-        return self._op()
+FakeClusterManager = InMemoryClusterManager
+"""In-memory ClusterManager: clusters and pools by resource path, GKE's status codes as errors."""
 
 
 @pytest.fixture
