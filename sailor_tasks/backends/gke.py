@@ -371,9 +371,11 @@ NOTICE_DIR = "/var/run/sailor"
 """Mount path of the pod's notice volume (an emptyDir shared by the container and its preStop hook)."""
 NOTICE_PATH = f"{NOTICE_DIR}/notice.json"
 """``SAILOR_NOTICE_FILE`` inside a training pod."""
-COLLECTIVE_TIMEOUT_S = 120
-"""``SAILOR_COLLECTIVE_TIMEOUT_S``: how long a collective may wait for a peer before it fails; short,
-so a node that died is noticed by its peers too (SAILOR ends the attempt at once when any pod ends)."""
+COLLECTIVE_TIMEOUT_S = 300
+"""``SAILOR_COLLECTIVE_TIMEOUT_S``: how long a collective may wait for a peer before it fails (the
+built-in trainer's process group timeout). Short next to torch's 30 min, so the peers of a node
+that died give up by themselves too (SAILOR already ends the attempt as soon as any pod ends);
+long enough for a checkpoint save behind a barrier."""
 
 
 def train_command(
