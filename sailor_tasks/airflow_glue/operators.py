@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from sailor_tasks.airflow_glue.stage import run_stage
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE
+from sailor_tasks.model import to_dict
 
 
 class SailorProvisionOperator(BaseOperator):
@@ -40,40 +41,61 @@ class SailorProvisionOperator(BaseOperator):
     ) -> Any:
         """Re-entry from ``GKEOperationTrigger``: go on when the operation is done, else fail with
         what the trigger said (Airflow's retry provisions again: what exists is reused)."""
-        event = event or {}
-        if pending is None or event.get("status") != "success":
-            raise RuntimeError(
-                f"GKE operation {(pending or {}).get('name')} ({(pending or {}).get('what')}) did not "
-                f"finish: {event.get('status')}: {event.get('message')}"
-            )
+        _check_operation_event(event, pending)
         return self._step(context, pending)
 
     def _step(self, context: Any, finished: Mapping[str, Any] | None) -> Any:
-        from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
+        return _capacity_or_defer(self, context, self.request, self.placement, "resume_provision", finished)
 
-        from sailor_tasks import stages
 
-        out = run_stage(
-            stages.provision_step,
-            self.request,
-            self.placement,
-            context["run_id"],
-            finished=None if finished is None else dict(finished),
-        )
-        pending = out.get("pending")
-        if pending is None:
-            return out
-        self.log.info("waiting in the triggerer for GKE operation %s (%s)", pending["name"], pending["what"])
-        self.defer(
-            trigger=GKEOperationTrigger(
-                operation_name=pending["name"],
-                project_id=pending["project"],
-                location=pending["location"],
-                gcp_conn_id=pending["gcp_conn_id"],
-                poll_interval=int(pending["poll_s"]),
-            ),
-            method_name="resume_provision",
-            kwargs={"pending": pending},
+def _capacity_or_defer(
+    task: BaseOperator,
+    context: Any,
+    request: Any,
+    placement: Any,
+    method: str,
+    finished: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """One ``stages.provision_step``: its result once the capacity is there, else defer ``task``
+    on the Google provider's ``GKEOperationTrigger`` for the running operation, resuming in
+    ``method`` with ``pending`` (and ``kwargs``)."""
+    from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
+
+    from sailor_tasks import stages
+
+    out = run_stage(
+        stages.provision_step,
+        request,
+        placement,
+        context["run_id"],
+        finished=None if finished is None else dict(finished),
+    )
+    pending = out.get("pending")
+    if pending is None:
+        return out
+    task.log.info("waiting in the triggerer for GKE operation %s (%s)", pending["name"], pending["what"])
+    task.defer(
+        trigger=GKEOperationTrigger(
+            operation_name=pending["name"],
+            project_id=pending["project"],
+            location=pending["location"],
+            gcp_conn_id=pending["gcp_conn_id"],
+            poll_interval=int(pending["poll_s"]),
+        ),
+        method_name=method,
+        kwargs={"pending": pending, **kwargs},
+    )
+
+
+def _check_operation_event(event: Mapping[str, Any] | None, pending: Mapping[str, Any] | None) -> None:
+    """Raise unless ``GKEOperationTrigger`` reported the operation done (Airflow's retry then
+    provisions again: what exists is reused, a running operation is waited for)."""
+    event = event or {}
+    if pending is None or event.get("status") != "success":
+        raise RuntimeError(
+            f"GKE operation {(pending or {}).get('name')} ({(pending or {}).get('what')}) did not "
+            f"finish: {event.get('status')}: {event.get('message')}"
         )
 
 
@@ -163,6 +185,30 @@ class SailorTrainOperator(BaseOperator):
             )
         return self._launch(context, self._begin(context))
 
+    def resume_capacity(
+        self,
+        context: Any,
+        event: Mapping[str, Any] | None = None,
+        pending: Mapping[str, Any] | None = None,
+        attempt: int | None = None,
+    ) -> Any:
+        """Re-entry from ``GKEOperationTrigger`` while a recovery's node pool (or cluster) is
+        created: the next step, then the attempt's pods once the capacity is there."""
+        from sailor_tasks import stages
+        from sailor_tasks.airflow_glue import gcp
+        from sailor_tasks.stages import attempts
+
+        self._run_id = context["run_id"]
+        _check_operation_event(event, pending)
+        gcp.install()
+        ctx = stages.StageContext.from_env()
+        att = attempts.resume_attempt(ctx, self.request, context["run_id"], int(attempt or 0))
+        placement = to_dict(att.placement)
+        _capacity_or_defer(
+            self, context, self.request, placement, "resume_capacity", pending, attempt=att.number
+        )
+        return self._launch(context, att)
+
     def on_kill(self) -> None:
         """Stop every worker process or pod this task started (the task is being killed)."""
         from sailor_tasks import stages
@@ -200,17 +246,20 @@ class SailorTrainOperator(BaseOperator):
     # --- gke helpers -------------------------------------------------------------------------
 
     def _begin(self, context: Any) -> Any:
-        """The run's next attempt (recovering first after a preemption), or the one a dead try left."""
+        """The run's next attempt (recovering first after a preemption), or the one a dead try left.
+        A recovery's GKE operations are started, not waited for: ``_launch`` waits in the triggerer."""
         from sailor_tasks import stages
+        from sailor_tasks.backends import gke
 
-        return run_stage(
-            stages.launch_train,
-            self.request,
-            self.placement,
-            self.data,
-            context["run_id"],
-            try_number=context["ti"].try_number,
-        )
+        with gke.operation_waits_deferred():
+            return run_stage(
+                stages.launch_train,
+                self.request,
+                self.placement,
+                self.data,
+                context["run_id"],
+                try_number=context["ti"].try_number,
+            )
 
     def _pods(self, context: Any, ctx: Any, attempt: Any) -> Any:
         from sailor_tasks.airflow_glue import gcp
@@ -232,6 +281,9 @@ class SailorTrainOperator(BaseOperator):
                 "attempt %d already ended (%s): not touching its pods", attempt.number, result.get("status")
             )
             return self._finish(context, attempt.number, rc)
+        # The attempt's capacity (a recovery's new pool may still be in the making).
+        placement = to_dict(attempt.placement)
+        _capacity_or_defer(self, context, self.request, placement, "resume_capacity", attempt=attempt.number)
         pods = self._pods(context, ctx, attempt)
         steps = pods.start()
         names = [pods.name(i) for i in range(len(pods))]
@@ -245,7 +297,10 @@ class SailorTrainOperator(BaseOperator):
         running = [s.trigger for s in steps if s.trigger is not None]
         if not running:  # every pod has ended already (a retried task found them so)
             status = {
-                pods.name(i): {"phase": "Succeeded" if s.exit_code == 0 else "Failed", "exit_code": s.exit_code}
+                pods.name(i): {
+                    "phase": "Succeeded" if s.exit_code == 0 else "Failed",
+                    "exit_code": s.exit_code,
+                }
                 for i, s in enumerate(steps)
             }
             return self._conclude(context, pods, attempt, status)

@@ -12,13 +12,16 @@ module never imports Airflow.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -721,6 +724,22 @@ def _is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, exceptions.NotFound)
 
 
+_waits_deferred: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "sailor_gke_waits_deferred", default=False
+)
+
+
+@contextlib.contextmanager
+def operation_waits_deferred() -> Iterator[None]:
+    """Within this block ``GkeBackend.provision`` starts GKE operations without waiting for them
+    (the caller waits in the triggerer, then calls ``provision_step``)."""
+    token = _waits_deferred.set(True)
+    try:
+        yield
+    finally:
+        _waits_deferred.reset(token)
+
+
 PROVISION_PHASES = ("cluster", "pool")
 """The steps of ``GkeBackend.provision_step``: the region's cluster, then the placement's pool."""
 
@@ -834,8 +853,19 @@ class GkeBackend:
     def provision(self, run_key: str, placement: Placement) -> dict[str, Any]:
         """Create (or reuse) the cluster and the placement's node pool, waiting here for each GKE
         operation. ``sailor_train``'s provision task waits in the triggerer instead
-        (``provision_step`` with ``airflow_glue.operators.SailorProvisionOperator``)."""
+        (``provision_step`` with ``airflow_glue.operators.SailorProvisionOperator``); so does a
+        recovery inside the deferrable train task, which calls this under
+        ``operation_waits_deferred()``: the first operation is started and recorded, the record
+        returned with ``status`` ``provisioning``, and the caller waits for it
+        (``provision_step`` finds it in the record)."""
         after: str | None = None
+        if _waits_deferred.get():
+            step = self.provision_step(run_key, placement)
+            return (
+                step
+                if not isinstance(step, PendingOperation)
+                else {**(self.record(run_key) or {}), "status": "provisioning"}
+            )
         while True:
             step = self.provision_step(run_key, placement, after=after)
             if not isinstance(step, PendingOperation):
@@ -865,6 +895,21 @@ class GkeBackend:
             )
         cfg, region = self.cfg, placement.region
         record = self.record(run_key) or {"run_key": run_key, "backend": self.name, "pools": []}
+        started = record.pop("pending", None)
+        if (
+            after is None
+            and started is not None
+            and started.get("pool") == node_pool_name(run_key, placement)
+        ):
+            # An operation an earlier call started (a retried task, or a caller that did not wait).
+            earlier = PendingOperation(
+                **{k: started[k] for k in ("name", "location", "project", "phase", "what")}
+            )
+            op = self._client().get_operation(name=earlier.path)
+            if _status_name(op) not in ("DONE", "ABORTING"):
+                return earlier
+            self.check_operation(op, earlier.what)
+            after = earlier.phase
         pool_name = node_pool_name(run_key, placement)
         known = next((p for p in record["pools"] if p["name"] == pool_name), None)
         cluster_state = record.get("cluster_state", "exists")
@@ -872,8 +917,7 @@ class GkeBackend:
             cluster_state, pending = self._ensure_cluster(region, placement.zone)
             record["cluster_state"] = cluster_state
             if pending is not None:
-                storage.write_json(self._record_uri(run_key), {**record, "status": "provisioning"})
-                return pending
+                return self._started(run_key, record, pending, placement)
         cluster = self._client().get_cluster(name=cfg.cluster_path(region))
         version = getattr(cluster, "current_master_version", "") or ""
         extended = supports_extended_grace(version)
@@ -921,8 +965,7 @@ class GkeBackend:
             if op is not None:
                 pending = self._pending(op, "pool", what, region)
                 if pending is not None:
-                    storage.write_json(self._record_uri(run_key), {**record, "status": "provisioning"})
-                    return pending
+                    return self._started(run_key, record, pending, placement)
         record.update(
             status="ready",
             cluster=cfg.cluster_name(region),
@@ -946,6 +989,16 @@ class GkeBackend:
             entry["grace_s"],
         )
         return record
+
+    def _started(
+        self, run_key: str, record: dict[str, Any], pending: PendingOperation, placement: Placement
+    ) -> PendingOperation:
+        """Record the operation just started (``pending`` in the record) and return it."""
+        started = {**dataclasses.asdict(pending), "pool": node_pool_name(run_key, placement)}
+        storage.write_json(
+            self._record_uri(run_key), {**record, "status": "provisioning", "pending": started}
+        )
+        return pending
 
     def _ensure_cluster(self, region: str, system_zone: str | None) -> tuple[str, PendingOperation | None]:
         """The region's cluster: ("exists", None), or ("created", its creation still running)."""

@@ -578,3 +578,47 @@ def test_deferred_train_runs_the_pods_and_recovers_a_preempted_attempt(gke_env):
     assert sum(s.endswith("-rdzv") for s in gke_env.core.services) == 2
     stages_seen = [t["stage"] for t in ledger.stage_timings(run_id)]
     assert stages_seen.count("train_launch") == 2 and stages_seen.count("train") == 2
+
+
+def test_a_recoverys_new_pool_is_waited_for_in_the_triggerer(gke_env):
+    """After a preemption the train task re-plans and starts the new placement's pool, then defers
+    on GKEOperationTrigger while GKE creates it (no worker slot held), and starts the pods after."""
+    from airflow.sdk.exceptions import TaskDeferred
+    from google.cloud.container_v1 import types
+
+    run_id = "manual__recover-pool"
+    request, placement, data = gke_env.prepare(run_id)
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    ops: dict[str, object] = {}
+
+    def running():  # from here on, GKE operations take a while
+        name = f"operation-{len(ops) + 1}"
+        ops[name] = types.Operation(name=name, status=types.Operation.Status.RUNNING, location=REGION)
+        return ops[name]
+
+    gke_env.clusters._op = running
+    gke_env.clusters.get_operation = lambda *, name: ops[name.rsplit("/", 1)[-1]]
+    node0, node1 = deferred.value.trigger.pod_names
+    del gke_env.core.pods[node0]  # the Spot node went away with its pod
+    with pytest.raises(TaskDeferred) as waiting:
+        op.resume_train(context, event=_trigger_event(gke_env, deferred.value, timeout_s=30))
+    classpath, kwargs = waiting.value.trigger.serialize()
+    assert classpath.endswith("GKEOperationTrigger") and kwargs["operation_name"] == "operation-1"
+    assert waiting.value.method_name == "resume_capacity" and waiting.value.kwargs["attempt"] == 2
+    assert not any("-a2-" in name for name in gke_env.core.pods)  # no pod before its pool exists
+    (_, second) = gke_env.ctx.ledger.attempts(run_id)
+    assert second["outcome"] == "running" and second["placement"]["zone"] != placement["zone"]
+
+    # A retried task (the worker died meanwhile) finds the running operation in the run's record.
+    with pytest.raises(TaskDeferred) as again:
+        _operator(request, placement, data).execute(_context(run_id, try_number=2))
+    assert again.value.trigger.operation_name == "operation-1"
+
+    ops["operation-1"] = types.Operation(name="operation-1", status=types.Operation.Status.DONE)
+    with pytest.raises(TaskDeferred) as pods:
+        op.resume_capacity(context, event={"status": "success"}, **waiting.value.kwargs)
+    assert pods.value.method_name == "resume_train" and pods.value.trigger.state == {"attempt": 2}
+    assert all("-a2-node-" in name for name in pods.value.trigger.pod_names)
+    assert all(name in gke_env.core.pods for name in pods.value.trigger.pod_names)
