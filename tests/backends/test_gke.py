@@ -599,3 +599,31 @@ def test_a_pods_end_is_judged_by_the_pod_and_its_node(pod, node, spot, node_gone
     assert end.outcome == outcome, end
     if outcome == "preempted":
         assert end.noticed is noticed and end.reason
+
+
+def test_render_shows_the_runs_own_image_command_and_env(settings):
+    """``sailor render`` (render_run) builds the pods as the operator submits them, validated by
+    kubernetes-validate: the run's image and command, its env and the contract's, the grace."""
+    from sailor_tasks.airflow_glue.gcp import render_run
+
+    params = {
+        "num_workers": 2,
+        "gpu_type": "L4",
+        "market": "spot",
+        "image": "us-docker.pkg.dev/acme/ml/train@sha256:" + "a" * 64,
+        "command": ["/app/run-training", "--epochs", "3"],
+        "env": {"WANDB_MODE": "offline"},
+    }
+    out = render_run(params, settings)
+    pods = [m for m in out["manifests"] if m["kind"] == "Pod"]
+    assert len(pods) == out["placement"]["num_nodes"] and out["grace_s"] == 105
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        assert container["image"] == params["image"]
+        assert container["command"][-4:] == ["--no-python", "/app/run-training", "--epochs", "3"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["WANDB_MODE"] == "offline" and env["SAILOR_DATA_DIR"].startswith("gs://")
+        assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "/bin/sh"
+        assert pod["spec"]["terminationGracePeriodSeconds"] == 105
+    kubelet = out["node_pool"]["node_pool"]["config"]["kubelet_config"]
+    assert kubelet["shutdown_grace_period_seconds"] == 120
