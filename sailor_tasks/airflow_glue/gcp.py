@@ -242,9 +242,10 @@ def judge_pod(core: Any, namespace: str, name: str, *, spot: bool) -> gke.PodEnd
         try:
             node = core.read_node(node_name)
         except ApiException as exc:
-            if exc.status != 404:
-                raise
-            node_gone = True
+            if exc.status == 404:
+                node_gone = True
+            else:  # e.g. no RBAC to read nodes: judge from the pod alone
+                logger.warning("could not read node %s of pod %s: %s", node_name, name, exc.reason)
     return gke.classify_pod_end(pod, node, spot=spot, node_gone=node_gone)
 
 
