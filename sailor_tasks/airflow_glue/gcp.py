@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +200,14 @@ def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence
         # Several pods from one task: reattach by labels (node-rank differs), not by the task's one
         # persisted pod identity.
         context = {k: v for k, v in context.items() if k != "task_state_store"}  # type: ignore[assignment]
+    return follow_pods(config, launch, ops, context)
+
+
+def follow_pods(config: gke.GkeConfig, launch: TrainLaunch, ops: Sequence[Any], context: Any) -> int:
+    """Follow every pod operator of an attempt at once (a thread each): when one pod fails, the
+    others are deleted at once; then each pod's end is judged (``judge_pod``) into the attempt's
+    launch report. Returns the highest exit status of the pods that were not stopped."""
+    from kubernetes.client.exceptions import ApiException
 
     def run(op: Any) -> int:
         try:
@@ -209,9 +217,54 @@ def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence
             logger.exception("training pod %s failed", op.name)
             return _exit_code(op)
 
+    codes: dict[int, int] = {}
+    stopped: set[int] = set()
     with ThreadPoolExecutor(max_workers=len(ops)) as pool:
-        codes = list(pool.map(run, ops))
-    return max(codes)
+        futures = {pool.submit(run, op): i for i, op in enumerate(ops)}
+        for future in as_completed(futures):
+            index = futures[future]
+            codes[index] = future.result()
+            if codes[index] == 0 or index in stopped:
+                continue
+            for other, op in enumerate(ops):  # a dead node fails the attempt now
+                if other in codes or other in stopped:
+                    continue
+                stopped.add(other)
+                logger.warning("stopping training pod %s: pod %s ended", op.name, ops[index].name)
+                try:
+                    op.hook.core_v1_client.delete_namespaced_pod(op.name, config.namespace)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+    spot = launch.placement.market == "spot"
+    ends: dict[str, dict[str, Any]] = {}
+    for index, op in enumerate(ops):
+        if index in stopped:
+            ends[str(index)] = end_dict(gke.PodEnd("failed", "stopped: another pod ended first", None))
+        elif codes[index] == 0:
+            ends[str(index)] = end_dict(gke.PodEnd("completed", "exit status 0", 0))
+        else:
+            ends[str(index)] = end_dict(judge_pod(op.hook.core_v1_client, config.namespace, op.name, spot=spot))
+    report_pod_ends(launch.config_uri.rsplit("/", 1)[0], ends)
+    return max(codes[i] for i in range(len(ops)) if i not in stopped)
+
+
+def report_pod_ends(run_uri: str, ends: Mapping[str, Mapping[str, Any]]) -> None:
+    """Write how the attempt's pods ended into its launch report (``launch.json`` in ``run_uri``),
+    which ``stages.finish_train`` reads with the trainer's result: a pod judged preempted (its Spot
+    node reclaimed, gone with its node, stopped by the kubelet's node shutdown) makes the attempt a
+    preemption even when the trainer could not write so."""
+    import time
+
+    from sailor_tasks import storage
+
+    preemption = attempt_preemption(ends, time.time())
+    uri = paths.launch_report_uri(run_uri)
+    report = storage.read_json(uri) if storage.exists(uri) else {}
+    report["pods"] = dict(ends)
+    if preemption is not None:
+        report["preemption"] = preemption
+    storage.write_json(uri, report)
 
 
 @dataclass(frozen=True)

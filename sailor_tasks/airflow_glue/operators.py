@@ -99,25 +99,6 @@ def _check_operation_event(event: Mapping[str, Any] | None, pending: Mapping[str
         )
 
 
-def _report_pod_ends(attempt: Any, ends: dict[str, dict[str, Any]]) -> None:
-    """Write what the pods' ends say into the attempt's launch report (``launch.json``), which
-    ``stages.finish_train`` reads with the trainer's result: a pod judged preempted (its Spot node
-    reclaimed, gone with its node, stopped by the kubelet's node shutdown) makes the attempt a
-    preemption even when the trainer could not write so."""
-    import time
-
-    from sailor_tasks import paths, storage
-    from sailor_tasks.airflow_glue import gcp
-
-    preemption = gcp.attempt_preemption(ends, time.time())
-    uri = paths.launch_report_uri(attempt.config.output_uri)
-    report = storage.read_json(uri) if storage.exists(uri) else {}
-    report["pods"] = ends
-    if preemption is not None:
-        report["preemption"] = preemption
-    storage.write_json(uri, report)
-
-
 class SailorTrainOperator(BaseOperator):
     """Train the run on its placement, resuming from the newest checkpoint; recover on preemption.
 
@@ -327,12 +308,14 @@ class SailorTrainOperator(BaseOperator):
 
     def _conclude(self, context: Any, pods: Any, attempt: Any, status: Mapping[str, Any]) -> Any:
         """Judge every pod, stop those still running, record the ends, finish the attempt."""
+        from sailor_tasks.airflow_glue import gcp
+
         ends = pods.conclude(status)
         for index, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
             self.log.info(
                 "training pod %s: %s (%s)", pods.name(int(index)), end.get("outcome"), end.get("reason")
             )
-        _report_pod_ends(attempt, ends)
+        gcp.report_pod_ends(attempt.config.output_uri, ends)
         codes = [e["exit_code"] for e in ends.values() if e.get("exit_code") is not None]
         return self._finish(context, attempt.number, max(codes, default=1))
 
