@@ -441,6 +441,10 @@ def pod_environment(
         ),
         "SAILOR_CONFIG_URI": launch.config_uri,
         "SAILOR_PREEMPTION_NOTICE_S": str(grace_s),
+        # torchrun (the container's main process) gets the kubelet's SIGTERM and passes it to the
+        # workers, then kills them after its own shutdown timeout (30 s by default): give the
+        # workers the whole window.
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(grace_s),
         "SAILOR_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_TIMEOUT_S),
         "SAILOR_NODE_RANK": str(node_rank),
         "SAILOR_NUM_NODES": str(max(1, pl.num_nodes)),

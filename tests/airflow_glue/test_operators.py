@@ -138,7 +138,7 @@ class FakeCoreV1:
         return k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=dict(pod["labels"])),
             spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=gke.CONTAINER_NAME, image="i")]),
-            status=k8s.V1PodStatus(phase=phase, container_statuses=[status]),
+            status=k8s.V1PodStatus(phase=phase, reason=pod.get("reason"), container_statuses=[status]),
         )
 
     def list_namespaced_pod(self, namespace, label_selector, **_):
@@ -535,6 +535,8 @@ def _play_triggerer(env, op, context, deferred, preempt_at_step=None, timeout_s=
         if preempt_at_step is None or sent or not name.endswith("-a1-node-0"):
             return
         if (read_progress(env.core.progress).get("step") or 0) >= preempt_at_step:
+            # The kubelet's graceful node shutdown: SIGTERM, and the pod's reason says why.
+            env.core.pods[name]["reason"] = "Terminated"
             env.core.pods[name]["proc"].send_signal(signal.SIGTERM)
             sent.append(name)
 
@@ -622,3 +624,34 @@ def test_a_recoverys_new_pool_is_waited_for_in_the_triggerer(gke_env):
     assert pods.value.method_name == "resume_train" and pods.value.trigger.state == {"attempt": 2}
     assert all("-a2-node-" in name for name in pods.value.trigger.pod_names)
     assert all(name in gke_env.core.pods for name in pods.value.trigger.pod_names)
+
+
+@pytest.mark.slow
+def test_a_runs_own_command_runs_in_its_pods_with_the_contract_env(gke_env):
+    """The run's own command (examples/plain_ddp.py, no SAILOR import) in the pods of its image, with
+    the run contract's env on gs://, through the deferred train task to a completed attempt."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    gke_env.core.mode = "process"
+    script = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "plain_ddp.py"))
+    image = "europe-docker.pkg.dev/acme/ml/train:1.2"
+    run_id = "manual__own-cmd"
+    request, placement, data = gke_env.prepare(
+        run_id,
+        command=["python", script],
+        image=image,
+        env={"CHECKPOINT_EVERY": "10"},
+        total_steps=20,
+        checkpoint_every_steps=10,
+    )
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    for name in deferred.value.trigger.pod_names:
+        (container,) = gke_env.core.pods[name]["body"]["spec"]["containers"]
+        assert container["image"] == image and container["command"][-3:] == ["--no-python", "python", script]
+    result = _play_triggerer(gke_env, op, context, deferred.value)
+
+    assert result["step"] == 20 and result["checkpoint_uri"].startswith("gs://")
+    (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "completed"

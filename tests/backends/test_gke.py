@@ -433,7 +433,8 @@ def test_pods_run_the_runs_image_and_command_under_torchrun_with_the_contract_en
         )
         assert (env[contract.TOTAL_STEPS], env[contract.SEED]) == ("50", "7")
         assert env[contract.NOTICE_FILE] == "/var/run/sailor/notice.json"
-        assert env["SAILOR_PREEMPTION_NOTICE_S"] == str(manifest["spec"]["terminationGracePeriodSeconds"])
+        grace = str(manifest["spec"]["terminationGracePeriodSeconds"])
+        assert env["SAILOR_PREEMPTION_NOTICE_S"] == env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == grace
     # Empty command: the built-in trainer in SAILOR's image.
     built_in = _launch(_placement("H100", 8, 1))
     (pod,) = build_training_pods(CONFIG, built_in, _train(built_in))
