@@ -13,7 +13,8 @@ capacity was reserved: removes the cluster first, then releases the reservation,
   GPU type from the catalog and reserves the capacity.
 - **place_data**: copies the dataset into the region's bucket (checksummed manifest written last);
   the copy is an asset event of the alias `sailor_datasets`.
-- **provision**: creates the cluster (local: a record + torchrun; gke: a spot GPU node pool).
+- **provision** (`SailorProvisionOperator`): creates the cluster (local: a record + torchrun; gke:
+  the region's cluster and a GPU node pool of the placement, *deferring* while GKE's operations run).
 - **train** (`SailorTrainOperator`): `python -m sailor_tasks.train` under torchrun; resumes from
   the newest checkpoint. Local: on a spot preemption the try fails with `PreemptedError` and is
   retried with exponential backoff; the retry asks the run's `strategy` (or its `recovery_strategy`
@@ -35,7 +36,7 @@ from pathlib import Path
 from airflow.sdk import Param, dag, get_current_context, task
 
 from sailor_tasks.airflow_glue import lineage
-from sailor_tasks.airflow_glue.operators import SailorTrainOperator
+from sailor_tasks.airflow_glue.operators import SailorProvisionOperator, SailorTrainOperator
 from sailor_tasks.request import train_param_schemas
 
 TRAIN_RECOVERY_ATTEMPTS = 5
@@ -91,12 +92,6 @@ def sailor_train():
         return data
 
     @task
-    def provision(request: dict, placement: dict) -> dict:
-        from sailor_tasks import stages
-        from sailor_tasks.airflow_glue.stage import run_stage
-
-        return run_stage(stages.provision, request, placement, get_current_context()["run_id"])
-
     @task(outlets=[lineage.CHECKPOINTS])
     def finalize(request: dict, placement: dict, data: dict, result: dict) -> dict:
         from sailor_tasks import stages
@@ -118,7 +113,7 @@ def sailor_train():
     request = validate()
     placement = plan(request)
     data = place_data(request, placement)
-    cluster = provision(request, placement)
+    cluster = SailorProvisionOperator(task_id="provision", request=request, placement=placement).output
     train = SailorTrainOperator(
         task_id="train",
         request=request,

@@ -143,7 +143,8 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "section": SECTION_CODE,
             "description": 'Your training command as an argv list (never a shell string), run under torchrun with '
             'SAILOR\'s run contract, e.g. ["python", "plain_ddp.py", "--lr", "0.1"]. Empty: the built-in model. '
-            "Local backend: only scripts or executables in the allowed folders (SAILOR_COMMAND_ROOTS).",
+            "Local backend: only scripts or executables in the allowed folders (SAILOR_COMMAND_ROOTS); "
+            "gke: run as given in the image (which needs torch).",
         },
         "image": {
             "default": "",
@@ -723,15 +724,6 @@ def _check_code(values: Mapping[str, Any]) -> list[InvalidRequestError]:
         errors.append(
             InvalidRequestError(
                 "image", image, "the local backend runs no container: leave image empty and give command"
-            )
-        )
-    if backend == "gke" and (values["command"] or image or values["env"]):
-        field = "command" if values["command"] else "image" if image else "env"
-        errors.append(
-            InvalidRequestError(
-                field,
-                _short(values[field]),
-                "backend=gke runs the built-in trainer in SAILOR's image; run your own code on backend=local",
             )
         )
     if backend == "local":

@@ -117,9 +117,17 @@ def test_env_that_loads_other_code_is_refused_on_the_local_backend(name):
     assert err.errors[0].field == "env" and name in str(err)
 
 
-def test_own_code_on_gke_is_refused_until_pods_run_it():
-    err = rejected({"command": ["python", "plain_ddp.py"], "backend": "gke"})
-    assert err.errors[0].field == "command" and "backend=local" in str(err)
+def test_own_code_image_and_env_reach_a_gke_request():
+    req = from_params(
+        {
+            "command": ["python", "/app/train.py", "--lr", "0.1"],
+            "image": "europe-docker.pkg.dev/acme/ml/train:1.2",
+            "env": {"LD_LIBRARY_PATH": "/usr/local/nvidia/lib64"},  # the image's own business
+            "backend": "gke",
+        }
+    )
+    assert req.command[1] == "/app/train.py" and req.image.endswith("train:1.2")
+    assert dict(req.env) == {"LD_LIBRARY_PATH": "/usr/local/nvidia/lib64"}
 
 
 def test_a_request_with_env_stays_hashable_and_survives_xcom_json():

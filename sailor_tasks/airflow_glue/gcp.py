@@ -6,10 +6,11 @@ Airflow: ``gcp_auth`` gets a provider that reads the connection (``SAILOR_GCP_CO
 GKE is used, and the GKE backend gets a pod runner built on ``GKEStartPodOperator``. Credentials
 stay inside google-auth objects; nothing here logs or returns them.
 
-``TrainingPods`` drives the pods of one attempt through the provider's deferrable path
-(``execute_async`` → ``GKEStartPodTrigger`` → ``trigger_reentry``) for
-``operators.SailorTrainOperator``; ``run_training_pods`` runs them inline (blocking) for callers
-of ``stages.train`` outside that operator.
+``TrainingPods`` creates (or finds) the pods of one attempt through the provider's
+``GKEStartPodOperator`` and ends them once ``triggers.AttemptPodsTrigger`` has fired, for
+``operators.SailorTrainOperator``; ``judge_pod`` reads how a pod ended from the pod and its node;
+``run_training_pods`` runs the pods inline (blocking) for callers of ``stages.train`` outside that
+operator.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
 from sailor_tasks import gcp_auth, paths
 from sailor_tasks.backends import gke
 from sailor_tasks.backends.base import TrainLaunch
+from sailor_tasks.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +112,7 @@ def training_pod_operator(
         image=pod.spec.containers[0].image,
         durable=True,
         on_finish_action="delete_succeeded_pod",
-        termination_grace_period=gke.PREEMPTION_NOTICE_S,
+        termination_grace_period=pod.spec.termination_grace_period_seconds,
         startup_timeout_seconds=POD_STARTUP_TIMEOUT_S,
         get_logs=True,
         do_xcom_push=False,
@@ -121,14 +123,16 @@ def training_pod_operator(
 
 
 def delete_run_pods(config: gke.GkeConfig, region: str, run_key: str) -> int:
-    """Delete the run's pods that have not ended (every attempt's), in the region's cluster, through
-    the provider's GKE Kubernetes hook; pods that ended are kept for inspection. Returns how many."""
+    """Delete the run's pods that have not ended (every attempt's) and its rendezvous services, in
+    the region's cluster, through the provider's GKE Kubernetes hook; pods that ended are kept for
+    inspection. Returns how many pods were deleted."""
     from kubernetes.client.exceptions import ApiException
 
     op = _cluster_operator(config, region)
     core = op.hook.core_v1_client
+    selector = gke.run_selector(run_key)
     deleted = 0
-    for pod in core.list_namespaced_pod(config.namespace, label_selector=gke.run_selector(run_key)).items:
+    for pod in core.list_namespaced_pod(config.namespace, label_selector=selector).items:
         if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
             continue
         try:
@@ -139,6 +143,14 @@ def delete_run_pods(config: gke.GkeConfig, region: str, run_key: str) -> int:
             continue
         deleted += 1
         logger.warning("deleted training pod %s of run %s", pod.metadata.name, run_key)
+    for service in core.list_namespaced_service(config.namespace, label_selector=selector).items:
+        try:
+            core.delete_namespaced_service(service.metadata.name, config.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            continue
+        logger.info("deleted rendezvous service %s of run %s", service.metadata.name, run_key)
     return deleted
 
 
@@ -199,6 +211,14 @@ def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence
         # Several pods from one task: reattach by labels (node-rank differs), not by the task's one
         # persisted pod identity.
         context = {k: v for k, v in context.items() if k != "task_state_store"}  # type: ignore[assignment]
+    return follow_pods(config, launch, ops, context)
+
+
+def follow_pods(config: gke.GkeConfig, launch: TrainLaunch, ops: Sequence[Any], context: Any) -> int:
+    """Follow every pod operator of an attempt at once (a thread each): when one pod fails, the
+    others are deleted at once; then each pod's end is judged (``judge_pod``) into the attempt's
+    launch report. Returns the highest exit status of the pods that were not stopped."""
+    from kubernetes.client.exceptions import ApiException
 
     def run(op: Any) -> int:
         try:
@@ -208,18 +228,89 @@ def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence
             logger.exception("training pod %s failed", op.name)
             return _exit_code(op)
 
+    codes: dict[int, int] = {}
+    stopped: set[int] = set()
     with ThreadPoolExecutor(max_workers=len(ops)) as pool:
-        codes = list(pool.map(run, ops))
-    return max(codes)
+        futures = {pool.submit(run, op): i for i, op in enumerate(ops)}
+        for future in as_completed(futures):
+            index = futures[future]
+            codes[index] = future.result()
+            if codes[index] == 0 or index in stopped:
+                continue
+            for other, op in enumerate(ops):  # a dead node fails the attempt now
+                if other in codes or other in stopped:
+                    continue
+                stopped.add(other)
+                logger.warning("stopping training pod %s: pod %s ended", op.name, ops[index].name)
+                try:
+                    op.hook.core_v1_client.delete_namespaced_pod(op.name, config.namespace)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+    spot = launch.placement.market == "spot"
+    ends: dict[str, dict[str, Any]] = {}
+    for index, op in enumerate(ops):
+        if index in stopped:
+            ends[str(index)] = end_dict(gke.PodEnd("failed", "stopped: another pod ended first", None))
+        elif codes[index] == 0:
+            ends[str(index)] = end_dict(gke.PodEnd("completed", "exit status 0", 0))
+        else:
+            ends[str(index)] = end_dict(judge_pod(op.hook.core_v1_client, config.namespace, op.name, spot=spot))
+    report_pod_ends(launch.config_uri.rsplit("/", 1)[0], ends)
+    return max(codes[i] for i in range(len(ops)) if i not in stopped)
+
+
+def report_pod_ends(run_uri: str, ends: Mapping[str, Mapping[str, Any]]) -> None:
+    """Write how the attempt's pods ended into its launch report (``launch.json`` in ``run_uri``),
+    which ``stages.finish_train`` reads with the trainer's result: a pod judged preempted (its Spot
+    node reclaimed, gone with its node, stopped by the kubelet's node shutdown) makes the attempt a
+    preemption even when the trainer could not write so."""
+    import time
+
+    from sailor_tasks import storage
+
+    preemption = attempt_preemption(ends, time.time())
+    uri = paths.launch_report_uri(run_uri)
+    report = storage.read_json(uri) if storage.exists(uri) else {}
+    report["pods"] = dict(ends)
+    if preemption is not None:
+        report["preemption"] = preemption
+    storage.write_json(uri, report)
 
 
 @dataclass(frozen=True)
 class PodStep:
     """Where one training pod stands after driving its operator: still running, with the provider's
-    ``trigger`` to defer on, or ended with ``exit_code`` (0 success, 75 preempted after saving)."""
+    ``trigger`` to defer on, or ended with ``exit_code`` (0 success, 75 preempted after saving) and
+    SAILOR's judgement of the end (``end``: completed, preempted or failed, and why)."""
 
     trigger: Any = None
     exit_code: int | None = None
+    end: gke.PodEnd | None = None
+
+
+def judge_pod(core: Any, namespace: str, name: str, *, spot: bool) -> gke.PodEnd:
+    """How a training pod that ended did end (``gke.classify_pod_end``), from the pod and its node
+    as the Kubernetes API has them now (a 404 is the pod or node gone)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        pod = core.read_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        pod = None
+    node, node_gone = None, False
+    node_name = getattr(getattr(pod, "spec", None), "node_name", None)
+    if node_name:
+        try:
+            node = core.read_node(node_name)
+        except ApiException as exc:
+            if exc.status == 404:
+                node_gone = True
+            else:  # e.g. no RBAC to read nodes: judge from the pod alone
+                logger.warning("could not read node %s of pod %s: %s", node_name, name, exc.reason)
+    return gke.classify_pod_end(pod, node, spot=spot, node_gone=node_gone)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -248,20 +339,25 @@ class TrainingPods:
 
     ``start`` creates the rendezvous service and every pod, or finds them by their labels when a
     retried task reattaches (``durable``: dag/task/run labels without try_number, plus run, plan,
-    attempt and node-rank, and not ``already_checked``); ``resume`` hands a trigger event to the
-    provider's ``trigger_reentry`` (task log gets the pod's log, finished pods are cleaned up: a
-    succeeded one deleted, a failed one kept and labelled ``already_checked``); ``watch`` builds the
-    trigger of a pod that was started earlier. Each returns a ``PodStep``: the provider's trigger
-    when the pod still runs, else its exit status.
+    attempt and node-rank, and not ``already_checked``), and returns a ``PodStep`` per pod: the
+    provider's trigger when the pod runs (its cluster address is what ``AttemptPodsTrigger``
+    needs), else its exit status. ``conclude`` ends them all from the trigger's event: succeeded
+    pods deleted, failed or gone ones judged (``judge_pod``) and kept, the rest stopped.
 
     Several pods of one task share the task's identity, so the provider's single persisted pod
     identity (``task_state_store``) is withheld: the pods are found by their labels.
     """
 
-    def __init__(self, config: gke.GkeConfig, launch: TrainLaunch, context: Mapping[str, Any]):
+    def __init__(
+        self,
+        config: gke.GkeConfig,
+        launch: TrainLaunch,
+        context: Mapping[str, Any],
+        pods: Sequence[Any],
+        service: Any,
+    ):
         self.config, self.launch = config, launch
-        self.pods = gke.build_training_pods(config, launch)
-        self.service = gke.build_rendezvous_service(config, launch)
+        self.pods, self.service = list(pods), service
         self.context = {k: v for k, v in context.items() if k != "task_state_store"}
         self._ops: dict[int, Any] = {}
 
@@ -297,21 +393,43 @@ class TrainingPods:
             op.pod = op.hook.get_pod(op.name, self.config.namespace)
             op.invoke_defer_method(context=self.context)
 
-    def resume(self, index: int, event: Mapping[str, Any]) -> PodStep:
-        return self._drive(index, lambda op: op.trigger_reentry(self.context, dict(event)), ended=True)
+    def conclude(self, status: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+        """End the attempt's pods from what ``AttemptPodsTrigger`` saw (pod name → phase, exit
+        status): a succeeded pod is deleted (cleanup) and completed; a failed or gone one is judged
+        from the pod and its node (``judge_pod``) and kept for inspection; one still running or
+        pending is deleted at once, since the attempt has ended with its peer. Returns node index →
+        ``end_dict``."""
+        ends: dict[str, dict[str, Any]] = {}
+        failed = [n for n, p in status.items() if p.get("phase") in ("Failed", "Gone")]
+        for index in range(len(self)):
+            name = self.name(index)
+            phase = (status.get(name) or {}).get("phase", "")
+            if phase == "Succeeded":
+                self._delete(index)
+                ends[str(index)] = end_dict(gke.PodEnd("completed", "exit status 0", 0))
+            elif phase in ("Failed", "Gone"):
+                ends[str(index)] = end_dict(self.judge(index))
+            else:
+                self._delete(index)
+                why = f"stopped: pod {failed[0]} ended first" if failed else f"stopped in phase {phase or '?'}"
+                ends[str(index)] = end_dict(gke.PodEnd("failed", why, None))
+                logger.warning("training pod %s %s", name, why)
+        return ends
 
-    def watch(self, index: int) -> PodStep:
-        def follow(op: Any) -> None:
-            op.pod = op.hook.get_pod(self.name(index), self.config.namespace)
-            op.invoke_defer_method(context=self.context)
+    def _delete(self, index: int) -> None:
+        from kubernetes.client.exceptions import ApiException
 
-        return self._drive(index, follow, ended=False)
+        try:
+            self.op(index).hook.core_v1_client.delete_namespaced_pod(self.name(index), self.config.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def _drive(self, index: int, action: Any, *, ended: bool) -> PodStep:
         """Run one provider step for a pod. An error is the pod's outcome when the pod has failed
         (its exit status; 1 when unreadable, e.g. gone with its reclaimed node, and ``ended``: the
-        trigger said so); otherwise (API or config errors, a succeeded pod) it propagates, and
-        Airflow's retry reattaches."""
+        trigger said so), judged from the pod and its node (``judge_pod``); otherwise (API or
+        config errors, a succeeded pod) it propagates, and Airflow's retry reattaches."""
         from airflow.sdk.exceptions import TaskDeferred
 
         op = self.op(index)
@@ -323,9 +441,46 @@ class TrainingPods:
             code = _ended_code(op)
             if _transient(exc) or code == 0 or (code is None and not ended):
                 raise
-            logger.warning("training pod %s ended with exit status %s: %s", self.name(index), code, exc)
-            return PodStep(exit_code=1 if code is None else code)
-        return PodStep(exit_code=0)
+            end = self.judge(index)
+            logger.warning(
+                "training pod %s ended with exit status %s (%s: %s): %s",
+                self.name(index),
+                code,
+                end.outcome,
+                end.reason,
+                exc,
+            )
+            return PodStep(exit_code=1 if code is None else code, end=end)
+        return PodStep(exit_code=0, end=gke.PodEnd("completed", "exit status 0", 0))
+
+    def judge(self, index: int) -> gke.PodEnd:
+        return judge_pod(
+            self.op(index).hook.core_v1_client,
+            self.config.namespace,
+            self.name(index),
+            spot=self.launch.placement.market == "spot",
+        )
+
+
+def end_dict(end: gke.PodEnd) -> dict[str, Any]:
+    """A ``gke.PodEnd`` as JSON (the launch report's ``pods``)."""
+    return {"outcome": end.outcome, "reason": end.reason, "noticed": end.noticed, "exit_code": end.exit_code}
+
+
+def attempt_preemption(ends: Mapping[str, Mapping[str, Any]], at: float) -> dict[str, Any] | None:
+    """The launch report's ``preemption`` for an attempt whose pods ended as ``ends`` (index →
+    ``PodEnd`` as a dict): the first pod judged preempted decides (noticed or not, why); None when
+    none was."""
+    for index in sorted(ends, key=int):
+        end = ends[index]
+        if end.get("outcome") == "preempted":
+            return {
+                "noticed": bool(end.get("noticed")),
+                "at": at,
+                "reason": end.get("reason"),
+                "node": int(index),
+            }
+    return None
 
 
 KUBERNETES_VERSION = "1.30"
@@ -367,12 +522,28 @@ def render_run(
     config = gke.GkeConfig.from_env(settings)
     key = run_key(run_id)
     run_uri = paths.run_uri(placement.region, run_id, settings)
-    launch = TrainLaunch(run_id, key, paths.train_config_uri(run_uri), request.num_workers, placement)
+    launch = TrainLaunch(
+        run_id, key, paths.train_config_uri(run_uri), request.num_workers, placement, image=request.image
+    )
+    train = TrainConfig(
+        run_id=run_id,
+        model=request.model,
+        data_uri=paths.replica_uri(placement.region, request.dataset_uri, settings),
+        output_uri=run_uri,
+        total_steps=request.total_steps,
+        checkpoint_every_steps=request.checkpoint_every_steps,
+        seed=request.seed,
+        batch_size=request.batch_size,
+        learning_rate=request.learning_rate,
+        command=request.command,
+        env=dict(request.env),
+    )
     cluster = gke.build_cluster_body(config, placement.region, placement.zone)
     node_pool = gke.build_node_pool_body(config, key, placement)
     gke.validate_cluster_body(cluster)
     gke.validate_node_pool_body(node_pool)
-    pods, service = gke.build_training_pods(config, launch), gke.build_rendezvous_service(config, launch)
+    pods = gke.build_training_pods(config, launch, train)
+    service = gke.build_rendezvous_service(config, launch)
     manifests = [render_pod(config, launch, pod) for pod in pods]
     if service is not None:
         manifests.append(gke.serialize(service))
@@ -384,5 +555,6 @@ def render_run(
         "node_pool": {"parent": config.cluster_path(placement.region), "node_pool": node_pool},
         "manifests": manifests,
         "kubernetes_version": KUBERNETES_VERSION,
+        "grace_s": config.pod_grace_s(),
         "notes": notes,
     }

@@ -1,5 +1,6 @@
-"""``SailorTrainOperator``: ``sailor_train``'s ``train`` task, inline on the local backend,
-deferrable on GKE."""
+"""``sailor_train``'s ``provision`` and ``train`` tasks: inline on the local backend, deferrable on
+GKE (``SailorProvisionOperator`` waits for cluster and node-pool operations in the triggerer,
+``SailorTrainOperator`` for the training pods)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,91 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from sailor_tasks.airflow_glue.stage import run_stage
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE
+from sailor_tasks.model import to_dict
+
+
+class SailorProvisionOperator(BaseOperator):
+    """Create (or reuse) the run's capacity: ``stages.provision`` inline on the local backend; on
+    GKE one ``stages.provision_step`` at a time, deferring on the Google provider's
+    ``GKEOperationTrigger`` while a cluster or node-pool operation runs (minutes for a cluster), so
+    no worker slot is held. ``resume_provision`` checks the finished operation (the trigger reports
+    an operation that ended in error as done too) and takes the next step."""
+
+    template_fields: Sequence[str] = ("request", "placement")
+    ui_color = "#fce5cd"
+
+    def __init__(self, *, request: Any, placement: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.request, self.placement = request, placement
+
+    def execute(self, context: Any) -> Any:
+        from sailor_tasks import stages
+
+        if self.request.get("backend") != "gke":
+            return run_stage(stages.provision, self.request, self.placement, context["run_id"])
+        return self._step(context, None)
+
+    def resume_provision(
+        self, context: Any, event: Mapping[str, Any] | None = None, pending: Mapping[str, Any] | None = None
+    ) -> Any:
+        """Re-entry from ``GKEOperationTrigger``: go on when the operation is done, else fail with
+        what the trigger said (Airflow's retry provisions again: what exists is reused)."""
+        _check_operation_event(event, pending)
+        return self._step(context, pending)
+
+    def _step(self, context: Any, finished: Mapping[str, Any] | None) -> Any:
+        return _capacity_or_defer(self, context, self.request, self.placement, "resume_provision", finished)
+
+
+def _capacity_or_defer(
+    task: BaseOperator,
+    context: Any,
+    request: Any,
+    placement: Any,
+    method: str,
+    finished: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """One ``stages.provision_step``: its result once the capacity is there, else defer ``task``
+    on the Google provider's ``GKEOperationTrigger`` for the running operation, resuming in
+    ``method`` with ``pending`` (and ``kwargs``)."""
+    from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
+
+    from sailor_tasks import stages
+
+    out = run_stage(
+        stages.provision_step,
+        request,
+        placement,
+        context["run_id"],
+        finished=None if finished is None else dict(finished),
+    )
+    pending = out.get("pending")
+    if pending is None:
+        return out
+    task.log.info("waiting in the triggerer for GKE operation %s (%s)", pending["name"], pending["what"])
+    task.defer(
+        trigger=GKEOperationTrigger(
+            operation_name=pending["name"],
+            project_id=pending["project"],
+            location=pending["location"],
+            gcp_conn_id=pending["gcp_conn_id"],
+            poll_interval=int(pending["poll_s"]),
+        ),
+        method_name=method,
+        kwargs={"pending": pending, **kwargs},
+    )
+
+
+def _check_operation_event(event: Mapping[str, Any] | None, pending: Mapping[str, Any] | None) -> None:
+    """Raise unless ``GKEOperationTrigger`` reported the operation done (Airflow's retry then
+    provisions again: what exists is reused, a running operation is waited for)."""
+    event = event or {}
+    if pending is None or event.get("status") != "success":
+        raise RuntimeError(
+            f"GKE operation {(pending or {}).get('name')} ({(pending or {}).get('what')}) did not "
+            f"finish: {event.get('status')}: {event.get('message')}"
+        )
 
 
 class SailorTrainOperator(BaseOperator):
@@ -25,30 +111,33 @@ class SailorTrainOperator(BaseOperator):
     1. ``execute``: ``stages.launch_train`` begins the attempt with the same code as local
        (recovery, placement, checkpoint and bucket URIs, train config, ledger), or takes over the
        attempt a dead try left running. ``gcp.TrainingPods`` creates the attempt's pods
-       (``gke.build_training_pods``: one per node, torchrun ``--nnodes`` with a per-attempt
-       rendezvous service) through ``GKEStartPodOperator``, or reattaches to them by label; the
-       task defers on the provider's ``GKEStartPodTrigger`` and frees its worker slot.
-    2. ``resume_train(event)``: the provider's ``trigger_reentry`` ends that pod (its log into the
-       task log, cleanup, exit status). The provider's trigger follows one pod, so a multi-node
-       attempt defers on its pods in sequence, node 0 first; a pod that ended meanwhile answers
-       at once, so the wait is as long as the slowest pod (torchrun on the others stops when a
-       peer dies: its collectives fail).
-    3. When every pod has ended, ``stages.finish_train`` with the highest exit status, read with
-       what the trainer wrote (as on local): 0 and a completed result → the result (XCom); a
-       ``preempted`` result (the trainer saved on SIGTERM and exited 75; torchrun, the pod's
-       main process, then exits 1) → ``PreemptedError``: the recovery strategy re-plans,
-       places data, moves the checkpoint and provisions (``stages.launch_train``), and the task
-       defers on the new attempt's pods, within the same try, at most ``max_tries + 1`` attempts
+       (``gke.GkeBackend.launch_manifests``: one per node, the run's image and command under
+       torchrun ``--nnodes`` with a per-attempt rendezvous service) through
+       ``GKEStartPodOperator``, or reattaches to them by label; the task defers on
+       ``triggers.AttemptPodsTrigger``, which follows every pod of the attempt at once and streams
+       their logs into the task log, and frees its worker slot.
+    2. ``resume_train(event)``: the trigger fired because a pod failed or is gone, or all
+       succeeded. Each pod is judged from the pod and its node (``gcp.judge_pod``: Spot node
+       reclaimed, pod gone with its node, node shutdown → preempted); the attempt's other pods are
+       deleted at once (a dead node does not leave its peers waiting on a collective), succeeded
+       ones cleaned up, failed ones kept for inspection; a pod judged preempted goes into the
+       attempt's launch report.
+    3. ``stages.finish_train`` with the highest exit status, read with the launch report and what
+       the trainer wrote (as on local): 0 and a completed result → the result (XCom); a
+       preemption (judged from the pods, or a ``preempted`` result: the trainer saved on SIGTERM)
+       → ``PreemptedError``: the recovery strategy re-plans with the zone blocked, places data,
+       moves the checkpoint and provisions (``stages.launch_train``), and the task defers on the
+       new attempt's pods, within the same try, at most ``max_tries + 1`` attempts
        (``RecoveryExhaustedError`` then fails the task without retry); anything else
        ``TrainingFailedError`` (retried by Airflow; the retry relaunches on the same placement).
 
     **on_kill** (the run marked failed, e.g. by ``sailor cancel``, while the task runs): stops
-    everything it started, every local worker process or every pod still running
-    (``stages.stop_training``); ``teardown``, which still runs, stops whatever is left (a task that
-    was deferred is not running, so it has nothing to kill) and releases the capacity.
+    everything it started, every local worker process or every pod still running and the
+    rendezvous services (``stages.stop_training``, which ends a GKE attempt as ``cancelled``);
+    ``teardown``, which still runs, stops whatever is left (a task that was deferred is not
+    running, so it has nothing to kill) and releases the capacity.
 
-    The resume state (attempt, pod index, exit statuses so far) rides in the trigger's
-    ``trigger_kwargs``, which the provider's trigger returns in its event, so it reaches
+    The resume state (the attempt) rides in the trigger's event (``sailor_train``), so it reaches
     ``resume_train`` both from the triggerer and from ``airflow dags test`` (which hands the
     method the event alone); everything else is in the ledger and the run's bucket.
     """
@@ -77,6 +166,30 @@ class SailorTrainOperator(BaseOperator):
             )
         return self._launch(context, self._begin(context))
 
+    def resume_capacity(
+        self,
+        context: Any,
+        event: Mapping[str, Any] | None = None,
+        pending: Mapping[str, Any] | None = None,
+        attempt: int | None = None,
+    ) -> Any:
+        """Re-entry from ``GKEOperationTrigger`` while a recovery's node pool (or cluster) is
+        created: the next step, then the attempt's pods once the capacity is there."""
+        from sailor_tasks import stages
+        from sailor_tasks.airflow_glue import gcp
+        from sailor_tasks.stages import attempts
+
+        self._run_id = context["run_id"]
+        _check_operation_event(event, pending)
+        gcp.install()
+        ctx = stages.StageContext.from_env()
+        att = attempts.resume_attempt(ctx, self.request, context["run_id"], int(attempt or 0))
+        placement = to_dict(att.placement)
+        _capacity_or_defer(
+            self, context, self.request, placement, "resume_capacity", pending, attempt=att.number
+        )
+        return self._launch(context, att)
+
     def on_kill(self) -> None:
         """Stop every worker process or pod this task started (the task is being killed)."""
         from sailor_tasks import stages
@@ -91,49 +204,51 @@ class SailorTrainOperator(BaseOperator):
         self.log.warning("stopped %d training process(es) or pod(s) of run %s", stopped, run_id)
 
     def resume_train(self, context: Any, event: Mapping[str, Any] | None = None, **_: Any) -> Any:
-        """Re-entry from the pod trigger: finish that pod, then defer on the next, or end the attempt."""
+        """Re-entry from ``AttemptPodsTrigger``: judge the pods, stop the rest, end the attempt."""
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue import gcp
         from sailor_tasks.stages import attempts
 
         self._run_id = context["run_id"]
-        state = (event or {}).get(gcp.TRIGGER_STATE_KEY)
+        event = event or {}
+        state = event.get(gcp.TRIGGER_STATE_KEY)
         if not isinstance(state, Mapping) or "attempt" not in state:
             raise AirflowFailException(
                 f"train resumed by an event without SAILOR's state ({gcp.TRIGGER_STATE_KEY!r}): {event!r}"
             )
+        if event.get("status") not in ("success", "ended"):
+            # The pods did not start or the API kept failing: Airflow's retry reattaches to them.
+            raise RuntimeError(f"following attempt {state['attempt']}'s pods failed: {event.get('message')}")
         gcp.install()
         ctx = stages.StageContext.from_env()
         attempt = attempts.resume_attempt(ctx, self.request, context["run_id"], int(state["attempt"]))
-        pods = self._pods(context, ctx, attempt)
-        index = int(state["pod"])
-        step = pods.resume(index, event or {})
-        if step.trigger is not None:  # the provider re-defers on the same pod (still running)
-            self._defer(step.trigger, state)
-        codes = {**state["exit"], str(index): step.exit_code}
-        self.log.info("training pod %s ended with exit status %s", pods.name(index), step.exit_code)
-        return self._advance(context, pods, attempt.number, codes, {})
+        return self._conclude(context, self._pods(context, ctx, attempt), attempt, event.get("pods") or {})
 
     # --- gke helpers -------------------------------------------------------------------------
 
     def _begin(self, context: Any) -> Any:
-        """The run's next attempt (recovering first after a preemption), or the one a dead try left."""
+        """The run's next attempt (recovering first after a preemption), or the one a dead try left.
+        A recovery's GKE operations are started, not waited for: ``_launch`` waits in the triggerer."""
         from sailor_tasks import stages
+        from sailor_tasks.backends import gke
 
-        return run_stage(
-            stages.launch_train,
-            self.request,
-            self.placement,
-            self.data,
-            context["run_id"],
-            try_number=context["ti"].try_number,
-        )
+        with gke.operation_waits_deferred():
+            return run_stage(
+                stages.launch_train,
+                self.request,
+                self.placement,
+                self.data,
+                context["run_id"],
+                try_number=context["ti"].try_number,
+            )
 
     def _pods(self, context: Any, ctx: Any, attempt: Any) -> Any:
         from sailor_tasks.airflow_glue import gcp
         from sailor_tasks.backends import get_backend
 
-        return gcp.TrainingPods(get_backend("gke", ctx.settings).cfg, attempt.launch, context)
+        backend = get_backend("gke", ctx.settings)
+        pods, service = backend.launch_manifests(attempt.launch, attempt.config)
+        return gcp.TrainingPods(backend.cfg, attempt.launch, context, pods, service)
 
     def _launch(self, context: Any, attempt: Any) -> Any:
         from sailor_tasks import stages, storage
@@ -147,36 +262,62 @@ class SailorTrainOperator(BaseOperator):
                 "attempt %d already ended (%s): not touching its pods", attempt.number, result.get("status")
             )
             return self._finish(context, attempt.number, rc)
+        # The attempt's capacity (a recovery's new pool may still be in the making).
+        placement = to_dict(attempt.placement)
+        _capacity_or_defer(self, context, self.request, placement, "resume_capacity", attempt=attempt.number)
         pods = self._pods(context, ctx, attempt)
         steps = pods.start()
+        names = [pods.name(i) for i in range(len(pods))]
         self.log.info(
             "attempt %d: %d training pod(s) %s in namespace %s",
             attempt.number,
             len(pods),
-            ", ".join(pods.name(i) for i in range(len(pods))),
+            ", ".join(names),
             pods.config.namespace,
         )
-        codes = {str(i): s.exit_code for i, s in enumerate(steps) if s.exit_code is not None}
-        pending = {i: s for i, s in enumerate(steps) if s.trigger is not None}
-        return self._advance(context, pods, attempt.number, codes, pending)
+        running = [s.trigger for s in steps if s.trigger is not None]
+        if not running:  # every pod has ended already (a retried task found them so)
+            status = {
+                pods.name(i): {
+                    "phase": "Succeeded" if s.exit_code == 0 else "Failed",
+                    "exit_code": s.exit_code,
+                }
+                for i, s in enumerate(steps)
+            }
+            return self._conclude(context, pods, attempt, status)
+        self._defer(pods, attempt.number, running[0])
 
-    def _advance(self, context: Any, pods: Any, attempt: int, codes: dict[str, int], pending: dict) -> Any:
-        """Defer on the first pod still running, or end the attempt when none is."""
-        for index in range(len(pods)):
-            if str(index) in codes:
-                continue
-            step = pending.pop(index, None) or pods.watch(index)
-            if step.trigger is not None:
-                self._defer(step.trigger, {"attempt": attempt, "pod": index, "exit": codes})
-            codes[str(index)] = step.exit_code
-        return self._finish(context, attempt, max(codes.values()))
+    def _defer(self, pods: Any, attempt: int, pod_trigger: Any) -> None:
+        """Defer on every pod of the attempt (the cluster's address from the provider's pod trigger)."""
+        from sailor_tasks.airflow_glue import gcp
+        from sailor_tasks.airflow_glue.triggers import AttemptPodsTrigger
 
-    def _defer(self, trigger: Any, state: Mapping[str, Any]) -> None:
+        cluster = pod_trigger.serialize()[1]
+        trigger = AttemptPodsTrigger(
+            pod_names=[pods.name(i) for i in range(len(pods))],
+            namespace=pods.config.namespace,
+            cluster_url=cluster["cluster_url"],
+            ssl_ca_cert=cluster["ssl_ca_cert"],
+            gcp_conn_id=pods.config.gcp_conn_id,
+            poll_interval=gcp.POD_POLL_INTERVAL_S,
+            startup_timeout=gcp.POD_STARTUP_TIMEOUT_S,
+            state={"attempt": attempt},
+        )
+        self.log.info("deferring on the %d pod(s) of attempt %d", len(pods), attempt)
+        self.defer(trigger=trigger, method_name="resume_train")
+
+    def _conclude(self, context: Any, pods: Any, attempt: Any, status: Mapping[str, Any]) -> Any:
+        """Judge every pod, stop those still running, record the ends, finish the attempt."""
         from sailor_tasks.airflow_glue import gcp
 
-        trigger.trigger_kwargs = {**(trigger.trigger_kwargs or {}), gcp.TRIGGER_STATE_KEY: dict(state)}
-        self.log.info("deferring on pod %s (attempt %s)", trigger.pod_name, state["attempt"])
-        self.defer(trigger=trigger, method_name="resume_train")
+        ends = pods.conclude(status)
+        for index, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
+            self.log.info(
+                "training pod %s: %s (%s)", pods.name(int(index)), end.get("outcome"), end.get("reason")
+            )
+        gcp.report_pod_ends(attempt.config.output_uri, ends)
+        codes = [e["exit_code"] for e in ends.values() if e.get("exit_code") is not None]
+        return self._finish(context, attempt.number, max(codes, default=1))
 
     def _finish(self, context: Any, attempt: int, exit_status: int) -> Any:
         from sailor_tasks import stages

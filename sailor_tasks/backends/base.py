@@ -25,6 +25,8 @@ class TrainLaunch:
     that can inject them (local). None: none."""
     attempt: int = 1
     """Attempt number of this launch within the run (1 = first; recovery attempts count up)."""
+    image: str = ""
+    """The run's container image (container backends); empty: SAILOR's training image."""
 
 
 @runtime_checkable

@@ -12,20 +12,25 @@ module never imports Airflow.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sailor_tasks import gcp_auth, paths, storage
+from sailor_tasks import gcp_auth, storage
 from sailor_tasks.backends.base import TrainLaunch
 from sailor_tasks.model import Placement, to_dict
+from sailor_tasks.runtime.contract import contract_env
 from sailor_tasks.settings import SOURCE_BUCKET, Settings
+from sailor_tasks.train.config import TrainConfig
 
 if TYPE_CHECKING:
     from kubernetes.client import V1Pod, V1Service
@@ -47,9 +52,18 @@ ACCELERATOR_TYPES: Mapping[str, str] = {
 }
 """Catalog GPU type → GKE accelerator type (``gcloud container node-pools create --accelerator type=``)."""
 
-PREEMPTION_NOTICE_S = 30
-"""Seconds between a spot VM's preemption notice and its hard stop on Compute Engine
-(cloud.google.com/compute/docs/instances/spot, "Preemption process"); the pods' grace period."""
+SPOT_NOTICE_S = 30
+"""Seconds between a Spot VM's preemption notice and its hard stop on Compute Engine
+(cloud.google.com/compute/docs/instances/spot, "Preemption process")."""
+SHUTDOWN_GRACE_CHOICES = (30, 120)
+"""Values of a node pool's ``kubelet_config.shutdown_grace_period_seconds`` (GKE's ``NodeKubeletConfig``:
+the node's whole graceful-shutdown period on a Spot VM; 30 is GKE's default, 120 the extended one)."""
+CRITICAL_PODS_GRACE_S = 15
+"""``shutdown_grace_period_critical_pods_seconds``: the end of the shutdown period kept for critical
+system pods (logging, networking); regular pods, the training pods among them, get what comes before."""
+EXTENDED_GRACE_MIN_VERSION = (1, 35, 0, 1171000)
+"""Oldest GKE control plane (1.35.0-gke.1171000) on which a Standard node pool may extend the Spot
+graceful termination period beyond 30 s (GKE docs, "Spot VMs": graceful termination)."""
 
 RENDEZVOUS_PORT = 29500
 """torchrun's static rendezvous (TCPStore) port on node rank 0."""
@@ -95,8 +109,18 @@ class GkeConfig:
     """Boot disk of a GPU node (image + dataset cache)."""
     max_extra_nodes: int = 0
     """Autoscaling headroom above the placement's node count (0: exactly the placement)."""
+    spot_shutdown_s: int = 120
+    """Graceful-shutdown period requested for Spot node pools (``SAILOR_GKE_SPOT_SHUTDOWN_S``; one
+    of ``SHUTDOWN_GRACE_CHOICES``); training pods get it less ``CRITICAL_PODS_GRACE_S``."""
+    operation_poll_s: int = 10
+    """Seconds between the triggerer's reads of a running cluster or node-pool operation."""
 
     def __post_init__(self) -> None:
+        if self.spot_shutdown_s not in SHUTDOWN_GRACE_CHOICES:
+            raise ValueError(
+                f"SAILOR_GKE_SPOT_SHUTDOWN_S={self.spot_shutdown_s!r} is not a GKE Spot shutdown grace "
+                f"period; valid: {', '.join(map(str, SHUTDOWN_GRACE_CHOICES))}"
+            )
         if self.teardown not in TEARDOWN_MODES:
             raise ValueError(
                 f"SAILOR_GKE_TEARDOWN={self.teardown!r} is not a teardown mode; valid: {', '.join(TEARDOWN_MODES)}"
@@ -115,7 +139,16 @@ class GkeConfig:
             service_account=env.get("SAILOR_GKE_SERVICE_ACCOUNT", "sailor-train"),
             teardown=env.get("SAILOR_GKE_TEARDOWN", "delete"),
             gcp_conn_id=env.get("SAILOR_GCP_CONN_ID", "google_cloud_default"),
+            spot_shutdown_s=_int_env(env, "SAILOR_GKE_SPOT_SHUTDOWN_S", 120),
         )
+
+    def pod_grace_s(self, extended: bool = True) -> int:
+        """Seconds a training pod gets between SIGTERM and SIGKILL when its Spot node shuts down:
+        the node pool's shutdown period less the part kept for critical pods (GKE's default pool:
+        30 - 15 = 15 s; extended: 120 - 15 = 105 s). ``extended``: the cluster supports the
+        extended period (``supports_extended_grace``)."""
+        total = self.spot_shutdown_s if extended else SHUTDOWN_GRACE_CHOICES[0]
+        return total - CRITICAL_PODS_GRACE_S
 
     def cluster_name(self, region: str) -> str:
         return self.cluster_template.format(region=region, project=self.project)
@@ -125,6 +158,35 @@ class GkeConfig:
 
     def cluster_path(self, region: str) -> str:
         return f"projects/{self.project}/locations/{region}/clusters/{self.cluster_name(region)}"
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "")
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number of seconds") from None
+
+
+def configured_grace_s(config: GkeConfig | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """The preemption window SAILOR configures for training pods on a Spot node pool of a cluster
+    that supports the extended period: what ``terminationGracePeriodSeconds`` and the notice file's
+    deadline say (``SAILOR_GKE_SPOT_SHUTDOWN_S`` less ``CRITICAL_PODS_GRACE_S``)."""
+    if config is None:
+        env = os.environ if environ is None else environ
+        config = GkeConfig(project="-", spot_shutdown_s=_int_env(env, "SAILOR_GKE_SPOT_SHUTDOWN_S", 120))
+    return config.pod_grace_s(extended=True)
+
+
+def supports_extended_grace(version: str) -> bool:
+    """Whether a GKE control plane version (``1.35.1-gke.1200000``) lets a Standard node pool extend
+    the Spot graceful termination period; an unreadable or empty version does not."""
+    m = re.match(r"^(\d+)\.(\d+)\.(\d+)(?:-gke\.(\d+))?", version or "")
+    if not m:
+        return False
+    return tuple(int(g or 0) for g in m.groups()) >= EXTENDED_GRACE_MIN_VERSION
 
 
 def accelerator_type(gpu_type: str) -> str:
@@ -137,9 +199,29 @@ def accelerator_type(gpu_type: str) -> str:
         ) from None
 
 
-def node_pool_name(run_key: str) -> str:
-    """The run's node pool: stable per run (a retry finds it), at most 40 characters."""
+def run_prefix(run_key: str) -> str:
+    """Short name of the run in Kubernetes object names (pods, services): ``sailor-<hash>``."""
     return f"sailor-{hashlib.sha256(run_key.encode()).hexdigest()[:12]}"
+
+
+def pool_spec(placement: Placement) -> dict[str, Any]:
+    """What a node pool is made of: a pool serves a placement when all of these match."""
+    return {
+        "region": placement.region,
+        "zone": placement.zone,
+        "instance_type": placement.instance_type,
+        "gpu_type": placement.gpu_type,
+        "gpus_per_node": placement.gpus_per_node,
+        "market": placement.market,
+    }
+
+
+def node_pool_name(run_key: str, placement: Placement) -> str:
+    """The node pool of a run's placement: the run and a hash of ``pool_spec``, so a retry finds
+    the same pool and a recovery to another zone, machine, GPU or market gets a new one (at most
+    40 characters, GKE's limit)."""
+    spec = hashlib.sha256(json.dumps(pool_spec(placement), sort_keys=True).encode()).hexdigest()[:8]
+    return f"{run_prefix(run_key)}-{spec}"
 
 
 def plan_hash(placement: Placement) -> str:
@@ -180,15 +262,30 @@ def build_cluster_body(config: GkeConfig, region: str, system_zone: str | None =
     }
 
 
-def build_node_pool_body(config: GkeConfig, run_key: str, placement: Placement) -> dict[str, Any]:
+def build_node_pool_body(
+    config: GkeConfig, run_key: str, placement: Placement, *, extended_grace: bool = True
+) -> dict[str, Any]:
     """Body of ``ClusterManager.create_node_pool``: the placement's GPU VMs in its zone.
 
     Spot or on-demand from the placement's market; autoscaling 0..num_nodes (+ headroom) so an idle
     pool costs nothing; GPU (and spot) taints keep other pods off; GKE installs the GPU driver.
+    A Spot pool on a cluster that supports it (``extended_grace``) asks for the configured
+    graceful-shutdown period in its node system config (``kubelet_config``), so the training pods
+    get ``config.pod_grace_s()`` seconds to save on a preemption instead of GKE's default 15.
     """
     spot = placement.market == "spot"
+    kubelet = (
+        {
+            "kubelet_config": {
+                "shutdown_grace_period_seconds": config.spot_shutdown_s,
+                "shutdown_grace_period_critical_pods_seconds": CRITICAL_PODS_GRACE_S,
+            }
+        }
+        if spot and extended_grace and config.spot_shutdown_s != SHUTDOWN_GRACE_CHOICES[0]
+        else {}
+    )
     return {
-        "name": node_pool_name(run_key),
+        "name": node_pool_name(run_key, placement),
         "initial_node_count": placement.num_nodes,
         "locations": [placement.zone],
         "config": {
@@ -211,6 +308,7 @@ def build_node_pool_body(config: GkeConfig, run_key: str, placement: Placement) 
             },
             "resource_labels": {"managed-by": "sailor", "sailor-run": run_label(run_key)},
             "taints": [GPU_TAINT, SPOT_TAINT] if spot else [GPU_TAINT],
+            **kubelet,
         },
         "autoscaling": {
             "enabled": True,
@@ -263,17 +361,34 @@ def run_selector(run_key: str) -> str:
 def rendezvous_service_name(run_key: str, attempt: int = 1) -> str:
     """Headless service of an attempt's node 0: one per attempt, so a recovered run never resolves
     to a pod of an earlier attempt."""
-    return f"{node_pool_name(run_key)}-a{attempt}-rdzv"
+    return f"{run_prefix(run_key)}-a{attempt}-rdzv"
 
 
 def training_pod_name(run_key: str, attempt: int, node_rank: int) -> str:
     """Stable per (run, attempt, node): a retried task finds its pods, a recovery starts new ones
     beside the earlier attempt's (kept when they failed, for inspection)."""
-    return f"{node_pool_name(run_key)}-a{attempt}-node-{node_rank}"
+    return f"{run_prefix(run_key)}-a{attempt}-node-{node_rank}"
 
 
-def train_command(launch: TrainLaunch, node_rank: int, namespace: str) -> list[str]:
-    """torchrun on one node: all its GPUs; static rendezvous on node 0 when the run spans nodes."""
+NOTICE_DIR = "/var/run/sailor"
+"""Mount path of the pod's notice volume (an emptyDir shared by the container and its preStop hook)."""
+NOTICE_PATH = f"{NOTICE_DIR}/notice.json"
+"""``SAILOR_NOTICE_FILE`` inside a training pod."""
+COLLECTIVE_TIMEOUT_S = 300
+"""``SAILOR_COLLECTIVE_TIMEOUT_S``: how long a collective may wait for a peer before it fails (the
+built-in trainer's process group timeout). Short next to torch's 30 min, so the peers of a node
+that died give up by themselves too (SAILOR already ends the attempt as soon as any pod ends);
+long enough for a checkpoint save behind a barrier."""
+
+
+def train_command(
+    launch: TrainLaunch, node_rank: int, namespace: str, command: Sequence[str] = ()
+) -> list[str]:
+    """torchrun on one node: all its GPUs; static rendezvous on node 0 when the run spans nodes.
+
+    ``command`` (the run's own argv, run in its image) follows ``--no-python``, so torchrun runs
+    it as given (``["python", "train.py", ...]`` or an executable); empty: the built-in trainer.
+    """
     pl = launch.placement
     nodes = max(1, pl.num_nodes)
     # The run's workers spread evenly over its nodes, at most one per GPU.
@@ -289,25 +404,81 @@ def train_command(launch: TrainLaunch, node_rank: int, namespace: str) -> list[s
             f"--master-addr={host}",
             f"--master-port={RENDEZVOUS_PORT}",
         ]
+    if command:
+        return [*cmd, "--no-python", *command]
     return [*cmd, "-m", "sailor_tasks.train", "--config", launch.config_uri]
 
 
-def build_training_pods(config: GkeConfig, launch: TrainLaunch) -> list[V1Pod]:
-    """One pod per node of the placement, each running ``python -m sailor_tasks.train`` under torchrun.
+def notice_hook(grace_s: int) -> list[str]:
+    """The preStop hook's argv: write the run contract's notice file (deadline = now + the pod's
+    grace period) before the kubelet sends SIGTERM, as the local backend does on an injected
+    preemption. A POSIX shell and ``date`` are all it needs from the image."""
+    script = (
+        "now=$(date +%s); "
+        f'printf \'{{"deadline": %s, "notice_s": {grace_s}, "reason": "preemption"}}\' "$((now + {grace_s}))" '
+        f'> "{NOTICE_PATH}.tmp" && mv "{NOTICE_PATH}.tmp" "{NOTICE_PATH}"'
+    )
+    return ["/bin/sh", "-c", script]
 
-    Pods land only on the run's node pool (nodeSelector) and tolerate its GPU/spot taints; the
-    grace period equals the spot preemption notice, so the trainer's SIGTERM handler checkpoints
-    before the VM stops. Labels carry the run, plan hash, attempt and node rank; the orchestrator
-    adds dag/task/run/try labels and reattaches to a pod that already runs instead of starting a
-    second one. Pod (and rendezvous service) names carry the attempt: a recovered run's pods never
-    collide with the preempted attempt's.
+
+def pod_environment(
+    launch: TrainLaunch, train: TrainConfig, node_rank: int, grace_s: int, namespace: str
+) -> dict[str, str]:
+    """One training pod's environment: the run's ``env``, then the run contract's ``SAILOR_*``
+    variables (``runtime.contract``), the notice window and the node's place in the run."""
+    pl = launch.placement
+    env = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        **dict(train.env),
+        **contract_env(
+            run_id=launch.run_id,
+            attempt=launch.attempt,
+            data_dir=train.data_uri,
+            checkpoint_dir=train.checkpoint_uri,
+            total_steps=train.total_steps,
+            seed=train.seed,
+            notice_file=NOTICE_PATH,
+        ),
+        "SAILOR_CONFIG_URI": launch.config_uri,
+        "SAILOR_PREEMPTION_NOTICE_S": str(grace_s),
+        # torchrun (the container's main process) gets the kubelet's SIGTERM and passes it to the
+        # workers, then kills them after its own shutdown timeout (30 s by default): give the
+        # workers the whole window.
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(grace_s),
+        "SAILOR_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_TIMEOUT_S),
+        "SAILOR_NODE_RANK": str(node_rank),
+        "SAILOR_NUM_NODES": str(max(1, pl.num_nodes)),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if pl.num_nodes > 1:
+        env["MASTER_ADDR"] = (
+            f"{rendezvous_service_name(launch.run_key, launch.attempt)}.{namespace}.svc.cluster.local"
+        )
+        env["MASTER_PORT"] = str(RENDEZVOUS_PORT)
+    return env
+
+
+def build_training_pods(
+    config: GkeConfig, launch: TrainLaunch, train: TrainConfig, *, grace_s: int | None = None
+) -> list[V1Pod]:
+    """One pod per node of the placement, running the run's ``command`` in its ``image`` (default:
+    the built-in trainer in SAILOR's image) under torchrun, with the run contract's environment.
+
+    Pods land only on the pool of the launch's placement (nodeSelector) and tolerate its GPU/spot
+    taints. ``grace_s`` (default: the configured window, ``config.pod_grace_s()``) is the pods'
+    ``terminationGracePeriodSeconds`` and the notice window a preStop hook writes into
+    ``SAILOR_NOTICE_FILE`` before SIGTERM, so the workers know their real deadline. Labels carry the
+    run, plan hash, attempt and node rank; the orchestrator adds dag/task/run/try labels and
+    reattaches to a pod that already runs instead of starting a second one. Pod (and rendezvous
+    service) names carry the attempt: a recovered run's pods never collide with the preempted
+    attempt's.
     """
     from kubernetes.client import models as k8s
 
     pl = launch.placement
+    grace = config.pod_grace_s() if grace_s is None else grace_s
     spot = pl.market == "spot"
-    pool = node_pool_name(launch.run_key)
-    run_uri = launch.config_uri.rsplit("/", 1)[0]
+    pool = node_pool_name(launch.run_key, pl)
     tolerations = [k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
     node_selector = {"cloud.google.com/gke-nodepool": pool}
     if spot:
@@ -319,32 +490,25 @@ def build_training_pods(config: GkeConfig, launch: TrainLaunch) -> list[V1Pod]:
         node_selector["cloud.google.com/gke-spot"] = "true"
     pods = []
     for rank in range(max(1, pl.num_nodes)):
-        env = {
-            "SAILOR_RUN_ID": launch.run_id,
-            "SAILOR_CONFIG_URI": launch.config_uri,
-            "SAILOR_CHECKPOINT_URI": paths.checkpoint_uri(run_uri),
-            "SAILOR_PREEMPTION_NOTICE_S": str(PREEMPTION_NOTICE_S),
-            "SAILOR_NODE_RANK": str(rank),
-            "SAILOR_NUM_NODES": str(max(1, pl.num_nodes)),
-            "PYTHONUNBUFFERED": "1",
-        }
-        if pl.num_nodes > 1:
-            env["MASTER_ADDR"] = (
-                f"{rendezvous_service_name(launch.run_key, launch.attempt)}.{config.namespace}.svc.cluster.local"
-            )
-            env["MASTER_PORT"] = str(RENDEZVOUS_PORT)
+        env = pod_environment(launch, train, rank, grace, config.namespace)
         gpus = str(pl.gpus_per_node)
         container = k8s.V1Container(
             name=CONTAINER_NAME,
-            image=config.image_for(pl.region),
+            image=launch.image or config.image_for(pl.region),
             image_pull_policy="IfNotPresent",
-            command=train_command(launch, rank, config.namespace),
+            command=train_command(launch, rank, config.namespace, tuple(train.command)),
             env=[k8s.V1EnvVar(name=k, value=v) for k, v in env.items()],
             resources=k8s.V1ResourceRequirements(
                 limits={"nvidia.com/gpu": gpus}, requests={"nvidia.com/gpu": gpus}
             ),
             ports=[k8s.V1ContainerPort(container_port=RENDEZVOUS_PORT, name="rdzv")],
-            volume_mounts=[k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")],
+            lifecycle=k8s.V1Lifecycle(
+                pre_stop=k8s.V1LifecycleHandler(_exec=k8s.V1ExecAction(command=notice_hook(grace)))
+            ),
+            volume_mounts=[
+                k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+                k8s.V1VolumeMount(name="sailor-notice", mount_path=NOTICE_DIR),
+            ],
         )
         pods.append(
             k8s.V1Pod(
@@ -366,12 +530,13 @@ def build_training_pods(config: GkeConfig, launch: TrainLaunch) -> list[V1Pod]:
                 spec=k8s.V1PodSpec(
                     restart_policy="Never",
                     service_account_name=config.service_account,
-                    termination_grace_period_seconds=PREEMPTION_NOTICE_S,
+                    termination_grace_period_seconds=grace,
                     node_selector=node_selector,
                     tolerations=tolerations,
                     containers=[container],
                     volumes=[
-                        k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory"))
+                        k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
+                        k8s.V1Volume(name="sailor-notice", empty_dir=k8s.V1EmptyDirVolumeSource()),
                     ],
                 ),
             )
@@ -417,6 +582,82 @@ def container_exit_code(pod: Any, container: str = CONTAINER_NAME) -> int | None
     return None
 
 
+NODE_SHUTDOWN_REASONS = ("Terminated", "Shutdown", "NodeShutdown")
+"""Pod ``status.reason`` the kubelet's graceful node shutdown sets on the pods it stops ("Pod was
+terminated in response to imminent node shutdown")."""
+IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
+"""Taint GKE puts on a node whose VM is being reclaimed or shut down."""
+SIGNAL_EXIT_MIN = 128
+"""A container status above this is death by a signal (137: SIGKILL, 143: SIGTERM)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodEnd:
+    """How a training pod ended, as SAILOR judges it (``classify_pod_end``)."""
+
+    outcome: str
+    """``completed``, ``preempted`` or ``failed``."""
+    reason: str
+    """Why, in words (the pod's or node's termination reason)."""
+    exit_code: int | None = None
+    """The training container's exit status, None when unreadable (the pod or its node is gone)."""
+    noticed: bool = True
+    """For a preemption: whether the pod got its grace period (graceful node shutdown, exit 75)."""
+
+
+def _node_reclaimed(node: Any) -> str:
+    """Why a node is going away ('' when it is not): a taint of GKE's or the autoscaler's, or Ready
+    false/unknown."""
+    for taint in getattr(getattr(node, "spec", None), "taints", None) or ():
+        if taint.key in (IMPENDING_TERMINATION_TAINT, "ToBeDeletedByClusterAutoscaler"):
+            return f"node tainted {taint.key}"
+    for cond in getattr(getattr(node, "status", None), "conditions", None) or ():
+        if cond.type == "Ready" and cond.status != "True":
+            return f"node not ready ({cond.reason or cond.status})"
+    return ""
+
+
+def classify_pod_end(pod: Any, node: Any, *, spot: bool, node_gone: bool = False) -> PodEnd:
+    """Judge how a training pod ended from the pod and its node, not only from what the trainer wrote.
+
+    - exit status 0: completed;
+    - the pod gone, or its node gone (``node_gone``) or being reclaimed: preempted without notice
+      unless the kubelet stopped the pod gracefully;
+    - the kubelet's graceful node shutdown (pod reason ``Terminated``/``Shutdown``, or a
+      ``DisruptionTarget`` condition by the kubelet) or exit status 75 (the trainer saved on a
+      notice and stopped): preempted with notice;
+    - on Spot, an exit nothing explains (unreadable, or death by a signal): preempted;
+    - anything else: failed (the command's own error, e.g. exit status 1 from a traceback).
+    """
+    from sailor_tasks.errors import PREEMPTED_EXIT_CODE
+
+    if pod is None:
+        return PodEnd("preempted", "pod gone (deleted with its node)", None, noticed=False)
+    code = container_exit_code(pod)
+    if code == 0:
+        return PodEnd("completed", "exit status 0", 0)
+    status = getattr(pod, "status", None)
+    reason = getattr(status, "reason", None) or ""
+    message = getattr(status, "message", None) or ""
+    disrupted = [
+        c
+        for c in getattr(status, "conditions", None) or ()
+        if c.type == "DisruptionTarget" and c.status == "True"
+    ]
+    if reason in NODE_SHUTDOWN_REASONS or "node shutdown" in message.lower():
+        return PodEnd("preempted", f"node shutdown ({reason}: {message})".strip(), code)
+    if any(c.reason in ("TerminationByKubelet", "DeletionByPodGC") for c in disrupted):
+        return PodEnd("preempted", f"disrupted by {disrupted[0].reason}", code)
+    if code == PREEMPTED_EXIT_CODE:
+        return PodEnd("preempted", "the trainer saved on a notice (exit status 75)", code)
+    reclaimed = "node gone" if node_gone else _node_reclaimed(node)
+    if reclaimed:
+        return PodEnd("preempted", reclaimed, code, noticed=False)
+    if spot and (code is None or code > SIGNAL_EXIT_MIN):
+        return PodEnd("preempted", f"unexplained end on Spot (exit status {code})", code, noticed=False)
+    return PodEnd("failed", f"exit status {code}", 1 if code is None else code)
+
+
 def serialize(obj: Any) -> Any:
     """A kubernetes client model as the JSON the API server receives (camelCase keys)."""
     from kubernetes.client import ApiClient
@@ -456,7 +697,8 @@ PodRunner = Callable[[GkeConfig, TrainLaunch, Sequence[Any], Any], int]
 _pod_runner: PodRunner | None = None
 
 PodCanceller = Callable[[GkeConfig, str, str], int]
-"""Deletes the pods of a run (config, region, run_key) that still run; returns how many."""
+"""Deletes the pods (and rendezvous services) of a run (config, region, run_key) that still run;
+returns how many pods."""
 
 _pod_canceller: PodCanceller | None = None
 
@@ -484,6 +726,47 @@ def _is_not_found(exc: BaseException) -> bool:
     from google.api_core import exceptions
 
     return isinstance(exc, exceptions.NotFound)
+
+
+_waits_deferred: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "sailor_gke_waits_deferred", default=False
+)
+
+
+@contextlib.contextmanager
+def operation_waits_deferred() -> Iterator[None]:
+    """Within this block ``GkeBackend.provision`` starts GKE operations without waiting for them
+    (the caller waits in the triggerer, then calls ``provision_step``)."""
+    token = _waits_deferred.set(True)
+    try:
+        yield
+    finally:
+        _waits_deferred.reset(token)
+
+
+PROVISION_PHASES = ("cluster", "pool")
+"""The steps of ``GkeBackend.provision_step``: the region's cluster, then the placement's pool."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingOperation:
+    """A GKE operation ``provision_step`` started and did not wait for: wait for it (the triggerer:
+    ``GKEOperationTrigger``, or ``GkeBackend.wait``), check it, then call ``provision_step`` with
+    ``after=phase``."""
+
+    name: str
+    """The operation's short name (``operation-1700000000000-...``)."""
+    location: str
+    """Its region or zone (``operations`` are per location)."""
+    project: str
+    phase: str
+    """Which of ``PROVISION_PHASES`` it belongs to."""
+    what: str
+    """What it does, in words (for logs and errors)."""
+
+    @property
+    def path(self) -> str:
+        return f"projects/{self.project}/locations/{self.location}/operations/{self.name}"
 
 
 @dataclass
@@ -517,31 +800,216 @@ class GkeBackend:
     def _record_uri(self, run_key: str) -> str:
         return storage.resolve(f"sailor://{SOURCE_BUCKET}/_sailor/clusters/{run_key}.json", self.settings)
 
-    def _wait(self, operation: Any, what: str) -> None:
-        """Poll a GKE operation until it is DONE; raise with its error message when it failed."""
-        name = getattr(operation, "name", "") or ""
-        location = getattr(operation, "location", "") or "-"
-        deadline = time.monotonic() + _OPERATION_TIMEOUT_S
-        op = operation
-        while _status_name(op) not in ("DONE", "ABORTING"):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"GKE operation {name} ({what}) not done after {_OPERATION_TIMEOUT_S} s")
-            time.sleep(self.poll_s)
-            op = self._client().get_operation(
-                name=f"projects/{self.cfg.project}/locations/{location}/operations/{name}"
-            )
-        error = getattr(getattr(op, "error", None), "message", "") or (
-            getattr(op, "status_message", "") if _status_name(op) == "ABORTING" else ""
+    def record(self, run_key: str) -> dict[str, Any] | None:
+        """What the run provisioned: every node pool it created (``pools``), the current one first
+        named by ``node_pool``; None when it provisioned nothing (or was torn down)."""
+        uri = self._record_uri(run_key)
+        return storage.read_json(uri) if storage.exists(uri) else None
+
+    # --- operations ---------------------------------------------------------------------------
+
+    def _pending(
+        self, operation: Any, phase: str, what: str, fallback_location: str
+    ) -> PendingOperation | None:
+        """The operation as a ``PendingOperation`` while it runs; None when it is already DONE
+        (raising when it failed)."""
+        if _status_name(operation) in ("DONE", "ABORTING"):
+            self.check_operation(operation, what)
+            return None
+        return PendingOperation(
+            name=getattr(operation, "name", "") or "",
+            location=getattr(operation, "location", "") or fallback_location,
+            project=self.cfg.project,
+            phase=phase,
+            what=what,
         )
-        if error or _status_name(op) == "ABORTING":
+
+    def check_operation(self, operation: Any, what: str) -> None:
+        """Raise with the operation's error message when it failed or was aborted."""
+        name = getattr(operation, "name", "")
+        error = getattr(getattr(operation, "error", None), "message", "") or (
+            getattr(operation, "status_message", "") if _status_name(operation) == "ABORTING" else ""
+        )
+        if error or _status_name(operation) == "ABORTING":
             raise RuntimeError(f"GKE operation {name} ({what}) failed: {error or 'aborted'}")
 
-    def ensure_cluster(self, region: str, system_zone: str | None = None) -> str:
-        """Create the region's cluster unless it exists; "created" or "exists"."""
+    def finish_operation(self, pending: PendingOperation) -> None:
+        """Read a finished operation once and raise when it failed (the provider's trigger reports
+        an operation that ended in error as DONE too)."""
+        self.check_operation(self._client().get_operation(name=pending.path), pending.what)
+
+    def wait(self, pending: PendingOperation) -> None:
+        """Poll an operation in this process until it is DONE (callers that cannot defer)."""
+        deadline = time.monotonic() + _OPERATION_TIMEOUT_S
+        while True:
+            op = self._client().get_operation(name=pending.path)
+            if _status_name(op) in ("DONE", "ABORTING"):
+                self.check_operation(op, pending.what)
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"GKE operation {pending.name} ({pending.what}) not done after {_OPERATION_TIMEOUT_S} s"
+                )
+            time.sleep(self.poll_s)
+
+    # --- provision ----------------------------------------------------------------------------
+
+    def provision(self, run_key: str, placement: Placement) -> dict[str, Any]:
+        """Create (or reuse) the cluster and the placement's node pool, waiting here for each GKE
+        operation. ``sailor_train``'s provision task waits in the triggerer instead
+        (``provision_step`` with ``airflow_glue.operators.SailorProvisionOperator``); so does a
+        recovery inside the deferrable train task, which calls this under
+        ``operation_waits_deferred()``: the first operation is started and recorded, the record
+        returned with ``status`` ``provisioning``, and the caller waits for it
+        (``provision_step`` finds it in the record)."""
+        after: str | None = None
+        if _waits_deferred.get():
+            step = self.provision_step(run_key, placement)
+            return (
+                step
+                if not isinstance(step, PendingOperation)
+                else {**(self.record(run_key) or {}), "status": "provisioning"}
+            )
+        while True:
+            step = self.provision_step(run_key, placement, after=after)
+            if not isinstance(step, PendingOperation):
+                return step
+            self.wait(step)
+            after = step.phase
+
+    def provision_step(
+        self, run_key: str, placement: Placement, *, after: str | None = None
+    ) -> dict[str, Any] | PendingOperation:
+        """One step of provisioning, never waiting: a ``PendingOperation`` to wait for, or, once the
+        cluster and the pool are there, the run's record.
+
+        The pool is the placement's (``node_pool_name``: run + ``pool_spec`` hash): a recovery to
+        another zone, machine, GPU or market creates a new pool; every pool the run creates is
+        recorded, and ``teardown`` removes them all. A pool this run scaled to zero is scaled back.
+
+        Args:
+            after: the phase whose operation just finished (``PROVISION_PHASES``); None to start.
+
+        Raises:
+            ValueError: ``after`` is not a phase (names the valid ones).
+        """
+        if after is not None and after not in PROVISION_PHASES:
+            raise ValueError(
+                f"after={after!r} is not a provision phase; valid: {', '.join(PROVISION_PHASES)}"
+            )
+        cfg, region = self.cfg, placement.region
+        record = self.record(run_key) or {"run_key": run_key, "backend": self.name, "pools": []}
+        started = record.pop("pending", None)
+        if (
+            after is None
+            and started is not None
+            and started.get("pool") == node_pool_name(run_key, placement)
+        ):
+            # An operation an earlier call started (a retried task, or a caller that did not wait).
+            earlier = PendingOperation(
+                **{k: started[k] for k in ("name", "location", "project", "phase", "what")}
+            )
+            op = self._client().get_operation(name=earlier.path)
+            if _status_name(op) not in ("DONE", "ABORTING"):
+                return earlier
+            self.check_operation(op, earlier.what)
+            after = earlier.phase
+        pool_name = node_pool_name(run_key, placement)
+        known = next((p for p in record["pools"] if p["name"] == pool_name), None)
+        cluster_state = record.get("cluster_state", "exists")
+        if after is None:
+            cluster_state, pending = self._ensure_cluster(region, placement.zone)
+            record["cluster_state"] = cluster_state
+            if pending is not None:
+                return self._started(run_key, record, pending, placement)
+        cluster = self._client().get_cluster(name=cfg.cluster_path(region))
+        version = getattr(cluster, "current_master_version", "") or ""
+        extended = supports_extended_grace(version)
+        body = build_node_pool_body(cfg, run_key, placement, extended_grace=extended)
+        pool_path = f"{cfg.cluster_path(region)}/nodePools/{pool_name}"
+        spot = placement.market == "spot"
+        entry = known or {
+            "name": pool_name,
+            "path": pool_path,
+            **pool_spec(placement),
+            "grace_s": cfg.pod_grace_s(extended) if spot else cfg.pod_grace_s(True),
+            "extended_grace": bool(spot and extended and "kubelet_config" in body["config"]),
+            "state": "creating",
+        }
+        if after != "pool":
+            if spot and not extended and cfg.spot_shutdown_s != SHUTDOWN_GRACE_CHOICES[0]:
+                logger.warning(
+                    "cluster %s runs GKE %s, older than %s: Spot pool %s keeps GKE's default shutdown "
+                    "period; training pods get %d s to save on a preemption",
+                    cfg.cluster_name(region),
+                    version or "(unknown)",
+                    ".".join(map(str, EXTENDED_GRACE_MIN_VERSION[:3]))
+                    + f"-gke.{EXTENDED_GRACE_MIN_VERSION[3]}",
+                    pool_name,
+                    entry["grace_s"],
+                )
+            try:
+                op = self._client().create_node_pool(
+                    parent=cfg.cluster_path(region), node_pool=validate_node_pool_body(body)
+                )
+                what = f"create node pool {pool_name}"
+                entry["state"] = "created"
+            except Exception as exc:
+                if not _is_already_exists(exc):
+                    raise
+                logger.info("node pool %s already exists; reusing it", pool_name)
+                op = None
+                if entry["state"] == "scaled_to_zero":
+                    # A pool scaled to zero by an earlier teardown gets its nodes back.
+                    op = self._client().set_node_pool_size(name=pool_path, node_count=placement.num_nodes)
+                    what = f"resize node pool {pool_name}"
+                entry["state"] = "exists"
+            pools = [p for p in record["pools"] if p["name"] != pool_name] + [entry]
+            record = {**record, "pools": pools}
+            if op is not None:
+                pending = self._pending(op, "pool", what, region)
+                if pending is not None:
+                    return self._started(run_key, record, pending, placement)
+        record.update(
+            status="ready",
+            cluster=cfg.cluster_name(region),
+            cluster_state=cluster_state,
+            node_pool=pool_name,
+            node_pool_path=pool_path,
+            node_pool_state=entry["state"],
+            grace_s=entry["grace_s"],
+            placement=to_dict(placement),
+        )
+        storage.write_json(self._record_uri(run_key), record)
+        logger.info(
+            "GKE node pool %s (%s) in %s: %dx %s (%s), cluster %s; pods get %d s to save on a preemption",
+            pool_name,
+            entry["state"],
+            placement.zone,
+            placement.num_nodes,
+            placement.instance_type,
+            placement.market,
+            cluster_state,
+            entry["grace_s"],
+        )
+        return record
+
+    def _started(
+        self, run_key: str, record: dict[str, Any], pending: PendingOperation, placement: Placement
+    ) -> PendingOperation:
+        """Record the operation just started (``pending`` in the record) and return it."""
+        started = {**dataclasses.asdict(pending), "pool": node_pool_name(run_key, placement)}
+        storage.write_json(
+            self._record_uri(run_key), {**record, "status": "provisioning", "pending": started}
+        )
+        return pending
+
+    def _ensure_cluster(self, region: str, system_zone: str | None) -> tuple[str, PendingOperation | None]:
+        """The region's cluster: ("exists", None), or ("created", its creation still running)."""
         body = build_cluster_body(self.cfg, region, system_zone)
         try:
             self._client().get_cluster(name=self.cfg.cluster_path(region))
-            return "exists"
+            return "exists", None
         except Exception as exc:
             if not _is_not_found(exc):
                 raise
@@ -553,55 +1021,39 @@ class GkeBackend:
         except Exception as exc:
             if _is_already_exists(exc):
                 logger.info("GKE cluster %s already exists (created concurrently); reusing it", body["name"])
-                return "exists"
+                return "exists", None
             raise
-        self._wait(op, f"create cluster {body['name']}")
-        return "created"
+        return "created", self._pending(op, "cluster", f"create cluster {body['name']}", region)
 
-    def provision(self, run_key: str, placement: Placement) -> dict[str, Any]:
-        cluster_state = self.ensure_cluster(placement.region, placement.zone)
-        body = build_node_pool_body(self.cfg, run_key, placement)
-        pool_path = f"{self.cfg.cluster_path(placement.region)}/nodePools/{body['name']}"
-        pool_state = "created"
-        try:
-            op = self._client().create_node_pool(
-                parent=self.cfg.cluster_path(placement.region), node_pool=validate_node_pool_body(body)
-            )
-            self._wait(op, f"create node pool {body['name']}")
-        except Exception as exc:
-            if not _is_already_exists(exc):
-                raise
-            pool_state = "exists"
-            logger.info("node pool %s already exists; reusing it", body["name"])
-            # A pool scaled to zero by an earlier teardown gets its nodes back.
-            op = self._client().set_node_pool_size(name=pool_path, node_count=placement.num_nodes)
-            self._wait(op, f"resize node pool {body['name']}")
-        record = {
-            "run_key": run_key,
-            "backend": self.name,
-            "status": "ready",
-            "cluster": self.cfg.cluster_name(placement.region),
-            "cluster_state": cluster_state,
-            "node_pool": body["name"],
-            "node_pool_path": pool_path,
-            "node_pool_state": pool_state,
-            "placement": to_dict(placement),
-        }
-        storage.write_json(self._record_uri(run_key), record)
-        logger.info(
-            "GKE node pool %s (%s) in %s: %dx %s (%s), %s",
-            body["name"],
-            pool_state,
-            placement.zone,
-            placement.num_nodes,
-            placement.instance_type,
-            placement.market,
-            cluster_state,
+    def ensure_cluster(self, region: str, system_zone: str | None = None) -> str:
+        """Create the region's cluster unless it exists, waiting here; "created" or "exists"."""
+        state, pending = self._ensure_cluster(region, system_zone)
+        if pending is not None:
+            self.wait(pending)
+        return state
+
+    # --- train --------------------------------------------------------------------------------
+
+    def grace_s(self, run_key: str, placement: Placement) -> int:
+        """Seconds the pods of ``placement`` get to save on a preemption, as provisioned (the
+        configured window when the run's record does not say)."""
+        record = self.record(run_key) or {}
+        name = node_pool_name(run_key, placement)
+        pool = next((p for p in record.get("pools", ()) if p["name"] == name), None)
+        return int(pool["grace_s"]) if pool else self.cfg.pod_grace_s()
+
+    def launch_manifests(
+        self, launch: TrainLaunch, train: TrainConfig | None = None
+    ) -> tuple[list[V1Pod], V1Service | None]:
+        """The launch's pods (the run's image, command and env, the contract's variables, the
+        pool's real grace period) and its rendezvous service."""
+        if train is None:
+            train = TrainConfig.from_json(storage.read_bytes(launch.config_uri).decode())
+        grace = self.grace_s(launch.run_key, launch.placement)
+        return (
+            build_training_pods(self.cfg, launch, train, grace_s=grace),
+            build_rendezvous_service(self.cfg, launch),
         )
-        return record
-
-    def launch_manifests(self, launch: TrainLaunch) -> tuple[list[V1Pod], V1Service | None]:
-        return build_training_pods(self.cfg, launch), build_rendezvous_service(self.cfg, launch)
 
     def train(self, launch: TrainLaunch) -> int:
         runner = self.pod_runner or _pod_runner
@@ -614,10 +1066,10 @@ class GkeBackend:
         return runner(self.cfg, launch, pods, service)
 
     def cancel(self, run_key: str) -> int:
-        """Delete the run's pods that still run, in the region of its node pool (each gets its
-        termination grace period: the trainer saves on SIGTERM)."""
-        uri = self._record_uri(run_key)
-        if not storage.exists(uri):
+        """Delete the run's pods that still run and its rendezvous services, in the region of its
+        node pool (each pod gets its termination grace period: the trainer saves on SIGTERM)."""
+        record = self.record(run_key)
+        if record is None or "placement" not in record:
             return 0
         if _pod_canceller is None:
             logger.warning(
@@ -626,28 +1078,38 @@ class GkeBackend:
                 run_key,
             )
             return 0
-        region = storage.read_json(uri)["placement"]["region"]
-        return _pod_canceller(self.cfg, region, run_key)
+        regions = dict.fromkeys([record["placement"]["region"], *(p["region"] for p in record["pools"])])
+        return sum(_pod_canceller(self.cfg, region, run_key) for region in regions)
 
     def teardown(self, run_key: str) -> bool:
-        uri = self._record_uri(run_key)
-        if not storage.exists(uri):
+        """Delete (or scale to zero) every node pool the run created, in every region it ran."""
+        record = self.record(run_key)
+        if record is None:
             return False
-        record = storage.read_json(uri)
-        path = record["node_pool_path"]
-        try:
-            if self.cfg.teardown == "delete":
-                op = self._client().delete_node_pool(name=path)
-            else:
-                op = self._client().set_node_pool_size(name=path, node_count=0)
-            self._wait(op, f"{self.cfg.teardown} node pool {record['node_pool']}")
-        except Exception as exc:
-            if not _is_not_found(exc):
-                raise
-            logger.info("node pool %s is already gone", record["node_pool"])
+        uri = self._record_uri(run_key)
+        pools = record.get("pools", [])
+        for pool in pools:
+            if pool.get("state") in ("deleted", "scaled_to_zero") and self.cfg.teardown != "delete":
+                continue
+            try:
+                if self.cfg.teardown == "delete":
+                    op = self._client().delete_node_pool(name=pool["path"])
+                else:
+                    op = self._client().set_node_pool_size(name=pool["path"], node_count=0)
+                pending = self._pending(
+                    op, "pool", f"{self.cfg.teardown} node pool {pool['name']}", pool["region"]
+                )
+                if pending is not None:
+                    self.wait(pending)
+            except Exception as exc:
+                if not _is_not_found(exc):
+                    raise
+                logger.info("node pool %s is already gone", pool["name"])
+            pool["state"] = "deleted" if self.cfg.teardown == "delete" else "scaled_to_zero"
+            storage.write_json(uri, record)  # what is done stays done if a later pool fails
+            logger.info("GKE node pool %s: %s", pool["name"], self.cfg.teardown)
         if self.cfg.teardown == "delete":
             storage.remove(uri)
         else:
             storage.write_json(uri, {**record, "status": "scaled_to_zero"})
-        logger.info("GKE node pool %s: %s", record["node_pool"], self.cfg.teardown)
         return True

@@ -9,7 +9,7 @@ the same stages run from the CLI, tests and benchmarks.
 """
 
 from sailor_tasks.stages.context import StageContext
-from sailor_tasks.stages.prepare import place_data, plan, provision, validate
+from sailor_tasks.stages.prepare import place_data, plan, provision, provision_step, validate
 from sailor_tasks.stages.rebalance import (
     allocate_gpu_types,
     collect_utilization,
@@ -31,6 +31,7 @@ __all__ = [
     "place_data",
     "plan",
     "provision",
+    "provision_step",
     "publish_assignment",
     "replicate_dataset",
     "report_rebalance",

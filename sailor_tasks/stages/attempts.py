@@ -274,7 +274,9 @@ def _config_uri(ctx: StageContext, pl: Placement, run_id: str) -> str:
 
 def _launch(req: JobRequest, run_id: str, pl: Placement, attempt: int, config_uri: str) -> TrainLaunch:
     """What the backend starts for ``attempt``."""
-    return TrainLaunch(run_id, run_key(run_id), config_uri, req.num_workers, pl, injection_spec(req), attempt)
+    return TrainLaunch(
+        run_id, run_key(run_id), config_uri, req.num_workers, pl, injection_spec(req), attempt, req.image
+    )
 
 
 def resume_attempt(
@@ -300,6 +302,20 @@ def resume_attempt(
     return Attempt(
         run_id, req, attempt, pl, data, config, launch, _aware(row["started_at"]), prior, reattached
     )
+
+
+def cancel_running_attempt(ctx: StageContext, run_id: str) -> int | None:
+    """End the run's attempt that the ledger still has as running as ``cancelled`` (its training was
+    stopped from outside: ``sailor cancel``, the run marked failed) and the run with it; the
+    attempt's number, or None when none was running."""
+    rows = ctx.ledger.attempts(run_id)
+    if not rows or rows[-1]["outcome"] != "running":
+        return None
+    number = rows[-1]["attempt"]
+    ctx.ledger.end_attempt(run_id, number, "cancelled", detail="stopped while running (run cancelled)")
+    ctx.ledger.upsert_run(run_id, status="cancelled")
+    logger.warning("run %s: attempt %d cancelled", run_id, number)
+    return number
 
 
 def _command_result(att: Attempt, store: CheckpointStore, report: JSON, wall_s: float) -> JSON:

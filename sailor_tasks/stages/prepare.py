@@ -228,3 +228,44 @@ def provision(request: JSON, placement: JSON, run_id: str, ctx: StageContext | N
         record = get_backend(req.backend, ctx.settings).provision(run_key(run_id), pl)
         ctx.ledger.upsert_run(run_id, status="provisioned")
     return {"backend": req.backend, "run_key": run_key(run_id), "status": record.get("status", "ready")}
+
+
+def provision_step(
+    request: JSON, placement: JSON, run_id: str, ctx: StageContext | None = None, *, finished: JSON | None = None
+) -> JSON:
+    """``provision`` one step at a time, for an orchestrator that waits for cloud operations itself
+    (deferrable: ``airflow_glue.operators.SailorProvisionOperator`` waits in the triggerer).
+
+    Returns ``{"pending": {...}}`` (the operation to wait for: name, location, project, phase,
+    what, gcp_conn_id, poll_s) or, once the capacity is there, what ``provision`` returns. Call
+    again with ``finished`` = that pending dict when its operation is DONE; its outcome is checked
+    first. A backend without steps (local) provisions in one call.
+
+    Raises:
+        RuntimeError: the finished operation failed (its error message, e.g. a quota).
+    """
+    ctx = resolve_ctx(ctx)
+    req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
+    backend = get_backend(req.backend, ctx.settings)
+    if not hasattr(backend, "provision_step"):
+        return provision(request, placement, run_id, ctx)
+    from sailor_tasks.backends.gke import PendingOperation
+
+    with timed(ctx, run_id, "provision"):
+        after = None
+        if finished is not None:
+            done = PendingOperation(**{k: finished[k] for k in ("name", "location", "project", "phase", "what")})
+            backend.finish_operation(done)
+            after = done.phase
+        step = backend.provision_step(run_key(run_id), pl, after=after)
+        if isinstance(step, PendingOperation):
+            logger.info("provision of %s waits for GKE operation %s (%s)", run_id, step.name, step.what)
+            return {
+                "pending": {
+                    **dataclasses.asdict(step),
+                    "gcp_conn_id": backend.cfg.gcp_conn_id,
+                    "poll_s": backend.cfg.operation_poll_s,
+                }
+            }
+        ctx.ledger.upsert_run(run_id, status="provisioned")
+    return {"backend": req.backend, "run_key": run_key(run_id), "status": step.get("status", "ready")}

@@ -13,7 +13,13 @@ from sailor_tasks.backends import get_backend
 from sailor_tasks.ledger.store import utcnow
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key
 from sailor_tasks.settings import BACKENDS
-from sailor_tasks.stages.attempts import begin_attempt, finish_attempt, resume_attempt, train_attempt
+from sailor_tasks.stages.attempts import (
+    begin_attempt,
+    cancel_running_attempt,
+    finish_attempt,
+    resume_attempt,
+    train_attempt,
+)
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
 from sailor_tasks.stages.summary import RUN_STATUSES_DONE, render_summary
 
@@ -168,9 +174,12 @@ def stop_training(run_id: str, ctx: StageContext | None = None) -> int:
     running (gke). Called when the train task is killed (a run marked failed: ``sailor cancel``) and
     by ``teardown``. Returns how many processes or pods were stopped."""
     ctx = resolve_ctx(ctx)
-    stopped = _backend_of(ctx, run_id).cancel(run_key(run_id))
+    backend = _backend_of(ctx, run_id)
+    stopped = backend.cancel(run_key(run_id))
     if stopped:
         logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
+    if backend.name == "gke":  # no task follows the pods any more: the attempt ends here
+        cancel_running_attempt(ctx, run_id)
     return stopped
 
 
@@ -201,6 +210,8 @@ def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | Non
     stopped = _with_retries(f"{name} stop", run_id, lambda: backend_impl.cancel(run_key(run_id)))
     if stopped:
         logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
+        if name == "gke":  # pods the train task no longer followed: the run was stopped from outside
+            _with_retries("ledger cancel", run_id, lambda: cancel_running_attempt(ctx, run_id))
     removed = _with_retries(f"{name} teardown", run_id, lambda: backend_impl.teardown(run_key(run_id)))
 
     def release() -> bool:

@@ -17,6 +17,7 @@ STOP = threading.Event()
 signal.signal(signal.SIGTERM, lambda signum, frame: STOP.set())
 
 import argparse  # noqa: E402
+import datetime  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
@@ -32,6 +33,27 @@ from sailor_tasks.train.config import TrainConfig  # noqa: E402
 from sailor_tasks.train.device import detect_device_plan, select_device  # noqa: E402
 from sailor_tasks.train.progress import PROGRESS_ENV  # noqa: E402
 from sailor_tasks.train.trainer import Trainer  # noqa: E402
+
+COLLECTIVE_TIMEOUT_ENV = "SAILOR_COLLECTIVE_TIMEOUT_S"
+"""Seconds a collective may wait for a peer (set by the gke backend); unset: torch's default."""
+
+
+def collective_timeout(environ: dict[str, str] | os._Environ[str]) -> datetime.timedelta | None:
+    """The process group's timeout from ``SAILOR_COLLECTIVE_TIMEOUT_S`` (None: torch's default).
+
+    Raises:
+        ValueError: the value is not a positive number of seconds (names it).
+    """
+    raw = environ.get(COLLECTIVE_TIMEOUT_ENV, "")
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a positive number of seconds")
+    return datetime.timedelta(seconds=seconds)
 
 
 def _setup_logging(rank: int) -> None:
@@ -61,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger(__name__).info("device %s, %s backend: %s", plan.device, plan.backend, plan.reason)
     stop = STOP
     if world_size > 1:
-        dist.init_process_group(backend=plan.backend)
+        timeout = collective_timeout(os.environ)
+        dist.init_process_group(backend=plan.backend, **({"timeout": timeout} if timeout else {}))
     trainer = Trainer(
         config,
         rank=rank,

@@ -79,6 +79,7 @@ class FakeCoreV1:
         self.pods: dict[str, dict] = {}  # name -> {"body": manifest dict, "labels", "exit", "proc", "log"}
         self.services: dict[str, object] = {}
         self.deleted: list[str] = []
+        self.deleted_services: list[str] = []
         self.port = free_port()
         self.progress = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"progress-{uuid.uuid4().hex}.json")
 
@@ -137,7 +138,7 @@ class FakeCoreV1:
         return k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=dict(pod["labels"])),
             spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=gke.CONTAINER_NAME, image="i")]),
-            status=k8s.V1PodStatus(phase=phase, container_statuses=[status]),
+            status=k8s.V1PodStatus(phase=phase, reason=pod.get("reason"), container_statuses=[status]),
         )
 
     def list_namespaced_pod(self, namespace, label_selector, **_):
@@ -164,11 +165,22 @@ class FakeCoreV1:
         pod["log"].seek(0)
         return [line.encode() for line in pod["log"].read().splitlines(keepends=True)[-20:]]
 
+    def read_node(self, name, **_):
+        raise _api_error(404)
+
     # services
     def create_namespaced_service(self, namespace, service, **_):
         if service.metadata.name in self.services:
             raise _api_error(409)
         self.services[service.metadata.name] = service
+
+    def list_namespaced_service(self, namespace, label_selector, **_):
+        items = [s for s in self.services.values() if _matches(dict(s.metadata.labels), label_selector)]
+        return SimpleNamespace(items=items)
+
+    def delete_namespaced_service(self, name, namespace, **_):
+        del self.services[name]
+        self.deleted_services.append(name)
 
 
 class FakeTaskStateStore:
@@ -208,7 +220,7 @@ def gke_env(gcs, settings, monkeypatch):
 
     clusters = FakeClusterManager()
     monkeypatch.setattr(gke.GkeBackend, "_client", lambda self: clusters)
-    monkeypatch.setattr(gke.GkeBackend, "_wait", lambda self, op, what: None)
+    monkeypatch.setattr(gke.GkeBackend, "wait", lambda self, pending: None)
     core = FakeCoreV1()
     hooks: list[dict] = []
 
@@ -260,21 +272,65 @@ def _context(run_id: str, **ti):
     }
 
 
-def _event(deferred, status: str) -> dict:
-    """What GKEStartPodTrigger sends when its pod ends (KubernetesPodTrigger.run)."""
-    trigger = deferred.trigger
-    return {
-        "status": status,
-        "namespace": trigger.pod_namespace,
-        "name": trigger.pod_name,
-        "message": "pod failed"
-        if status == "failed"
-        else "All containers inside pod have started successfully.",
-        **trigger.trigger_kwargs,
-    }
+class FakeAsyncHook:
+    """The provider's async GKE Kubernetes hook as AttemptPodsTrigger uses it, over ``FakeCoreV1``;
+    log lines get increasing timestamps, as the API's ``timestamps=True`` gives them."""
+
+    def __init__(self, core: FakeCoreV1):
+        self.core = core
+        self.log_reads: list[tuple[str, int | None]] = []
+
+    async def get_pod(self, name, namespace):
+        return self.core.read_namespaced_pod(name, namespace)
+
+    async def read_logs(self, name, namespace, container_name=None, since_seconds=None):
+        self.log_reads.append((name, since_seconds))
+        pod = self.core.pods[name]
+        if pod["proc"] is None:
+            text = pod.get("script_log", "")
+        else:
+            pod["log"].seek(0)
+            text = pod["log"].read()
+        return [f"2026-11-23T00:00:00.{i:09d}Z {line}" for i, line in enumerate(text.splitlines())]
 
 
-def test_execute_on_gke_starts_the_pods_and_defers_on_the_provider_trigger(gke_env):
+def _trigger_event(env, deferred, timeout_s=300, on_poll=None) -> dict:
+    """Play the triggerer: run the deferred AttemptPodsTrigger (serialised and rebuilt, as the
+    triggerer does) against the fake cluster until it fires; return its event payload."""
+    import asyncio
+
+    from sailor_tasks.airflow_glue.triggers import AttemptPodsTrigger
+
+    classpath, kwargs = deferred.trigger.serialize()
+    assert classpath == "sailor_tasks.airflow_glue.triggers.AttemptPodsTrigger"
+    trigger = AttemptPodsTrigger(**{**kwargs, "poll_interval": 0.02})
+    hook = FakeAsyncHook(env.core)
+    trigger.hook = lambda: hook
+
+    async def first():
+        agen = trigger.run()
+        task = asyncio.ensure_future(agen.__anext__())
+        deadline = time.monotonic() + timeout_s
+        while not task.done():
+            assert time.monotonic() < deadline, "the trigger did not fire"
+            if on_poll is not None:
+                on_poll()
+            await asyncio.sleep(0.02)
+        return task.result().payload
+
+    return asyncio.run(first())
+
+
+def _ended(env, deferred, **codes) -> dict:
+    """The trigger's event once the named pods (node index → exit status) have ended."""
+    for name in deferred.trigger.pod_names:
+        rank = name.rsplit("-", 1)[1]
+        if f"node{rank}" in codes:
+            env.core.pods[name]["exit"] = codes[f"node{rank}"]
+    return _trigger_event(env, deferred, timeout_s=30)
+
+
+def test_execute_on_gke_starts_the_pods_and_defers_on_every_pod_at_once(gke_env):
     from airflow.sdk.exceptions import TaskDeferred
 
     run_id = "manual__defer-1"
@@ -287,15 +343,14 @@ def test_execute_on_gke_starts_the_pods_and_defers_on_the_provider_trigger(gke_e
     assert op.template_fields == ("request", "placement", "data")  # XComArgs of validate/plan/place_data
     assert deferred.value.method_name == "resume_train" and deferred.value.timeout is None
     classpath, kwargs = deferred.value.trigger.serialize()
-    assert classpath == "airflow.providers.google.cloud.triggers.kubernetes_engine.GKEStartPodTrigger"
-    pool = gke.node_pool_name(run_key(run_id))
+    assert classpath == "sailor_tasks.airflow_glue.triggers.AttemptPodsTrigger"
+    pool = gke.run_prefix(run_key(run_id))
     names = [f"{pool}-a1-node-0", f"{pool}-a1-node-1"]
-    assert kwargs["pod_name"] == names[0] and kwargs["pod_namespace"] == "sailor"
+    assert kwargs["pod_names"] == names and kwargs["namespace"] == "sailor"
     assert (kwargs["cluster_url"], kwargs["ssl_ca_cert"]) == (CLUSTER_URL, CA_CERT)
     assert kwargs["gcp_conn_id"] == "google_cloud_default"
     assert kwargs["poll_interval"] == 15 and kwargs["startup_timeout"] == 30 * 60
-    assert kwargs["on_finish_action"] == "delete_succeeded_pod" and kwargs["get_logs"] is True
-    assert kwargs["trigger_kwargs"] == {"sailor_train": {"attempt": 1, "pod": 0, "exit": {}}}
+    assert kwargs["state"] == {"attempt": 1}
 
     # Both nodes' pods exist, labelled for reattachment, with the rendezvous service of attempt 1.
     assert sorted(gke_env.core.pods) == names
@@ -310,9 +365,37 @@ def test_execute_on_gke_starts_the_pods_and_defers_on_the_provider_trigger(gke_e
     assert attempt["outcome"] == "running" and attempt["try_number"] == 1
 
 
-def test_on_kill_deletes_the_running_pods_and_keeps_the_ended_ones(gke_env):
-    """The run marked failed while train runs (sailor cancel): every pod still running is deleted
-    through the provider's GKE Kubernetes hook, in the region's cluster; an ended pod is kept."""
+def test_the_trigger_streams_every_pods_log_and_fires_when_one_fails(gke_env, capsys):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    run_id = "manual__stream-1"
+    request, placement, data = gke_env.prepare(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(request, placement, data).execute(_context(run_id))
+    node0, node1 = deferred.value.trigger.pod_names
+    gke_env.core.pods[node0]["script_log"] = "step 10 loss 2.31 samples/s 410.0\nstep 20 loss 2.05 samples/s 415.2\n"
+    gke_env.core.pods[node1]["script_log"] = "step 10 loss 2.31 samples/s 409.1\n"
+    polls = []
+
+    def node1_dies_after_a_few_polls():
+        polls.append(1)
+        if len(polls) == 5:
+            gke_env.core.pods[node1]["exit"] = 137
+
+    capsys.readouterr()
+    event = _trigger_event(gke_env, deferred.value, timeout_s=30, on_poll=node1_dies_after_a_few_polls)
+    logged = capsys.readouterr().out  # the triggerer's log of this trigger is the task's log
+    assert event["status"] == "ended" and event["sailor_train"] == {"attempt": 1}
+    assert event["pods"][node1] == {"phase": "Failed", "exit_code": 137}
+    assert event["pods"][node0]["phase"] == "Running"  # node 0 did not have to end first
+    for pod, line in ((node0, "step 20 loss 2.05 samples/s 415.2"), (node1, "step 10 loss 2.31 samples/s 409.1")):
+        assert logged.count(f"[{pod}] {line}") == 1, logged  # streamed once, not repeated per poll
+
+
+def test_on_kill_deletes_the_running_pods_and_services_and_cancels_the_attempt(gke_env):
+    """The run marked failed while train runs (sailor cancel): every pod still running and the
+    rendezvous service are deleted through the provider's GKE Kubernetes hook, in the region's
+    cluster; an ended pod is kept; the attempt is ``cancelled``."""
     from airflow.sdk.exceptions import TaskDeferred
 
     run_id = "manual__kill-1"
@@ -320,7 +403,7 @@ def test_on_kill_deletes_the_running_pods_and_keeps_the_ended_ones(gke_env):
     op = _operator(request, placement, data)
     with pytest.raises(TaskDeferred):
         op.execute(_context(run_id))
-    pool = gke.node_pool_name(run_key(run_id))
+    pool = gke.run_prefix(run_key(run_id))
     running, ended = f"{pool}-a1-node-0", f"{pool}-a1-node-1"
     gke_env.core.pods[ended]["exit"] = 1
     gke_env.core.pods["someone-else"] = {"labels": {"sailor.dev/run": "other"}, "exit": None, "proc": None}
@@ -329,10 +412,31 @@ def test_on_kill_deletes_the_running_pods_and_keeps_the_ended_ones(gke_env):
     op.on_kill()
     assert gke_env.core.deleted == [running]
     assert sorted(gke_env.core.pods) == sorted([ended, "someone-else"])
+    assert gke_env.core.deleted_services == [f"{pool}-a1-rdzv"] and not gke_env.core.services
     assert gke_env.hooks and {h["cluster_url"] for h in gke_env.hooks} == {CLUSTER_URL}
+    (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "cancelled"
+    assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"
     # teardown (which still runs) finds nothing left to stop, then releases the node pool.
     assert stages.teardown(run_id, gke_env.ctx)["training_stopped"] == 0
-    assert "delete_node_pool" in gke_env.clusters.calls or "set_node_pool_size" in gke_env.clusters.calls
+    assert "delete_node_pool" in gke_env.clusters.calls
+    assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"
+
+
+def test_teardown_of_a_deferred_run_cancels_its_attempt(gke_env):
+    """Cancelled while deferred (no task runs to be killed): teardown stops the pods and services
+    and ends the attempt as cancelled, not failed or preempted."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    run_id = "manual__kill-2"
+    request, placement, data = gke_env.prepare(run_id)
+    with pytest.raises(TaskDeferred):
+        _operator(request, placement, data).execute(_context(run_id))
+    out = stages.teardown(run_id, gke_env.ctx)
+    assert out["training_stopped"] == 2 and not gke_env.core.services
+    (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "cancelled" and gke_env.ctx.ledger.preemptions(run_id) == []
+    assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"
 
 
 def test_a_retried_task_reattaches_to_the_running_pods_instead_of_starting_new_ones(gke_env):
@@ -347,24 +451,12 @@ def test_a_retried_task_reattaches_to_the_running_pods_instead_of_starting_new_o
     with pytest.raises(TaskDeferred) as deferred:
         _operator(request, placement, data).execute(_context(run_id, try_number=2))
     assert sorted(gke_env.core.pods) == created  # the same pods, no duplicates
-    assert deferred.value.trigger.pod_name == created[0]
+    assert deferred.value.trigger.pod_names == created
     (attempt,) = gke_env.ctx.ledger.attempts(run_id)  # still one attempt, still running
     assert attempt["outcome"] == "running"
 
-    # Node 0 is preempted (kept, labelled already_checked by the provider); then the wait on node 1
-    # times out and Airflow retries the task (try 3): node 0 is read again, not recreated.
-    gke_env.core.pods[created[0]]["exit"] = 1
-    op, context = _operator(request, placement, data), _context(run_id, try_number=2)
-    with pytest.raises(TaskDeferred) as on_node1:
-        op.resume_train(context, event=_event(deferred.value, "failed"))
-    assert on_node1.value.trigger.pod_name == created[1]
-    assert gke_env.core.pods[created[0]]["labels"]["already_checked"] == "True"
-    with pytest.raises(TaskDeferred) as again:
-        _operator(request, placement, data).execute(_context(run_id, try_number=3))
-    assert sorted(gke_env.core.pods) == created and again.value.trigger.pod_name == created[0]
 
-
-def test_resume_follows_each_pod_in_turn_then_fails_clearly_on_a_failed_pod(gke_env):
+def test_a_failed_pod_stops_its_peers_at_once_and_fails_clearly(gke_env):
     from airflow.sdk.exceptions import TaskDeferred
 
     from sailor_tasks.errors import TrainingFailedError
@@ -372,23 +464,51 @@ def test_resume_follows_each_pod_in_turn_then_fails_clearly_on_a_failed_pod(gke_
     run_id = "manual__defer-3"
     request, placement, data = gke_env.prepare(run_id)
     op, context = _operator(request, placement, data), _context(run_id)
-    with pytest.raises(TaskDeferred) as first:
+    with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    node0, node1 = sorted(gke_env.core.pods)
+    node0, node1 = deferred.value.trigger.pod_names
 
-    gke_env.core.pods[node0]["exit"] = 0
-    with pytest.raises(TaskDeferred) as second:
-        op.resume_train(context, event=_event(first.value, "success"))
-    assert second.value.trigger.pod_name == node1
-    assert second.value.trigger.trigger_kwargs["sailor_train"] == {"attempt": 1, "pod": 1, "exit": {"0": 0}}
-    assert node0 in gke_env.core.deleted  # the provider cleans up a succeeded pod
-
-    gke_env.core.pods[node1]["exit"] = 3
+    event = _ended(gke_env, deferred.value, node1=3)  # node 1's command fails; node 0 still runs
     with pytest.raises(TrainingFailedError, match="exit code 3"):
-        op.resume_train(context, event=_event(second.value, "failed"))
-    assert gke_env.core.pods[node1]["labels"]["already_checked"] == "True"  # kept, never reattached
+        op.resume_train(context, event=event)
+    assert gke_env.core.deleted == [node0]  # not left waiting on a collective with a dead peer
+    assert node1 in gke_env.core.pods  # the failed pod is kept for inspection
     (attempt,) = gke_env.ctx.ledger.attempts(run_id)
     assert attempt["outcome"] == "failed" and attempt["detail"] == "exit code 3"
+    assert gke_env.ctx.ledger.preemptions(run_id) == []
+
+
+def test_a_pod_gone_with_its_node_is_a_preemption_that_replans_with_the_zone_blocked(gke_env):
+    """No result.json says so (the node took the trainer with it): the pod's absence decides, and
+    the next attempt is re-planned away from the zone on a pool of its own placement."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    run_id = "manual__gone-1"
+    request, placement, data = gke_env.prepare(run_id)
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    node0, node1 = deferred.value.trigger.pod_names
+    del gke_env.core.pods[node1]  # reclaimed Spot VM: the node and its pod are gone
+    event = _trigger_event(gke_env, deferred.value, timeout_s=30)
+    assert event["pods"][node1]["phase"] == "Gone"
+    with pytest.raises(TaskDeferred) as next_attempt:
+        op.resume_train(context, event=event)
+
+    ledger = gke_env.ctx.ledger
+    first, second = ledger.attempts(run_id)
+    assert (first["outcome"], second["outcome"]) == ("preempted", "running")
+    (pre,) = ledger.preemptions(run_id)
+    assert pre["zone"] == placement["zone"] and pre["noticed"] is False
+    assert second["placement"]["zone"] != placement["zone"]  # blocked, not a retry in place
+    assert node0 in gke_env.core.deleted  # the surviving node's pod was stopped
+    pools = gke_env.clusters.pools
+    assert len(pools) == 2 and {p.locations[0] for p in pools.values()} == {
+        placement["zone"],
+        second["placement"]["zone"],
+    }
+    assert next_attempt.value.trigger.state == {"attempt": 2}
+    assert all("-a2-node-" in n for n in next_attempt.value.trigger.pod_names)
 
 
 def test_resume_without_sailor_state_names_what_it_got(gke_env):
@@ -401,28 +521,31 @@ def test_resume_without_sailor_state_names_what_it_got(gke_env):
 
 
 def _play_triggerer(env, op, context, deferred, preempt_at_step=None, timeout_s=300):
-    """Wait for each deferred pod to end, send its event; SIGTERM (a spot preemption notice) to
-    attempt 1's node 0 once the trainer passed ``preempt_at_step``. Returns the task's result."""
+    """Run each deferred trigger until it fires and hand the task its event; SIGTERM (a spot
+    preemption notice) to attempt 1's node 0 once the trainer passed ``preempt_at_step``.
+    Returns the task's result."""
     from airflow.sdk.exceptions import TaskDeferred
 
     from sailor_tasks.train.progress import read_progress
 
-    deadline = time.monotonic() + timeout_s
+    sent = []
+
+    def notice():
+        name = next(n for n in deferred.trigger.pod_names if n.endswith("-node-0"))
+        if preempt_at_step is None or sent or not name.endswith("-a1-node-0"):
+            return
+        if (read_progress(env.core.progress).get("step") or 0) >= preempt_at_step:
+            # The kubelet's graceful node shutdown: SIGTERM, and the pod's reason says why.
+            env.core.pods[name]["reason"] = "Terminated"
+            env.core.pods[name]["proc"].send_signal(signal.SIGTERM)
+            sent.append(name)
+
     while True:
-        name = deferred.trigger.pod_name
-        preempted = False
-        while env.core.exit_code(name) is None:
-            assert time.monotonic() < deadline, f"pod {name} did not end"
-            if preempt_at_step is not None and not preempted and name.endswith("-a1-node-0"):
-                if (read_progress(env.core.progress).get("step") or 0) >= preempt_at_step:
-                    env.core.pods[name]["proc"].send_signal(signal.SIGTERM)
-                    preempted = True
-            time.sleep(0.02)
-        status = "success" if env.core.exit_code(name) == 0 else "failed"
+        event = _trigger_event(env, deferred, timeout_s=timeout_s, on_poll=notice)
         try:
-            return op.resume_train(context, event=_event(deferred, status))
+            return op.resume_train(context, event=event)
         except TaskDeferred as again:
-            deferred = again
+            deferred = again.value if hasattr(again, "value") else again
 
 
 @pytest.mark.slow
@@ -457,3 +580,78 @@ def test_deferred_train_runs_the_pods_and_recovers_a_preempted_attempt(gke_env):
     assert sum(s.endswith("-rdzv") for s in gke_env.core.services) == 2
     stages_seen = [t["stage"] for t in ledger.stage_timings(run_id)]
     assert stages_seen.count("train_launch") == 2 and stages_seen.count("train") == 2
+
+
+def test_a_recoverys_new_pool_is_waited_for_in_the_triggerer(gke_env):
+    """After a preemption the train task re-plans and starts the new placement's pool, then defers
+    on GKEOperationTrigger while GKE creates it (no worker slot held), and starts the pods after."""
+    from airflow.sdk.exceptions import TaskDeferred
+    from google.cloud.container_v1 import types
+
+    run_id = "manual__recover-pool"
+    request, placement, data = gke_env.prepare(run_id)
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    ops: dict[str, object] = {}
+
+    def running():  # from here on, GKE operations take a while
+        name = f"operation-{len(ops) + 1}"
+        ops[name] = types.Operation(name=name, status=types.Operation.Status.RUNNING, location=REGION)
+        return ops[name]
+
+    gke_env.clusters._op = running
+    gke_env.clusters.get_operation = lambda *, name: ops[name.rsplit("/", 1)[-1]]
+    node0, node1 = deferred.value.trigger.pod_names
+    del gke_env.core.pods[node0]  # the Spot node went away with its pod
+    with pytest.raises(TaskDeferred) as waiting:
+        op.resume_train(context, event=_trigger_event(gke_env, deferred.value, timeout_s=30))
+    classpath, kwargs = waiting.value.trigger.serialize()
+    assert classpath.endswith("GKEOperationTrigger") and kwargs["operation_name"] == "operation-1"
+    assert waiting.value.method_name == "resume_capacity" and waiting.value.kwargs["attempt"] == 2
+    assert not any("-a2-" in name for name in gke_env.core.pods)  # no pod before its pool exists
+    (_, second) = gke_env.ctx.ledger.attempts(run_id)
+    assert second["outcome"] == "running" and second["placement"]["zone"] != placement["zone"]
+
+    # A retried task (the worker died meanwhile) finds the running operation in the run's record.
+    with pytest.raises(TaskDeferred) as again:
+        _operator(request, placement, data).execute(_context(run_id, try_number=2))
+    assert again.value.trigger.operation_name == "operation-1"
+
+    ops["operation-1"] = types.Operation(name="operation-1", status=types.Operation.Status.DONE)
+    with pytest.raises(TaskDeferred) as pods:
+        op.resume_capacity(context, event={"status": "success"}, **waiting.value.kwargs)
+    assert pods.value.method_name == "resume_train" and pods.value.trigger.state == {"attempt": 2}
+    assert all("-a2-node-" in name for name in pods.value.trigger.pod_names)
+    assert all(name in gke_env.core.pods for name in pods.value.trigger.pod_names)
+
+
+@pytest.mark.slow
+def test_a_runs_own_command_runs_in_its_pods_with_the_contract_env(gke_env):
+    """The run's own command (examples/plain_ddp.py, no SAILOR import) in the pods of its image, with
+    the run contract's env on gs://, through the deferred train task to a completed attempt."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    gke_env.core.mode = "process"
+    script = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "plain_ddp.py"))
+    image = "europe-docker.pkg.dev/acme/ml/train:1.2"
+    run_id = "manual__own-cmd"
+    request, placement, data = gke_env.prepare(
+        run_id,
+        command=["python", script],
+        image=image,
+        env={"CHECKPOINT_EVERY": "10"},
+        total_steps=20,
+        checkpoint_every_steps=10,
+    )
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    for name in deferred.value.trigger.pod_names:
+        (container,) = gke_env.core.pods[name]["body"]["spec"]["containers"]
+        assert container["image"] == image and container["command"][-3:] == ["--no-python", "python", script]
+    result = _play_triggerer(gke_env, op, context, deferred.value)
+
+    assert result["step"] == 20 and result["checkpoint_uri"].startswith("gs://")
+    (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "completed"

@@ -16,7 +16,6 @@ import pytest
 from sailor_tasks.backends import TrainLaunch, get_backend
 from sailor_tasks.backends.gke import (
     CONTAINER_NAME,
-    PREEMPTION_NOTICE_S,
     GkeBackend,
     GkeConfig,
     accelerator_type,
@@ -32,6 +31,8 @@ from sailor_tasks.backends.gke import (
 )
 from sailor_tasks.catalog import load_catalog
 from sailor_tasks.model import Placement
+from sailor_tasks.testing.gke_fake import InMemoryClusterManager
+from sailor_tasks.train.config import TrainConfig
 
 pytestmark = pytest.mark.gke
 
@@ -56,10 +57,24 @@ def _placement(gpu: str, gpus_per_node: int, num_nodes: int, market: str = "spot
     )
 
 
-def _launch(placement: Placement) -> TrainLaunch:
+def _launch(placement: Placement, image: str = "") -> TrainLaunch:
     key = "manual__2026-11-22T05_00_00_00_00"
     uri = f"gs://acme-ml-sailor-{placement.region}/runs/{key}/train_config.json"
-    return TrainLaunch(placement.run_id, key, uri, placement.num_gpus, placement)
+    return TrainLaunch(placement.run_id, key, uri, placement.num_gpus, placement, image=image)
+
+
+def _train(launch: TrainLaunch, **kw) -> TrainConfig:
+    """The attempt's TrainConfig as ``stages.attempts.begin_attempt`` writes it."""
+    return TrainConfig(
+        run_id=launch.run_id,
+        model="tiny_gpt",
+        data_uri=f"gs://acme-ml-sailor-{launch.placement.region}/replicas/demo",
+        output_uri=launch.config_uri.rsplit("/", 1)[0],
+        total_steps=50,
+        checkpoint_every_steps=10,
+        seed=7,
+        **kw,
+    )
 
 
 # --- Google bodies ------------------------------------------------------------------------------
@@ -85,7 +100,7 @@ def test_spot_node_pool_body_is_a_valid_gpu_pool_for_the_placement():
         ("nvidia.com/gpu", "present", "NO_SCHEDULE"),
         ("cloud.google.com/gke-spot", "true", "NO_SCHEDULE"),
     }
-    assert pool.name == node_pool_name("run-1") and len(pool.name) <= 40
+    assert pool.name == node_pool_name("run-1", pl) and len(pool.name) <= 40
 
 
 def test_on_demand_pool_has_no_spot_flag_or_taint():
@@ -129,17 +144,17 @@ def _kpo_render(pod, launch):
 
 def test_single_node_pod_targets_the_spot_pool_with_gpu_limits_and_notice_grace():
     launch = _launch(_placement("A100", 4, 1))
-    (pod,) = build_training_pods(CONFIG, launch)
+    (pod,) = build_training_pods(CONFIG, launch, _train(launch))
     assert build_rendezvous_service(CONFIG, launch) is None
     manifest, op = _kpo_render(pod, launch)
     kubernetes_validate.validate(manifest, K8S, strict=True)
     spec = manifest["spec"]
     assert spec["nodeSelector"] == {
-        "cloud.google.com/gke-nodepool": node_pool_name(launch.run_key),
+        "cloud.google.com/gke-nodepool": node_pool_name(launch.run_key, launch.placement),
         "cloud.google.com/gke-spot": "true",
     }
     assert {t["key"] for t in spec["tolerations"]} == {"nvidia.com/gpu", "cloud.google.com/gke-spot"}
-    assert spec["terminationGracePeriodSeconds"] == PREEMPTION_NOTICE_S == 30
+    assert spec["terminationGracePeriodSeconds"] == CONFIG.pod_grace_s() == 105
     assert spec["restartPolicy"] == "Never"
     (container,) = spec["containers"]
     assert container["name"] == CONTAINER_NAME
@@ -148,15 +163,15 @@ def test_single_node_pod_targets_the_spot_pool_with_gpu_limits_and_notice_grace(
     assert "--standalone" in container["command"]
     assert container["command"][-3:] == ["sailor_tasks.train", "--config", launch.config_uri]
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["SAILOR_CHECKPOINT_URI"] == launch.config_uri.rsplit("/", 1)[0] + "/checkpoints"
+    assert env["SAILOR_CHECKPOINT_DIR"] == launch.config_uri.rsplit("/", 1)[0] + "/checkpoints"
     assert manifest["metadata"]["labels"]["sailor.dev/run"] == run_label(launch.run_key)
     assert op.deferrable is True and op.reattach_on_restart is True
-    assert op.termination_grace_period == PREEMPTION_NOTICE_S
+    assert op.termination_grace_period == 105
 
 
 def test_multi_node_pods_rendezvous_on_node_zero_through_a_headless_service():
     launch = _launch(_placement("H100", 8, 3))
-    pods = build_training_pods(CONFIG, launch)
+    pods = build_training_pods(CONFIG, launch, _train(launch))
     service = serialize(build_rendezvous_service(CONFIG, launch))
     kubernetes_validate.validate(service, K8S, strict=True)
     assert service["spec"]["clusterIP"] == "None"
@@ -180,7 +195,7 @@ def test_a_retried_task_finds_its_own_node_pods_not_the_others():
     context = {"ti": ti, "run_id": launch.run_id, "dag": SimpleNamespace()}
     selectors = [
         _kpo_render(pod, launch)[1]._build_find_pod_label_selector(context)
-        for pod in build_training_pods(CONFIG, launch)
+        for pod in build_training_pods(CONFIG, launch, _train(launch))
     ]
     for rank, selector in enumerate(selectors):
         assert "dag_id=sailor_train" in selector and "task_id=train" in selector
@@ -247,73 +262,8 @@ def test_exit_status_of_a_finished_training_container_is_read_from_the_pod():
 # --- provisioning against an in-memory ClusterManager -------------------------------------------
 
 
-class FakeClusterManager:
-    """In-memory ClusterManager: clusters and pools by resource path, GKE's status codes as errors."""
-
-    def __init__(self):
-        self.clusters: dict[str, object] = {}
-        self.pools: dict[str, object] = {}
-        self.calls: list[str] = []
-
-    def _op(self):
-        from google.cloud.container_v1 import types
-
-        return types.Operation(name="op", status=types.Operation.Status.DONE, location="us-central1")
-
-    def get_cluster(self, *, name):
-        from google.api_core.exceptions import NotFound
-
-        self.calls.append("get_cluster")
-        if name not in self.clusters:
-            raise NotFound(name)
-        return self.clusters[name]
-
-    def create_cluster(self, *, parent, cluster):
-        from google.api_core.exceptions import AlreadyExists
-
-        self.calls.append("create_cluster")
-        path = f"{parent}/clusters/{cluster.name}"
-        if path in self.clusters:
-            raise AlreadyExists(path)
-        self.clusters[path] = cluster
-        return self._op()
-
-    def create_node_pool(self, *, parent, node_pool):
-        from google.api_core.exceptions import AlreadyExists
-
-        self.calls.append("create_node_pool")
-        path = f"{parent}/nodePools/{node_pool.name}"
-        if path in self.pools:
-            raise AlreadyExists(path)
-        self.pools[path] = node_pool
-        return self._op()
-
-    def set_node_pool_size(self, *, name, node_count):
-        from google.api_core.exceptions import NotFound
-
-        self.calls.append(f"set_node_pool_size={node_count}")
-        if name not in self.pools:
-            raise NotFound(name)
-        self.pools[name].initial_node_count = node_count
-        return self._op()
-
-    def delete_node_pool(self, *, name):
-        from google.api_core.exceptions import NotFound
-
-        self.calls.append("delete_node_pool")
-        if name not in self.pools:
-            raise NotFound(name)
-        del self.pools[name]
-        return self._op()
-
-    def get_node_pool(self, *, name):
-        return self.pools[name]
-
-    def set_node_pool_autoscaling(self, *, name, autoscaling):
-        raise NotImplementedError
-
-    def get_operation(self, *, name):
-        return self._op()
+FakeClusterManager = InMemoryClusterManager
+"""In-memory ClusterManager: clusters and pools by resource path, GKE's status codes as errors."""
 
 
 @pytest.fixture
@@ -423,3 +373,259 @@ def test_gke_run_with_local_buckets_is_rejected_at_validate(ctx, demo_dataset):
         stages.validate({"backend": "gke", "dataset_uri": demo_dataset}, "manual__r1", ctx)
     (run,) = ctx.ledger.list_runs()
     assert run["status"] == "rejected" and ctx.ledger.live_reservations() == []
+
+
+@pytest.mark.gcs
+def test_every_attempt_gets_a_pool_of_its_placement_and_teardown_deletes_them_all(gke_settings):
+    """A recovery to another zone, GPU or market (or region) must not reuse the preempted Spot pool:
+    each placement gets its own pool, and teardown deletes every pool the run created."""
+    fake = FakeClusterManager()
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    spot = _placement("A100", 4, 1)
+    backend.provision("run-1", spot)
+    offers = [o for o in load_catalog().offers if o.region == spot.region and o.gpu_type == "A100"]
+    other_zone = next((o.zone for o in offers if o.zone != spot.zone), None)
+    moves = [dataclasses.replace(spot, market="on_demand")]  # same zone, on-demand
+    if other_zone:
+        moves.append(dataclasses.replace(spot, zone=other_zone))  # same region, another zone
+    l4 = _placement("L4", 1, 1)
+    moves.append(l4)  # another GPU (and region)
+    for placement in moves:
+        record = backend.provision("run-1", placement)
+        assert record["node_pool_state"] == "created"
+        pool = fake.pools[record["node_pool_path"]]
+        assert list(pool.locations) == [placement.zone]
+        assert pool.config.machine_type == placement.instance_type
+        assert pool.config.spot is (placement.market == "spot")
+        assert pool.config.accelerators[0].accelerator_type == accelerator_type(placement.gpu_type)
+    assert len(fake.pools) == 1 + len(moves)
+    assert len(backend.record("run-1")["pools"]) == 1 + len(moves)
+    # A retry of the last attempt finds its pool instead of making another one.
+    assert backend.provision("run-1", l4)["node_pool_state"] == "exists" and len(fake.pools) == 1 + len(moves)
+    backend.provision("run-2", spot)  # another run's pool stays
+    assert backend.teardown("run-1") is True
+    assert [p.name for p in fake.pools.values()] == [node_pool_name("run-2", spot)]
+    assert fake.calls.count("delete_node_pool") == 1 + len(moves)
+    assert backend.record("run-1") is None and backend.teardown("run-1") is False
+
+
+# --- the run's own code, the grace window, the notice -------------------------------------------
+
+
+def test_pods_run_the_runs_image_and_command_under_torchrun_with_the_contract_env():
+    from sailor_tasks.runtime import contract
+
+    launch = _launch(_placement("H100", 8, 2), image="europe-docker.pkg.dev/acme/ml/train:1.2")
+    train = _train(launch, command=("python", "/app/train.py", "--lr", "0.1"), env={"MY_FLAG": "on"})
+    pods = build_training_pods(CONFIG, launch, train)
+    for rank, pod in enumerate(pods):
+        manifest, _ = _kpo_render(pod, launch)
+        kubernetes_validate.validate(manifest, K8S, strict=True)
+        (container,) = manifest["spec"]["containers"]
+        assert container["image"] == "europe-docker.pkg.dev/acme/ml/train:1.2"
+        cmd = container["command"]
+        assert cmd[:3] == ["python", "-m", "torch.distributed.run"] and f"--node-rank={rank}" in cmd
+        assert cmd[cmd.index("--no-python") + 1 :] == ["python", "/app/train.py", "--lr", "0.1"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["MY_FLAG"] == "on"
+        assert env[contract.RUN_ID] == launch.run_id and env[contract.ATTEMPT] == "1"
+        assert (
+            env[contract.DATA_DIR] == train.data_uri and env[contract.CHECKPOINT_DIR] == train.checkpoint_uri
+        )
+        assert (env[contract.TOTAL_STEPS], env[contract.SEED]) == ("50", "7")
+        assert env[contract.NOTICE_FILE] == "/var/run/sailor/notice.json"
+        grace = str(manifest["spec"]["terminationGracePeriodSeconds"])
+        assert env["SAILOR_PREEMPTION_NOTICE_S"] == env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == grace
+    # Empty command: the built-in trainer in SAILOR's image.
+    built_in = _launch(_placement("H100", 8, 1))
+    (pod,) = build_training_pods(CONFIG, built_in, _train(built_in))
+    (container,) = pod.spec.containers
+    assert container.image == CONFIG.image_for(built_in.placement.region)
+    assert container.command[-4:] == ["-m", "sailor_tasks.train", "--config", built_in.config_uri]
+
+
+def test_the_prestop_hook_writes_the_notice_file_with_the_real_window(tmp_path):
+    """The kubelet runs the preStop hook before SIGTERM: it writes the run contract's notice file
+    (deadline = now + the pod's grace period), which the trainer and runtime.Run read."""
+    import time
+
+    from sailor_tasks.backends.gke import NOTICE_PATH
+    from sailor_tasks.runtime.contract import read_notice
+
+    launch = _launch(_placement("A100", 4, 1))
+    (pod,) = build_training_pods(CONFIG, launch, _train(launch), grace_s=42)
+    assert pod.spec.termination_grace_period_seconds == 42
+    argv = pod.spec.containers[0].lifecycle.pre_stop._exec.command
+    assert argv[:2] == ["/bin/sh", "-c"]
+    path = str(tmp_path / "notice.json")
+    before = time.time()
+    subprocess.run([*argv[:2], argv[2].replace(NOTICE_PATH, path)], check=True, timeout=10)
+    notice = read_notice(path)
+    assert notice is not None and notice.notice_s == 42 and notice.reason == "preemption"
+    assert before + 41 <= notice.deadline <= time.time() + 43
+    mounts = {m.mount_path for m in pod.spec.containers[0].volume_mounts}
+    assert "/var/run/sailor" in mounts
+
+
+def test_spot_pools_ask_for_the_extended_shutdown_period_where_the_cluster_supports_it():
+    from sailor_tasks.backends.gke import configured_grace_s, supports_extended_grace
+
+    pl = _placement("A100", 4, 1)
+    kubelet = validate_node_pool_body(build_node_pool_body(CONFIG, "run-1", pl)).config.kubelet_config
+    assert (kubelet.shutdown_grace_period_seconds, kubelet.shutdown_grace_period_critical_pods_seconds) == (
+        120,
+        15,
+    )
+    assert CONFIG.pod_grace_s() == configured_grace_s(CONFIG) == 105 >= 15
+    old = validate_node_pool_body(build_node_pool_body(CONFIG, "run-1", pl, extended_grace=False))
+    assert "kubelet_config" not in old.config and CONFIG.pod_grace_s(extended=False) == 15
+    on_demand = build_node_pool_body(CONFIG, "run-1", dataclasses.replace(pl, market="on_demand"))
+    assert "kubelet_config" not in on_demand["config"]  # the field is valid for Spot VMs only
+    short = GkeConfig(project="p", spot_shutdown_s=30)
+    assert (
+        "kubelet_config" not in build_node_pool_body(short, "run-1", pl)["config"]
+        and short.pod_grace_s() == 15
+    )
+    assert configured_grace_s(environ={"SAILOR_GKE_SPOT_SHUTDOWN_S": "30"}) == 15
+    assert supports_extended_grace("1.35.0-gke.1171000") and supports_extended_grace("1.36.2-gke.100")
+    assert not supports_extended_grace("1.35.0-gke.1170999") and not supports_extended_grace(
+        "1.34.9-gke.9999999"
+    )
+    assert not supports_extended_grace("")
+    with pytest.raises(ValueError, match="SAILOR_GKE_SPOT_SHUTDOWN_S=60.*valid: 30, 120"):
+        GkeConfig(project="p", spot_shutdown_s=60)
+    with pytest.raises(ValueError, match="SAILOR_GKE_SPOT_SHUTDOWN_S='2m' is not a whole number"):
+        configured_grace_s(environ={"SAILOR_GKE_SPOT_SHUTDOWN_S": "2m"})
+
+
+@pytest.mark.gcs
+def test_the_pods_grace_is_what_the_pool_got_on_its_clusters_version(gke_settings):
+    pl = _placement("A100", 4, 1)
+    for version, grace, extended in (("1.35.1-gke.1396000", 105, True), ("1.33.5-gke.1000", 15, False)):
+        fake = FakeClusterManager(version=version)
+        backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+        key = f"run-{grace}"
+        record = backend.provision(key, pl)
+        assert record["grace_s"] == grace and record["pools"][0]["extended_grace"] is extended
+        (pool,) = fake.pools.values()
+        assert ("kubelet_config" in pool.config) is extended
+        launch = dataclasses.replace(_launch(pl), run_key=key)
+        pods, _ = backend.launch_manifests(launch, _train(launch))
+        assert pods[0].spec.termination_grace_period_seconds == grace
+        env = {e.name: e.value for e in pods[0].spec.containers[0].env}
+        assert env["SAILOR_PREEMPTION_NOTICE_S"] == str(grace)
+
+
+# --- how a pod ended ----------------------------------------------------------------------------
+
+
+def _ended_pod(code=None, reason=None, message=None, conditions=(), node="gke-node-1"):
+    from kubernetes.client import models as k8s
+
+    state = k8s.V1ContainerState(
+        terminated=k8s.V1ContainerStateTerminated(exit_code=code) if code is not None else None
+    )
+    status = k8s.V1ContainerStatus(
+        name=CONTAINER_NAME, image="i", image_id="", ready=False, restart_count=0, state=state
+    )
+    return k8s.V1Pod(
+        spec=k8s.V1PodSpec(containers=[], node_name=node),
+        status=k8s.V1PodStatus(
+            phase="Failed",
+            reason=reason,
+            message=message,
+            conditions=[k8s.V1PodCondition(type=t, status="True", reason=r) for t, r in conditions],
+            container_statuses=[status],
+        ),
+    )
+
+
+def _node(taints=(), ready="True"):
+    from kubernetes.client import models as k8s
+
+    return k8s.V1Node(
+        spec=k8s.V1NodeSpec(taints=[k8s.V1Taint(key=k, effect="NoSchedule") for k in taints]),
+        status=k8s.V1NodeStatus(conditions=[k8s.V1NodeCondition(type="Ready", status=ready)]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("pod", "node", "spot", "node_gone", "outcome", "noticed"),
+    [
+        (_ended_pod(0), _node(), True, False, "completed", True),
+        (
+            _ended_pod(1, "Terminated", "Pod was terminated in response to imminent node shutdown."),
+            _node(),
+            True,
+            False,
+            "preempted",
+            True,
+        ),
+        (
+            _ended_pod(143, conditions=[("DisruptionTarget", "TerminationByKubelet")]),
+            _node(),
+            True,
+            False,
+            "preempted",
+            True,
+        ),
+        (None, None, True, False, "preempted", False),  # the pod went with its node
+        (_ended_pod(137), None, True, True, "preempted", False),  # node deleted
+        (
+            _ended_pod(1),
+            _node(taints=["cloud.google.com/impending-node-termination"]),
+            True,
+            False,
+            "preempted",
+            False,
+        ),
+        (_ended_pod(1), _node(ready="Unknown"), False, False, "preempted", False),
+        (
+            _ended_pod(137),
+            _node(),
+            True,
+            False,
+            "preempted",
+            False,
+        ),  # killed by a signal on Spot: unexplained
+        (_ended_pod(None), _node(), True, False, "preempted", False),  # no exit status on Spot
+        (_ended_pod(137), _node(), False, False, "failed", True),  # on-demand: a kill is the run's own
+        (_ended_pod(1), _node(), True, False, "failed", True),  # a traceback is a failure, even on Spot
+        (_ended_pod(3), _node(), False, False, "failed", True),
+    ],
+)
+def test_a_pods_end_is_judged_by_the_pod_and_its_node(pod, node, spot, node_gone, outcome, noticed):
+    from sailor_tasks.backends.gke import classify_pod_end
+
+    end = classify_pod_end(pod, node, spot=spot, node_gone=node_gone)
+    assert end.outcome == outcome, end
+    if outcome == "preempted":
+        assert end.noticed is noticed and end.reason
+
+
+def test_render_shows_the_runs_own_image_command_and_env(settings):
+    """``sailor render`` (render_run) builds the pods as the operator submits them, validated by
+    kubernetes-validate: the run's image and command, its env and the contract's, the grace."""
+    from sailor_tasks.airflow_glue.gcp import render_run
+
+    params = {
+        "num_workers": 2,
+        "gpu_type": "L4",
+        "market": "spot",
+        "image": "us-docker.pkg.dev/acme/ml/train@sha256:" + "a" * 64,
+        "command": ["/app/run-training", "--epochs", "3"],
+        "env": {"WANDB_MODE": "offline"},
+    }
+    out = render_run(params, settings)
+    pods = [m for m in out["manifests"] if m["kind"] == "Pod"]
+    assert len(pods) == out["placement"]["num_nodes"] and out["grace_s"] == 105
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        assert container["image"] == params["image"]
+        assert container["command"][-4:] == ["--no-python", "/app/run-training", "--epochs", "3"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["WANDB_MODE"] == "offline" and env["SAILOR_DATA_DIR"].startswith("gs://")
+        assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "/bin/sh"
+        assert pod["spec"]["terminationGracePeriodSeconds"] == 105
+    kubelet = out["node_pool"]["node_pool"]["config"]["kubelet_config"]
+    assert kubelet["shutdown_grace_period_seconds"] == 120

@@ -1,0 +1,168 @@
+"""``AttemptPodsTrigger``: the triggerer follows every pod of a GKE training attempt at once.
+
+The provider's ``GKEStartPodTrigger`` follows one pod; a multi-node attempt whose node 1 dies
+would wait on node 0 until its collective timed out. This trigger reads every pod of the attempt
+each ``poll_interval`` through the provider's async GKE Kubernetes hook, streams the lines each pod
+logged since the last read into the task log (step, loss, samples/s as the trainer prints them),
+and fires as soon as any pod has ended in failure or is gone (its node reclaimed), or when all
+succeeded. ``SailorTrainOperator.resume_train`` then judges each pod, stops the others and ends
+the attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+CLASSPATH = "sailor_tasks.airflow_glue.triggers.AttemptPodsTrigger"
+PENDING_PHASES = ("Pending", "")
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status behind a Kubernetes API error (the async hook wraps it)."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        status = getattr(e, "status", None)
+        if isinstance(status, int):
+            return status
+    return None
+
+
+class AttemptPodsTrigger(BaseTrigger):
+    """Follow the pods ``pod_names`` of one attempt until one fails or all succeed.
+
+    Event payload: ``status`` (``success``: every pod succeeded; ``ended``: a pod failed or is
+    gone; ``error``: a pod did not start within ``startup_timeout`` or the API kept failing),
+    ``pods`` (name → ``{"phase", "exit_code"}``, ``phase`` ``Gone`` for a pod that no longer
+    exists), ``message``, and SAILOR's resume ``state`` under ``sailor_train``.
+    """
+
+    def __init__(
+        self,
+        *,
+        pod_names: Sequence[str],
+        namespace: str,
+        cluster_url: str,
+        ssl_ca_cert: str,
+        gcp_conn_id: str = "google_cloud_default",
+        container: str = "base",
+        poll_interval: float = 15.0,
+        startup_timeout: float = 30 * 60,
+        started_at: float | None = None,
+        state: Mapping[str, Any] | None = None,
+        log_marks: Mapping[str, str] | None = None,
+    ):
+        super().__init__()
+        self.pod_names = list(pod_names)
+        self.namespace = namespace
+        self.cluster_url, self.ssl_ca_cert, self.gcp_conn_id = cluster_url, ssl_ca_cert, gcp_conn_id
+        self.container = container
+        self.poll_interval, self.startup_timeout = poll_interval, startup_timeout
+        self.started_at = time.time() if started_at is None else started_at
+        self.state = dict(state or {})
+        self.log_marks = dict(log_marks or {})
+        """Timestamp of the last log line streamed per pod (a re-run trigger does not repeat lines)."""
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            CLASSPATH,
+            {
+                "pod_names": self.pod_names,
+                "namespace": self.namespace,
+                "cluster_url": self.cluster_url,
+                "ssl_ca_cert": self.ssl_ca_cert,
+                "gcp_conn_id": self.gcp_conn_id,
+                "container": self.container,
+                "poll_interval": self.poll_interval,
+                "startup_timeout": self.startup_timeout,
+                "started_at": self.started_at,
+                "state": self.state,
+                "log_marks": self.log_marks,
+            },
+        )
+
+    def hook(self) -> Any:
+        """The provider's async Kubernetes hook for the attempt's GKE cluster."""
+        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook
+
+        return GKEKubernetesAsyncHook(
+            cluster_url=self.cluster_url,
+            ssl_ca_cert=self.ssl_ca_cert,
+            gcp_conn_id=self.gcp_conn_id,
+            enable_tcp_keepalive=True,
+        )
+
+    async def _read(self, hook: Any, name: str) -> dict[str, Any]:
+        """The pod's phase and training container's exit status (``Gone`` on a 404)."""
+        try:
+            pod = await hook.get_pod(name, self.namespace)
+        except Exception as exc:
+            if _status_of(exc) == 404:
+                return {"phase": "Gone", "exit_code": None}
+            raise
+        code = None
+        for status in getattr(pod.status, "container_statuses", None) or ():
+            terminated = status.state.terminated if status.state else None
+            if status.name == self.container and terminated is not None:
+                code = int(terminated.exit_code)
+        return {"phase": (pod.status.phase if pod.status else "") or "", "exit_code": code}
+
+    async def _stream_logs(self, hook: Any, name: str) -> None:
+        """Log the lines the pod wrote since the last read (timestamped lines, deduplicated)."""
+        try:
+            since = int(self.poll_interval * 2 + 5) if name in self.log_marks else None
+            lines = await hook.read_logs(name, self.namespace, self.container, since_seconds=since)
+        except Exception as exc:  # logs are best effort: the pod's outcome is what matters
+            self.log.debug("no logs of %s yet: %s", name, exc)
+            return
+        mark = self.log_marks.get(name, "")
+        for raw in lines:
+            line = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            stamp, _, text = line.rstrip("\n").partition(" ")
+            if stamp and stamp <= mark:
+                continue
+            self.log.info("[%s] %s", name, text or stamp)
+            mark = stamp or mark
+        if mark:
+            self.log_marks[name] = mark
+
+    def _event(self, status: str, pods: dict[str, Any], message: str) -> TriggerEvent:
+        return TriggerEvent(
+            {"status": status, "pods": pods, "message": message, "sailor_train": self.state}
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = self.hook()
+        errors = 0
+        while True:
+            try:
+                pods = {name: await self._read(hook, name) for name in self.pod_names}
+                errors = 0
+            except Exception as exc:
+                errors += 1
+                if errors >= 5:
+                    yield self._event("error", {}, f"Kubernetes API kept failing: {exc}")
+                    return
+                self.log.warning("reading the attempt's pods failed (%s); retrying", exc)
+                await asyncio.sleep(self.poll_interval)
+                continue
+            for name, pod in pods.items():
+                if pod["phase"] not in PENDING_PHASES and pod["phase"] != "Gone":
+                    await self._stream_logs(hook, name)
+            ended = [n for n, p in pods.items() if p["phase"] in ("Failed", "Gone")]
+            if ended:
+                yield self._event("ended", pods, f"pod {ended[0]} {pods[ended[0]]['phase'].lower()}")
+                return
+            if all(p["phase"] == "Succeeded" for p in pods.values()):
+                yield self._event("success", pods, "every pod succeeded")
+                return
+            waiting = [n for n, p in pods.items() if p["phase"] in PENDING_PHASES]
+            if waiting and time.time() - self.started_at > self.startup_timeout:
+                yield self._event(
+                    "error", pods, f"pod {waiting[0]} not started after {self.startup_timeout:.0f} s"
+                )
+                return
+            await asyncio.sleep(self.poll_interval)
