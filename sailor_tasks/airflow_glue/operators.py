@@ -1,5 +1,6 @@
-"""``SailorTrainOperator``: ``sailor_train``'s ``train`` task, inline on the local backend,
-deferrable on GKE."""
+"""``sailor_train``'s deferrable tasks: ``SailorPlanOperator`` (``plan``: waits in SAILOR's queue
+without a worker slot) and ``SailorTrainOperator`` (``train``: inline on the local backend,
+deferrable on GKE)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,51 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from sailor_tasks.airflow_glue.stage import run_stage
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE
+
+
+class SailorPlanOperator(BaseOperator):
+    """Place the run and reserve its capacity; when nothing fits now, wait in SAILOR's queue.
+
+    ``execute`` runs ``stages.plan``. If the run is queued (``RunQueuedError``), the task defers on
+    ``QueueAdmissionTrigger``, which polls the run's queue entry in the triggerer: no worker slot
+    is held while the run waits. ``resume_plan`` runs ``stages.plan`` again: it returns the
+    placement the admission reserved, runs an admission pass and defers again (a periodic
+    re-check), or fails the task (time-out after ``max_queue_hours``, an unmeetable deadline)
+    naming what the run waited for.
+    """
+
+    template_fields: Sequence[str] = ("request",)
+    ui_color = "#fff2cc"
+
+    def __init__(self, *, request: Any, poll_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.request, self.poll_s = request, poll_s
+
+    def execute(self, context: Any) -> Any:
+        return self._plan(context)
+
+    def resume_plan(self, context: Any, event: Mapping[str, Any] | None = None, **_: Any) -> Any:
+        """Re-entry from the trigger: the run left the queue, or it is time to re-check."""
+        self.log.info("queue event for run %s: %s", context["run_id"], dict(event or {}))
+        return self._plan(context)
+
+    def _plan(self, context: Any) -> Any:
+        from sailor_tasks import stages
+        from sailor_tasks.airflow_glue.triggers import POLL_S, QueueAdmissionTrigger
+        from sailor_tasks.errors import RunQueuedError
+        from sailor_tasks.settings import Settings
+
+        try:
+            return run_stage(stages.plan, self.request, context["run_id"])
+        except RunQueuedError as exc:
+            self.log.info("%s; deferring until admitted (no worker slot held)", exc)
+            trigger = QueueAdmissionTrigger(
+                run_id=context["run_id"],
+                ledger_url=Settings.from_env().ledger_url,
+                recheck_at=exc.recheck_at,
+                poll_s=self.poll_s or POLL_S,
+            )
+            self.defer(trigger=trigger, method_name="resume_plan")
 
 
 class SailorTrainOperator(BaseOperator):

@@ -14,8 +14,11 @@ from typing import Any, TypeVar
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sailor_tasks.errors import (
+    DeadlineUnmeetableError,
     InvalidRequestError,
     NoFeasibleOfferError,
+    QueueRejectedError,
+    QueueTimeoutError,
     RebalanceInfeasibleError,
     RunCancelledError,
     StageSkipped,
@@ -28,6 +31,9 @@ CONFIG_ERRORS: tuple[type[Exception], ...] = (
     NoFeasibleOfferError,
     RebalanceInfeasibleError,
     RunCancelledError,
+    QueueTimeoutError,
+    DeadlineUnmeetableError,
+    QueueRejectedError,
 )
 """Errors that retrying cannot fix (or must not undo: a cancel): the task fails at once."""
 

@@ -5,11 +5,13 @@ the same stages run from the CLI, tests and benchmarks.
                       attempt per call: ``attempts``) → finalize; teardown (always)
 ``sailor_rebalance``: collect_utilization → solve_assignment → publish_assignment →
                       replicate_dataset[] → report_rebalance; collect_utilization → allocate_gpu_types
+``sailor_reconcile``:  reconcile (reclaim expired leases, then admit_queued)
 ``dashboard``:        the read-only snapshot the SAILOR page of the Airflow UI renders
 """
 
 from sailor_tasks.stages.context import StageContext
 from sailor_tasks.stages.prepare import place_data, plan, provision, validate
+from sailor_tasks.stages.queueing import admit_queued, reconcile
 from sailor_tasks.stages.rebalance import (
     allocate_gpu_types,
     collect_utilization,
@@ -22,6 +24,7 @@ from sailor_tasks.stages.train import finalize, finish_train, launch_train, stop
 
 __all__ = [
     "StageContext",
+    "admit_queued",
     "allocate_gpu_types",
     "collect_utilization",
     "finalize",
@@ -30,6 +33,7 @@ __all__ = [
     "place_data",
     "plan",
     "provision",
+    "reconcile",
     "publish_assignment",
     "replicate_dataset",
     "report_rebalance",

@@ -1,0 +1,195 @@
+"""SAILOR's queue through the stages: a run that does not fit waits (not a failure), is admitted by
+the policy when capacity frees (reserved in the admission's transaction), times out naming what it
+waited for, meets or fails its latest start; leases are renewed or reclaimed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+
+import pytest
+
+from sailor_tasks import stages
+from sailor_tasks.catalog import load_catalog
+from sailor_tasks.errors import (
+    DeadlineUnmeetableError,
+    NoFeasibleOfferError,
+    QueueRejectedError,
+    QueueTimeoutError,
+    RunQueuedError,
+)
+from sailor_tasks.ledger.store import utcnow
+from sailor_tasks.settings import Settings
+
+ZONE = "us-central1-a"
+
+
+@pytest.fixture
+def tight(ctx, tmp_path, demo_dataset):
+    """A catalog whose only capacity is 2 T4 GPUs in one zone."""
+    supply = tmp_path / "supply.yaml"
+    supply.write_text(
+        f"version: 1\ndefaults:\n  capacity_gpus: {{}}\nzones:\n  {ZONE}:\n    T4: {{capacity_gpus: 2}}\n"
+    )
+    ctx.__dict__["catalog"] = load_catalog(None, str(supply))
+    return ctx
+
+
+def submit(ctx, run_id, dataset, team="a", **params):
+    request = stages.validate(
+        {"dataset_uri": dataset, "num_workers": 2, "gpu_type": "T4", "team": team, **params}, run_id, ctx
+    )
+    return request
+
+
+def test_a_run_that_does_not_fit_waits_and_is_admitted_when_capacity_frees(tight, demo_dataset):
+    ctx = tight
+    first = stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    assert first["zone"] == ZONE
+    assert ctx.ledger.queue_entry("run-1") is None  # it fitted: no queue involved
+
+    request = submit(ctx, "run-2", demo_dataset, team="b")
+    with pytest.raises(RunQueuedError) as queued:
+        stages.plan(request, "run-2", ctx)
+    assert queued.value.position == 1 and queued.value.recheck_at is not None
+    entry = ctx.ledger.queue_entry("run-2")
+    assert entry["state"] == "queued" and entry["position"] == 1
+    assert "las" in entry["reason"] and entry["estimated_start_at"] is not None
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-1"]  # nothing held for run-2
+
+    out = stages.teardown("run-1", ctx)
+    assert out["admitted"] == ["run-2"]
+    entry = ctx.ledger.queue_entry("run-2")
+    assert entry["state"] == "admitted" and entry["position"] is None
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-2"]
+    assert ctx.ledger.get_run("run-2")["status"] == "planned"
+    again = stages.plan(request, "run-2", ctx)  # the deferred plan resumes: the admitted placement
+    assert json.loads(json.dumps(again)) == entry["placement"] and again["zone"] == ZONE
+    assert any(line.startswith("market:") for line in again["explanation"])
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-2"]  # still one reservation
+
+
+def test_new_runs_join_a_nonempty_queue_and_las_admits_the_team_below_its_share(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "a-1", demo_dataset, team="a"), "a-1", ctx)
+    for run_id, team in (("a-2", "a"), ("b-1", "b")):
+        with pytest.raises(RunQueuedError):
+            stages.plan(submit(ctx, run_id, demo_dataset, team=team), run_id, ctx)
+    positions = {e["run_id"]: e["position"] for e in ctx.ledger.queue_entries()}
+    assert positions == {"b-1": 1, "a-2": 2}  # team a holds the capacity; b is below its share
+    assert stages.teardown("a-1", ctx)["admitted"] == ["b-1"]
+    assert ctx.ledger.queue_entry("a-2")["position"] == 1
+
+
+def test_fifo_policy_admits_by_arrival(tight, demo_dataset, monkeypatch):
+    monkeypatch.setenv("SAILOR_QUEUE_POLICY", "fifo")
+    ctx = stages.StageContext(Settings.from_env())
+    ctx.__dict__["catalog"] = tight.catalog
+    stages.plan(submit(ctx, "a-1", demo_dataset, team="a"), "a-1", ctx)
+    for run_id, team in (("a-2", "a"), ("b-1", "b")):
+        with pytest.raises(RunQueuedError):
+            stages.plan(submit(ctx, run_id, demo_dataset, team=team), run_id, ctx)
+    assert stages.teardown("a-1", ctx)["admitted"] == ["a-2"]
+
+
+def test_high_priority_is_admitted_first(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "a-1", demo_dataset), "a-1", ctx)
+    for run_id, priority in (("b-low", "normal"), ("c-high", "high")):
+        with pytest.raises(RunQueuedError):
+            stages.plan(submit(ctx, run_id, demo_dataset, team="b", priority=priority), run_id, ctx)
+    assert stages.teardown("a-1", ctx)["admitted"] == ["c-high"]
+
+
+def test_a_run_times_out_after_max_queue_hours_naming_what_it_waited_for(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    request = submit(ctx, "run-2", demo_dataset, max_queue_hours=0.5)
+    with pytest.raises(RunQueuedError):
+        stages.plan(request, "run-2", ctx)
+    out = stages.admit_queued(ctx, now=utcnow() + dt.timedelta(minutes=31))
+    assert out["timed_out"] == ["run-2"]
+    with pytest.raises(QueueTimeoutError, match=r"waited 0.5 h .*2x T4 GPUs"):
+        stages.plan(request, "run-2", ctx)
+    stages.teardown("run-1", ctx)  # capacity frees: a timed-out run is not admitted
+    assert ctx.ledger.queue_entry("run-2")["state"] == "timed_out"
+    assert ctx.ledger.live_reservations() == []
+
+
+def test_max_queue_hours_zero_fails_at_once(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(QueueTimeoutError, match="2x T4"):
+        stages.plan(submit(ctx, "run-2", demo_dataset, max_queue_hours=0), "run-2", ctx)
+    assert ctx.ledger.queue_entry("run-2") is None
+
+
+def test_a_deadline_that_cannot_be_met_fails_early(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    request = submit(ctx, "run-2", demo_dataset, deadline_hours=2.0)
+    with pytest.raises(RunQueuedError):
+        stages.plan(request, "run-2", ctx)
+    entry = ctx.ledger.queue_entry("run-2")
+    latest = entry["latest_start_at"]
+    assert latest < entry["deadline_at"]
+    hours = (entry["deadline_at"] - latest).total_seconds() / 3600.0
+    assert hours == pytest.approx(entry["expected_hours"], rel=1e-6)
+    # Past its latest start with the capacity still held: it fails now, before the deadline.
+    out = stages.admit_queued(ctx, now=latest + dt.timedelta(seconds=1))
+    assert out["failed"] == ["run-2"]
+    with pytest.raises(QueueRejectedError, match="cannot meet its deadline"):
+        stages.plan(request, "run-2", ctx)
+    assert ctx.ledger.queue_entry("run-2")["deadline_at"] > latest
+
+
+def test_a_deadline_shorter_than_the_run_fails_on_arrival(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    # The placement engine's deadline rule refuses every offer: no queueing for a hopeless run.
+    with pytest.raises(NoFeasibleOfferError, match="deadline: 102"):
+        stages.plan(submit(ctx, "run-2", demo_dataset, deadline_hours=0.001), "run-2", ctx)
+    assert ctx.ledger.queue_entry("run-2") is None
+    # Runs are waiting: the run is checked against its latest start when it would join them.
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-3", demo_dataset), "run-3", ctx)
+    with pytest.raises(DeadlineUnmeetableError, match="had to start by"):
+        stages.plan(submit(ctx, "run-4", demo_dataset, deadline_hours=0.001), "run-4", ctx)
+    assert ctx.ledger.queue_entry("run-4") is None
+
+
+def test_an_expired_lease_is_reclaimed_and_the_queue_moves_on(tight, demo_dataset):
+    ctx = tight
+    request = submit(ctx, "run-1", demo_dataset)
+    placement = stages.plan(request, "run-1", ctx)
+    stages.provision(request, placement, "run-1", ctx)  # the local backend's cluster record
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)
+
+    lease = ctx.ledger.leases()["run-1"]
+    assert lease["holder"] == "provision"
+    # Before expiry nothing is touched.
+    assert stages.reconcile(ctx, now=lease["expires_at"] - dt.timedelta(seconds=1))["reclaimed"] == []
+    # A renewal moves the expiry forward: the old expiry no longer reclaims it.
+    assert ctx.ledger.renew_lease("run-1", ctx.settings.lease_s, "heartbeat")
+    renewed = ctx.ledger.leases()["run-1"]["expires_at"]
+    assert renewed >= lease["expires_at"]
+    out = stages.reconcile(ctx, now=renewed + dt.timedelta(seconds=1))
+    assert out["reclaimed"] == ["run-1"] and out["admission"]["admitted"] == ["run-2"]
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-2"]
+    assert ctx.ledger.get_run("run-1")["status"] == "failed"
+    assert "lease expired" in ctx.ledger.get_run("run-1")["error"]
+    assert not os.path.exists(os.path.join(ctx.settings.clusters_dir, "run-1.json"))
+    assert not ctx.ledger.renew_lease("run-1")  # reclaimed: nothing to renew
+
+
+def test_teardown_of_a_queued_run_takes_it_out_of_the_queue(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset), "run-2", ctx)
+    out = stages.teardown("run-2", ctx)
+    assert out["left_queue"] and not out["reservation_released"]
+    assert ctx.ledger.queue_entry("run-2")["state"] == "left"
+    assert stages.teardown("run-1", ctx)["admitted"] == []
