@@ -15,6 +15,7 @@ from sailor_tasks.cli import (
     gke,
     logs,
     plan,
+    queue,
     rebalance,
     runs,
     show,
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     submit.add_parser(sub)
     runs.add_parser(sub)
+    queue.add_parser(sub)
     show.add_parser(sub)
     logs.add_parser(sub)
     cancel.add_parser(sub)
