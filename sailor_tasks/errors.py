@@ -128,7 +128,9 @@ class DeadlineUnmeetableError(SailorError):
     """The run's deadline cannot be met: its latest start passed (or was already past when it
     arrived) and no capacity, spot or on-demand, could take it. Not retried."""
 
-    def __init__(self, run_id: str, deadline: str, latest_start: str, expected_hours: float, detail: str = ""):
+    def __init__(
+        self, run_id: str, deadline: str, latest_start: str, expected_hours: float, detail: str = ""
+    ):
         self.run_id, self.deadline, self.latest_start = run_id, deadline, latest_start
         self.expected_hours = expected_hours
         super().__init__(

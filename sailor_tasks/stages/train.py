@@ -15,7 +15,7 @@ from sailor_tasks.model import JobRequest, Placement, from_dict, run_key
 from sailor_tasks.settings import BACKENDS
 from sailor_tasks.stages.attempts import begin_attempt, finish_attempt, resume_attempt, train_attempt
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
-from sailor_tasks.stages.summary import RUN_STATUSES_DONE, render_summary
+from sailor_tasks.stages.summary import RUN_STATUSES_DONE, queue_wait, render_summary
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -147,6 +147,7 @@ def finalize(
             "deadline_hours": req.deadline_hours,
             "markets": result.get("markets", []),
             "usd_attempts": sum(m["usd"] or 0.0 for m in result.get("markets", [])),
+            "queue": queue_wait(ctx, run_id),
         }
         summary_uri = paths.summary_uri(ctx.run_uri(pl.region, run_id))
         storage.write_bytes(summary_uri, render_summary(summary).encode())

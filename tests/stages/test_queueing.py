@@ -193,3 +193,44 @@ def test_teardown_of_a_queued_run_takes_it_out_of_the_queue(tight, demo_dataset)
     assert out["left_queue"] and not out["reservation_released"]
     assert ctx.ledger.queue_entry("run-2")["state"] == "left"
     assert stages.teardown("run-1", ctx)["admitted"] == []
+
+
+def test_the_run_summary_shows_the_wait(tight, demo_dataset):
+    from sailor_tasks.stages.summary import queue_wait, render_summary
+
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset), "run-2", ctx)
+    stages.teardown("run-1", ctx)
+    assert queue_wait(ctx, "run-1") is None
+    wait = queue_wait(ctx, "run-2")
+    entry = ctx.ledger.queue_entry("run-2")
+    assert wait["state"] == "admitted" and wait["policy"] == "las"
+    assert wait["wait_s"] == round((entry["admitted_at"] - entry["enqueued_at"]).total_seconds(), 1)
+    base = {
+        "run_id": "run-2",
+        "job_name": "j",
+        "team": "a",
+        "status": "success",
+        "region": "us-central1",
+        "zone": ZONE,
+        "num_gpus": 2,
+        "gpu_type": "T4",
+        "market": "spot",
+        "usd_per_hour": 1.0,
+        "why": [],
+        "data_bytes": 1e6,
+        "data_uri": "x",
+        "steps": 10,
+        "train_wall_s": 1.0,
+        "samples_per_s": 1.0,
+        "initial_loss": 2.0,
+        "final_loss": 1.0,
+        "checkpoint_uri": "c",
+        "usd_estimate": 0.1,
+    }
+    assert f"- **Queue**: waited {wait['wait_s']:.1f} s (las; admitted)" in render_summary(
+        {**base, "queue": wait}
+    )
+    assert "- **Queue**: none (it fitted at once)" in render_summary({**base, "queue": None})
