@@ -55,7 +55,9 @@ parse ``NaN`` and ``Infinity``."""
 # classes so Python's ``re`` and the browser's RegExp read it alike.
 _OCI_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _OCI_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_OCI_DOMAIN = rf"(?:{_OCI_DOMAIN_COMPONENT}(?:\.{_OCI_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_OCI_DOMAIN = (
+    rf"(?:{_OCI_DOMAIN_COMPONENT}(?:\.{_OCI_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+)
 _OCI_NAME = rf"(?:{_OCI_DOMAIN}/)?{_OCI_PATH_COMPONENT}(?:/{_OCI_PATH_COMPONENT})*"
 _OCI_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 _OCI_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[a-fA-F0-9]{32,}"
@@ -136,15 +138,10 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "default": [],
             "type": ["null", "array"],
             "maxItems": COMMAND_MAX_ARGS,
-            "items": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": COMMAND_ARG_MAX,
-                "pattern": r"^[^\x00]*$",
-            },
+            "items": {"type": "string", "minLength": 1, "maxLength": COMMAND_ARG_MAX, "pattern": r"^[^\x00]*$"},
             "title": "Command",
             "section": SECTION_CODE,
-            "description": "Your training command as an argv list (never a shell string), run under torchrun with "
+            "description": 'Your training command as an argv list (never a shell string), run under torchrun with '
             'SAILOR\'s run contract, e.g. ["python", "plain_ddp.py", "--lr", "0.1"]. Empty: the built-in model. '
             "Local backend: only scripts or executables in the allowed folders (SAILOR_COMMAND_ROOTS).",
         },
@@ -514,11 +511,7 @@ def _check_image(value: Any) -> list[InvalidRequestError]:
 
 def _check_env(value: Any) -> list[InvalidRequestError]:
     if not isinstance(value, dict):
-        return [
-            InvalidRequestError(
-                "env", _short(value), 'must be an object of names to strings, {"NAME": "value"}'
-            )
-        ]
+        return [InvalidRequestError("env", _short(value), 'must be an object of names to strings, {"NAME": "value"}')]
     errors = []
     if len(value) > ENV_MAX_NAMES:
         errors.append(InvalidRequestError("env", f"{len(value)} names", f"at most {ENV_MAX_NAMES} names"))
@@ -746,9 +739,7 @@ def _check_code(values: Mapping[str, Any]) -> list[InvalidRequestError]:
     name = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
     if len(name) > IMAGE_NAME_MAX:
         errors.append(
-            InvalidRequestError(
-                "image", _short(image), f"the repository name is longer than {IMAGE_NAME_MAX}"
-            )
+            InvalidRequestError("image", _short(image), f"the repository name is longer than {IMAGE_NAME_MAX}")
         )
     if image and backend == "local":
         errors.append(

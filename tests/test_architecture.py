@@ -43,11 +43,7 @@ def test_readme_is_a_first_page():
 def test_the_project_speaks_of_itself_only():
     files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
     for folder in ("sailor_tasks", "bench", "dags", "plugins", "docker"):
-        files += [
-            p
-            for p in (ROOT / folder).rglob("*")
-            if p.suffix in (".py", ".md", ".yaml", ".sql", ".Dockerfile")
-        ]
+        files += [p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".md", ".yaml", ".sql", ".Dockerfile")]
     found = [
         f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
         for path in files

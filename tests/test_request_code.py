@@ -54,17 +54,7 @@ def test_oci_references_pass_the_schema(image):
 
 @pytest.mark.parametrize(
     "image",
-    [
-        "my image",
-        "img;rm -rf /",
-        "img$(curl x)",
-        "img:tag:tag",
-        "-img",
-        "a//b",
-        "Img/UPPER",
-        "img:",
-        "img@sha256:abc",
-    ],
+    ["my image", "img;rm -rf /", "img$(curl x)", "img:tag:tag", "-img", "a//b", "Img/UPPER", "img:", "img@sha256:abc"],
 )
 def test_bad_image_references_are_named_with_the_grammar(image):
     assert not schema_accepts("image", image)
@@ -120,9 +110,7 @@ def test_bad_env_is_refused_naming_the_field(env, fragment):
     assert err.errors[0].field == "env" and fragment in str(err), str(err)
 
 
-@pytest.mark.parametrize(
-    "name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PATH", "HOME"]
-)
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PATH", "HOME"])
 def test_env_that_loads_other_code_is_refused_on_the_local_backend(name):
     assert schema_accepts("env", {name: "/tmp/x"})  # a container's own business elsewhere
     err = rejected({"env": {name: "/tmp/x"}})

@@ -328,18 +328,12 @@ class LocalBackend:
             _wait_gone(left, 5.0)
             stopped |= {p.pid for p in left}
         else:
-            raise RuntimeError(
-                f"run {run_key}: processes still running after cancel: {run_processes(run_key)}"
-            )
+            raise RuntimeError(f"run {run_key}: processes still running after cancel: {run_processes(run_key)}")
         logger.warning("cancelled run %s: %d process(es) stopped", run_key, len(stopped))
         return len(stopped)
 
     def teardown(self, run_key: str) -> bool:
-        for extra in (
-            self._progress_path(run_key),
-            self._injection_path(run_key),
-            self._notice_path(run_key),
-        ):
+        for extra in (self._progress_path(run_key), self._injection_path(run_key), self._notice_path(run_key)):
             if os.path.exists(extra):
                 os.remove(extra)
         path = self._record_path(run_key)
@@ -395,6 +389,7 @@ class FailureSummary:
                 self.root_cause_rank, self._in_root_cause = self._rank, False
         elif (m := _SUMMARY_EXITCODE.match(line)) and self._rank is not None:
             self.exit_codes[self._rank], self._rank = int(m.group(1)), None
+
 
     def log_tail(self) -> list[str]:
         """The workers' last lines, then each failed worker's exit status (torchrun's report)."""

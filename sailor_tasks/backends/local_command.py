@@ -75,14 +75,10 @@ def _confine(name: str, roots: Sequence[str]) -> str:
     for candidate in candidates:
         real = os.path.realpath(candidate)
         if not _inside(real, roots):
-            raise InvalidRequestError(
-                "command", name, "lies outside the folders local commands may run from", shown
-            )
+            raise InvalidRequestError("command", name, "lies outside the folders local commands may run from", shown)
         if os.path.isfile(real):
             return real
-    raise InvalidRequestError(
-        "command", name, "no such file in the folders local commands may run from", shown
-    )
+    raise InvalidRequestError("command", name, "no such file in the folders local commands may run from", shown)
 
 
 def resolve_local_command(command: Sequence[str], roots: Sequence[str]) -> LocalCommand:
@@ -118,7 +114,9 @@ def resolve_local_command(command: Sequence[str], roots: Sequence[str]) -> Local
 
 def check_local_env(env: dict[str, str]) -> list[InvalidRequestError]:
     """Errors for env names a local run may not set (``LOCAL_ENV_REFUSED``, ``LOCAL_ENV_REFUSED_PREFIXES``)."""
-    bad = sorted(n for n in env if n in LOCAL_ENV_REFUSED or n.startswith(LOCAL_ENV_REFUSED_PREFIXES))
+    bad = sorted(
+        n for n in env if n in LOCAL_ENV_REFUSED or n.startswith(LOCAL_ENV_REFUSED_PREFIXES)
+    )
     if not bad:
         return []
     return [

@@ -26,9 +26,7 @@ runs = Table(
     Column("run_id", String(250), primary_key=True),
     Column("job_name", String(200), nullable=False),
     Column("team", String(100), nullable=False),
-    Column(
-        "status", String(20), nullable=False
-    ),  # validated | planned | ... | running | success | failed | cancelled
+    Column("status", String(20), nullable=False),  # validated | planned | ... | running | success | failed | cancelled
     Column("backend", String(20), nullable=False),
     Column("model", String(50), nullable=False),
     Column("dataset_uri", Text, nullable=False),

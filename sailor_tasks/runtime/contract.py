@@ -88,9 +88,7 @@ class Notice:
 
 def write_notice(path: str, notice_s: float, reason: str = "preemption", now: float | None = None) -> Notice:
     """Write the notice file atomically (the backend does this just before SIGTERM)."""
-    notice = Notice(
-        deadline=(time.time() if now is None else now) + notice_s, notice_s=notice_s, reason=reason
-    )
+    notice = Notice(deadline=(time.time() if now is None else now) + notice_s, notice_s=notice_s, reason=reason)
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         json.dump({"deadline": notice.deadline, "notice_s": notice.notice_s, "reason": notice.reason}, f)

@@ -321,13 +321,7 @@ def _command_result(att: Attempt, store: CheckpointStore, report: JSON, wall_s: 
 
 
 def finish_attempt(
-    ctx: StageContext,
-    att: Attempt,
-    rc: int,
-    try_number: int = 1,
-    max_tries: int = 0,
-    *,
-    final: bool | None = None,
+    ctx: StageContext, att: Attempt, rc: int, try_number: int = 1, max_tries: int = 0, *, final: bool | None = None
 ) -> JSON:
     """End a launched attempt from its process group's exit status and what the trainer wrote:
     record it (utilization, checkpoint, preemption) and return the result, or raise.

@@ -32,6 +32,7 @@ from sailor_tasks.train.state_dicts import model_optim_state_dict
 logger = logging.getLogger(__name__)
 
 
+
 @dataclass(frozen=True, slots=True)
 class TrainResult:
     run_id: str

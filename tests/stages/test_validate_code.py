@@ -24,15 +24,12 @@ def code_ctx(tmp_path, settings, monkeypatch):
 
 
 def test_command_under_the_allowed_roots_is_validated(code_ctx, demo_dataset):
-    request = stages.validate(
-        {"dataset_uri": demo_dataset, "command": ["python", "train.py"]}, "ok", code_ctx
-    )
+    request = stages.validate({"dataset_uri": demo_dataset, "command": ["python", "train.py"]}, "ok", code_ctx)
     assert list(request["command"]) == ["python", "train.py"]
 
 
 @pytest.mark.parametrize(
-    "command",
-    [["python", "/etc/passwd"], ["sh", "-c", "id"], ["python", "missing.py"], ["python", "-c", "1"]],
+    "command", [["python", "/etc/passwd"], ["sh", "-c", "id"], ["python", "missing.py"], ["python", "-c", "1"]]
 )
 def test_bad_local_command_is_rejected_and_changes_nothing(code_ctx, demo_dataset, command):
     buckets = os.path.join(code_ctx.settings.state_dir, "buckets")
@@ -45,6 +42,4 @@ def test_bad_local_command_is_rejected_and_changes_nothing(code_ctx, demo_datase
     assert run["status"] == "rejected" and "command" in run["error"]
     assert code_ctx.ledger.placements("bad") == [] and code_ctx.ledger.live_reservations() == []
     assert sorted(os.walk(buckets)) == before
-    assert (
-        not os.path.isdir(code_ctx.settings.clusters_dir) or os.listdir(code_ctx.settings.clusters_dir) == []
-    )
+    assert not os.path.isdir(code_ctx.settings.clusters_dir) or os.listdir(code_ctx.settings.clusters_dir) == []

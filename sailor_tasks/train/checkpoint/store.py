@@ -171,11 +171,7 @@ class CheckpointStore:
         for step in self.step_dirs():
             if step > newest and step not in committed and self.dcp_complete(step):
                 size = self.commit(step)
-                logger.info(
-                    "sealed DCP checkpoint %s (%.1f MB): commit marker written",
-                    self.step_uri(step),
-                    size / 1e6,
-                )
+                logger.info("sealed DCP checkpoint %s (%.1f MB): commit marker written", self.step_uri(step), size / 1e6)
                 sealed.append(step)
         return sealed
 
