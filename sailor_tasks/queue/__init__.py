@@ -8,6 +8,7 @@ from sailor_tasks.queue.admission import (
     HeldRun,
     QueuedRun,
     Ranked,
+    admission_pass,
     estimate_starts,
     rank,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "HeldRun",
     "QueuedRun",
     "Ranked",
+    "admission_pass",
     "estimate_starts",
     "rank",
 ]

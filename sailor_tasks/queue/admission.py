@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sailor_tasks.policies import PolicyJob, PolicyState, get_policy
@@ -222,10 +222,29 @@ def rank(
             reason=reason,
             estimated_start_s=starts[r.run_id],
             urgent=urgent(r),
-            blocks=r.gpu_types,
+            blocks=r.gpu_types or tuple(sorted(capacity)),
         )
         for i, (r, reason) in enumerate(order)
     ]
+
+
+def admission_pass(ranked: Sequence[Ranked], try_admit: Callable[[Ranked], bool | None]) -> list[str]:
+    """Admit in ``ranked`` order: ``try_admit`` reserves the run's capacity and answers True
+    (admitted), False (it does not fit now) or None (it left the queue: no effect on others).
+    A run that does not fit holds back every non-urgent run behind it that waits for one of the
+    same GPU types (no backfill past it, so it is not starved by smaller runs); urgent runs are
+    always tried. Returns the admitted run ids, in order."""
+    blocked: set[str] = set()
+    admitted = []
+    for r in ranked:
+        if blocked & set(r.blocks) and not r.urgent:
+            continue
+        outcome = try_admit(r)
+        if outcome:
+            admitted.append(r.run_id)
+        elif outcome is False:
+            blocked |= set(r.blocks)
+    return admitted
 
 
 def _reason(

@@ -364,6 +364,7 @@ def admit_queued(ctx: StageContext | None = None, now: dt.datetime | None = None
     waiting run's position, reason and estimated start. Safe to run concurrently: a run is
     admitted by the transaction that reserves its capacity, once."""
     from sailor_tasks.placement.reservations import NotQueuedError
+    from sailor_tasks.queue import admission_pass
 
     ctx = resolve_ctx(ctx)
     now = now or utcnow()
@@ -382,12 +383,10 @@ def admit_queued(ctx: StageContext | None = None, now: dt.datetime | None = None
     if not live:
         return out
     by_id = {e["run_id"]: e for e in live}
-    ranked, capacity = _rank(ctx, live, now)
-    blocked: set[str] = set()
-    for r in ranked:
+    ranked, _ = _rank(ctx, live, now)
+
+    def try_admit(r: Any) -> bool | None:
         e = by_id[r.run_id]
-        if set(r.blocks) & blocked and not r.urgent:
-            continue
         req = from_dict(JobRequest, e["request"])
         if e.get("deadline_at") is not None:  # the deadline counts from arrival, not from admission
             left_h = (e["deadline_at"] - now).total_seconds() / 3600.0
@@ -400,27 +399,30 @@ def admit_queued(ctx: StageContext | None = None, now: dt.datetime | None = None
                     raise
                 # At its latest start: on-demand if spot cannot take it.
                 reserve_placement(ctx, req, r.run_id, admit=True, market="on_demand")
-            out["admitted"].append(r.run_id)
-            logger.info("admitted queued run %s (%s)", r.run_id, r.reason)
         except NotQueuedError:
-            continue
+            return None
         except CapacityUnavailableError as exc:
             latest = e.get("latest_start_at")
-            if latest is not None and now >= latest:
-                err = DeadlineUnmeetableError(
-                    r.run_id,
-                    _iso(e["deadline_at"]) or "",
-                    _iso(latest) or "",
-                    e.get("expected_hours") or 0.0,
-                    f"no capacity at its latest start ({exc})",
-                )
-                if ctx.ledger.end_queue_entry(r.run_id, "failed", str(err)):
-                    out["failed"].append(r.run_id)
-                continue
-            blocked |= set(r.blocks) or set(capacity)
+            if latest is None or now < latest:
+                return False
+            err = DeadlineUnmeetableError(
+                r.run_id,
+                _iso(e["deadline_at"]) or "",
+                _iso(latest) or "",
+                e.get("expected_hours") or 0.0,
+                f"no capacity at its latest start ({exc})",
+            )
+            if ctx.ledger.end_queue_entry(r.run_id, "failed", str(err)):
+                out["failed"].append(r.run_id)
+            return None
         except (NoFeasibleOfferError, InvalidRequestError) as exc:
             if ctx.ledger.end_queue_entry(r.run_id, "failed", f"{type(exc).__name__}: {exc}"):
                 out["failed"].append(r.run_id)
+            return None
+        logger.info("admitted queued run %s (%s)", r.run_id, r.reason)
+        return True
+
+    out["admitted"] = admission_pass(ranked, try_admit)
     waiting = [e for e in ctx.ledger.queue_entries(("queued",))]
     out["waiting"] = len(waiting)
     if waiting:

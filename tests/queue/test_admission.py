@@ -100,3 +100,23 @@ def test_estimated_starts_follow_the_order_as_held_runs_end():
     ranked = rank(waiting, running, CAP, 100.0, "fifo")
     assert [r.estimated_start_s for r in ranked] == [3600.0, 7200.0, 7200.0]
     assert [r.position for r in ranked] == [1, 2, 3]
+
+
+def test_a_run_that_does_not_fit_holds_back_the_runs_behind_it_on_the_same_gpus():
+    from sailor_tasks.queue import Ranked, admission_pass
+
+    ranked = [
+        Ranked("big", 1, "", None, blocks=("T4",)),
+        Ranked("small-t4", 2, "", None, blocks=("T4",)),
+        Ranked("l4", 3, "", None, blocks=("L4",)),
+        Ranked("gone", 4, "", None, blocks=("L4",)),
+        Ranked("urgent-t4", 5, "", None, urgent=True, blocks=("T4",)),
+    ]
+    tried = []
+
+    def try_admit(r):
+        tried.append(r.run_id)
+        return {"big": False, "l4": True, "gone": None, "urgent-t4": True}[r.run_id]
+
+    assert admission_pass(ranked, try_admit) == ["l4", "urgent-t4"]
+    assert tried == ["big", "l4", "gone", "urgent-t4"]  # small-t4 waits behind big: no backfill
