@@ -3,10 +3,11 @@
 Capacity is not time-shared on the live path: a run holds its GPUs from admission to teardown.
 So admission asks the policy (``sailor_tasks.policies.get_policy``, the objects the simulator
 allocates with) for its allocation X over every active run (the ones holding capacity and the
-queued ones) and admits the queued run whose *deficit* is largest: the GPUs X gives it (or, for
-``las``, gives its team) minus the GPUs it (its team) holds now. This is the round mechanism's
-"least attained service" rule (priority = X / received) without preemption. Ties go by the policy's
-own order (arrival; deadline then arrival for ``edf``); for ``las`` the team that attained less
+queued ones) and admits the queued run whose *deficit* is largest: the GPUs X gives it (for
+``las``, gives its team) minus the GPUs it (its team) holds now, per GPU it needs for ``ftf``.
+This is the round mechanism's "least attained service" rule (priority = X / received) without
+preemption. ``fifo`` and ``edf`` are orders, not allocations: their policy objects' ``order_key``
+ranks the queue directly. Ties go by the policy's own order (arrival; deadline then arrival for ``edf``); for ``las`` the team that attained less
 service recently (GPU-seconds held, ``attained``) goes first, which is what makes it *least
 attained service* over time and not only over the runs active now.
 
@@ -151,9 +152,13 @@ def policy_targets(
 
 
 def _order_key(policy: str, run: QueuedRun, attained: Mapping[str, float]) -> tuple:
-    if policy == "edf":
-        none = run.deadline_s is None
-        return (none, 0.0 if none else run.deadline_s, run.arrival_s, run.run_id)
+    """The policy's own order among runs of equal deficit: the order of ``fifo`` / ``edf`` (their
+    ``order_key``), least attained team service then arrival for ``las``, arrival otherwise."""
+    order_key = getattr(get_policy(policy), "order_key", None)
+    if order_key is not None:
+        return order_key(
+            PolicyJob(job_id=run.run_id, throughput={}, scale_factor=max(1, run.gpus), deadline_s=run.deadline_s, arrival_s=run.arrival_s)
+        )
     if policy == "las":
         return (attained.get(run.team, 0.0), run.arrival_s, run.run_id)
     return (run.arrival_s, run.run_id)
@@ -181,7 +186,8 @@ def rank(
         raise ValueError(f"queue policy {policy!r} is not one of {', '.join(QUEUE_POLICIES)}")
     weights = dict(team_weights or {})
     service = {team: s / weights.get(team, 1.0) for team, s in (attained or {}).items()}
-    targets = policy_targets(policy, queued, held, capacity, now_s, weights)
+    ordered = hasattr(get_policy(policy), "order_key")  # fifo, edf: an order, not an allocation LP
+    targets = {} if ordered else policy_targets(policy, queued, held, capacity, now_s, weights)
     held_by_team: dict[str, float] = {}
     target_by_team: dict[str, float] = {}
     for r in held:
@@ -198,9 +204,12 @@ def rank(
     while left:
 
         def deficit(r: QueuedRun) -> float:
+            if ordered:
+                return 0.0
             if policy == "las":
                 return target_by_team.get(r.team, 0.0) - held_by_team.get(r.team, 0.0)
-            return targets.get(r.run_id, 0.0) - held_run.get(r.run_id, 0.0)
+            # Per run: the fraction of its GPUs the allocation gives it beyond what it holds.
+            return (targets.get(r.run_id, 0.0) - held_run.get(r.run_id, 0.0)) / max(1, r.gpus)
 
         def key(r: QueuedRun) -> tuple:
             if urgent(r):
@@ -270,7 +279,7 @@ def _reason(
             return f"{head}edf: no deadline, after every run with one, then by arrival"
         return f"{head}edf: by deadline"
     if policy == "ftf":
-        return f"{head}ftf: finish-time fairness gives it {deficit:.2f} GPUs more than it holds"
+        return f"{head}ftf: finish-time fairness gives it {deficit:.0%} of its GPUs beyond what it holds"
     return f"{head}fifo: by arrival"
 
 
