@@ -214,6 +214,8 @@ attempt_markets = Table(
 )
 
 gpu_allocations = Table(
+    # Written by nothing: live admission (stages.queueing) runs the policies over the queue at every
+    # pass. The table stays in the schema until a migration drops it.
     "gpu_allocations",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),

@@ -791,13 +791,7 @@ class Ledger:
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
-    # --- per-job GPU-type allocations (heterogeneity-aware policies) ---------------------------
-    def runs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
-        """Runs whose status is one of ``statuses``, oldest first."""
-        q = select(t.runs).where(t.runs.c.status.in_(list(statuses))).order_by(t.runs.c.created_at)
-        with self.engine.connect() as c:
-            return [dict(r) for r in c.execute(q).mappings()]
-
+    # --- measured speeds -------------------------------------------------------------------
     def measured_throughputs(
         self, exclude_backends: Iterable[str] = ("local",)
     ) -> list[tuple[str, str, float]]:
@@ -820,51 +814,6 @@ class Ledger:
                 if seconds > 0:
                     out.append((model, gpu, steps / seconds))
         return out
-
-    def publish_gpu_allocation(
-        self, region: str, policy: str, source: str, rows: Iterable[tuple[str, Mapping[str, float], float]]
-    ) -> int:
-        """Record a region's per-run GPU-type shares as a new version; returns the version."""
-        now = utcnow()
-        a = t.gpu_allocations.c
-        with self.engine.begin() as c:
-            version = int(c.execute(select(func.coalesce(func.max(a.version), 0))).scalar_one()) + 1
-            values = [
-                dict(
-                    version=version,
-                    created_at=now,
-                    source=source,
-                    region=region,
-                    policy=policy,
-                    run_id=run_id,
-                    shares=dict(shares),
-                    steps_per_s=float(steps_per_s),
-                )
-                for run_id, shares, steps_per_s in rows
-            ]
-            if values:
-                c.execute(insert(t.gpu_allocations), values)
-        return version
-
-    def latest_gpu_allocation(self, region: str) -> dict[str, dict[str, Any]]:
-        """run_id → {"shares", "steps_per_s", "policy", "version"} of the region's newest version."""
-        a = t.gpu_allocations.c
-        with self.engine.connect() as c:
-            version = c.execute(select(func.max(a.version)).where(a.region == region)).scalar_one()
-            if version is None:
-                return {}
-            rows = c.execute(
-                select(t.gpu_allocations).where(a.region == region, a.version == version)
-            ).mappings()
-            return {
-                row["run_id"]: {
-                    "shares": row["shares"],
-                    "steps_per_s": row["steps_per_s"],
-                    "policy": row["policy"],
-                    "version": version,
-                }
-                for row in rows
-            }
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -89,7 +89,7 @@ def reserve_placement(
 
     manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
     nbytes = manifest.total_bytes if manifest is not None else None
-    # The throughput matrix of the GPU-type policies (allocate_gpu_types), measured speeds included.
+    # The throughput matrix admission's policies use too, measured speeds included.
     table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
     index = index_for(ctx.catalog, table)
     blocked = frozenset(blocked_zones)

@@ -1,5 +1,5 @@
 """The ``sailor_rebalance`` stages (MAST's slow path), in pipeline order: collect_utilization →
-solve_assignment → publish_assignment → replicate_dataset[] → report_rebalance; and allocate_gpu_types."""
+solve_assignment → publish_assignment → replicate_dataset[] → report_rebalance."""
 
 from __future__ import annotations
 
@@ -175,42 +175,3 @@ def report_rebalance(
     logger.info("rebalance report (%s):\n%s", summary_uri, markdown)
     return {"report_uri": chart_uri, "summary_uri": summary_uri, "markdown": markdown, "dry_run": dry_run}
 
-
-def allocate_gpu_types(
-    utilization: JSON, source: str, policy: str = "las", ctx: StageContext | None = None
-) -> JSON:
-    """Per region, run a heterogeneity-aware policy (Gavel-style LP over the throughput matrix)
-    over the runs that hold or wait for capacity there, and publish each run's GPU-type time shares.
-
-    The throughput matrix is the one placement uses, with measured speeds from the ledger blended
-    in (feedback). ``utilization`` only orders this after ``collect_utilization``.
-    """
-    ctx = resolve_ctx(ctx)
-    from sailor_tasks.catalog.throughput import packaged_with_measured
-    from sailor_tasks.policies import get_policy
-    from sailor_tasks.policies.regions import ACTIVE_RUN_STATUSES, allocate_region
-
-    get_policy(policy)  # an unknown name fails before anything is read or written
-    table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
-    by_region: dict[str, list[dict]] = {}
-    for run in ctx.ledger.runs_with_status(ACTIVE_RUN_STATUSES):
-        if run["region"]:
-            by_region.setdefault(run["region"], []).append(run)
-    regions: JSON = {}
-    for region, runs in sorted(by_region.items()):
-        alloc = allocate_region(runs, ctx.catalog, table, region, policy)
-        shares, speed = alloc.shares(), alloc.effective_throughput()
-        rows = [
-            (run_id, {g: round(f, 6) for g, f in s.items() if f > 1e-9}, speed[run_id])
-            for run_id, s in shares.items()
-        ]
-        version = ctx.ledger.publish_gpu_allocation(region, policy, source, rows)
-        regions[region] = {"version": version, "runs": len(rows), "shares": {r: s for r, s, _ in rows}}
-    logger.info(
-        "allocated GPU types with %s for %d runs in %d regions (window since %s)",
-        policy,
-        sum(r["runs"] for r in regions.values()),
-        len(regions),
-        utilization.get("since"),
-    )
-    return {"policy": policy, "regions": regions}
