@@ -116,6 +116,18 @@ class QueueTimeoutError(SailorError):
         )
 
 
+class LeaseReclaimedError(SailorError):
+    """The run's reservation was reclaimed when its lease expired (its task stopped renewing it):
+    the run may not train on capacity that is no longer its own. Not retried."""
+
+    def __init__(self, run_id: str, reclaimed_at: str):
+        self.run_id, self.reclaimed_at = run_id, reclaimed_at
+        super().__init__(
+            f"run {run_id}: its reservation was reclaimed at {reclaimed_at} after its lease expired "
+            "(the task stopped renewing it); trigger the run again"
+        )
+
+
 class QueueRejectedError(SailorError):
     """The queue turned the run away (``state``: failed, left) for ``reason``. Not retried."""
 

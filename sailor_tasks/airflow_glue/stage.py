@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from sailor_tasks.errors import (
     DeadlineUnmeetableError,
     InvalidRequestError,
+    LeaseReclaimedError,
     NoFeasibleOfferError,
     QueueRejectedError,
     QueueTimeoutError,
@@ -34,6 +35,7 @@ CONFIG_ERRORS: tuple[type[Exception], ...] = (
     QueueTimeoutError,
     DeadlineUnmeetableError,
     QueueRejectedError,
+    LeaseReclaimedError,
 )
 """Errors that retrying cannot fix (or must not undo: a cancel): the task fails at once."""
 

@@ -17,6 +17,7 @@ from sailor_tasks.data.copier import copy_dataset
 from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
+from sailor_tasks.stages.queueing import hold_lease
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def place_data(request: JSON, placement: JSON, run_id: str, ctx: StageContext | 
     """Copy the dataset into the placement's region bucket (skipped when a verified replica exists)."""
     ctx = resolve_ctx(ctx)
     req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
-    ctx.ledger.renew_lease(run_id, ctx.settings.lease_s, "place_data")
+    hold_lease(ctx, run_id, "place_data")
     with timed(ctx, run_id, "place_data"):
         src = storage.resolve(req.dataset_uri, ctx.settings)
         dst = paths.replica_uri(pl.region, req.dataset_uri, ctx.settings)
@@ -180,7 +181,7 @@ def provision(request: JSON, placement: JSON, run_id: str, ctx: StageContext | N
     """Create (or reuse) the capacity of the placement on the request's backend."""
     ctx = resolve_ctx(ctx)
     req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
-    ctx.ledger.renew_lease(run_id, ctx.settings.lease_s, "provision")
+    hold_lease(ctx, run_id, "provision")
     with timed(ctx, run_id, "provision"):
         record = get_backend(req.backend, ctx.settings).provision(run_key(run_id), pl)
         ctx.ledger.upsert_run(run_id, status="provisioned")

@@ -34,6 +34,7 @@ from sailor_tasks.errors import (
     CapacityUnavailableError,
     DeadlineUnmeetableError,
     InvalidRequestError,
+    LeaseReclaimedError,
     NoFeasibleOfferError,
     QueueRejectedError,
     QueueTimeoutError,
@@ -462,6 +463,19 @@ def leave_queue(ctx: StageContext, run_id: str, reason: str) -> bool:
 def renew_lease(ctx: StageContext, run_id: str, holder: str, lease_s: float | None = None) -> bool:
     """Renew the run's lease (False when it holds no live reservation)."""
     return ctx.ledger.renew_lease(run_id, lease_s or ctx.settings.lease_s, holder)
+
+
+def hold_lease(ctx: StageContext, run_id: str, holder: str, lease_s: float | None = None) -> None:
+    """Renew the run's lease before it uses its capacity.
+
+    Raises:
+        LeaseReclaimedError: the reconciler reclaimed the reservation (its lease had expired).
+    """
+    if renew_lease(ctx, run_id, holder, lease_s):
+        return
+    reclaimed = (ctx.ledger.leases().get(run_id) or {}).get("reclaimed_at")
+    if reclaimed is not None:
+        raise LeaseReclaimedError(run_id, _iso(reclaimed) or "")
 
 
 @contextlib.contextmanager

@@ -39,10 +39,10 @@ def train(
         RecoveryExhaustedError: preempted on the last try (``try_number > max_tries``).
         TrainingFailedError: the process group exited with an error.
     """
-    from sailor_tasks.stages.queueing import heartbeat
+    from sailor_tasks.stages.queueing import heartbeat, hold_lease
 
     ctx = resolve_ctx(ctx)
-    ctx.ledger.renew_lease(run_id, ctx.settings.lease_s, "train")
+    hold_lease(ctx, run_id, "train")
     with timed(ctx, run_id, "train", try_number), heartbeat(ctx, run_id):
         return train_attempt(ctx, request, placement, data, run_id, try_number, max_tries)
 
@@ -68,15 +68,19 @@ def launch_train(
 
 def _renew_deferred_lease(ctx: StageContext, request: JSON, run_id: str) -> None:
     """A deferred attempt runs no heartbeat while the triggerer watches its pods: its lease covers
-    the run's expected hours on top of the usual lease (renewed again at each re-entry)."""
-    from sailor_tasks.stages.queueing import expected_hours
+    the run's expected hours on top of the usual lease (renewed again at each re-entry).
+
+    Raises:
+        LeaseReclaimedError: the reservation was reclaimed (its lease had expired).
+    """
+    from sailor_tasks.stages.queueing import expected_hours, hold_lease
 
     try:
         hours = expected_hours(ctx, from_dict(JobRequest, request)) or 0.0
     except (ValueError, TypeError, KeyError) as exc:
         logger.warning("run %s: no duration estimate for its lease (%s)", run_id, exc)
         hours = 0.0
-    ctx.ledger.renew_lease(run_id, ctx.settings.lease_s + hours * 3600.0, "train (deferred)")
+    hold_lease(ctx, run_id, "train (deferred)", ctx.settings.lease_s + hours * 3600.0)
 
 
 def finish_train(

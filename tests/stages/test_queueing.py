@@ -14,6 +14,7 @@ from sailor_tasks import stages
 from sailor_tasks.catalog import load_catalog
 from sailor_tasks.errors import (
     DeadlineUnmeetableError,
+    LeaseReclaimedError,
     NoFeasibleOfferError,
     QueueRejectedError,
     QueueTimeoutError,
@@ -182,6 +183,11 @@ def test_an_expired_lease_is_reclaimed_and_the_queue_moves_on(tight, demo_datase
     assert "lease expired" in ctx.ledger.get_run("run-1")["error"]
     assert not os.path.exists(os.path.join(ctx.settings.clusters_dir, "run-1.json"))
     assert not ctx.ledger.renew_lease("run-1")  # reclaimed: nothing to renew
+    # The killed run's retried stages may not use capacity that is no longer its own.
+    with pytest.raises(LeaseReclaimedError, match="reclaimed at .* after its lease expired"):
+        stages.place_data(request, placement, "run-1", ctx)
+    with pytest.raises(LeaseReclaimedError):
+        stages.train(request, placement, {"data_uri": "x"}, "run-1", ctx)
 
 
 def test_teardown_of_a_queued_run_takes_it_out_of_the_queue(tight, demo_dataset):
