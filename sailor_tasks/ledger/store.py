@@ -625,6 +625,18 @@ class Ledger:
                 .values(outcome=outcome, ended_at=utcnow(), **fields)
             )
 
+    def running_attempts(self) -> list[dict[str, Any]]:
+        """Attempts still running (no end recorded), with their run's team and dataset: in-flight
+        demand for the nightly rebalance."""
+        a, r = t.run_attempts.c, t.runs.c
+        q = (
+            select(a.run_id, a.attempt, a.region, a.placement, a.started_at, r.team, r.dataset_uri)
+            .select_from(t.run_attempts.join(t.runs, r.run_id == a.run_id))
+            .where(a.outcome == "running")
+        )
+        with self.engine.connect() as c:
+            return [_aware_row(row) for row in c.execute(q).mappings()]
+
     def attempts(self, run_id: str) -> list[dict[str, Any]]:
         """The run's attempts, oldest first."""
         q = select(t.run_attempts).where(t.run_attempts.c.run_id == run_id).order_by(t.run_attempts.c.attempt)

@@ -539,5 +539,8 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
                     status="failed",
                     error="lease expired: the run stopped renewing its reservation",
                 )
+            for att in ctx.ledger.attempts(res.run_id):
+                if att["outcome"] == "running":
+                    ctx.ledger.end_attempt(res.run_id, att["attempt"], "failed", detail="lease expired; reclaimed")
     admission = admit_queued(ctx, now) if reclaimed or ctx.ledger.queue_entries(("queued",)) else None
     return {"reclaimed": reclaimed, "errors": errors, "admission": admission}

@@ -240,3 +240,25 @@ def test_the_run_summary_shows_the_wait(tight, demo_dataset):
         {**base, "queue": wait}
     )
     assert "- **Queue**: none (it fitted at once)" in render_summary({**base, "queue": None})
+
+
+def test_the_nightly_utilization_counts_in_flight_and_queued_demand(tight, demo_dataset):
+    ctx = tight
+    request = submit(ctx, "run-1", demo_dataset, team="a")
+    placement = stages.plan(request, "run-1", ctx)
+    ctx.ledger.start_attempt("run-1", 1, 1, placement, {})  # training now, no utilization row yet
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)
+    until = (utcnow() + dt.timedelta(hours=1)).isoformat()
+    out = stages.collect_utilization(1.0, as_of=until, ctx=ctx)
+    assert out["in_flight_gpu_hours"] == pytest.approx(2.0, rel=0.01)  # 2 GPUs for about an hour
+    assert out["queued_gpu_hours"] == pytest.approx(2.0, rel=0.01)
+    teams = {t["name"]: t["current"] for t in out["problem"]["teams"]}
+    # Mean concurrent GPUs over the 24 h window, in the zone's region where the run waits.
+    assert teams["a"]["us-central1"]["T4"] == pytest.approx(2.0 / 24, rel=0.01)
+    assert teams["b"]["us-central1"]["T4"] == pytest.approx(2.0 / 24, rel=0.01)
+    # A run whose lease is reclaimed ends its attempt: it is no longer in flight.
+    lease = ctx.ledger.leases()["run-1"]["expires_at"]
+    stages.reconcile(ctx, now=lease + dt.timedelta(seconds=1))
+    assert [a["outcome"] for a in ctx.ledger.attempts("run-1")] == ["failed"]
+    assert stages.collect_utilization(1.0, as_of=until, ctx=ctx)["in_flight_gpu_hours"] == 0
