@@ -219,7 +219,12 @@ def rank(
         best = min(left, key=key)
         left.remove(best)
         order.append(
-            (best, _reason(policy, best, urgent(best), deficit(best), target_by_team, held_by_team, weights))
+            (
+                best,
+                _reason(
+                    policy, best, urgent(best), deficit(best), target_by_team, held_by_team, weights, bool(order)
+                ),
+            )
         )
         held_by_team[best.team] = held_by_team.get(best.team, 0.0) + best.gpus
         held_run[best.run_id] = float(best.gpus)
@@ -264,14 +269,19 @@ def _reason(
     target_by_team: Mapping[str, float],
     held_by_team: Mapping[str, float],
     weights: Mapping[str, float],
+    behind: bool = False,
 ) -> str:
+    """Why the run has its place; ``behind``: runs are ahead of it (what its team holds then
+    counts them as admitted)."""
     if is_urgent:
         return "urgent: at its latest start for the deadline (Cameo), admitted before the policy's order"
     head = f"priority {run.priority}; " if run.priority != "normal" else ""
     if policy == "las":
+        holds = "would hold" if behind else "holds"
+        then = " once the runs ahead are admitted" if behind else ""
         return (
-            f"{head}las: team {run.team} (weight {weights.get(run.team, 1.0):g}) holds "
-            f"{held_by_team.get(run.team, 0.0):g} GPUs of its max-min fair share "
+            f"{head}las: team {run.team} (weight {weights.get(run.team, 1.0):g}) {holds} "
+            f"{held_by_team.get(run.team, 0.0):g} GPUs{then}, against its max-min fair share "
             f"{target_by_team.get(run.team, 0.0):.2f}"
         )
     if policy == "edf":
