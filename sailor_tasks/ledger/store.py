@@ -625,6 +625,36 @@ class Ledger:
                 .values(outcome=outcome, ended_at=utcnow(), **fields)
             )
 
+    def spot_observations(
+        self, exclude_backends: Iterable[str] = ("local",), now: dt.datetime | None = None
+    ) -> dict[tuple[str, str], tuple[int, float]]:
+        """(zone, GPU type) → (preemptions, spot VM-hours) observed by attempts on spot (an attempt
+        still running counts up to ``now``). Runs on ``exclude_backends`` are left out: the local
+        backend's preemptions are injected by the run's own params."""
+        now = now or utcnow()
+        a, r, p = t.run_attempts.c, t.runs.c, t.preemptions.c
+        q = (
+            select(a.run_id, a.attempt, a.zone, a.placement, a.started_at, a.ended_at)
+            .select_from(t.run_attempts.join(t.runs, r.run_id == a.run_id))
+            .where(r.backend.not_in(list(exclude_backends)))
+        )
+        out: dict[tuple[str, str], list[float]] = {}
+        attempt_key: dict[tuple[str, int], tuple[str, str]] = {}
+        with self.engine.connect() as c:
+            for run_id, attempt, zone, placement, started, ended in c.execute(q):
+                pl = placement or {}
+                if pl.get("market") != "spot" or not pl.get("gpu_type"):
+                    continue
+                key = (zone, pl["gpu_type"])
+                attempt_key[(run_id, attempt)] = key
+                hours = max(0.0, ((aware(ended) or now) - aware(started)).total_seconds() / 3600.0)
+                out.setdefault(key, [0, 0.0])[1] += hours * int(pl.get("num_nodes") or 1)
+            for run_id, attempt in c.execute(select(p.run_id, p.attempt)):
+                key = attempt_key.get((run_id, attempt))
+                if key is not None:
+                    out[key][0] += 1
+        return {k: (int(n), float(h)) for k, (n, h) in out.items()}
+
     def running_attempts(self) -> list[dict[str, Any]]:
         """Attempts still running (no end recorded), with their run's team and dataset: in-flight
         demand for the nightly rebalance."""

@@ -92,12 +92,13 @@ def reserve_placement(
     nbytes = manifest.total_bytes if manifest is not None else None
     # The throughput matrix admission's policies use too, measured speeds included.
     table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
-    index = index_for(ctx.catalog, table)
+    catalog = ctx.planning_catalog()  # preemption rates learned from the ledger's spot attempts
+    index = index_for(catalog, table)
     blocked = frozenset(blocked_zones)
     if market is None:
         decision = decide_market(
             req,
-            ctx.catalog,
+            catalog,
             ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
             elapsed_h=elapsed_h,
             steps_done=steps_done,
@@ -109,7 +110,7 @@ def reserve_placement(
     req = dataclasses.replace(req, market=chosen)
     reserved = plan_and_reserve(
         req,
-        ctx.catalog,
+        catalog,
         ctx.ledger,
         run_id,
         snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
@@ -151,7 +152,8 @@ def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
 
     table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
     state = dataclasses.replace(ledger_state(ctx.ledger, req, ""), reservations=())
-    _, est = launch_context(req, ctx.catalog, state, index=index_for(ctx.catalog, table))
+    catalog = ctx.planning_catalog()
+    _, est = launch_context(req, catalog, state, index=index_for(catalog, table))
     best = est.get("on_demand") or est.get("spot")
     if best is None:
         return None
