@@ -655,6 +655,43 @@ class Ledger:
                     out[key][0] += 1
         return {k: (int(n), float(h)) for k, (n, h) in out.items()}
 
+    def attempt_speeds(self, backend: str, limit: int = 200) -> list[dict[str, Any]]:
+        """Steps/s of the newest ended attempts on ``backend`` that trained (completed or
+        preempted): steps made over the attempt's wall time, launch included, with the run's
+        model, command, GPU type and GPUs. What the queue's duration estimates learn from, on
+        every backend (the local one included: its speed is this machine's)."""
+        a, r = t.run_attempts.c, t.runs.c
+        q = (
+            select(a.placement, a.started_at, a.ended_at, a.step, a.resumed_from_step, r.model, r.request)
+            .select_from(t.run_attempts.join(t.runs, r.run_id == a.run_id))
+            .where(
+                r.backend == backend,
+                a.outcome.in_(("completed", "preempted")),
+                a.ended_at.is_not(None),
+                a.step.is_not(None),
+            )
+            .order_by(a.ended_at.desc())
+            .limit(limit)
+        )
+        out = []
+        with self.engine.connect() as c:
+            for placement, started, ended, step, resumed, model, request in c.execute(q):
+                seconds = (aware(ended) - aware(started)).total_seconds()
+                steps = int(step) - int(resumed or 0)
+                if seconds <= 0 or steps <= 0:
+                    continue
+                pl = placement or {}
+                out.append(
+                    {
+                        "model": model,
+                        "command": tuple((request or {}).get("command") or ()),
+                        "gpu_type": pl.get("gpu_type"),
+                        "num_gpus": pl.get("num_gpus"),
+                        "steps_per_s": steps / seconds,
+                    }
+                )
+        return out
+
     def running_attempts(self) -> list[dict[str, Any]]:
         """Attempts still running (no end recorded), with their run's team and dataset: in-flight
         demand for the nightly rebalance."""

@@ -140,9 +140,31 @@ def reserve_placement(
     return placement
 
 
+def learned_hours(ctx: StageContext, req: JobRequest) -> float | None:
+    """Hours the run's training is expected to take from the speed its workload (built-in model,
+    or its own command) reached in past attempts on the same backend with the same GPUs (the GPU
+    type too when the run pins one): the median steps/s of those attempts, launch included.
+    None: no such attempt yet."""
+    import statistics
+
+    speeds = [
+        s["steps_per_s"]
+        for s in ctx.ledger.attempt_speeds(req.backend)
+        if s["model"] == req.model
+        and s["command"] == tuple(req.command)
+        and s["num_gpus"] == req.num_gpus
+        and (req.gpu_type in (ANY_GPU, s["gpu_type"]) or req.backend == "local")
+    ]
+    if not speeds:
+        return None
+    return req.total_steps / statistics.median(speeds) / 3600.0
+
+
 def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
-    """Hours the run holds capacity: the placement engine's training estimate on its best
-    on-demand offer (spot if none), plus the data copy there and one launch; capacity held by
+    """Hours the run holds capacity: training, the data copy and one launch. Training comes from
+    the speed learned from past attempts of the same workload on the same backend
+    (``learned_hours``, launch included) when there are any, else from the placement engine's
+    estimate on the run's best on-demand offer (spot if none) plus one launch; capacity held by
     others is ignored (an estimate of the run, not of the wait). None: no offer can run it."""
     from sailor_tasks.catalog.throughput import packaged_with_measured
     from sailor_tasks.placement.context import RESTART_HOURS
@@ -157,6 +179,9 @@ def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
     best = est.get("on_demand") or est.get("spot")
     if best is None:
         return None
+    learned = learned_hours(ctx, req)
+    if learned is not None:
+        return learned + float(best.get("data_hours", 0.0))
     return float(best["expected_hours"]) + float(best.get("data_hours", 0.0)) + RESTART_HOURS
 
 

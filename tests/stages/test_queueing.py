@@ -262,3 +262,35 @@ def test_the_nightly_utilization_counts_in_flight_and_queued_demand(tight, demo_
     stages.reconcile(ctx, now=lease + dt.timedelta(seconds=1))
     assert [a["outcome"] for a in ctx.ledger.attempts("run-1")] == ["failed"]
     assert stages.collect_utilization(1.0, as_of=until, ctx=ctx)["in_flight_gpu_hours"] == 0
+
+
+def test_duration_estimates_learn_from_past_attempts_on_the_same_backend(tight, demo_dataset):
+    from sqlalchemy import update
+
+    from sailor_tasks.ledger import schema as t
+    from sailor_tasks.model import JobRequest, from_dict
+    from sailor_tasks.stages.queueing import expected_hours, learned_hours
+
+    ctx = tight
+    req = from_dict(JobRequest, submit(ctx, "new", demo_dataset, total_steps=600))
+    engine_only = expected_hours(ctx, req)
+    assert learned_hours(ctx, req) is None  # nothing learned yet: the placement engine's estimate
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for i, (steps, seconds) in enumerate(((100, 50.0), (90, 30.0), (100, 25.0))):  # 2, 3 and 4 steps/s
+        run_id = f"past-{i}"
+        request = submit(ctx, run_id, demo_dataset)
+        placement = {"gpu_type": "T4", "num_gpus": 2, "market": "spot", "region": "us-central1", "zone": ZONE}
+        ctx.ledger.start_attempt(run_id, 1, 1, placement, {})
+        ctx.ledger.end_attempt(run_id, 1, "completed", step=steps + 10, resumed_from_step=10)
+        with ctx.ledger.engine.begin() as c:
+            c.execute(
+                update(t.run_attempts)
+                .where(t.run_attempts.c.run_id == run_id)
+                .values(started_at=start, ended_at=start + dt.timedelta(seconds=seconds))
+            )
+        assert request["backend"] == "local"
+    assert learned_hours(ctx, req) == pytest.approx(600 / 3.0 / 3600.0)  # the median speed
+    assert expected_hours(ctx, req) == pytest.approx(600 / 3.0 / 3600.0, abs=0.01)
+    assert engine_only != pytest.approx(expected_hours(ctx, req), abs=0.001)
+    other = from_dict(JobRequest, submit(ctx, "other", demo_dataset, model="small_gpt"))
+    assert learned_hours(ctx, other) is None  # another workload learns nothing from these
