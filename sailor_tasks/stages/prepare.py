@@ -14,7 +14,7 @@ from typing import Any
 from sailor_tasks import paths, storage
 from sailor_tasks.backends import get_backend
 from sailor_tasks.data.copier import copy_dataset
-from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
+from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors, RunQueuedError
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
 from sailor_tasks.stages.queueing import hold_lease
@@ -129,9 +129,13 @@ def plan(
     from sailor_tasks.stages.queueing import plan_or_queue, reserve_placement
 
     req = from_dict(JobRequest, request)
-    with timed(ctx, run_id, "plan"):
+    queued: RunQueuedError | None = None
+    with timed(ctx, run_id, "plan"):  # queueing the run is plan doing its job, not a failure
         if attempt == 1:
-            placement = plan_or_queue(ctx, req, run_id)
+            try:
+                placement = plan_or_queue(ctx, req, run_id)
+            except RunQueuedError as exc:
+                queued = exc
         else:
             placement = reserve_placement(
                 ctx,
@@ -142,6 +146,8 @@ def plan(
                 elapsed_h=elapsed_h,
                 steps_done=steps_done,
             )
+    if queued is not None:
+        raise queued
     for line in placement.explanation:
         logger.info("plan: %s", line)
     return to_dict(placement)

@@ -58,6 +58,7 @@ def test_a_run_that_does_not_fit_waits_and_is_admitted_when_capacity_frees(tight
     assert entry["state"] == "queued" and entry["position"] == 1
     assert "las" in entry["reason"] and entry["estimated_start_at"] is not None
     assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-1"]  # nothing held for run-2
+    assert [(t["stage"], t["ok"]) for t in ctx.ledger.stage_timings("run-2")] == [("validate", True), ("plan", True)]
 
     out = stages.teardown("run-1", ctx)
     assert out["admitted"] == ["run-2"]
