@@ -44,7 +44,6 @@ class SailorPlanOperator(BaseOperator):
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue.triggers import POLL_S, QueueAdmissionTrigger
         from sailor_tasks.errors import RunQueuedError
-        from sailor_tasks.settings import Settings
 
         try:
             return run_stage(stages.plan, self.request, context["run_id"])
@@ -52,7 +51,6 @@ class SailorPlanOperator(BaseOperator):
             self.log.info("%s; deferring until admitted (no worker slot held)", exc)
             trigger = QueueAdmissionTrigger(
                 run_id=context["run_id"],
-                ledger_url=Settings.from_env().ledger_url,
                 recheck_at=exc.recheck_at,
                 poll_s=self.poll_s or POLL_S,
             )

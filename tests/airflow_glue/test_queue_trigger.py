@@ -62,7 +62,7 @@ def test_plan_defers_while_queued_and_resumes_with_the_admitted_placement(tight,
     module, name = classpath.rsplit(".", 1)
     rebuilt = getattr(importlib.import_module(module), name)(**kwargs)  # as the triggerer does
     assert isinstance(rebuilt, QueueAdmissionTrigger) and kwargs["run_id"] == "run-2"
-    assert kwargs["ledger_url"] == ctx.settings.ledger_url and kwargs["poll_s"] == 0.05
+    assert kwargs == {"run_id": "run-2", "recheck_at": kwargs["recheck_at"], "poll_s": 0.05}  # no ledger URL
 
     # Still queued and before the re-check: the trigger keeps polling.
     with pytest.raises(TimeoutError):
@@ -89,7 +89,7 @@ def test_the_trigger_fires_at_its_recheck_and_a_timed_out_run_fails_naming_what_
     with pytest.raises(TaskDeferred):
         op.execute({"run_id": "run-2"})
     past = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)).isoformat()
-    trigger = QueueAdmissionTrigger("run-2", ctx.settings.ledger_url, recheck_at=past, poll_s=0.05)
+    trigger = QueueAdmissionTrigger("run-2", recheck_at=past, poll_s=0.05)
     assert _first_event(trigger) == {"run_id": "run-2", "state": "recheck"}
     # The re-check finds it still waiting: it defers again.
     with pytest.raises(TaskDeferred):
