@@ -120,3 +120,19 @@ def test_a_run_that_does_not_fit_holds_back_the_runs_behind_it_on_the_same_gpus(
 
     assert admission_pass(ranked, try_admit) == ["l4", "urgent-t4"]
     assert tried == ["big", "l4", "gone", "urgent-t4"]  # small-t4 waits behind big: no backfill
+
+
+def test_queue_settings_refuse_bad_values_naming_them():
+    from sailor_tasks.settings import Settings
+
+    base = {"SAILOR_STATE_DIR": "/tmp/sailor-settings-test"}
+    s = Settings.from_env({**base, "SAILOR_QUEUE_POLICY": "edf", "SAILOR_TEAM_WEIGHTS": "ml=2, search=0.5"})
+    assert s.queue_policy == "edf" and s.team_weights == (("ml", 2.0), ("search", 0.5)) and s.lease_s == 900
+    with pytest.raises(ValueError, match=r"SAILOR_QUEUE_POLICY='sjf' .* valid: las, fifo, ftf, edf"):
+        Settings.from_env({**base, "SAILOR_QUEUE_POLICY": "sjf"})
+    with pytest.raises(ValueError, match=r"SAILOR_TEAM_WEIGHTS item 'ml=-1'"):
+        Settings.from_env({**base, "SAILOR_TEAM_WEIGHTS": "ml=-1"})
+    with pytest.raises(ValueError, match=r"SAILOR_TEAM_WEIGHTS item 'ml'"):
+        Settings.from_env({**base, "SAILOR_TEAM_WEIGHTS": "ml"})
+    with pytest.raises(ValueError, match=r"SAILOR_LEASE_S='0'"):
+        Settings.from_env({**base, "SAILOR_LEASE_S": "0"})
