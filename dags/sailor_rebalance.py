@@ -152,16 +152,7 @@ def sailor_rebalance():
             dry_run=bool(ctx["params"]["dry_run"]),
         )
 
-    @task
-    def allocate_gpu_types(utilization: dict) -> dict:
-        from sailor_tasks import stages
-        from sailor_tasks.airflow_glue.stage import run_stage
-
-        source = f"sailor_rebalance/{get_current_context()['run_id']}"
-        return run_stage(stages.allocate_gpu_types, utilization, source=source)
-
     utilization = collect_utilization()
-    allocate_gpu_types(utilization)
     solution = solve_assignment(utilization)
     published = publish_assignment(solution)
     copies = replicate_data.expand(copy=published)

@@ -8,9 +8,12 @@ Trigger with params (the form groups them by section). Stages, each a task calli
 capacity was reserved: removes the cluster first, then releases the reservation, each retried).
 
 - **validate**: params → a frozen `JobRequest`; bad values fail here, nothing is reserved or copied.
-- **plan**: the run's market `strategy` (default `sailor`: spot while the deadline's slack covers
-  the expected preemption loss, else on-demand) picks the market; the planner picks region / zone /
-  GPU type from the catalog and reserves the capacity.
+- **plan** (`SailorPlanOperator`): the run's market `strategy` (default `sailor`: spot while the
+  deadline's slack covers the expected preemption loss, else on-demand) picks the market; the
+  planner picks region / zone / GPU type from the catalog and reserves the capacity (a lease,
+  renewed by the run's stages and its training heartbeat). When nothing fits now the run waits in
+  SAILOR's queue: the task *defers* (no worker slot held) until the queue policy admits it, at most
+  `max_queue_hours` (`priority`, `deadline_hours` and the policy order the queue; `sailor queue`).
 - **place_data**: copies the dataset into the region's bucket (checksummed manifest written last);
   the copy is an asset event of the alias `sailor_datasets`.
 - **provision** (`SailorProvisionOperator`): creates the cluster (local: a record + torchrun; gke:
@@ -36,7 +39,11 @@ from pathlib import Path
 from airflow.sdk import Param, dag, get_current_context, task
 
 from sailor_tasks.airflow_glue import lineage
-from sailor_tasks.airflow_glue.operators import SailorProvisionOperator, SailorTrainOperator
+from sailor_tasks.airflow_glue.operators import (
+    SailorPlanOperator,
+    SailorProvisionOperator,
+    SailorTrainOperator,
+)
 from sailor_tasks.request import train_param_schemas
 
 TRAIN_RECOVERY_ATTEMPTS = 5
@@ -74,13 +81,6 @@ def sailor_train():
         ctx = get_current_context()
         return run_stage(stages.validate, dict(ctx["params"]), ctx["run_id"])
 
-    @task
-    def plan(request: dict) -> dict:
-        from sailor_tasks import stages
-        from sailor_tasks.airflow_glue.stage import run_stage
-
-        return run_stage(stages.plan, request, get_current_context()["run_id"])
-
     @task(outlets=[lineage.DATASETS])
     def place_data(request: dict, placement: dict) -> dict:
         from sailor_tasks import stages
@@ -91,7 +91,6 @@ def sailor_train():
         lineage.emit_dataset(ctx["outlet_events"], request, data, ctx["run_id"])
         return data
 
-    @task
     @task(outlets=[lineage.CHECKPOINTS])
     def finalize(request: dict, placement: dict, data: dict, result: dict) -> dict:
         from sailor_tasks import stages
@@ -111,7 +110,8 @@ def sailor_train():
         return run_stage(stages.teardown, context["run_id"], backend=context["params"].get("backend"))
 
     request = validate()
-    placement = plan(request)
+    plan = SailorPlanOperator(task_id="plan", request=request)
+    placement = plan.output
     data = place_data(request, placement)
     cluster = SailorProvisionOperator(task_id="provision", request=request, placement=placement).output
     train = SailorTrainOperator(
@@ -127,7 +127,7 @@ def sailor_train():
     result = train.output
     data >> cluster >> result
     done = finalize(request, placement, data, result)
-    done >> release_capacity().as_teardown(setups=placement)
+    done >> release_capacity().as_teardown(setups=plan)
 
 
 sailor_train()

@@ -101,8 +101,23 @@ def render_page(snap) -> str:
             _e(r["gpu_type"]),
             _e(r["gpus"]),
             _e(r["market"]),
+            _e(str(r.get("lease_expires_at") or "")[:19].replace("T", " ")),
         ]
         for r in snap.reservations
+    ]
+    queue = [
+        [
+            _e(q["position"]),
+            f"<code>{_e(q['run_id'])}</code>",
+            _e(q["team"]),
+            _e(q["priority"]),
+            f"{_e(q['gpus'])}× {_e(q['gpu_type'])}",
+            _e(q["waited_min"]),
+            _e(str(q["estimated_start_at"] or "")[:19].replace("T", " ")),
+            _e(str(q["latest_start_at"] or "")[:19].replace("T", " ")),
+            _e(q["reason"]),
+        ]
+        for q in snap.queue
     ]
     placements = [
         [
@@ -171,11 +186,15 @@ def render_page(snap) -> str:
 <div class="cards"><div class="card">regions<b>{len(snap.regions)}</b></div>
 <div class="card">GPUs in supply<b>{snap.total_supply}</b></div>
 <div class="card">GPUs reserved<b>{snap.total_reserved}</b></div>
+<div class="card">runs queued<b>{len(queue)}</b></div>
 <div class="card">assignment<b>{"v" + _e(a["version"]) if a else "–"}</b></div></div>
 <h2>Regions</h2>
 {_table(["region", "supply (GPUs)", "reserved (GPUs)", "demand / supply", "load at last rebalance", "supply by GPU type"], regions, "The catalog has no regions.", "regions")}
+<h2>Queue</h2>
+<div class="sub">Admission policy: <b>{_e(snap.queue_policy)}</b></div>
+{_table(["position", "run", "team", "priority", "GPUs", "waited (min)", "estimated start", "latest start", "reason"], queue, "No run is waiting for capacity.", "queue")}
 <h2>Live reservations</h2>
-{_table(["run", "region", "zone", "GPU", "GPUs", "market"], reservations, "No live reservations.", "reservations")}
+{_table(["run", "region", "zone", "GPU", "GPUs", "market", "lease expires"], reservations, "No live reservations.", "reservations")}
 <h2>Current assignment</h2>
 {assignment}
 <h2>Recent placements</h2>

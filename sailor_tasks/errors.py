@@ -83,6 +83,76 @@ class CapacityUnavailableError(SailorError):
         )
 
 
+class RunQueuedError(SailorError):
+    """Nothing fits now: the run waits in SAILOR's queue. Not a failure: the orchestrator waits
+    (``sailor_train``'s ``plan`` defers) until the run is admitted, times out or fails."""
+
+    def __init__(
+        self,
+        run_id: str,
+        position: int | None,
+        reason: str,
+        estimated_start: str | None,
+        wait_until: str,
+        recheck_at: str | None = None,
+    ):
+        self.run_id, self.position, self.reason = run_id, position, reason
+        self.estimated_start, self.wait_until, self.recheck_at = estimated_start, wait_until, recheck_at
+        super().__init__(
+            f"run {run_id} queued at position {position if position is not None else '?'} ({reason}); "
+            f"estimated start {estimated_start or 'unknown'}; waits until {wait_until} (max_queue_hours)"
+        )
+
+
+class QueueTimeoutError(SailorError):
+    """The run waited ``max_queue_hours`` in the queue without being admitted. Not retried."""
+
+    def __init__(self, run_id: str, hours: float, waited_for: str):
+        self.run_id, self.hours, self.waited_for = run_id, hours, waited_for
+        super().__init__(
+            f"run {run_id} waited {hours:g} h (max_queue_hours) in SAILOR's queue for {waited_for} "
+            "and was not admitted; raise max_queue_hours, ask for fewer GPUs or another GPU type, "
+            "or widen the regions"
+        )
+
+
+class LeaseReclaimedError(SailorError):
+    """The run's reservation was reclaimed when its lease expired (its task stopped renewing it):
+    the run may not train on capacity that is no longer its own. Not retried."""
+
+    def __init__(self, run_id: str, reclaimed_at: str):
+        self.run_id, self.reclaimed_at = run_id, reclaimed_at
+        super().__init__(
+            f"run {run_id}: its reservation was reclaimed at {reclaimed_at} after its lease expired "
+            "(the task stopped renewing it); trigger the run again"
+        )
+
+
+class QueueRejectedError(SailorError):
+    """The queue turned the run away (``state``: failed, left) for ``reason``. Not retried."""
+
+    def __init__(self, run_id: str, state: str, reason: str):
+        self.run_id, self.state, self.reason = run_id, state, reason
+        super().__init__(f"run {run_id} left SAILOR's queue ({state}): {reason}")
+
+
+class DeadlineUnmeetableError(SailorError):
+    """The run's deadline cannot be met: its latest start passed (or was already past when it
+    arrived) and no capacity, spot or on-demand, could take it. Not retried."""
+
+    def __init__(
+        self, run_id: str, deadline: str, latest_start: str, expected_hours: float, detail: str = ""
+    ):
+        self.run_id, self.deadline, self.latest_start = run_id, deadline, latest_start
+        self.expected_hours = expected_hours
+        super().__init__(
+            f"run {run_id} cannot meet its deadline {deadline}: it needs about {expected_hours:.2f} h "
+            f"(training, data copy, launch), so it had to start by {latest_start}"
+            + (f"; {detail}" if detail else "")
+            + "; raise deadline_hours or allow market=on_demand/auto"
+        )
+
+
 class DataIntegrityError(SailorError):
     """A copied file or a checkpoint does not match its recorded checksum."""
 

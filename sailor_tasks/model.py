@@ -102,7 +102,12 @@ class JobRequest:
     batch_size: int = 16
     learning_rate: float = 3e-3
     deadline_hours: float | None = None
-    """Hours from planning by which the run should finish (None: no deadline); drives market=auto."""
+    """Hours from planning by which the run should finish (None: no deadline); drives market=auto
+    and, when the run waits in the queue, its latest start."""
+    priority: str = "normal"
+    """Queue priority (low, normal, high): a waiting run of higher priority is admitted first."""
+    max_queue_hours: float = 24.0
+    """Hours the run may wait in SAILOR's queue for capacity before it fails."""
     data_residency: tuple[str, ...] = ()
     """Continents (``NA``, ``EU``, ``ASIA``, ...) the dataset may be copied to; empty: anywhere."""
     exclude_regions: tuple[str, ...] = ()

@@ -262,6 +262,26 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "description": "Finish within this many hours of planning, or empty for no deadline. With market=auto, "
             "long jobs with little slack go on-demand, short or slack-rich jobs on spot.",
         },
+        "priority": {
+            "default": "normal",
+            "type": "string",
+            "enum": ["low", "normal", "high"],
+            "title": "Queue priority",
+            "section": SECTION_JOB,
+            "description": "When capacity is full: a waiting run of higher priority is admitted before "
+            "any of lower priority (as Kueue's priorities); within one priority the queue policy decides.",
+        },
+        "max_queue_hours": {
+            "default": 24.0,
+            "type": "number",
+            **FINITE,
+            "minimum": 0,
+            "maximum": 8760,
+            "title": "Max hours in the queue",
+            "section": SECTION_JOB,
+            "description": "How long the run may wait in SAILOR's queue for capacity before it fails "
+            "naming what it waited for (0: fail at once when nothing fits).",
+        },
         "exclude_regions": {
             "default": [],
             "type": ["null", "array"],
@@ -693,6 +713,8 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
         batch_size=values["batch_size"],
         learning_rate=float(values["learning_rate"]),
         deadline_hours=None if values["deadline_hours"] is None else float(values["deadline_hours"]),
+        priority=values["priority"],
+        max_queue_hours=float(values["max_queue_hours"]),
         exclude_regions=tuple(values["exclude_regions"]),
         data_residency=tuple(values["data_residency"]),
         strategy=values["strategy"],

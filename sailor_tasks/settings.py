@@ -18,6 +18,11 @@ run at another state folder without touching code.
 |                          |                                           | may come from (comma-separated)      |
 | SAILOR_COMMAND_ROOTS     | the project's ``examples/``               | folders a local ``command`` may run  |
 |                          |                                           | from (``os.pathsep``-separated)      |
+| SAILOR_QUEUE_POLICY      | ``las``                                   | policy admitting queued runs         |
+|                          |                                           | (las, fifo, ftf, edf)                |
+| SAILOR_TEAM_WEIGHTS      | (none: every team 1)                      | ``team=weight,...`` for ``las``      |
+| SAILOR_LEASE_S           | ``900``                                   | seconds a reservation's lease lasts  |
+|                          |                                           | without a renewal                    |
 
 SAILOR's own buckets (``source`` and the regions, through the bucket template) are always readable
 by a run, except their ``runs/`` folders; nothing else of the state folder is.
@@ -31,6 +36,9 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 BACKENDS = ("local", "gke")
+QUEUE_POLICIES = ("las", "fifo", "ftf", "edf")
+"""Policies the live queue admits by (``sailor_tasks.queue``); ``las`` is the default."""
+DEFAULT_LEASE_S = 900.0
 SOURCE_BUCKET = "source"
 """Name of the bucket that holds datasets before SAILOR places them (``sailor://source/...``)."""
 DEFAULT_COMMAND_ROOT = str(Path(__file__).resolve().parent.parent / "examples")
@@ -58,6 +66,12 @@ class Settings:
     command_roots: tuple[str, ...] = (DEFAULT_COMMAND_ROOT,)
     """Folders whose scripts and executables a run's ``command`` may start on the local backend
     (whoever may trigger a run must not get arbitrary code execution on the worker)."""
+    queue_policy: str = "las"
+    """Policy that admits queued runs when capacity frees (one of ``QUEUE_POLICIES``)."""
+    team_weights: tuple[tuple[str, float], ...] = ()
+    """(team, weight) pairs for ``las``'s weighted max-min fairness; unlisted teams weigh 1."""
+    lease_s: float = DEFAULT_LEASE_S
+    """Seconds a reservation's lease lasts unless its run renews it (stages, training heartbeat)."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -66,7 +80,15 @@ class Settings:
         backend = env.get("SAILOR_BACKEND", "local")
         if backend not in BACKENDS:
             raise ValueError(f"SAILOR_BACKEND={backend!r} is not a backend; valid: {', '.join(BACKENDS)}")
+        policy = env.get("SAILOR_QUEUE_POLICY") or "las"
+        if policy not in QUEUE_POLICIES:
+            raise ValueError(
+                f"SAILOR_QUEUE_POLICY={policy!r} is not a queue policy; valid: {', '.join(QUEUE_POLICIES)}"
+            )
         return cls(
+            queue_policy=policy,
+            team_weights=parse_team_weights(env.get("SAILOR_TEAM_WEIGHTS", "")),
+            lease_s=_positive("SAILOR_LEASE_S", env.get("SAILOR_LEASE_S") or str(DEFAULT_LEASE_S)),
             state_dir=state_dir,
             ledger_url=env.get("SAILOR_LEDGER_URL") or f"sqlite:///{state_dir}/ledger.db",
             bucket_template=env.get("SAILOR_BUCKET_TEMPLATE") or "file://{state_dir}/buckets/{bucket}",
@@ -149,3 +171,36 @@ class Settings:
     def clusters_dir(self) -> str:
         """Folder of the local backend's cluster records."""
         return os.path.join(self.state_dir, "clusters")
+
+
+def parse_team_weights(text: str) -> tuple[tuple[str, float], ...]:
+    """``"ml=2,search=1"`` → (("ml", 2.0), ("search", 1.0)), sorted by team.
+
+    Raises:
+        ValueError: an item is not ``team=weight`` with a positive finite weight (names the item).
+    """
+    out: dict[str, float] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        team, sep, value = item.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = float("nan")
+        if not sep or not team.strip() or not (0 < weight < float("inf")):
+            raise ValueError(
+                f"SAILOR_TEAM_WEIGHTS item {item!r}: need team=weight with a weight > 0, e.g. ml=2,search=1"
+            )
+        out[team.strip()] = weight
+    return tuple(sorted(out.items()))
+
+
+def _positive(name: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not (0 < number < float("inf")):
+        raise ValueError(f"{name}={value!r}: need a number of seconds > 0")
+    return number

@@ -102,3 +102,17 @@ def test_file_datasets_must_lie_inside_the_data_folders(tmp_path):
     ):
         err = check_data_access("dataset_uri", uri, settings, regions)
         assert err is not None and err.field == "dataset_uri" and str(data) in str(err)
+
+
+def test_queue_params_have_defaults_and_refuse_bad_values():
+    from sailor_tasks.errors import InvalidRequestErrors
+    from sailor_tasks.request import from_params
+
+    req = from_params({})
+    assert req.priority == "normal" and req.max_queue_hours == 24.0
+    assert from_params({"priority": "high", "max_queue_hours": 0}).max_queue_hours == 0.0
+    with pytest.raises(InvalidRequestErrors, match=r"priority='urgent'.*low.*normal.*high"):
+        from_params({"priority": "urgent"})
+    for bad in (-1, float("nan"), 9000):
+        with pytest.raises(InvalidRequestErrors, match="max_queue_hours"):
+            from_params({"max_queue_hours": bad})

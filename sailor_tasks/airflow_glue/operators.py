@@ -1,6 +1,7 @@
-"""``sailor_train``'s ``provision`` and ``train`` tasks: inline on the local backend, deferrable on
-GKE (``SailorProvisionOperator`` waits for cluster and node-pool operations in the triggerer,
-``SailorTrainOperator`` for the training pods)."""
+"""``sailor_train``'s deferrable tasks: ``SailorPlanOperator`` (``plan``: waits in SAILOR's queue
+without a worker slot), ``SailorProvisionOperator`` (``provision``: inline on the local backend; on
+GKE it waits for cluster and node-pool operations in the triggerer) and ``SailorTrainOperator``
+(``train``: inline on the local backend, deferrable on GKE for the training pods)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,49 @@ def _check_operation_event(event: Mapping[str, Any] | None, pending: Mapping[str
             f"GKE operation {(pending or {}).get('name')} ({(pending or {}).get('what')}) did not "
             f"finish: {event.get('status')}: {event.get('message')}"
         )
+
+
+class SailorPlanOperator(BaseOperator):
+    """Place the run and reserve its capacity; when nothing fits now, wait in SAILOR's queue.
+
+    ``execute`` runs ``stages.plan``. If the run is queued (``RunQueuedError``), the task defers on
+    ``QueueAdmissionTrigger``, which polls the run's queue entry in the triggerer: no worker slot
+    is held while the run waits. ``resume_plan`` runs ``stages.plan`` again: it returns the
+    placement the admission reserved, runs an admission pass and defers again (a periodic
+    re-check), or fails the task (time-out after ``max_queue_hours``, an unmeetable deadline)
+    naming what the run waited for.
+    """
+
+    template_fields: Sequence[str] = ("request",)
+    ui_color = "#fff2cc"
+
+    def __init__(self, *, request: Any, poll_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.request, self.poll_s = request, poll_s
+
+    def execute(self, context: Any) -> Any:
+        return self._plan(context)
+
+    def resume_plan(self, context: Any, event: Mapping[str, Any] | None = None, **_: Any) -> Any:
+        """Re-entry from the trigger: the run left the queue, or it is time to re-check."""
+        self.log.info("queue event for run %s: %s", context["run_id"], dict(event or {}))
+        return self._plan(context)
+
+    def _plan(self, context: Any) -> Any:
+        from sailor_tasks import stages
+        from sailor_tasks.airflow_glue.queue_trigger import POLL_S, QueueAdmissionTrigger
+        from sailor_tasks.errors import RunQueuedError
+
+        try:
+            return run_stage(stages.plan, self.request, context["run_id"])
+        except RunQueuedError as exc:
+            self.log.info("%s; deferring until admitted (no worker slot held)", exc)
+            trigger = QueueAdmissionTrigger(
+                run_id=context["run_id"],
+                recheck_at=exc.recheck_at,
+                poll_s=self.poll_s or POLL_S,
+            )
+            self.defer(trigger=trigger, method_name="resume_plan")
 
 
 class SailorTrainOperator(BaseOperator):

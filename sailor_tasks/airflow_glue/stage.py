@@ -14,8 +14,12 @@ from typing import Any, TypeVar
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sailor_tasks.errors import (
+    DeadlineUnmeetableError,
     InvalidRequestError,
+    LeaseReclaimedError,
     NoFeasibleOfferError,
+    QueueRejectedError,
+    QueueTimeoutError,
     RebalanceInfeasibleError,
     RunCancelledError,
     StageSkipped,
@@ -28,6 +32,10 @@ CONFIG_ERRORS: tuple[type[Exception], ...] = (
     NoFeasibleOfferError,
     RebalanceInfeasibleError,
     RunCancelledError,
+    QueueTimeoutError,
+    DeadlineUnmeetableError,
+    QueueRejectedError,
+    LeaseReclaimedError,
 )
 """Errors that retrying cannot fix (or must not undo: a cancel): the task fails at once."""
 

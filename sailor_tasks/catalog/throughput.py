@@ -194,8 +194,8 @@ def load_packaged() -> ThroughputTable:
 
 @functools.lru_cache(maxsize=4)
 def packaged_with_measured(measurements: tuple[tuple[str, str, float], ...]) -> ThroughputTable:
-    """The one matrix both placement (``stages.plan``) and the GPU-type policies
-    (``stages.allocate_gpu_types``) use: the packaged table with SAILOR's measured
+    """The one matrix both placement (``stages.plan``) and live admission's policies
+    (``stages.queueing``) use: the packaged table with SAILOR's measured
     ``(model, GPU type, steps/s)`` blended in (``Ledger.measured_throughputs``). Cached per
     measurements, so the placement index built on it is reused until a new measurement lands."""
     return load_packaged().with_measured(measurements)

@@ -15,6 +15,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--gpu", help="only this GPU type")
     p.add_argument("--region", action="append", help="only this region (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--prior",
+        action="store_true",
+        help="preemption rates of the supply file only (default: updated with the ledger's observations)",
+    )
     p.set_defaults(func=cmd_catalog)
     csub = p.add_subparsers(dest="catalog_command")
     d = csub.add_parser("derive", help="re-derive the packaged offers from a SkyPilot-format GCP catalog CSV")
@@ -46,7 +51,17 @@ def cmd_catalog(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    rows = [to_dict(o) for o in sorted(offers, key=lambda o: (o.gpu_type, o.spot_usd_per_hour))]
+    learned = {} if args.prior else _learned(catalog)
+    rows = []
+    for o in sorted(offers, key=lambda o: (o.gpu_type, o.spot_usd_per_hour)):
+        row = to_dict(o)
+        rate = learned.get((o.zone, o.gpu_type))
+        row["preemption_prior_per_hour"] = o.preemption_rate_per_hour
+        row["preemptions_observed"] = rate.preemptions if rate else 0
+        row["spot_vm_hours_observed"] = round(rate.vm_hours, 3) if rate else 0.0
+        if rate is not None:
+            row["preemption_rate_per_hour"] = round(rate.rate, 6)
+        rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -62,9 +77,25 @@ def cmd_catalog(args: argparse.Namespace) -> int:
                 "spot_usd_per_hour",
                 "capacity_gpus",
                 "preemption_rate_per_hour",
+                "preemption_prior_per_hour",
+                "preemptions_observed",
+                "spot_vm_hours_observed",
             ),
         )
     return 0
+
+
+def _learned(catalog: Any) -> dict:
+    """(zone, GPU type) → the learned rate, from the ledger's spot attempts ({} without a ledger)."""
+    from sailor_tasks.catalog.learned import learned_rates
+    from sailor_tasks.ledger import Ledger
+    from sailor_tasks.settings import Settings
+
+    ledger = Ledger(Settings.from_env().ledger_url)
+    try:
+        return learned_rates(catalog, ledger.spot_observations())
+    finally:
+        ledger.dispose()
 
 
 def cmd_catalog_transfer(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from sailor_tasks.cli import (
     gke,
     logs,
     plan,
+    queue,
     rebalance,
     runs,
     show,
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     submit.add_parser(sub)
     runs.add_parser(sub)
+    queue.add_parser(sub)
     show.add_parser(sub)
     logs.add_parser(sub)
     cancel.add_parser(sub)

@@ -217,6 +217,8 @@ attempt_markets = Table(
 )
 
 gpu_allocations = Table(
+    # Written by nothing: live admission (stages.queueing) runs the policies over the queue at every
+    # pass. Kept so that the rows of ledgers that had it stay readable (revisions never drop rows).
     "gpu_allocations",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -229,6 +231,45 @@ gpu_allocations = Table(
     Column("shares", JSON, nullable=False),  # GPU type → fraction of time (Gavel's X row)
     Column("steps_per_s", Float, nullable=False),  # effective throughput under the shares
     Index("ix_gpu_allocations_region", "region", "version"),
+)
+
+queue_entries = Table(
+    # One row per run that waited for capacity (SAILOR's queue): its state, the policy's ranking
+    # and the placement its admission reserved. A table of its own so existing ledgers gain it.
+    "queue_entries",
+    metadata,
+    Column("run_id", String(250), primary_key=True),
+    Column("team", String(100), nullable=False),
+    Column("priority", String(10), nullable=False),  # low | normal | high
+    Column("gpu_type", String(30), nullable=False),  # the requested type or "any"
+    Column("gpus", Integer, nullable=False),
+    Column("request", JSON, nullable=False),
+    Column("state", String(20), nullable=False),  # queued | admitted | timed_out | failed | left
+    Column("policy", String(40), nullable=False),
+    Column("position", Integer),  # 1 = next to be admitted; None once out of the queue
+    Column("reason", Text),  # the policy's reason for the position, or why it is blocked
+    Column("expected_hours", Float),  # training + data copy + launch, for estimates and deadlines
+    Column("estimated_start_at", DateTime(timezone=True)),
+    Column("deadline_at", DateTime(timezone=True)),
+    Column("latest_start_at", DateTime(timezone=True)),  # Cameo: deadline - expected hours
+    Column("max_wait_until", DateTime(timezone=True), nullable=False),
+    Column("enqueued_at", DateTime(timezone=True), nullable=False),
+    Column("admitted_at", DateTime(timezone=True)),
+    Column("placement", JSON),  # the admitted placement (what plan returns)
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Index("ix_queue_entries_state", "state", "enqueued_at"),
+)
+
+reservation_leases = Table(
+    # A reservation's lease: renewed by the run's stages and its training heartbeat; a live
+    # reservation whose lease expired is reclaimed by the reconciler.
+    "reservation_leases",
+    metadata,
+    Column("run_id", String(250), primary_key=True),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("renewed_at", DateTime(timezone=True), nullable=False),
+    Column("holder", String(100), nullable=False),  # what renewed it last (stage or heartbeat)
+    Column("reclaimed_at", DateTime(timezone=True)),
 )
 
 leases = Table(

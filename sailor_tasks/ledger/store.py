@@ -15,6 +15,7 @@ from sailor_tasks.ledger import migrate
 from sailor_tasks.ledger import schema as t
 from sailor_tasks.ledger.lease import Lease
 from sailor_tasks.model import Assignment, Placement, Reservation
+from sailor_tasks.settings import DEFAULT_LEASE_S
 
 RUN_LIST_FIELDS = (
     "run_id",
@@ -34,8 +35,20 @@ RUN_LIST_FIELDS = (
 )
 
 
+QUEUE_STATES = ("queued", "admitted", "timed_out", "failed", "left")
+"""States of a queue entry: waiting, admitted (capacity reserved), gave up after
+``max_queue_hours``, failed (cannot meet its deadline or no longer feasible), left (cancelled)."""
+
+
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def aware(t_: dt.datetime | None) -> dt.datetime | None:
+    """A datetime read back from the ledger as UTC-aware (SQLite returns naive ones)."""
+    if t_ is None or t_.tzinfo is not None:
+        return t_
+    return t_.replace(tzinfo=dt.UTC)
 
 
 def open_engine(url: str) -> Engine:
@@ -65,8 +78,23 @@ def _replace_row(conn: Any, table: Any, key: Mapping[str, Any], **values: Any) -
     conn.execute(insert(table).values(**key, **values))
 
 
-def _replace_reservation(conn: Any, r: Reservation) -> None:
-    """Inside the caller's transaction: the run's reservation becomes ``r``."""
+def _put_lease(conn: Any, run_id: str, lease_s: float, holder: str) -> None:
+    """Inside the caller's transaction: the run's lease runs ``lease_s`` seconds from now."""
+    now = utcnow()
+    _replace_row(
+        conn,
+        t.reservation_leases,
+        {"run_id": run_id},
+        expires_at=now + dt.timedelta(seconds=lease_s),
+        renewed_at=now,
+        holder=holder[:100],
+        reclaimed_at=None,
+    )
+
+
+def _replace_reservation(conn: Any, r: Reservation, lease_s: float = DEFAULT_LEASE_S) -> None:
+    """Inside the caller's transaction: the run's reservation becomes ``r``, with a fresh lease."""
+    _put_lease(conn, r.run_id, lease_s, "reserve")
     _replace_row(
         conn,
         t.reservations,
@@ -78,6 +106,10 @@ def _replace_reservation(conn: Any, r: Reservation) -> None:
         market=r.market,
         created_at=utcnow(),
     )
+
+
+def _aware_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: aware(v) if isinstance(v, dt.datetime) else v for k, v in row.items()}
 
 
 class Ledger:
@@ -140,12 +172,18 @@ class Ledger:
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
-    def reserve(self, reservation: Reservation) -> None:
+    def reserve(self, reservation: Reservation, lease_s: float = DEFAULT_LEASE_S) -> None:
         """Hold capacity for a run; re-reserving the same run replaces its live reservation."""
         with self.engine.begin() as c:
-            _replace_reservation(c, reservation)
+            _replace_reservation(c, reservation, lease_s)
 
-    def reserve_if_free(self, reservation: Reservation, capacity_gpus: int | None) -> bool:
+    def reserve_if_free(
+        self,
+        reservation: Reservation,
+        capacity_gpus: int | None,
+        lease_s: float = DEFAULT_LEASE_S,
+        admit: Mapping[str, Any] | None = None,
+    ) -> bool:
         """Reserve only if the (zone, GPU type) still has room: optimistic concurrency (ParSync).
 
         One transaction re-reads the live reservations of the zone and GPU type (the run's own
@@ -153,10 +191,20 @@ class Ledger:
         inserts only when ``used + gpus <= capacity_gpus``. Writers to the same (zone, GPU type)
         are serialised: SQLite by ``BEGIN IMMEDIATE`` (one writer at a time), PostgreSQL by a
         transaction-scoped advisory lock on the pair. Returns False on conflict (nothing changed).
+
+        ``admit``: the placement of a queued run being admitted. The same transaction then moves
+        the run's queue entry from ``queued`` to ``admitted`` with that placement; if the entry is
+        no longer queued (another admission pass got there first, or it left), nothing changes.
+        The reservation starts a lease of ``lease_s`` seconds.
         """
         r = reservation
         cols = t.reservations.c
         with self._locking_engine.begin() as c:
+            if admit is not None:
+                q = t.queue_entries.c
+                state = c.execute(select(q.state).where(q.run_id == r.run_id)).scalar_one_or_none()
+                if state != "queued":
+                    return False
             if self._locking_engine.dialect.name == "postgresql":
                 import zlib
 
@@ -173,7 +221,20 @@ class Ledger:
                 ).scalar_one()
                 if int(used) + r.gpus > capacity_gpus:
                     return False
-            _replace_reservation(c, r)
+            _replace_reservation(c, r, lease_s)
+            if admit is not None:
+                now = utcnow()
+                c.execute(
+                    update(t.queue_entries)
+                    .where(t.queue_entries.c.run_id == r.run_id)
+                    .values(
+                        state="admitted",
+                        admitted_at=now,
+                        updated_at=now,
+                        position=None,
+                        placement=dict(admit),
+                    )
+                )
         return True
 
     @functools.cached_property
@@ -193,6 +254,200 @@ class Ledger:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
+
+    def renew_reservation_lease(self, run_id: str, lease_s: float = DEFAULT_LEASE_S, holder: str = "heartbeat") -> bool:
+        """Extend the lease of the run's live reservation to ``lease_s`` from now; False when the
+        run holds no live reservation (released or reclaimed: nothing to renew)."""
+        cols = t.reservations.c
+        with self.engine.begin() as c:
+            live = c.execute(
+                select(cols.run_id).where(cols.run_id == run_id, cols.released_at.is_(None))
+            ).first()
+            if live is None:
+                return False
+            _put_lease(c, run_id, lease_s, holder)
+        return True
+
+    def reservation_leases(self) -> dict[str, dict[str, Any]]:
+        """run_id → lease row (expires_at, renewed_at, holder, reclaimed_at) for every lease."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(t.reservation_leases)).mappings()
+            return {
+                r["run_id"]: {k: aware(v) if isinstance(v, dt.datetime) else v for k, v in r.items()}
+                for r in rows
+            }
+
+    def live_reservation_rows(self) -> list[dict[str, Any]]:
+        """Live reservations with their run's team, model, request and steps (admission's view)."""
+        cols, r = t.reservations.c, t.runs.c
+        q = (
+            select(
+                cols.run_id,
+                cols.region,
+                cols.zone,
+                cols.gpu_type,
+                cols.gpus,
+                cols.market,
+                cols.created_at,
+                r.team,
+                r.model,
+                r.request,
+                r.steps,
+                r.total_steps,
+            )
+            .select_from(t.reservations.outerjoin(t.runs, r.run_id == cols.run_id))
+            .where(cols.released_at.is_(None))
+        )
+        with self.engine.connect() as c:
+            return [_aware_row(row) for row in c.execute(q).mappings()]
+
+    def team_gpu_seconds(self, since: dt.datetime, now: dt.datetime | None = None) -> dict[str, float]:
+        """team → GPU-seconds its runs held reservations in [since, now] (live ones up to now):
+        the service each team attained recently, for least-attained-service admission."""
+        now = now or utcnow()
+        cols, r = t.reservations.c, t.runs.c
+        q = (
+            select(r.team, cols.gpus, cols.created_at, cols.released_at)
+            .select_from(t.reservations.join(t.runs, r.run_id == cols.run_id))
+            .where((cols.released_at.is_(None)) | (cols.released_at >= since))
+        )
+        out: dict[str, float] = {}
+        with self.engine.connect() as c:
+            for team, gpus, created, released in c.execute(q):
+                start = max(aware(created), since)
+                end = min(aware(released) or now, now)
+                if end > start:
+                    out[team] = out.get(team, 0.0) + gpus * (end - start).total_seconds()
+        return out
+
+    def expired_leases(self, now: dt.datetime | None = None) -> list[Reservation]:
+        """Live reservations whose lease expired before ``now`` (their holder stopped renewing)."""
+        now = now or utcnow()
+        cols, lc = t.reservations.c, t.reservation_leases.c
+        q = (
+            select(cols.run_id, cols.region, cols.zone, cols.gpu_type, cols.gpus, cols.market)
+            .select_from(t.reservations.join(t.reservation_leases, lc.run_id == cols.run_id))
+            .where(cols.released_at.is_(None), lc.expires_at < now)
+        )
+        with self.engine.connect() as c:
+            return [Reservation(*r) for r in c.execute(q).all()]
+
+    def reclaim(self, run_id: str, now: dt.datetime | None = None) -> bool:
+        """Release the run's reservation if its lease is still expired (checked in the same
+        transaction, so a renewal that just happened wins); True when it was reclaimed."""
+        now = now or utcnow()
+        cols, lc = t.reservations.c, t.reservation_leases.c
+        with self._locking_engine.begin() as c:
+            expired = c.execute(
+                select(lc.run_id).where(lc.run_id == run_id, lc.expires_at < now, lc.reclaimed_at.is_(None))
+            ).first()
+            if expired is None:
+                return False
+            res = c.execute(
+                update(t.reservations)
+                .where(cols.run_id == run_id, cols.released_at.is_(None))
+                .values(released_at=now)
+            )
+            c.execute(update(t.reservation_leases).where(lc.run_id == run_id).values(reclaimed_at=now))
+            return res.rowcount > 0
+
+    # --- the queue -------------------------------------------------------------------------------
+    def enqueue(
+        self,
+        run_id: str,
+        *,
+        team: str,
+        priority: str,
+        gpu_type: str,
+        gpus: int,
+        request: Mapping[str, Any],
+        policy: str,
+        max_wait_until: dt.datetime,
+        expected_hours: float | None = None,
+        deadline_at: dt.datetime | None = None,
+        latest_start_at: dt.datetime | None = None,
+    ) -> dict[str, Any]:
+        """Put the run in the queue; a run already queued keeps its place (a retried ``plan``).
+        Returns the entry."""
+        now = utcnow()
+        q = t.queue_entries.c
+        with self._locking_engine.begin() as c:
+            state = c.execute(select(q.state).where(q.run_id == run_id)).scalar_one_or_none()
+            if state not in ("queued", "admitted"):
+                _replace_row(
+                    c,
+                    t.queue_entries,
+                    {"run_id": run_id},
+                    team=team,
+                    priority=priority,
+                    gpu_type=gpu_type,
+                    gpus=gpus,
+                    request=dict(request),
+                    state="queued",
+                    policy=policy,
+                    expected_hours=expected_hours,
+                    deadline_at=deadline_at,
+                    latest_start_at=latest_start_at,
+                    max_wait_until=max_wait_until,
+                    enqueued_at=now,
+                    updated_at=now,
+                )
+        entry = self.queue_entry(run_id)
+        assert entry is not None
+        return entry
+
+    def queue_entry(self, run_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as c:
+            row = (
+                c.execute(select(t.queue_entries).where(t.queue_entries.c.run_id == run_id))
+                .mappings()
+                .first()
+            )
+        return _aware_row(row) if row else None
+
+    def queue_entries(self, states: Iterable[str] = ("queued",)) -> list[dict[str, Any]]:
+        """Queue entries in ``states``, oldest first."""
+        q = t.queue_entries.c
+        query = select(t.queue_entries).where(q.state.in_(list(states))).order_by(q.enqueued_at, q.run_id)
+        with self.engine.connect() as c:
+            return [_aware_row(r) for r in c.execute(query).mappings()]
+
+    def set_queue_ranking(self, rows: Iterable[tuple[str, int, str, dt.datetime | None]]) -> None:
+        """(run_id, position, reason, estimated start) of queued runs, in one transaction."""
+        q = t.queue_entries.c
+        now = utcnow()
+        with self.engine.begin() as c:
+            for run_id, position, reason, estimate in rows:
+                c.execute(
+                    update(t.queue_entries)
+                    .where(q.run_id == run_id, q.state == "queued")
+                    .values(
+                        position=position, reason=reason[:2000], estimated_start_at=estimate, updated_at=now
+                    )
+                )
+
+    def end_queue_entry(self, run_id: str, state: str, reason: str) -> bool:
+        """Take a queued run out of the queue as ``state`` (timed_out, failed, left) with ``reason``;
+        False when it was not queued (admitted meanwhile, or already out)."""
+        if state not in QUEUE_STATES or state in ("queued", "admitted"):
+            raise ValueError(f"queue state {state!r}: valid end states are timed_out, failed, left")
+        q = t.queue_entries.c
+        with self._locking_engine.begin() as c:
+            res = c.execute(
+                update(t.queue_entries)
+                .where(q.run_id == run_id, q.state == "queued")
+                .values(state=state, reason=reason[:2000], position=None, updated_at=utcnow())
+            )
+            return res.rowcount > 0
+
+    def set_queue_placement(self, run_id: str, placement: Mapping[str, Any]) -> None:
+        """The admitted run's final placement (with the market decision in its explanation)."""
+        with self.engine.begin() as c:
+            c.execute(
+                update(t.queue_entries)
+                .where(t.queue_entries.c.run_id == run_id)
+                .values(placement=dict(placement), updated_at=utcnow())
+            )
 
     def release(self, run_id: str) -> bool:
         """Release a run's reservation; True when one was live."""
@@ -372,6 +627,85 @@ class Ledger:
                 .values(outcome=outcome, ended_at=utcnow(), **fields)
             )
 
+    def spot_observations(
+        self, exclude_backends: Iterable[str] = ("local",), now: dt.datetime | None = None
+    ) -> dict[tuple[str, str], tuple[int, float]]:
+        """(zone, GPU type) → (preemptions, spot VM-hours) observed by attempts on spot (an attempt
+        still running counts up to ``now``). Runs on ``exclude_backends`` are left out: the local
+        backend's preemptions are injected by the run's own params."""
+        now = now or utcnow()
+        a, r, p = t.run_attempts.c, t.runs.c, t.preemptions.c
+        q = (
+            select(a.run_id, a.attempt, a.zone, a.placement, a.started_at, a.ended_at)
+            .select_from(t.run_attempts.join(t.runs, r.run_id == a.run_id))
+            .where(r.backend.not_in(list(exclude_backends)))
+        )
+        out: dict[tuple[str, str], list[float]] = {}
+        attempt_key: dict[tuple[str, int], tuple[str, str]] = {}
+        with self.engine.connect() as c:
+            for run_id, attempt, zone, placement, started, ended in c.execute(q):
+                pl = placement or {}
+                if pl.get("market") != "spot" or not pl.get("gpu_type"):
+                    continue
+                key = (zone, pl["gpu_type"])
+                attempt_key[(run_id, attempt)] = key
+                hours = max(0.0, ((aware(ended) or now) - aware(started)).total_seconds() / 3600.0)
+                out.setdefault(key, [0, 0.0])[1] += hours * int(pl.get("num_nodes") or 1)
+            for run_id, attempt in c.execute(select(p.run_id, p.attempt)):
+                key = attempt_key.get((run_id, attempt))
+                if key is not None:
+                    out[key][0] += 1
+        return {k: (int(n), float(h)) for k, (n, h) in out.items()}
+
+    def attempt_speeds(self, backend: str, limit: int = 200) -> list[dict[str, Any]]:
+        """Steps/s of the newest ended attempts on ``backend`` that trained (completed or
+        preempted): steps made over the attempt's wall time, launch included, with the run's
+        model, command, GPU type and GPUs. What the queue's duration estimates learn from, on
+        every backend (the local one included: its speed is this machine's)."""
+        a, r = t.run_attempts.c, t.runs.c
+        q = (
+            select(a.placement, a.started_at, a.ended_at, a.step, a.resumed_from_step, r.model, r.request)
+            .select_from(t.run_attempts.join(t.runs, r.run_id == a.run_id))
+            .where(
+                r.backend == backend,
+                a.outcome.in_(("completed", "preempted")),
+                a.ended_at.is_not(None),
+                a.step.is_not(None),
+            )
+            .order_by(a.ended_at.desc())
+            .limit(limit)
+        )
+        out = []
+        with self.engine.connect() as c:
+            for placement, started, ended, step, resumed, model, request in c.execute(q):
+                seconds = (aware(ended) - aware(started)).total_seconds()
+                steps = int(step) - int(resumed or 0)
+                if seconds <= 0 or steps <= 0:
+                    continue
+                pl = placement or {}
+                out.append(
+                    {
+                        "model": model,
+                        "command": tuple((request or {}).get("command") or ()),
+                        "gpu_type": pl.get("gpu_type"),
+                        "num_gpus": pl.get("num_gpus"),
+                        "steps_per_s": steps / seconds,
+                    }
+                )
+        return out
+
+    def running_attempts(self) -> list[dict[str, Any]]:
+        """Attempts still running (no end recorded), with their run's team and dataset: in-flight
+        demand for the nightly rebalance."""
+        a, r = t.run_attempts.c, t.runs.c
+        q = (
+            select(a.run_id, a.attempt, a.region, a.placement, a.started_at, r.team, r.dataset_uri)
+            .select_from(t.run_attempts.join(t.runs, r.run_id == a.run_id))
+            .where(a.outcome == "running")
+        )
+        with self.engine.connect() as c:
+            return [_aware_row(row) for row in c.execute(q).mappings()]
+
     def attempts(self, run_id: str) -> list[dict[str, Any]]:
         """The run's attempts, oldest first."""
         q = select(t.run_attempts).where(t.run_attempts.c.run_id == run_id).order_by(t.run_attempts.c.attempt)
@@ -538,13 +872,7 @@ class Ledger:
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
-    # --- per-job GPU-type allocations (heterogeneity-aware policies) ---------------------------
-    def runs_with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
-        """Runs whose status is one of ``statuses``, oldest first."""
-        q = select(t.runs).where(t.runs.c.status.in_(list(statuses))).order_by(t.runs.c.created_at)
-        with self.engine.connect() as c:
-            return [dict(r) for r in c.execute(q).mappings()]
-
+    # --- measured speeds -------------------------------------------------------------------
     def measured_throughputs(
         self, exclude_backends: Iterable[str] = ("local",)
     ) -> list[tuple[str, str, float]]:
@@ -567,51 +895,6 @@ class Ledger:
                 if seconds > 0:
                     out.append((model, gpu, steps / seconds))
         return out
-
-    def publish_gpu_allocation(
-        self, region: str, policy: str, source: str, rows: Iterable[tuple[str, Mapping[str, float], float]]
-    ) -> int:
-        """Record a region's per-run GPU-type shares as a new version; returns the version."""
-        now = utcnow()
-        a = t.gpu_allocations.c
-        with self.engine.begin() as c:
-            version = int(c.execute(select(func.coalesce(func.max(a.version), 0))).scalar_one()) + 1
-            values = [
-                dict(
-                    version=version,
-                    created_at=now,
-                    source=source,
-                    region=region,
-                    policy=policy,
-                    run_id=run_id,
-                    shares=dict(shares),
-                    steps_per_s=float(steps_per_s),
-                )
-                for run_id, shares, steps_per_s in rows
-            ]
-            if values:
-                c.execute(insert(t.gpu_allocations), values)
-        return version
-
-    def latest_gpu_allocation(self, region: str) -> dict[str, dict[str, Any]]:
-        """run_id → {"shares", "steps_per_s", "policy", "version"} of the region's newest version."""
-        a = t.gpu_allocations.c
-        with self.engine.connect() as c:
-            version = c.execute(select(func.max(a.version)).where(a.region == region)).scalar_one()
-            if version is None:
-                return {}
-            rows = c.execute(
-                select(t.gpu_allocations).where(a.region == region, a.version == version)
-            ).mappings()
-            return {
-                row["run_id"]: {
-                    "shares": row["shares"],
-                    "steps_per_s": row["steps_per_s"],
-                    "policy": row["policy"],
-                    "version": version,
-                }
-                for row in rows
-            }
 
     # --- leases ----------------------------------------------------------------------------
     def try_lease(self, name: str, holder: str, ttl_s: float) -> bool:

@@ -388,6 +388,7 @@ def explain(
             **candidate(int(ctx.rows[i])),
             "score": float(ev.score[i]),
             "expected_hours": float(ctx.hours[i]),
+            "data_hours": float(ctx.data_hours[i]),
             "contributions": {
                 name: float(ev.weights[k] * ev.contrib[k, i]) for k, name in enumerate(prefs.PREFERENCE_NAMES)
             },

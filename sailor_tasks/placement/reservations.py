@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from sailor_tasks.catalog import Catalog
 from sailor_tasks.errors import CapacityUnavailableError
 from sailor_tasks.ledger import Ledger
-from sailor_tasks.model import ClusterState, JobRequest, Placement, Reservation
+from sailor_tasks.model import ClusterState, JobRequest, Placement, Reservation, to_dict
 from sailor_tasks.placement.engine import plan
 from sailor_tasks.placement.index import CatalogIndex
 
@@ -46,6 +46,14 @@ def ledger_state(
     )
 
 
+class NotQueuedError(Exception):
+    """Admitting a queued run found it no longer queued (admitted by another pass, or gone)."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        super().__init__(f"run {run_id} is no longer queued")
+
+
 @dataclass
 class ReservedPlacement:
     placement: Placement
@@ -61,15 +69,21 @@ def plan_and_reserve(
     snapshot: Callable[[], ClusterState] | None = None,
     max_attempts: int = MAX_ATTEMPTS,
     index: CatalogIndex | None = None,
+    *,
+    lease_s: float | None = None,
+    admit: bool = False,
 ) -> ReservedPlacement:
     """Plan on a fresh snapshot and reserve in one checked transaction; on conflict, re-plan.
 
     ``index``: the catalog's index with the throughput table to plan with (``engine.plan``).
+    ``lease_s``: the reservation's lease (default: the ledger's). ``admit``: the run is queued;
+    the reservation's transaction also admits it (``Ledger.reserve_if_free``).
 
     Raises:
         CapacityUnavailableError: every attempt lost its capacity to another planner, or the
             capacity is held by live reservations (``history`` lists the attempts). Retryable.
         NoFeasibleOfferError, InvalidRequestError: from ``plan`` (not retried).
+        NotQueuedError: ``admit`` and the run is no longer queued (nothing reserved).
     """
     take = snapshot or (lambda: ledger_state(ledger, request, run_id))
     capacity = {(o.zone, o.gpu_type): o.capacity_gpus for o in catalog.offers}
@@ -84,7 +98,10 @@ def plan_and_reserve(
         res = Reservation(
             run_id, placement.region, placement.zone, placement.gpu_type, placement.num_gpus, placement.market
         )
-        if ledger.reserve_if_free(res, capacity.get((placement.zone, placement.gpu_type))):
+        extra: dict = {} if lease_s is None else {"lease_s": lease_s}
+        if admit:
+            extra["admit"] = to_dict(placement)
+        if ledger.reserve_if_free(res, capacity.get((placement.zone, placement.gpu_type)), **extra):
             if history:
                 placement = replace(
                     placement,
@@ -95,6 +112,8 @@ def plan_and_reserve(
                     ),
                 )
             return ReservedPlacement(placement, attempt, history)
+        if admit and (ledger.queue_entry(run_id) or {}).get("state") != "queued":
+            raise NotQueuedError(run_id)
         msg = (
             f"attempt {attempt}: {placement.num_gpus}x {placement.gpu_type} in {placement.zone} "
             "taken by another planner (stale view)"

@@ -1,4 +1,4 @@
-"""Throughput- and cost-oriented policies: ``max_throughput``, ``min_cost`` and ``fifo``."""
+"""Throughput- and cost-oriented policies: ``max_throughput``, ``min_cost``, ``fifo`` and ``edf``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 
 from sailor_tasks.policies.base import (
     Allocation,
+    PolicyJob,
     PolicyState,
     add_rows,
     base_constraints,
@@ -126,7 +127,7 @@ class Fifo:
         units = singles(state.jobs, state.gpus)
         free = np.array([float(state.gpus[g]) for g in units.gpu_types])
         x = np.zeros(units.shape)
-        order = sorted(range(len(units.jobs)), key=lambda j: (units.jobs[j].arrival_s, units.jobs[j].job_id))
+        order = sorted(range(len(units.jobs)), key=lambda j: self.order_key(units.jobs[j]))
         for j in order:
             need = units.scale[j] * units.count[j]
             for i in np.argsort(-units.thr[j, :, 0], kind="stable"):
@@ -135,3 +136,23 @@ class Fifo:
                     free[i] -= need
                     break
         return make_allocation(self.name, units, x.ravel(), started)
+
+    @staticmethod
+    def order_key(job: PolicyJob) -> tuple:
+        """The order in which jobs take GPUs: arrival."""
+        return (job.arrival_s, job.job_id)
+
+
+@register("edf")
+class EarliestDeadlineFirst(Fifo):
+    """Earliest deadline first: as ``fifo``, but jobs take GPUs in order of their deadline
+    (``deadline_s``; jobs without one after every job with one, in arrival order).
+
+    Notation / Objective / Constraints: as ``fifo`` (X[j, m] ∈ {0, 1}, capacity checked per grant).
+    """
+
+    @staticmethod
+    def order_key(job: PolicyJob) -> tuple:
+        """The order in which jobs take GPUs: deadline, then arrival."""
+        no_deadline = job.deadline_s is None
+        return (no_deadline, 0.0 if no_deadline else job.deadline_s, job.arrival_s, job.job_id)

@@ -4,14 +4,15 @@ the same stages run from the CLI, tests and benchmarks.
 ``sailor_train``:     validate → plan → place_data → provision (``prepare``) → train (``train``, one
                       attempt per call: ``attempts``) → finalize; teardown (always)
 ``sailor_rebalance``: collect_utilization → solve_assignment → publish_assignment →
-                      replicate_dataset[] → report_rebalance; collect_utilization → allocate_gpu_types
+                      replicate_dataset[] → report_rebalance
+``sailor_reconcile``:  reconcile (reclaim expired leases, then admit_queued)
 ``dashboard``:        the read-only snapshot the SAILOR page of the Airflow UI renders
 """
 
 from sailor_tasks.stages.context import StageContext
 from sailor_tasks.stages.prepare import place_data, plan, provision, provision_step, validate
+from sailor_tasks.stages.queueing import admit_queued, reconcile
 from sailor_tasks.stages.rebalance import (
-    allocate_gpu_types,
     collect_utilization,
     publish_assignment,
     replicate_dataset,
@@ -23,7 +24,7 @@ from sailor_tasks.stages.train import finalize, finish_train, launch_train, stop
 
 __all__ = [
     "StageContext",
-    "allocate_gpu_types",
+    "admit_queued",
     "collect_utilization",
     "finalize",
     "finish_train",
@@ -32,6 +33,7 @@ __all__ = [
     "plan",
     "provision",
     "provision_step",
+    "reconcile",
     "publish_assignment",
     "replicate_dataset",
     "report_rebalance",

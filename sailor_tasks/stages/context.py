@@ -35,6 +35,13 @@ class StageContext:
     def catalog(self) -> Catalog:
         return load_catalog()
 
+    def planning_catalog(self) -> Catalog:
+        """The catalog with spot preemption rates learned from the ledger's attempts
+        (``catalog.learned``): what ``plan`` and the queue's estimates use."""
+        from sailor_tasks.catalog.learned import with_learned_rates
+
+        return with_learned_rates(self.catalog, self.ledger.spot_observations())
+
     def run_uri(self, region: str, run_id: str) -> str:
         """Concrete URI of the run's folder in its region bucket."""
         return paths.run_uri(region, run_id, self.settings)

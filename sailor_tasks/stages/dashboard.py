@@ -51,6 +51,10 @@ class Snapshot:
     report_uri: str | None
     """URI of the last rebalance report chart (PNG), or None when no rebalance recorded one."""
     taken_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S"))
+    queue: tuple[dict[str, Any], ...] = ()
+    """Runs waiting for capacity, in admission order (position, team, priority, GPUs, reason,
+    estimated start, latest start, minutes waited)."""
+    queue_policy: str = "las"
 
     @property
     def total_supply(self) -> int:
@@ -105,13 +109,31 @@ def snapshot(
     ledger: Ledger | None = None,
     limit: int = 20,
 ) -> Snapshot:
-    """Read the page's data: regions, live reservations, assignment, recent placements and preemptions."""
+    """Read the page's data: regions, the queue, live reservations (with their leases), assignment,
+    recent placements and preemptions."""
     settings = settings or Settings.from_env()
     catalog = catalog or load_catalog()
     own = ledger is None
     ledger = ledger or Ledger(settings.ledger_url)
     try:
         assignment = ledger.latest_assignment()
+        leases = ledger.reservation_leases()
+        now = dt.datetime.now(dt.UTC)
+        queue = tuple(
+            {
+                "position": e["position"],
+                "run_id": e["run_id"],
+                "team": e["team"],
+                "priority": e["priority"],
+                "gpus": e["gpus"],
+                "gpu_type": e["gpu_type"],
+                "reason": e["reason"],
+                "estimated_start_at": e["estimated_start_at"],
+                "latest_start_at": e["latest_start_at"],
+                "waited_min": round((now - e["enqueued_at"]).total_seconds() / 60.0, 1),
+            }
+            for e in sorted(ledger.queue_entries(("queued",)), key=lambda e: e["position"] or 1 << 30)
+        )
         reservations = tuple(
             {
                 "run_id": r.run_id,
@@ -120,6 +142,7 @@ def snapshot(
                 "gpu_type": r.gpu_type,
                 "gpus": r.gpus,
                 "market": r.market,
+                "lease_expires_at": (leases.get(r.run_id) or {}).get("expires_at"),
             }
             for r in ledger.live_reservations()
         )
@@ -140,6 +163,8 @@ def snapshot(
             preemptions=tuple(ledger.preemptions(limit=limit)),
             runs=tuple(ledger.list_runs(limit=limit)),
             report_uri=last_report_uri(ledger),
+            queue=queue,
+            queue_policy=settings.queue_policy,
         )
     finally:
         if own:

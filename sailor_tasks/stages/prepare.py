@@ -15,9 +15,10 @@ from typing import Any
 from sailor_tasks import paths, storage
 from sailor_tasks.backends import get_backend
 from sailor_tasks.data.copier import copy_dataset
-from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
+from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors, RunQueuedError
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
+from sailor_tasks.stages.queueing import hold_lease
 
 logger = logging.getLogger(__name__)
 
@@ -125,67 +126,39 @@ def plan(
 
     The run's market strategy first picks the market (``sailor_tasks.strategies.live``); the decision,
     its reason and the slack left go to the ledger (``attempt_markets``) and to the placement's
-    explanation. ``blocked_zones``, ``attempt``, ``elapsed_h`` and ``steps_done`` are set by
-    preemption recovery (``stages.attempts``), which re-plans through this same function. The engine plans on a fresh ledger snapshot (live
-    reservations, assignment, the dataset's replicas and size); the reservation is checked in one
-    transaction, and a conflict with another planner re-plans (bounded) before
-    ``CapacityUnavailableError`` (retryable).
+    explanation. The engine plans on a fresh ledger snapshot (live reservations, assignment, the
+    dataset's replicas and size); the reservation is checked in one transaction (with a lease), and a
+    conflict with another planner re-plans (bounded).
+
+    The first placement goes through SAILOR's queue when nothing fits now or runs are already
+    waiting (``stages.queueing.plan_or_queue``): it raises ``RunQueuedError`` while the run waits, and
+    a later call returns the placement its admission reserved. ``blocked_zones``, ``attempt``,
+    ``elapsed_h`` and ``steps_done`` are set by preemption recovery (``stages.attempts``), which
+    re-plans through this same function and retries (``CapacityUnavailableError``) when nothing fits.
     """
     ctx = resolve_ctx(ctx)
-    from sailor_tasks.catalog.throughput import packaged_with_measured
-    from sailor_tasks.data.manifest import read_manifest
-    from sailor_tasks.placement.index import index_for
-    from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
-    from sailor_tasks.strategies.live import decide_market
+    from sailor_tasks.stages.queueing import plan_or_queue, reserve_placement
 
     req = from_dict(JobRequest, request)
-    with timed(ctx, run_id, "plan"):
-        manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
-        nbytes = manifest.total_bytes if manifest is not None else None
-        # The throughput matrix of the GPU-type policies (allocate_gpu_types), measured speeds included.
-        table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
-        index = index_for(ctx.catalog, table)
-        blocked = frozenset(blocked_zones)
-        decision = decide_market(
-            req,
-            ctx.catalog,
-            ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
-            elapsed_h=elapsed_h,
-            steps_done=steps_done,
-            index=index,
-        )
-        req = dataclasses.replace(req, market=decision.market)
-        reserved = plan_and_reserve(
-            req,
-            ctx.catalog,
-            ctx.ledger,
-            run_id,
-            snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
-            index=index,
-        )
-        placement = dataclasses.replace(
-            reserved.placement, explanation=(*reserved.placement.explanation, f"market: {decision.reason}")
-        )
-        ctx.ledger.record_placement(placement, attempt=attempt)
-        ctx.ledger.record_attempt_market(
-            run_id,
-            attempt,
-            req.strategy,
-            placement.market,
-            decision.reason,
-            decision.slack_h,
-            placement.usd_per_hour,
-        )
-        ctx.ledger.upsert_run(
-            run_id,
-            status="planned",
-            region=placement.region,
-            zone=placement.zone,
-            gpu_type=placement.gpu_type,
-            market=placement.market,
-            num_gpus=placement.num_gpus,
-            usd_per_hour=placement.usd_per_hour,
-        )
+    queued: RunQueuedError | None = None
+    with timed(ctx, run_id, "plan"):  # queueing the run is plan doing its job, not a failure
+        if attempt == 1:
+            try:
+                placement = plan_or_queue(ctx, req, run_id)
+            except RunQueuedError as exc:
+                queued = exc
+        else:
+            placement = reserve_placement(
+                ctx,
+                req,
+                run_id,
+                attempt=attempt,
+                blocked_zones=frozenset(blocked_zones),
+                elapsed_h=elapsed_h,
+                steps_done=steps_done,
+            )
+    if queued is not None:
+        raise queued
     for line in placement.explanation:
         logger.info("plan: %s", line)
     return to_dict(placement)
@@ -195,6 +168,7 @@ def place_data(request: JSON, placement: JSON, run_id: str, ctx: StageContext | 
     """Copy the dataset into the placement's region bucket (skipped when a verified replica exists)."""
     ctx = resolve_ctx(ctx)
     req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
+    hold_lease(ctx, run_id, "place_data")
     with timed(ctx, run_id, "place_data"):
         src = storage.resolve(req.dataset_uri, ctx.settings)
         dst = paths.replica_uri(pl.region, req.dataset_uri, ctx.settings)
@@ -224,6 +198,7 @@ def provision(request: JSON, placement: JSON, run_id: str, ctx: StageContext | N
     """Create (or reuse) the capacity of the placement on the request's backend."""
     ctx = resolve_ctx(ctx)
     req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
+    hold_lease(ctx, run_id, "provision")
     with timed(ctx, run_id, "provision"):
         record = get_backend(req.backend, ctx.settings).provision(run_key(run_id), pl)
         ctx.ledger.upsert_run(run_id, status="provisioned")

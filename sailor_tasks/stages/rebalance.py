@@ -1,5 +1,5 @@
 """The ``sailor_rebalance`` stages (MAST's slow path), in pipeline order: collect_utilization →
-solve_assignment → publish_assignment → replicate_dataset[] → report_rebalance; and allocate_gpu_types."""
+solve_assignment → publish_assignment → replicate_dataset[] → report_rebalance."""
 
 from __future__ import annotations
 
@@ -19,6 +19,63 @@ logger = logging.getLogger(__name__)
 DEFAULT_BUDGET_GB = 500.0
 
 
+def in_flight_rows(ctx: StageContext, until: dt.datetime) -> list[dict[str, Any]]:
+    """Utilization-shaped rows for attempts still running: from their start until ``until``."""
+    rows = []
+    for a in ctx.ledger.running_attempts():
+        pl = a["placement"] or {}
+        if a["started_at"] >= until or not pl.get("gpu_type"):
+            continue
+        rows.append(
+            {
+                "run_id": a["run_id"],
+                "team": a["team"],
+                "region": a["region"],
+                "gpu_type": pl["gpu_type"],
+                "gpus": int(pl.get("num_gpus") or 0),
+                "started_at": a["started_at"],
+                "ended_at": until,
+                "dataset_uri": a["dataset_uri"],
+            }
+        )
+    return rows
+
+
+def queued_rows(ctx: StageContext, until: dt.datetime) -> list[dict[str, Any]]:
+    """Utilization-shaped rows for runs waiting in the queue (unmet demand), from their arrival
+    until ``until``, each in the allowed region with the most capacity of a GPU type it may use
+    (where it would most likely run), so a region that turns runs away shows as overloaded."""
+    from sailor_tasks.catalog.supply import region_supply
+
+    supply = region_supply(ctx.catalog.offers)
+    rows = []
+    for e in ctx.ledger.queue_entries(("queued",)):
+        req = e["request"] or {}
+        allowed = set(req.get("regions") or ()) or {r for r, _ in supply}
+        allowed -= set(req.get("exclude_regions") or ())
+        options = [
+            (n, region, gpu)
+            for (region, gpu), n in supply.items()
+            if region in allowed and n > 0 and e["gpu_type"] in ("any", gpu)
+        ]
+        if not options or e["enqueued_at"] >= until:
+            continue
+        _, region, gpu = max(options)
+        rows.append(
+            {
+                "run_id": e["run_id"],
+                "team": e["team"],
+                "region": region,
+                "gpu_type": gpu,
+                "gpus": int(e["gpus"]),
+                "started_at": e["enqueued_at"],
+                "ended_at": until,
+                "dataset_uri": req.get("dataset_uri"),
+            }
+        )
+    return rows
+
+
 def collect_utilization(
     window_days: float,
     as_of: str | None = None,
@@ -26,22 +83,26 @@ def collect_utilization(
     quotas: Mapping[str, Any] | None = None,
     ctx: StageContext | None = None,
 ) -> JSON:
-    """The rebalance problem from the ledger (demand per team, region and GPU type over the window;
-    datasets each team reads, their sizes and replicas) and the catalog's supply."""
+    """The rebalance problem from the ledger (demand per team, region and GPU type over the window:
+    finished attempts, attempts still running and runs waiting in the queue; datasets each team
+    reads, their sizes and replicas) and the catalog's supply."""
     ctx = resolve_ctx(ctx)
     from sailor_tasks.catalog.supply import region_supply
     from sailor_tasks.data.manifest import read_manifest
     from sailor_tasks.rebalance.collect import build_problem
 
     until = dt.datetime.fromisoformat(as_of) if as_of else utcnow()
+    until = until if until.tzinfo else until.replace(tzinfo=dt.UTC)
     since = until - dt.timedelta(days=window_days)
 
     def size_of(uri: str) -> int | None:
         manifest = read_manifest(storage.resolve(uri, ctx.settings))
         return manifest.total_bytes if manifest else None
 
+    finished = ctx.ledger.utilization_rows(since, until)
+    in_flight, queued = in_flight_rows(ctx, until), queued_rows(ctx, until)
     problem, stats = build_problem(
-        ctx.ledger.utilization_rows(since, until),
+        [*finished, *in_flight, *queued],
         ctx.ledger.replica_rows(),
         region_supply(ctx.catalog.offers),
         since,
@@ -58,8 +119,14 @@ def collect_utilization(
         len(problem.datasets),
         len(problem.supply),
     )
+    def gpu_h(rows: list[dict[str, Any]]) -> float:
+        seconds = sum(r["gpus"] * max(0.0, (r["ended_at"] - max(r["started_at"], since)).total_seconds()) for r in rows)
+        return round(seconds / 3600.0, 6)
+
     return {
         "window_days": window_days,
+        "in_flight_gpu_hours": gpu_h(in_flight),
+        "queued_gpu_hours": gpu_h(queued),
         "since": since.isoformat(),
         "until": until.isoformat(),
         "problem": problem.to_json(),
@@ -175,45 +242,6 @@ def report_rebalance(
     logger.info("rebalance report (%s):\n%s", summary_uri, markdown)
     return {"report_uri": chart_uri, "summary_uri": summary_uri, "markdown": markdown, "dry_run": dry_run}
 
-
-def allocate_gpu_types(
-    utilization: JSON, source: str, policy: str = "las", ctx: StageContext | None = None
-) -> JSON:
-    """Per region, run a heterogeneity-aware policy (Gavel-style LP over the throughput matrix)
-    over the runs that hold or wait for capacity there, and publish each run's GPU-type time shares.
-
-    The throughput matrix is the one placement uses, with measured speeds from the ledger blended
-    in (feedback). ``utilization`` only orders this after ``collect_utilization``.
-    """
-    ctx = resolve_ctx(ctx)
-    from sailor_tasks.catalog.throughput import packaged_with_measured
-    from sailor_tasks.policies import get_policy
-    from sailor_tasks.policies.regions import ACTIVE_RUN_STATUSES, allocate_region
-
-    get_policy(policy)  # an unknown name fails before anything is read or written
-    table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
-    by_region: dict[str, list[dict]] = {}
-    for run in ctx.ledger.runs_with_status(ACTIVE_RUN_STATUSES):
-        if run["region"]:
-            by_region.setdefault(run["region"], []).append(run)
-    regions: JSON = {}
-    for region, runs in sorted(by_region.items()):
-        alloc = allocate_region(runs, ctx.catalog, table, region, policy)
-        shares, speed = alloc.shares(), alloc.effective_throughput()
-        rows = [
-            (run_id, {g: round(f, 6) for g, f in s.items() if f > 1e-9}, speed[run_id])
-            for run_id, s in shares.items()
-        ]
-        version = ctx.ledger.publish_gpu_allocation(region, policy, source, rows)
-        regions[region] = {"version": version, "runs": len(rows), "shares": {r: s for r, s, _ in rows}}
-    logger.info(
-        "allocated GPU types with %s for %d runs in %d regions (window since %s)",
-        policy,
-        sum(r["runs"] for r in regions.values()),
-        len(regions),
-        utilization.get("since"),
-    )
-    return {"policy": policy, "regions": regions}
 
 
 def review_assignment(version: int | None = None, ctx: StageContext | None = None) -> JSON:

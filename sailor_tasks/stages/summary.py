@@ -49,6 +49,21 @@ def attempt_markets(ctx: StageContext, run_id: str) -> list[JSON]:
     ]
 
 
+def queue_wait(ctx: StageContext, run_id: str) -> JSON | None:
+    """How long the run waited in SAILOR's queue before admission, its position and the policy's
+    reason (None: it fitted at once)."""
+    e = ctx.ledger.queue_entry(run_id)
+    if e is None:
+        return None
+    end = e["admitted_at"] or e["updated_at"]
+    return {
+        "state": e["state"],
+        "policy": e["policy"],
+        "wait_s": round((end - e["enqueued_at"]).total_seconds(), 1),
+        "reason": e["reason"],
+    }
+
+
 def render_summary(s: Mapping[str, Any]) -> str:
     drop = (1 - s["final_loss"] / s["initial_loss"]) * 100 if s.get("final_loss") else 0.0
     if s.get("final_loss") is not None and s.get("initial_loss") is not None:
@@ -60,6 +75,12 @@ def render_summary(s: Mapping[str, Any]) -> str:
         f"# SAILOR run `{s['run_id']}`",
         "",
         f"- **Job**: {s['job_name']} (team {s['team']}), status **{s['status']}**",
+        "- **Queue**: "
+        + (
+            "none (it fitted at once)"
+            if not s.get("queue")
+            else f"waited {s['queue']['wait_s']:.1f} s ({s['queue']['policy']}; {s['queue']['state']})"
+        ),
         f"- **Placed in** {s['region']} / {s['zone']}: {s['num_gpus']}x {s['gpu_type']} on {s['market']} "
         f"at ${s['usd_per_hour']:.2f}/h",
         f"- **Why**: {s['why'][0] if s['why'] else '-'}",

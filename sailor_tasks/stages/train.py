@@ -21,7 +21,7 @@ from sailor_tasks.stages.attempts import (
     train_attempt,
 )
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
-from sailor_tasks.stages.summary import RUN_STATUSES_DONE, render_summary
+from sailor_tasks.stages.summary import RUN_STATUSES_DONE, queue_wait, render_summary
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,8 +45,11 @@ def train(
         RecoveryExhaustedError: preempted on the last try (``try_number > max_tries``).
         TrainingFailedError: the process group exited with an error.
     """
+    from sailor_tasks.stages.queueing import heartbeat, hold_lease
+
     ctx = resolve_ctx(ctx)
-    with timed(ctx, run_id, "train", try_number):
+    hold_lease(ctx, run_id, "train")
+    with timed(ctx, run_id, "train", try_number), heartbeat(ctx, run_id):
         return train_attempt(ctx, request, placement, data, run_id, try_number, max_tries)
 
 
@@ -64,8 +67,26 @@ def launch_train(
     running. Returns the ``recovery.Attempt``; its ``launch`` is what the backend starts.
     """
     ctx = resolve_ctx(ctx)
+    _renew_deferred_lease(ctx, request, run_id)
     with timed(ctx, run_id, "train_launch", try_number):
         return begin_attempt(ctx, request, placement, data, run_id, try_number, reattach=True)
+
+
+def _renew_deferred_lease(ctx: StageContext, request: JSON, run_id: str) -> None:
+    """A deferred attempt runs no heartbeat while the triggerer watches its pods: its lease covers
+    the run's expected hours on top of the usual lease (renewed again at each re-entry).
+
+    Raises:
+        LeaseReclaimedError: the reservation was reclaimed (its lease had expired).
+    """
+    from sailor_tasks.stages.queueing import expected_hours, hold_lease
+
+    try:
+        hours = expected_hours(ctx, from_dict(JobRequest, request)) or 0.0
+    except (ValueError, TypeError, KeyError) as exc:
+        logger.warning("run %s: no duration estimate for its lease (%s)", run_id, exc)
+        hours = 0.0
+    hold_lease(ctx, run_id, "train (deferred)", ctx.settings.lease_s + hours * 3600.0)
 
 
 def finish_train(
@@ -91,6 +112,7 @@ def finish_train(
         TrainingFailedError: the process group failed for another reason.
     """
     ctx = resolve_ctx(ctx)
+    _renew_deferred_lease(ctx, request, run_id)
     with timed(ctx, run_id, "train", try_number):
         att = resume_attempt(ctx, request, run_id, attempt)
         final = try_number > max_tries or attempt > max_tries
@@ -135,6 +157,7 @@ def finalize(
             "deadline_hours": req.deadline_hours,
             "markets": result.get("markets", []),
             "usd_attempts": sum(m["usd"] or 0.0 for m in result.get("markets", [])),
+            "queue": queue_wait(ctx, run_id),
         }
         summary_uri = paths.summary_uri(ctx.run_uri(pl.region, run_id))
         storage.write_bytes(summary_uri, render_summary(summary).encode())
@@ -223,4 +246,18 @@ def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | Non
         return released
 
     released = _with_retries("ledger release", run_id, release)
-    return {"training_stopped": stopped, "reservation_released": released, "cluster_removed": removed}
+    from sailor_tasks.stages.queueing import admit_after_release, leave_queue
+
+    left = False
+    try:
+        left = leave_queue(ctx, run_id, "the run ended while waiting in the queue")
+    except Exception as exc:  # the capacity is released; a stale entry times out on its own
+        logger.warning("teardown of %s: could not take it out of the queue: %s", run_id, exc)
+    admission = admit_after_release(ctx) if released or left else None
+    return {
+        "training_stopped": stopped,
+        "reservation_released": released,
+        "cluster_removed": removed,
+        "left_queue": left,
+        "admitted": list((admission or {}).get("admitted", [])),
+    }

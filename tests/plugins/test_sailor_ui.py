@@ -140,3 +140,24 @@ def test_page_escapes_ledger_text(plugin):
     html = plugin.render_page(_snap(placements=(placement,), report_uri="sailor://x/report.png"))
     assert evil not in html and "&lt;script&gt;" in html
     assert 'src="report.png"' in html
+
+
+def test_page_shows_the_queue_panel(plugin):
+    html = plugin.render_page(_snap())
+    assert 'id="queue"' not in html and "No run is waiting for capacity." in html
+    waiting = {
+        "position": 1,
+        "run_id": "run-<b>",
+        "team": "ml",
+        "priority": "high",
+        "gpus": 2,
+        "gpu_type": "T4",
+        "reason": "las: team ml holds 0 GPUs",
+        "estimated_start_at": "2026-11-23T10:00:00+00:00",
+        "latest_start_at": None,
+        "waited_min": 3.5,
+    }
+    html = plugin.render_page(_snap(queue=(waiting,), queue_policy="edf"))
+    assert 'id="queue"' in html and "run-&lt;b&gt;" in html and "las: team ml holds 0 GPUs" in html
+    assert "Admission policy: <b>edf</b>" in html and "2026-11-23 10:00:00" in html
+    assert "runs queued<b>1</b>" in html

@@ -6,7 +6,7 @@ import pytest
 
 from sailor_tasks import stages
 from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, load_packaged
-from sailor_tasks.policies.regions import region_supply
+from sailor_tasks.policies.regions import job_from_run
 
 
 def add_run(
@@ -28,35 +28,23 @@ def add_run(
     )
 
 
-def test_allocate_gpu_types_publishes_shares_for_active_runs_per_region(ctx):
-    ledger = ctx.ledger
-    add_run(ledger, "a", "planned", "us-central1", gpus=2)
-    add_run(ledger, "b", "running", "us-central1", model="gpt_25m", gpus=8, steps=500)
-    add_run(ledger, "c", "provisioned", "us-central1", gpus=1, gpu_type="T4")
-    add_run(ledger, "d", "running", "europe-west4", gpus=4)
-    add_run(ledger, "done", "success", "us-central1", gpus=2)
-    out = stages.allocate_gpu_types({"demand": []}, source="test", ctx=ctx)
-    assert out["policy"] == "las" and set(out["regions"]) == {"us-central1", "europe-west4"}
-    central = ledger.latest_gpu_allocation("us-central1")
-    assert set(central) == {"a", "b", "c"}
-    assert set(central["c"]["shares"]) == {"T4"}  # the run pinned its GPU type
-    for row in central.values():
-        assert 0 < sum(row["shares"].values()) <= 1 + 1e-6 and row["steps_per_s"] > 0
-    supply = region_supply(ctx.catalog, "us-central1")
-    gpus = {"a": 2, "b": 8, "c": 1}
-    for g, cap in supply.items():
-        assert sum(row["shares"].get(g, 0) * gpus[r] for r, row in central.items()) <= cap + 1e-6
-    # A second publish is a new version; the newest one is what readers see.
-    add_run(ledger, "a", "success", "us-central1")
-    stages.allocate_gpu_types({"demand": []}, source="test2", ctx=ctx)
-    newer = ledger.latest_gpu_allocation("us-central1")
-    assert set(newer) == {"b", "c"} and newer["b"]["version"] > central["b"]["version"]
-
-
-def test_unknown_policy_fails_the_stage_with_valid_names(ctx):
-    add_run(ctx.ledger, "a", "planned", "us-central1")
-    with pytest.raises(ValueError, match="valid policies"):
-        stages.allocate_gpu_types({"demand": []}, source="t", policy="nope", ctx=ctx)
+def test_a_ledger_run_becomes_a_policy_job_on_the_types_it_may_use():
+    table = load_packaged()
+    run = {
+        "run_id": "c",
+        "model": "small_gpt",
+        "num_gpus": 2,
+        "request": {"gpu_type": "T4", "num_workers": 2, "total_steps": 1000},
+        "total_steps": 1000,
+        "steps": 400,
+    }
+    job = job_from_run(run, table, ["T4", "V100"])
+    assert set(job.throughput) == {"T4"}  # the run pinned its GPU type
+    assert job.throughput["T4"] > 0 and job.scale_factor == 2 and job.steps_remaining == 600
+    free = job_from_run({**run, "request": {**run["request"], "gpu_type": "any"}}, table, ["T4", "V100"])
+    assert set(free.throughput) == {"T4", "V100"} and free.throughput["V100"] > free.throughput["T4"]
+    with pytest.raises(ValueError, match="no job type; known:"):
+        job_from_run({**run, "model": "nope"}, table, ["T4"])
 
 
 def test_measured_throughput_from_the_ledger_feeds_back_into_the_table(ctx):

@@ -98,3 +98,28 @@ def test_report_uri_is_the_newest_rebalance_chart(settings):
     assert last_report_uri(ledger) == "file:///a.png"
     assert isinstance(snapshot(settings, ledger=ledger).taken_at, str)
     assert dt.datetime.strptime(snapshot(settings, ledger=ledger).taken_at, "%Y-%m-%d %H:%M:%S")
+
+
+def test_snapshot_shows_the_queue_in_admission_order_and_the_leases(settings):
+    from sailor_tasks.ledger.store import utcnow
+
+    ledger = Ledger(settings.ledger_url)
+    ledger.reserve(Reservation("r1", "us-central1", "us-central1-a", "T4", 2, "spot"), lease_s=600)
+    now = utcnow()
+    for run_id, team in (("q1", "a"), ("q2", "b")):
+        ledger.enqueue(
+            run_id,
+            team=team,
+            priority="normal",
+            gpu_type="T4",
+            gpus=2,
+            request={},
+            policy="las",
+            max_wait_until=now + dt.timedelta(hours=1),
+        )
+    ledger.set_queue_ranking([("q2", 1, "las: team b ...", now), ("q1", 2, "las: team a ...", None)])
+    snap = snapshot(settings, load_catalog(), ledger)
+    assert [(q["run_id"], q["position"]) for q in snap.queue] == [("q2", 1), ("q1", 2)]
+    assert snap.queue[0]["reason"] == "las: team b ..." and snap.queue_policy == "las"
+    lease = snap.reservations[0]["lease_expires_at"]
+    assert dt.timedelta(seconds=590) < lease - now <= dt.timedelta(seconds=601)

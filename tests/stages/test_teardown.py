@@ -53,7 +53,13 @@ def test_teardown_removes_the_cluster_even_when_the_ledger_is_down(ctx, provisio
     ctx.__dict__["ledger"] = ledger  # the ledger is back: Airflow's retry of the task finishes
     assert [r.run_id for r in ledger.live_reservations()] == ["run-1"]
     out = stages.teardown("run-1", ctx)
-    assert out == {"training_stopped": 0, "reservation_released": True, "cluster_removed": False}
+    assert out == {
+        "training_stopped": 0,
+        "reservation_released": True,
+        "cluster_removed": False,
+        "left_queue": False,
+        "admitted": [],
+    }
     assert ledger.live_reservations() == [] and ledger.get_run("run-1")["status"] == "failed"
 
 
@@ -85,7 +91,13 @@ def test_a_failing_backend_is_retried_and_the_reservation_is_held_until_it_is_go
     flaky = _FlakyBackend(failures=1)
     monkeypatch.setattr(TRAIN_STAGE, "get_backend", lambda name, settings: flaky)
     out = stages.teardown("run-1", ctx)
-    assert out == {"training_stopped": 0, "reservation_released": True, "cluster_removed": True}
+    assert out == {
+        "training_stopped": 0,
+        "reservation_released": True,
+        "cluster_removed": True,
+        "left_queue": False,
+        "admitted": [],
+    }
     assert len(flaky.calls) == 2
     assert ctx.ledger.live_reservations() == []
 

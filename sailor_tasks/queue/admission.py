@@ -1,0 +1,333 @@
+"""Live admission: the order in which queued runs get capacity, decided by a policy object.
+
+Capacity is not time-shared on the live path: a run holds its GPUs from admission to teardown.
+So admission asks the policy (``sailor_tasks.policies.get_policy``, the objects the simulator
+allocates with) for its allocation X over every active run (the ones holding capacity and the
+queued ones) and admits the queued run whose *deficit* is largest: the GPUs X gives it (for
+``las``, gives its team) minus the GPUs it (its team) holds now, per GPU it needs for ``ftf``.
+This is the round mechanism's "least attained service" rule (priority = X / received) without
+preemption. ``fifo`` and ``edf`` are orders, not allocations: their policy objects' ``order_key``
+ranks the queue directly. Ties go by the policy's own order (arrival; deadline then arrival for ``edf``); for ``las`` the team that attained less
+service recently (GPU-seconds held, ``attained``) goes first, which is what makes it *least
+attained service* over time and not only over the runs active now.
+
+Before the policy come two classes, in order:
+
+1. **urgent**: runs at or past their latest start (Cameo: deadline − expected hours − data copy −
+   launch), earliest latest start first; a run that waits longer misses its deadline.
+2. **priority** (``high`` > ``normal`` > ``low``), as Kueue's workload priorities: a lower class is
+   admitted only when no higher-class run is waiting for the same GPUs.
+
+``las`` weights each run by its team's weight (configuration) divided by the team's active runs,
+so max-min fairness over runs becomes weighted max-min fairness over teams.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sailor_tasks.policies import PolicyJob, PolicyState, get_policy
+from sailor_tasks.settings import QUEUE_POLICIES
+
+PRIORITIES = {"low": 0, "normal": 1, "high": 2}
+"""The ``priority`` param's values and their order (higher first)."""
+
+URGENT_MARGIN_S = 300.0
+"""A run is urgent this many seconds before its latest start (one admission poll to spare)."""
+
+ANY = "any"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRun:
+    """A run waiting for capacity, as admission sees it. Times are seconds (one clock for all)."""
+
+    run_id: str
+    team: str
+    gpus: int
+    throughput: Mapping[str, float]
+    """Steps/s of the whole run on each GPU type it may use (0 or absent: cannot run there)."""
+    arrival_s: float
+    expected_s: float
+    """Seconds it is expected to hold its GPUs (training, data copy and launch)."""
+    priority: str = "normal"
+    steps_remaining: float = 0.0
+    deadline_s: float | None = None
+    latest_start_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise ValueError(
+                f"run {self.run_id}: priority {self.priority!r} is not one of {', '.join(PRIORITIES)}"
+            )
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted(g for g, v in self.throughput.items() if v > 0))
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRun:
+    """A run holding capacity (a live reservation)."""
+
+    run_id: str
+    team: str
+    gpus: int
+    gpu_type: str
+    throughput: Mapping[str, float]
+    started_s: float
+    expected_end_s: float
+    steps_remaining: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """A queued run's place: ``position`` 1 is admitted next; ``urgent`` runs are past (or near)
+    their latest start; ``estimated_start_s`` None when the capacity can never hold it."""
+
+    run_id: str
+    position: int
+    reason: str
+    estimated_start_s: float | None
+    urgent: bool = False
+    blocks: tuple[str, ...] = field(default=())
+    """GPU types this run waits for (a run behind it that needs them waits too)."""
+
+
+def _weights(
+    policy: str, queued: Sequence[QueuedRun], held: Sequence[HeldRun], team_weights: Mapping[str, float]
+) -> dict[str, float]:
+    if policy != "las":
+        return {r.run_id: 1.0 for r in (*queued, *held)}
+    active: dict[str, int] = {}
+    for r in (*queued, *held):
+        active[r.team] = active.get(r.team, 0) + 1
+    return {r.run_id: float(team_weights.get(r.team, 1.0)) / active[r.team] for r in (*queued, *held)}
+
+
+def policy_targets(
+    policy: str,
+    queued: Sequence[QueuedRun],
+    held: Sequence[HeldRun],
+    capacity: Mapping[str, int],
+    now_s: float,
+    team_weights: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """run_id → GPUs the policy's allocation X gives the run (Σ over types of X · scale factor)."""
+    gpus = {g: float(c) for g, c in capacity.items() if c > 0}
+    if not gpus:
+        return {r.run_id: 0.0 for r in (*queued, *held)}
+    weights = _weights(policy, queued, held, team_weights or {})
+    jobs = [
+        PolicyJob(
+            job_id=r.run_id,
+            throughput={g: float(r.throughput.get(g, 0.0)) for g in gpus},
+            scale_factor=max(1, r.gpus),
+            priority_weight=weights[r.run_id],
+            steps_remaining=max(r.steps_remaining, 1.0),
+            elapsed_s=max(0.0, now_s - r.arrival_s),
+            deadline_s=None if r.deadline_s is None else r.deadline_s - now_s,
+            arrival_s=r.arrival_s,
+        )
+        for r in queued
+    ]
+    jobs += [
+        PolicyJob(
+            job_id=r.run_id,
+            throughput={g: float(r.throughput.get(g, 0.0)) for g in gpus},
+            scale_factor=max(1, r.gpus),
+            priority_weight=weights[r.run_id],
+            steps_remaining=max(r.steps_remaining, 1.0),
+            elapsed_s=max(0.0, now_s - r.started_s),
+            arrival_s=r.started_s,
+        )
+        for r in held
+    ]
+    allocation = get_policy(policy).allocate(PolicyState(jobs=tuple(jobs), gpus=gpus))
+    scale = {j.job_id: j.scale_factor for j in jobs}
+    return {job: sum(shares.values()) * scale[job] for job, shares in allocation.shares().items()}
+
+
+def _order_key(policy: str, run: QueuedRun, attained: Mapping[str, float]) -> tuple:
+    """The policy's own order among runs of equal deficit: the order of ``fifo`` / ``edf`` (their
+    ``order_key``), least attained team service then arrival for ``las``, arrival otherwise."""
+    order_key = getattr(get_policy(policy), "order_key", None)
+    if order_key is not None:
+        return order_key(
+            PolicyJob(job_id=run.run_id, throughput={}, scale_factor=max(1, run.gpus), deadline_s=run.deadline_s, arrival_s=run.arrival_s)
+        )
+    if policy == "las":
+        return (attained.get(run.team, 0.0), run.arrival_s, run.run_id)
+    return (run.arrival_s, run.run_id)
+
+
+def rank(
+    queued: Sequence[QueuedRun],
+    held: Sequence[HeldRun],
+    capacity: Mapping[str, int],
+    now_s: float,
+    policy: str = "las",
+    team_weights: Mapping[str, float] | None = None,
+    attained: Mapping[str, float] | None = None,
+) -> list[Ranked]:
+    """The admission order of ``queued``, with each run's reason and estimated start.
+
+    ``capacity``: GPUs per type SAILOR may use; ``held``: the runs holding some of them now;
+    ``attained``: team → GPU-seconds it held recently (``las`` breaks ties towards less), divided
+    by the team's weight.
+
+    Raises:
+        ValueError: ``policy`` is not one of ``QUEUE_POLICIES`` (the message lists them).
+    """
+    if policy not in QUEUE_POLICIES:
+        raise ValueError(f"queue policy {policy!r} is not one of {', '.join(QUEUE_POLICIES)}")
+    weights = dict(team_weights or {})
+    service = {team: s / weights.get(team, 1.0) for team, s in (attained or {}).items()}
+    ordered = hasattr(get_policy(policy), "order_key")  # fifo, edf: an order, not an allocation LP
+    targets = {} if ordered else policy_targets(policy, queued, held, capacity, now_s, weights)
+    held_by_team: dict[str, float] = {}
+    target_by_team: dict[str, float] = {}
+    for r in held:
+        held_by_team[r.team] = held_by_team.get(r.team, 0.0) + r.gpus
+    for r in (*queued, *held):
+        target_by_team[r.team] = target_by_team.get(r.team, 0.0) + targets.get(r.run_id, 0.0)
+    held_run = {r.run_id: float(r.gpus) for r in held}
+
+    def urgent(r: QueuedRun) -> bool:
+        return r.latest_start_s is not None and now_s >= r.latest_start_s - URGENT_MARGIN_S
+
+    order: list[tuple[QueuedRun, str]] = []
+    left = list(queued)
+    while left:
+
+        def deficit(r: QueuedRun) -> float:
+            if ordered:
+                return 0.0
+            if policy == "las":
+                return target_by_team.get(r.team, 0.0) - held_by_team.get(r.team, 0.0)
+            # Per run: the fraction of its GPUs the allocation gives it beyond what it holds.
+            return (targets.get(r.run_id, 0.0) - held_run.get(r.run_id, 0.0)) / max(1, r.gpus)
+
+        def key(r: QueuedRun) -> tuple:
+            if urgent(r):
+                return (0, r.latest_start_s, r.arrival_s, r.run_id)
+            return (1, -PRIORITIES[r.priority], -round(deficit(r), 9), *_order_key(policy, r, service))
+
+        best = min(left, key=key)
+        left.remove(best)
+        order.append(
+            (
+                best,
+                _reason(
+                    policy, best, urgent(best), deficit(best), target_by_team, held_by_team, weights, bool(order)
+                ),
+            )
+        )
+        held_by_team[best.team] = held_by_team.get(best.team, 0.0) + best.gpus
+        held_run[best.run_id] = float(best.gpus)
+    starts = estimate_starts([r for r, _ in order], held, capacity, now_s)
+    return [
+        Ranked(
+            run_id=r.run_id,
+            position=i + 1,
+            reason=reason,
+            estimated_start_s=starts[r.run_id],
+            urgent=urgent(r),
+            blocks=r.gpu_types or tuple(sorted(capacity)),
+        )
+        for i, (r, reason) in enumerate(order)
+    ]
+
+
+def admission_pass(ranked: Sequence[Ranked], try_admit: Callable[[Ranked], bool | None]) -> list[str]:
+    """Admit in ``ranked`` order: ``try_admit`` reserves the run's capacity and answers True
+    (admitted), False (it does not fit now) or None (it left the queue: no effect on others).
+    A run that does not fit holds back every non-urgent run behind it that waits for one of the
+    same GPU types (no backfill past it, so it is not starved by smaller runs); urgent runs are
+    always tried. Returns the admitted run ids, in order."""
+    blocked: set[str] = set()
+    admitted = []
+    for r in ranked:
+        if blocked & set(r.blocks) and not r.urgent:
+            continue
+        outcome = try_admit(r)
+        if outcome:
+            admitted.append(r.run_id)
+        elif outcome is False:
+            blocked |= set(r.blocks)
+    return admitted
+
+
+def _reason(
+    policy: str,
+    run: QueuedRun,
+    is_urgent: bool,
+    deficit: float,
+    target_by_team: Mapping[str, float],
+    held_by_team: Mapping[str, float],
+    weights: Mapping[str, float],
+    behind: bool = False,
+) -> str:
+    """Why the run has its place; ``behind``: runs are ahead of it (what its team holds then
+    counts them as admitted)."""
+    if is_urgent:
+        return "urgent: at its latest start for the deadline (Cameo), admitted before the policy's order"
+    head = f"priority {run.priority}; " if run.priority != "normal" else ""
+    if policy == "las":
+        holds = "would hold" if behind else "holds"
+        then = " once the runs ahead are admitted" if behind else ""
+        return (
+            f"{head}las: team {run.team} (weight {weights.get(run.team, 1.0):g}) {holds} "
+            f"{held_by_team.get(run.team, 0.0):g} GPUs{then}, against its max-min fair share "
+            f"{target_by_team.get(run.team, 0.0):.2f}"
+        )
+    if policy == "edf":
+        if run.deadline_s is None:
+            return f"{head}edf: no deadline, after every run with one, then by arrival"
+        return f"{head}edf: by deadline"
+    if policy == "ftf":
+        return f"{head}ftf: finish-time fairness gives it {deficit:.0%} of its GPUs beyond what it holds"
+    return f"{head}fifo: by arrival"
+
+
+def estimate_starts(
+    order: Sequence[QueuedRun], held: Sequence[HeldRun], capacity: Mapping[str, int], now_s: float
+) -> dict[str, float | None]:
+    """Start time of each run in ``order`` if they were admitted strictly in that order as the
+    held runs end at their expected ends (list scheduling, no backfill).
+
+    One pool per GPU type; a run that may use several types is estimated on the pool of the
+    types it may use (their capacity and the runs holding them), which is what it waits for.
+    """
+    starts: dict[str, float | None] = {}
+    # pool (frozenset of types) → (free GPUs, heap of (end, gpus)); each pool is simulated apart.
+    pools: dict[frozenset[str], tuple[list[float], list[tuple[float, int]]]] = {}
+
+    def pool(types: frozenset[str]) -> tuple[list[float], list[tuple[float, int]]]:
+        if types not in pools:
+            total = sum(int(capacity.get(g, 0)) for g in types)
+            ends = [(max(h.expected_end_s, now_s), h.gpus) for h in held if h.gpu_type in types]
+            heapq.heapify(ends)
+            pools[types] = ([float(total - sum(g for _, g in ends)), now_s], ends)
+        return pools[types]
+
+    for run in order:
+        types = frozenset(run.gpu_types) or frozenset(capacity)
+        state, ends = pool(types)
+        total = sum(int(capacity.get(g, 0)) for g in types)
+        if run.gpus > total:
+            starts[run.run_id] = None
+            continue
+        free, clock = state
+        while free < run.gpus and ends:
+            end, gpus = heapq.heappop(ends)
+            free += gpus
+            clock = max(clock, end)
+        start = max(clock, now_s)
+        heapq.heappush(ends, (start + max(run.expected_s, 0.0), run.gpus))
+        state[0], state[1] = free - run.gpus, start
+        starts[run.run_id] = start if math.isfinite(start) else None
+    return starts

@@ -1,0 +1,573 @@
+"""Placing a run, or queueing it when nothing fits now; admission passes; lease reconciliation.
+
+``plan`` (``stages.prepare``) calls ``plan_or_queue`` for a run's first placement:
+
+* the queue is empty and the run fits → it is planned and reserved as before (nothing changes);
+* otherwise the run enters SAILOR's queue (``queue_entries``) and an admission pass runs
+  (``admit_queued``): the queue policy (``Settings.queue_policy``) ranks the waiting runs
+  (``sailor_tasks.queue.rank``) and each, in order, is planned and reserved in the transaction
+  that admits it. A run still waiting raises ``RunQueuedError``; ``sailor_train``'s ``plan``
+  defers on it and is resumed when the run is admitted.
+
+Admission passes run wherever capacity may have freed: ``plan`` (a run arrives), ``teardown`` (a
+run released its capacity), ``reconcile`` (an expired lease was reclaimed) and a waiting
+``plan``'s periodic re-check (time-outs, latest starts).
+
+Leases: every reservation carries a lease (``Settings.lease_s``); the run's stages renew it and its
+training renews it from a heartbeat thread. ``reconcile`` reclaims live reservations whose lease
+expired (the run was killed or its worker lost): it stops and removes what the run left on its
+backend, releases the capacity, marks the run failed and admits the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from sailor_tasks import storage
+from sailor_tasks.errors import (
+    CapacityUnavailableError,
+    DeadlineUnmeetableError,
+    InvalidRequestError,
+    LeaseReclaimedError,
+    NoFeasibleOfferError,
+    QueueRejectedError,
+    QueueTimeoutError,
+    RunQueuedError,
+)
+from sailor_tasks.ledger.store import utcnow
+from sailor_tasks.model import ANY_GPU, JobRequest, Placement, from_dict, run_key, to_dict
+from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx
+
+logger = logging.getLogger(__name__)
+
+ATTAINED_WINDOW = dt.timedelta(hours=24)
+"""The window of a team's attained service (GPU-seconds held) that ``las`` admission weighs."""
+
+RECHECK_S = 300.0
+"""A waiting ``plan`` re-runs an admission pass at least this often (time-outs, latest starts),
+besides the passes that capacity events run."""
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    return None if t is None else t.isoformat(timespec="seconds")
+
+
+# --- placing --------------------------------------------------------------------------------------
+
+
+def reserve_placement(
+    ctx: StageContext,
+    req: JobRequest,
+    run_id: str,
+    *,
+    attempt: int = 1,
+    blocked_zones: frozenset[str] = frozenset(),
+    elapsed_h: float = 0.0,
+    steps_done: int = 0,
+    admit: bool = False,
+    market: str | None = None,
+) -> Placement:
+    """Pick the market (the run's strategy, or ``market`` when admission forces one), plan on a
+    fresh snapshot, reserve (and with ``admit`` admit the queued run in the same transaction), and
+    record the placement, the market decision and the run's status.
+
+    Raises:
+        CapacityUnavailableError: nothing fits now (retryable, or queued).
+        NoFeasibleOfferError, InvalidRequestError: the request cannot be placed anywhere.
+        NotQueuedError: ``admit`` and another pass admitted the run first (nothing reserved).
+    """
+    from sailor_tasks.catalog.throughput import packaged_with_measured
+    from sailor_tasks.data.manifest import read_manifest
+    from sailor_tasks.placement.index import index_for
+    from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
+    from sailor_tasks.strategies.live import decide_market
+
+    manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
+    nbytes = manifest.total_bytes if manifest is not None else None
+    # The throughput matrix admission's policies use too, measured speeds included.
+    table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
+    catalog = ctx.planning_catalog()  # preemption rates learned from the ledger's spot attempts
+    index = index_for(catalog, table)
+    blocked = frozenset(blocked_zones)
+    if market is None:
+        decision = decide_market(
+            req,
+            catalog,
+            ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
+            elapsed_h=elapsed_h,
+            steps_done=steps_done,
+            index=index,
+        )
+        chosen, reason, slack_h = decision.market, decision.reason, decision.slack_h
+    else:
+        chosen, reason, slack_h = market, f"{market}: forced by admission at the run's latest start", None
+    req = dataclasses.replace(req, market=chosen)
+    reserved = plan_and_reserve(
+        req,
+        catalog,
+        ctx.ledger,
+        run_id,
+        snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
+        index=index,
+        lease_s=ctx.settings.lease_s,
+        admit=admit,
+    )
+    placement = dataclasses.replace(
+        reserved.placement, explanation=(*reserved.placement.explanation, f"market: {reason}")
+    )
+    ctx.ledger.record_placement(placement, attempt=attempt)
+    ctx.ledger.record_attempt_market(
+        run_id, attempt, req.strategy, placement.market, reason, slack_h, placement.usd_per_hour
+    )
+    ctx.ledger.upsert_run(
+        run_id,
+        status="planned",
+        region=placement.region,
+        zone=placement.zone,
+        gpu_type=placement.gpu_type,
+        market=placement.market,
+        num_gpus=placement.num_gpus,
+        usd_per_hour=placement.usd_per_hour,
+    )
+    if admit:
+        ctx.ledger.set_queue_placement(run_id, to_dict(placement))
+    return placement
+
+
+def learned_hours(ctx: StageContext, req: JobRequest) -> float | None:
+    """Hours the run's training is expected to take from the speed its workload (built-in model,
+    or its own command) reached in past attempts on the same backend with the same GPUs (the GPU
+    type too when the run pins one): the median steps/s of those attempts, launch included.
+    None: no such attempt yet."""
+    import statistics
+
+    speeds = [
+        s["steps_per_s"]
+        for s in ctx.ledger.attempt_speeds(req.backend)
+        if s["model"] == req.model
+        and s["command"] == tuple(req.command)
+        and s["num_gpus"] == req.num_gpus
+        and (req.gpu_type in (ANY_GPU, s["gpu_type"]) or req.backend == "local")
+    ]
+    if not speeds:
+        return None
+    return req.total_steps / statistics.median(speeds) / 3600.0
+
+
+def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
+    """Hours the run holds capacity: training, the data copy and one launch. Training comes from
+    the speed learned from past attempts of the same workload on the same backend
+    (``learned_hours``, launch included) when there are any, else from the placement engine's
+    estimate on the run's best on-demand offer (spot if none) plus one launch; capacity held by
+    others is ignored (an estimate of the run, not of the wait). None: no offer can run it."""
+    from sailor_tasks.catalog.throughput import packaged_with_measured
+    from sailor_tasks.placement.context import RESTART_HOURS
+    from sailor_tasks.placement.index import index_for
+    from sailor_tasks.placement.reservations import ledger_state
+    from sailor_tasks.strategies.live import launch_context
+
+    table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
+    state = dataclasses.replace(ledger_state(ctx.ledger, req, ""), reservations=())
+    catalog = ctx.planning_catalog()
+    _, est = launch_context(req, catalog, state, index=index_for(catalog, table))
+    best = est.get("on_demand") or est.get("spot")
+    if best is None:
+        return None
+    learned = learned_hours(ctx, req)
+    if learned is not None:
+        return learned + float(best.get("data_hours", 0.0))
+    return float(best["expected_hours"]) + float(best.get("data_hours", 0.0)) + RESTART_HOURS
+
+
+def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:
+    """The run's first placement: reserved now when the queue is empty and it fits, else through
+    the queue (see the module). Idempotent: a resumed or retried ``plan`` of an admitted run gets
+    the admitted placement.
+
+    Raises:
+        RunQueuedError: the run waits (not a failure; the caller waits for admission).
+        QueueTimeoutError: it waited ``max_queue_hours`` (or 0 was allowed) without admission.
+        DeadlineUnmeetableError: its latest start passed with no capacity for it.
+        QueueRejectedError: the queue turned it away (cancelled, or no longer feasible).
+        NoFeasibleOfferError, InvalidRequestError: nothing in the catalog can run it.
+    """
+    entry = ctx.ledger.queue_entry(run_id)
+    if entry is not None and entry["state"] != "queued":
+        return _settled(ctx, req, run_id, entry)
+    if entry is None:
+        waiting = [e for e in ctx.ledger.queue_entries(("queued",)) if e["run_id"] != run_id]
+        waited_for = f"{req.num_gpus}x {req.gpu_type} GPUs"
+        if not waiting:
+            try:
+                return reserve_placement(ctx, req, run_id)
+            except CapacityUnavailableError as exc:
+                waited_for = str(exc).removeprefix("no capacity for ")
+        entry = _enqueue(ctx, req, run_id, waited_for)
+    admit_queued(ctx)
+    entry = ctx.ledger.queue_entry(run_id)
+    assert entry is not None
+    if entry["state"] != "queued":
+        return _settled(ctx, req, run_id, entry)
+    raise _queued_error(entry)
+
+
+def _enqueue(ctx: StageContext, req: JobRequest, run_id: str, waited_for: str) -> dict[str, Any]:
+    now = utcnow()
+    hours = expected_hours(ctx, req)
+    deadline_at = latest = None
+    if req.deadline_hours is not None:
+        deadline_at = now + dt.timedelta(hours=req.deadline_hours)
+        latest = deadline_at - dt.timedelta(hours=hours or 0.0)
+        if latest < now:
+            raise DeadlineUnmeetableError(
+                run_id, _iso(deadline_at) or "", _iso(latest) or "", hours or 0.0, "nothing fits now either"
+            )
+    if req.max_queue_hours <= 0:
+        raise QueueTimeoutError(run_id, 0.0, waited_for)
+    logger.info("run %s: nothing fits now (%s); queued", run_id, waited_for)
+    return ctx.ledger.enqueue(
+        run_id,
+        team=req.team,
+        priority=req.priority,
+        gpu_type=req.gpu_type,
+        gpus=req.num_gpus,
+        request=to_dict(req),
+        policy=ctx.settings.queue_policy,
+        max_wait_until=now + dt.timedelta(hours=req.max_queue_hours),
+        expected_hours=hours,
+        deadline_at=deadline_at,
+        latest_start_at=latest,
+    )
+
+
+def _queued_error(entry: Mapping[str, Any]) -> RunQueuedError:
+    recheck = utcnow() + dt.timedelta(seconds=RECHECK_S)
+    if entry.get("latest_start_at") is not None:
+        from sailor_tasks.queue.admission import URGENT_MARGIN_S
+
+        urgent_at = entry["latest_start_at"] - dt.timedelta(seconds=URGENT_MARGIN_S)
+        recheck = max(min(recheck, urgent_at), utcnow() + dt.timedelta(seconds=5))
+    recheck = min(recheck, entry["max_wait_until"])
+    return RunQueuedError(
+        entry["run_id"],
+        entry.get("position"),
+        entry.get("reason") or "waiting for capacity",
+        _iso(entry.get("estimated_start_at")),
+        _iso(entry["max_wait_until"]) or "",
+        recheck_at=_iso(recheck),
+    )
+
+
+def _settled(ctx: StageContext, req: JobRequest, run_id: str, entry: Mapping[str, Any]) -> Placement:
+    state = entry["state"]
+    if state == "admitted":
+        return from_dict(Placement, entry["placement"])
+    if state == "timed_out":
+        raise QueueTimeoutError(run_id, req.max_queue_hours, _waited_for(entry))
+    raise QueueRejectedError(run_id, state, entry.get("reason") or state)
+
+
+def _waited_for(entry: Mapping[str, Any]) -> str:
+    req = entry.get("request") or {}
+    regions = ",".join(req.get("regions") or ()) or "any region"
+    return f"{entry['gpus']}x {entry['gpu_type']} GPUs in {regions} (queue position {entry.get('position')})"
+
+
+# --- admission --------------------------------------------------------------------------------------
+
+
+def _capacity(ctx: StageContext) -> dict[str, int]:
+    """GPUs per type with a known capacity in the catalog (summed over zones)."""
+    per_zone: dict[tuple[str, str], int] = {}
+    for o in ctx.catalog.offers:
+        if o.capacity_gpus is not None:
+            per_zone[(o.zone, o.gpu_type)] = o.capacity_gpus
+    out: dict[str, int] = {}
+    for (_zone, gpu), n in per_zone.items():
+        out[gpu] = out.get(gpu, 0) + n
+    return out
+
+
+def _throughput(run: Mapping[str, Any], gpus: int, gpu_types: list[str], table: Any) -> dict[str, float]:
+    """Steps/s of the run on each GPU type it may use (the policies' throughput matrix)."""
+    from sailor_tasks.policies.regions import job_from_run
+
+    request = run.get("request") or {}
+    try:
+        return dict(job_from_run({**run, "num_gpus": gpus, "request": request}, table, gpu_types).throughput)
+    except ValueError:  # a model without a job type: equally fast everywhere it may run
+        pinned = request.get("gpu_type", ANY_GPU)
+        return {g: float(gpus) for g in gpu_types if pinned in (ANY_GPU, g)}
+
+
+def _rank(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -> tuple[list, dict]:
+    from sailor_tasks.queue import rank
+
+    queued, held, capacity = _views(ctx, entries, now)
+    attained = ctx.ledger.team_gpu_seconds(now - ATTAINED_WINDOW, now)
+    ranked = rank(
+        queued,
+        held,
+        capacity,
+        now.timestamp(),
+        ctx.settings.queue_policy,
+        dict(ctx.settings.team_weights),
+        attained,
+    )
+    return ranked, capacity
+
+
+def _views(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -> tuple[list, list, dict]:
+    from sailor_tasks.catalog.throughput import packaged_with_measured
+    from sailor_tasks.queue import HeldRun, QueuedRun
+
+    table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
+    capacity = _capacity(ctx)
+    types = sorted(capacity)
+    queued = []
+    for e in entries:
+        req = e["request"]
+        thr = _throughput({"run_id": e["run_id"], "model": req.get("model"), **e}, e["gpus"], types, table)
+        queued.append(
+            QueuedRun(
+                run_id=e["run_id"],
+                team=e["team"],
+                gpus=e["gpus"],
+                throughput=thr,
+                arrival_s=e["enqueued_at"].timestamp(),
+                expected_s=(e.get("expected_hours") or 0.0) * 3600.0,
+                priority=e["priority"],
+                steps_remaining=float(req.get("total_steps") or 0),
+                deadline_s=None if e.get("deadline_at") is None else e["deadline_at"].timestamp(),
+                latest_start_s=None if e.get("latest_start_at") is None else e["latest_start_at"].timestamp(),
+            )
+        )
+    admitted = {e["run_id"]: e for e in ctx.ledger.queue_entries(("admitted",))}
+    held = []
+    for r in ctx.ledger.live_reservation_rows():
+        req = r.get("request") or {}
+        hours = (admitted.get(r["run_id"]) or {}).get("expected_hours")
+        if hours is None and req:
+            try:
+                hours = expected_hours(ctx, from_dict(JobRequest, req))
+            except (ValueError, TypeError, KeyError):
+                hours = None
+        started = r["created_at"]
+        held.append(
+            HeldRun(
+                run_id=r["run_id"],
+                team=r.get("team") or "?",
+                gpus=r["gpus"],
+                gpu_type=r["gpu_type"],
+                throughput=_throughput(
+                    {
+                        "run_id": r["run_id"],
+                        "model": r.get("model"),
+                        "request": req,
+                        "total_steps": r.get("total_steps"),
+                        "steps": r.get("steps"),
+                    },
+                    r["gpus"],
+                    types,
+                    table,
+                ),
+                started_s=started.timestamp(),
+                expected_end_s=started.timestamp() + (hours or 0.0) * 3600.0,
+                steps_remaining=float(max((r.get("total_steps") or 0) - (r.get("steps") or 0), 0)),
+            )
+        )
+    return queued, held, capacity
+
+
+def admit_queued(ctx: StageContext | None = None, now: dt.datetime | None = None) -> JSON:
+    """One admission pass: time out runs past ``max_queue_hours``, fail runs past their latest
+    start that nothing can take, then admit in the policy's order every run that fits (a run that
+    does not fit holds back the runs behind it that wait for the same GPU types), and store every
+    waiting run's position, reason and estimated start. Safe to run concurrently: a run is
+    admitted by the transaction that reserves its capacity, once."""
+    from sailor_tasks.placement.reservations import NotQueuedError
+    from sailor_tasks.queue import admission_pass
+
+    ctx = resolve_ctx(ctx)
+    now = now or utcnow()
+    out: JSON = {"admitted": [], "timed_out": [], "failed": [], "waiting": 0}
+    entries = ctx.ledger.queue_entries(("queued",))
+    live = []
+    for e in entries:
+        if now >= e["max_wait_until"]:
+            hours = (e["max_wait_until"] - e["enqueued_at"]).total_seconds() / 3600.0
+            if ctx.ledger.end_queue_entry(
+                e["run_id"], "timed_out", str(QueueTimeoutError(e["run_id"], round(hours, 3), _waited_for(e)))
+            ):
+                out["timed_out"].append(e["run_id"])
+        else:
+            live.append(e)
+    if not live:
+        return out
+    by_id = {e["run_id"]: e for e in live}
+    ranked, _ = _rank(ctx, live, now)
+
+    def try_admit(r: Any) -> bool | None:
+        e = by_id[r.run_id]
+        req = from_dict(JobRequest, e["request"])
+        if e.get("deadline_at") is not None:  # the deadline counts from arrival, not from admission
+            left_h = (e["deadline_at"] - now).total_seconds() / 3600.0
+            req = dataclasses.replace(req, deadline_hours=max(left_h, 1e-6))
+        try:
+            try:
+                reserve_placement(ctx, req, r.run_id, admit=True)
+            except CapacityUnavailableError:
+                if not r.urgent or req.market == "spot":
+                    raise
+                # At its latest start: on-demand if spot cannot take it.
+                reserve_placement(ctx, req, r.run_id, admit=True, market="on_demand")
+        except NotQueuedError:
+            return None
+        except CapacityUnavailableError as exc:
+            latest = e.get("latest_start_at")
+            if latest is None or now < latest:
+                return False
+            err = DeadlineUnmeetableError(
+                r.run_id,
+                _iso(e["deadline_at"]) or "",
+                _iso(latest) or "",
+                e.get("expected_hours") or 0.0,
+                f"no capacity at its latest start ({exc})",
+            )
+            if ctx.ledger.end_queue_entry(r.run_id, "failed", str(err)):
+                out["failed"].append(r.run_id)
+            return None
+        except (NoFeasibleOfferError, InvalidRequestError) as exc:
+            if ctx.ledger.end_queue_entry(r.run_id, "failed", f"{type(exc).__name__}: {exc}"):
+                out["failed"].append(r.run_id)
+            return None
+        logger.info("admitted queued run %s (%s)", r.run_id, r.reason)
+        return True
+
+    out["admitted"] = admission_pass(ranked, try_admit)
+    waiting = [e for e in ctx.ledger.queue_entries(("queued",))]
+    out["waiting"] = len(waiting)
+    if waiting:
+        ranked, _ = _rank(ctx, waiting, now)
+        ctx.ledger.set_queue_ranking(
+            (
+                r.run_id,
+                r.position,
+                r.reason,
+                None
+                if r.estimated_start_s is None
+                else dt.datetime.fromtimestamp(r.estimated_start_s, dt.UTC),
+            )
+            for r in ranked
+        )
+    return out
+
+
+def admit_after_release(ctx: StageContext) -> JSON | None:
+    """An admission pass after capacity was released; its failure is logged, never raised (the
+    release itself succeeded, and waiting runs re-check on their own)."""
+    try:
+        return admit_queued(ctx)
+    except Exception as exc:  # the caller's work is done; the queue's own re-check will retry
+        logger.warning("admission pass after a release failed: %s: %s", type(exc).__name__, exc)
+        return None
+
+
+def leave_queue(ctx: StageContext, run_id: str, reason: str) -> bool:
+    """Take a run that ended while waiting out of the queue (``left``)."""
+    return ctx.ledger.end_queue_entry(run_id, "left", reason)
+
+
+# --- leases -----------------------------------------------------------------------------------------
+
+
+def renew_lease(ctx: StageContext, run_id: str, holder: str, lease_s: float | None = None) -> bool:
+    """Renew the run's lease (False when it holds no live reservation)."""
+    return ctx.ledger.renew_reservation_lease(run_id, lease_s or ctx.settings.lease_s, holder)
+
+
+def hold_lease(ctx: StageContext, run_id: str, holder: str, lease_s: float | None = None) -> None:
+    """Renew the run's lease before it uses its capacity.
+
+    Raises:
+        LeaseReclaimedError: the reconciler reclaimed the reservation (its lease had expired).
+    """
+    if renew_lease(ctx, run_id, holder, lease_s):
+        return
+    reclaimed = (ctx.ledger.reservation_leases().get(run_id) or {}).get("reclaimed_at")
+    if reclaimed is not None:
+        raise LeaseReclaimedError(run_id, _iso(reclaimed) or "")
+
+
+@contextlib.contextmanager
+def heartbeat(ctx: StageContext, run_id: str, holder: str = "train heartbeat") -> Iterator[None]:
+    """Renew the run's lease every third of ``lease_s`` while the block runs (the training task's
+    heartbeat); a lost renewal is logged and retried at the next beat."""
+    stop = threading.Event()
+    every = max(1.0, ctx.settings.lease_s / 3.0)
+
+    def beat() -> None:
+        while not stop.wait(every):
+            try:
+                if not renew_lease(ctx, run_id, holder):
+                    logger.warning("run %s holds no live reservation: its lease was reclaimed", run_id)
+            except Exception as exc:  # the ledger may be briefly unreachable; the lease has margin
+                logger.warning("lease renewal of %s failed: %s", run_id, exc)
+
+    thread = threading.Thread(target=beat, name=f"lease-{run_id[:40]}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -> JSON:
+    """Reclaim every live reservation whose lease expired: stop and remove what the run left on its
+    backend, release the capacity (only if the lease is still expired: a renewal wins), mark the
+    run failed, then run an admission pass for the queue."""
+    from sailor_tasks.backends import get_backend
+    from sailor_tasks.settings import BACKENDS
+    from sailor_tasks.stages.summary import RUN_STATUSES_DONE
+
+    ctx = resolve_ctx(ctx)
+    now = now or utcnow()
+    reclaimed, errors = [], []
+    for res in ctx.ledger.expired_leases(now):
+        run = ctx.ledger.get_run(res.run_id) or {}
+        name = run.get("backend") if run.get("backend") in BACKENDS else ctx.settings.backend
+        try:
+            backend = get_backend(name, ctx.settings)
+            stopped = backend.cancel(run_key(res.run_id))
+            backend.teardown(run_key(res.run_id))
+        except Exception as exc:  # keep the capacity held until its backend is really gone
+            errors.append(f"{res.run_id}: {type(exc).__name__}: {exc}")
+            continue
+        if ctx.ledger.reclaim(res.run_id, now):
+            reclaimed.append(res.run_id)
+            logger.warning(
+                "run %s: lease expired; stopped %d process(es) or pod(s), reclaimed %dx %s in %s",
+                res.run_id,
+                stopped,
+                res.gpus,
+                res.gpu_type,
+                res.zone,
+            )
+            if run and run.get("status") not in RUN_STATUSES_DONE:
+                ctx.ledger.upsert_run(
+                    res.run_id,
+                    status="failed",
+                    error="lease expired: the run stopped renewing its reservation",
+                )
+            for att in ctx.ledger.attempts(res.run_id):
+                if att["outcome"] == "running":
+                    ctx.ledger.end_attempt(res.run_id, att["attempt"], "failed", detail="lease expired; reclaimed")
+    admission = admit_queued(ctx, now) if reclaimed or ctx.ledger.queue_entries(("queued",)) else None
+    return {"reclaimed": reclaimed, "errors": errors, "admission": admission}

@@ -1,0 +1,138 @@
+"""Live admission order: the policy objects decide who gets freed capacity; priorities and latest
+starts come first; estimated starts follow the order."""
+
+from __future__ import annotations
+
+import pytest
+
+from sailor_tasks.queue import HeldRun, QueuedRun, estimate_starts, rank
+from sailor_tasks.queue.admission import policy_targets
+
+CAP = {"T4": 4}
+THR = {"T4": 2.0}
+
+
+def q(run_id, team, arrival, gpus=2, **kw):
+    return QueuedRun(run_id, team, gpus, THR, arrival_s=arrival, expected_s=3600.0, **kw)
+
+
+def held(run_id, team, gpus=2, end=3600.0):
+    return HeldRun(run_id, team, gpus, "T4", THR, started_s=0.0, expected_end_s=end)
+
+
+def order(ranked):
+    return [r.run_id for r in ranked]
+
+
+def test_las_admits_the_team_below_its_fair_share_before_an_earlier_arrival():
+    # Team a holds 2 of 4 GPUs and has two more runs waiting; team b's single run arrived last.
+    waiting = [q("a-2", "a", 1.0), q("a-3", "a", 2.0), q("b-1", "b", 3.0)]
+    ranked = rank(waiting, [held("a-1", "a")], CAP, now_s=10.0, policy="las")
+    assert order(ranked) == ["b-1", "a-2", "a-3"]
+    assert "team b" in ranked[0].reason and "fair share" in ranked[0].reason
+    fifo = rank(waiting, [held("a-1", "a")], CAP, now_s=10.0, policy="fifo")
+    assert order(fifo) == ["a-2", "a-3", "b-1"]
+    assert fifo[0].reason == "fifo: by arrival"
+
+
+def test_las_team_weights_shift_the_fair_share():
+    waiting = [q("a-2", "a", 1.0), q("b-1", "b", 2.0)]
+    # Both teams hold one run; a weighs 3, so its fair share is larger and it goes first.
+    running = [held("a-1", "a", gpus=1), held("b-0", "b", gpus=1)]
+    assert order(rank(waiting, running, CAP, 10.0, "las", {"a": 3.0})) == ["a-2", "b-1"]
+    assert order(rank(waiting, running, CAP, 10.0, "las", {"b": 3.0})) == ["b-1", "a-2"]
+
+
+def test_las_targets_are_the_policy_allocation_per_team():
+    waiting = [q("a-2", "a", 1.0), q("b-1", "b", 2.0)]
+    targets = policy_targets("las", waiting, [held("a-1", "a")], CAP, 10.0)
+    team_a = targets["a-1"] + targets["a-2"]
+    assert team_a == pytest.approx(targets["b-1"], rel=1e-6)  # max-min fair across teams
+    assert sum(targets.values()) == pytest.approx(4.0, rel=1e-6)  # the whole capacity is handed out
+
+
+def test_edf_orders_by_deadline_and_runs_without_one_last():
+    waiting = [
+        q("late", "a", 1.0, deadline_s=50_000.0),
+        q("none", "a", 0.5),
+        q("soon", "b", 2.0, deadline_s=20_000.0),
+    ]
+    ranked = rank(waiting, [held("x", "a", gpus=4)], CAP, 10.0, "edf")
+    assert order(ranked) == ["soon", "late", "none"]
+    assert order(rank(waiting, [held("x", "a", gpus=4)], CAP, 10.0, "fifo")) == ["none", "late", "soon"]
+
+
+def test_priority_classes_come_before_the_policy_and_urgent_runs_before_priorities():
+    waiting = [
+        q("low", "b", 0.0, priority="low"),
+        q("normal", "b", 1.0),
+        q("high", "a", 2.0, priority="high"),
+        q("urgent", "a", 3.0, latest_start_s=100.0),
+    ]
+    ranked = rank(waiting, [held("x", "a", gpus=4)], CAP, now_s=10.0, policy="las")
+    assert order(ranked) == ["urgent", "high", "normal", "low"]
+    assert ranked[0].urgent and ranked[0].reason.startswith("urgent")
+    assert ranked[1].reason.startswith("priority high")
+
+
+def test_ftf_gives_every_queued_run_a_share():
+    waiting = [q("a-2", "a", 1.0, steps_remaining=1000.0), q("b-1", "b", 2.0, steps_remaining=10.0)]
+    ranked = rank(waiting, [], CAP, now_s=10.0, policy="ftf")
+    assert {r.run_id for r in ranked} == {"a-2", "b-1"}
+    assert all(r.reason.startswith("ftf:") for r in ranked)
+
+
+def test_unknown_policy_and_priority_name_the_choices():
+    with pytest.raises(ValueError, match="las, fifo, ftf, edf"):
+        rank([q("a", "a", 0.0)], [], CAP, 0.0, "sjf")
+    with pytest.raises(ValueError, match="low, normal, high"):
+        q("a", "a", 0.0, priority="urgent")
+
+
+def test_estimated_starts_follow_the_order_as_held_runs_end():
+    # 4 GPUs: one run holds 2 until t=3600, another 2 until t=7200; three 2-GPU runs wait (1 h each).
+    running = [held("h1", "a", end=3600.0), held("h2", "b", end=7200.0)]
+    waiting = [q("w1", "a", 0.0), q("w2", "b", 1.0), q("w3", "a", 2.0)]
+    starts = estimate_starts(waiting, running, CAP, now_s=100.0)
+    assert starts == {"w1": 3600.0, "w2": 7200.0, "w3": 7200.0}
+    too_big = q("huge", "a", 3.0, gpus=8)
+    assert estimate_starts([too_big], [], CAP, 0.0) == {"huge": None}
+    ranked = rank(waiting, running, CAP, 100.0, "fifo")
+    assert [r.estimated_start_s for r in ranked] == [3600.0, 7200.0, 7200.0]
+    assert [r.position for r in ranked] == [1, 2, 3]
+
+
+def test_a_run_that_does_not_fit_holds_back_the_runs_behind_it_on_the_same_gpus():
+    from sailor_tasks.queue import Ranked, admission_pass
+
+    ranked = [
+        Ranked("big", 1, "", None, blocks=("T4",)),
+        Ranked("small-t4", 2, "", None, blocks=("T4",)),
+        Ranked("l4", 3, "", None, blocks=("L4",)),
+        Ranked("gone", 4, "", None, blocks=("L4",)),
+        Ranked("urgent-t4", 5, "", None, urgent=True, blocks=("T4",)),
+    ]
+    tried = []
+
+    def try_admit(r):
+        tried.append(r.run_id)
+        return {"big": False, "l4": True, "gone": None, "urgent-t4": True}[r.run_id]
+
+    assert admission_pass(ranked, try_admit) == ["l4", "urgent-t4"]
+    assert tried == ["big", "l4", "gone", "urgent-t4"]  # small-t4 waits behind big: no backfill
+
+
+def test_queue_settings_refuse_bad_values_naming_them():
+    from sailor_tasks.settings import Settings
+
+    base = {"SAILOR_STATE_DIR": "/tmp/sailor-settings-test"}
+    s = Settings.from_env({**base, "SAILOR_QUEUE_POLICY": "edf", "SAILOR_TEAM_WEIGHTS": "ml=2, search=0.5"})
+    assert s.queue_policy == "edf" and s.team_weights == (("ml", 2.0), ("search", 0.5)) and s.lease_s == 900
+    with pytest.raises(ValueError, match=r"SAILOR_QUEUE_POLICY='sjf' .* valid: las, fifo, ftf, edf"):
+        Settings.from_env({**base, "SAILOR_QUEUE_POLICY": "sjf"})
+    with pytest.raises(ValueError, match=r"SAILOR_TEAM_WEIGHTS item 'ml=-1'"):
+        Settings.from_env({**base, "SAILOR_TEAM_WEIGHTS": "ml=-1"})
+    with pytest.raises(ValueError, match=r"SAILOR_TEAM_WEIGHTS item 'ml'"):
+        Settings.from_env({**base, "SAILOR_TEAM_WEIGHTS": "ml"})
+    with pytest.raises(ValueError, match=r"SAILOR_LEASE_S='0'"):
+        Settings.from_env({**base, "SAILOR_LEASE_S": "0"})

@@ -1,0 +1,297 @@
+"""SAILOR's queue through the stages: a run that does not fit waits (not a failure), is admitted by
+the policy when capacity frees (reserved in the admission's transaction), times out naming what it
+waited for, meets or fails its latest start; leases are renewed or reclaimed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+
+import pytest
+
+from sailor_tasks import stages
+from sailor_tasks.catalog import load_catalog
+from sailor_tasks.errors import (
+    DeadlineUnmeetableError,
+    LeaseReclaimedError,
+    NoFeasibleOfferError,
+    QueueRejectedError,
+    QueueTimeoutError,
+    RunQueuedError,
+)
+from sailor_tasks.ledger.store import utcnow
+from sailor_tasks.settings import Settings
+
+ZONE = "us-central1-a"
+
+
+@pytest.fixture
+def tight(ctx, tmp_path, demo_dataset):
+    """A catalog whose only capacity is 2 T4 GPUs in one zone."""
+    supply = tmp_path / "supply.yaml"
+    supply.write_text(
+        f"version: 1\ndefaults:\n  capacity_gpus: {{}}\nzones:\n  {ZONE}:\n    T4: {{capacity_gpus: 2}}\n"
+    )
+    ctx.__dict__["catalog"] = load_catalog(None, str(supply))
+    return ctx
+
+
+def submit(ctx, run_id, dataset, team="a", **params):
+    request = stages.validate(
+        {"dataset_uri": dataset, "num_workers": 2, "gpu_type": "T4", "team": team, **params}, run_id, ctx
+    )
+    return request
+
+
+def test_a_run_that_does_not_fit_waits_and_is_admitted_when_capacity_frees(tight, demo_dataset):
+    ctx = tight
+    first = stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    assert first["zone"] == ZONE
+    assert ctx.ledger.queue_entry("run-1") is None  # it fitted: no queue involved
+
+    request = submit(ctx, "run-2", demo_dataset, team="b")
+    with pytest.raises(RunQueuedError) as queued:
+        stages.plan(request, "run-2", ctx)
+    assert queued.value.position == 1 and queued.value.recheck_at is not None
+    entry = ctx.ledger.queue_entry("run-2")
+    assert entry["state"] == "queued" and entry["position"] == 1
+    assert "las" in entry["reason"] and entry["estimated_start_at"] is not None
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-1"]  # nothing held for run-2
+    assert [(t["stage"], t["ok"]) for t in ctx.ledger.stage_timings("run-2")] == [("validate", True), ("plan", True)]
+
+    out = stages.teardown("run-1", ctx)
+    assert out["admitted"] == ["run-2"]
+    entry = ctx.ledger.queue_entry("run-2")
+    assert entry["state"] == "admitted" and entry["position"] is None
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-2"]
+    assert ctx.ledger.get_run("run-2")["status"] == "planned"
+    again = stages.plan(request, "run-2", ctx)  # the deferred plan resumes: the admitted placement
+    assert json.loads(json.dumps(again)) == entry["placement"] and again["zone"] == ZONE
+    assert any(line.startswith("market:") for line in again["explanation"])
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-2"]  # still one reservation
+
+
+def test_new_runs_join_a_nonempty_queue_and_las_admits_the_team_below_its_share(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "a-1", demo_dataset, team="a"), "a-1", ctx)
+    for run_id, team in (("a-2", "a"), ("b-1", "b")):
+        with pytest.raises(RunQueuedError):
+            stages.plan(submit(ctx, run_id, demo_dataset, team=team), run_id, ctx)
+    positions = {e["run_id"]: e["position"] for e in ctx.ledger.queue_entries()}
+    assert positions == {"b-1": 1, "a-2": 2}  # team a holds the capacity; b is below its share
+    assert stages.teardown("a-1", ctx)["admitted"] == ["b-1"]
+    assert ctx.ledger.queue_entry("a-2")["position"] == 1
+
+
+def test_fifo_policy_admits_by_arrival(tight, demo_dataset, monkeypatch):
+    monkeypatch.setenv("SAILOR_QUEUE_POLICY", "fifo")
+    ctx = stages.StageContext(Settings.from_env())
+    ctx.__dict__["catalog"] = tight.catalog
+    stages.plan(submit(ctx, "a-1", demo_dataset, team="a"), "a-1", ctx)
+    for run_id, team in (("a-2", "a"), ("b-1", "b")):
+        with pytest.raises(RunQueuedError):
+            stages.plan(submit(ctx, run_id, demo_dataset, team=team), run_id, ctx)
+    assert stages.teardown("a-1", ctx)["admitted"] == ["a-2"]
+
+
+def test_high_priority_is_admitted_first(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "a-1", demo_dataset), "a-1", ctx)
+    for run_id, priority in (("b-low", "normal"), ("c-high", "high")):
+        with pytest.raises(RunQueuedError):
+            stages.plan(submit(ctx, run_id, demo_dataset, team="b", priority=priority), run_id, ctx)
+    assert stages.teardown("a-1", ctx)["admitted"] == ["c-high"]
+
+
+def test_a_run_times_out_after_max_queue_hours_naming_what_it_waited_for(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    request = submit(ctx, "run-2", demo_dataset, max_queue_hours=0.5)
+    with pytest.raises(RunQueuedError):
+        stages.plan(request, "run-2", ctx)
+    out = stages.admit_queued(ctx, now=utcnow() + dt.timedelta(minutes=31))
+    assert out["timed_out"] == ["run-2"]
+    with pytest.raises(QueueTimeoutError, match=r"waited 0.5 h .*2x T4 GPUs"):
+        stages.plan(request, "run-2", ctx)
+    stages.teardown("run-1", ctx)  # capacity frees: a timed-out run is not admitted
+    assert ctx.ledger.queue_entry("run-2")["state"] == "timed_out"
+    assert ctx.ledger.live_reservations() == []
+
+
+def test_max_queue_hours_zero_fails_at_once(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(QueueTimeoutError, match="2x T4"):
+        stages.plan(submit(ctx, "run-2", demo_dataset, max_queue_hours=0), "run-2", ctx)
+    assert ctx.ledger.queue_entry("run-2") is None
+
+
+def test_a_deadline_that_cannot_be_met_fails_early(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    request = submit(ctx, "run-2", demo_dataset, deadline_hours=2.0)
+    with pytest.raises(RunQueuedError):
+        stages.plan(request, "run-2", ctx)
+    entry = ctx.ledger.queue_entry("run-2")
+    latest = entry["latest_start_at"]
+    assert latest < entry["deadline_at"]
+    hours = (entry["deadline_at"] - latest).total_seconds() / 3600.0
+    assert hours == pytest.approx(entry["expected_hours"], rel=1e-6)
+    # Past its latest start with the capacity still held: it fails now, before the deadline.
+    out = stages.admit_queued(ctx, now=latest + dt.timedelta(seconds=1))
+    assert out["failed"] == ["run-2"]
+    with pytest.raises(QueueRejectedError, match="cannot meet its deadline"):
+        stages.plan(request, "run-2", ctx)
+    assert ctx.ledger.queue_entry("run-2")["deadline_at"] > latest
+
+
+def test_a_deadline_shorter_than_the_run_fails_on_arrival(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    # The placement engine's deadline rule refuses every offer: no queueing for a hopeless run.
+    with pytest.raises(NoFeasibleOfferError, match="deadline: 102"):
+        stages.plan(submit(ctx, "run-2", demo_dataset, deadline_hours=0.001), "run-2", ctx)
+    assert ctx.ledger.queue_entry("run-2") is None
+    # Runs are waiting: the run is checked against its latest start when it would join them.
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-3", demo_dataset), "run-3", ctx)
+    with pytest.raises(DeadlineUnmeetableError, match="had to start by"):
+        stages.plan(submit(ctx, "run-4", demo_dataset, deadline_hours=0.001), "run-4", ctx)
+    assert ctx.ledger.queue_entry("run-4") is None
+
+
+def test_an_expired_lease_is_reclaimed_and_the_queue_moves_on(tight, demo_dataset):
+    ctx = tight
+    request = submit(ctx, "run-1", demo_dataset)
+    placement = stages.plan(request, "run-1", ctx)
+    stages.provision(request, placement, "run-1", ctx)  # the local backend's cluster record
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)
+
+    lease = ctx.ledger.reservation_leases()["run-1"]
+    assert lease["holder"] == "provision"
+    # Before expiry nothing is touched.
+    assert stages.reconcile(ctx, now=lease["expires_at"] - dt.timedelta(seconds=1))["reclaimed"] == []
+    # A renewal moves the expiry forward: the old expiry no longer reclaims it.
+    assert ctx.ledger.renew_reservation_lease("run-1", ctx.settings.lease_s, "heartbeat")
+    renewed = ctx.ledger.reservation_leases()["run-1"]["expires_at"]
+    assert renewed >= lease["expires_at"]
+    out = stages.reconcile(ctx, now=renewed + dt.timedelta(seconds=1))
+    assert out["reclaimed"] == ["run-1"] and out["admission"]["admitted"] == ["run-2"]
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-2"]
+    assert ctx.ledger.get_run("run-1")["status"] == "failed"
+    assert "lease expired" in ctx.ledger.get_run("run-1")["error"]
+    assert not os.path.exists(os.path.join(ctx.settings.clusters_dir, "run-1.json"))
+    assert not ctx.ledger.renew_reservation_lease("run-1")  # reclaimed: nothing to renew
+    # The killed run's retried stages may not use capacity that is no longer its own.
+    with pytest.raises(LeaseReclaimedError, match="reclaimed at .* after its lease expired"):
+        stages.place_data(request, placement, "run-1", ctx)
+    with pytest.raises(LeaseReclaimedError):
+        stages.train(request, placement, {"data_uri": "x"}, "run-1", ctx)
+
+
+def test_teardown_of_a_queued_run_takes_it_out_of_the_queue(tight, demo_dataset):
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset), "run-2", ctx)
+    out = stages.teardown("run-2", ctx)
+    assert out["left_queue"] and not out["reservation_released"]
+    assert ctx.ledger.queue_entry("run-2")["state"] == "left"
+    assert stages.teardown("run-1", ctx)["admitted"] == []
+
+
+def test_the_run_summary_shows_the_wait(tight, demo_dataset):
+    from sailor_tasks.stages.summary import queue_wait, render_summary
+
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset), "run-2", ctx)
+    stages.teardown("run-1", ctx)
+    assert queue_wait(ctx, "run-1") is None
+    wait = queue_wait(ctx, "run-2")
+    entry = ctx.ledger.queue_entry("run-2")
+    assert wait["state"] == "admitted" and wait["policy"] == "las"
+    assert wait["wait_s"] == round((entry["admitted_at"] - entry["enqueued_at"]).total_seconds(), 1)
+    base = {
+        "run_id": "run-2",
+        "job_name": "j",
+        "team": "a",
+        "status": "success",
+        "region": "us-central1",
+        "zone": ZONE,
+        "num_gpus": 2,
+        "gpu_type": "T4",
+        "market": "spot",
+        "usd_per_hour": 1.0,
+        "why": [],
+        "data_bytes": 1e6,
+        "data_uri": "x",
+        "steps": 10,
+        "train_wall_s": 1.0,
+        "samples_per_s": 1.0,
+        "initial_loss": 2.0,
+        "final_loss": 1.0,
+        "checkpoint_uri": "c",
+        "usd_estimate": 0.1,
+    }
+    assert f"- **Queue**: waited {wait['wait_s']:.1f} s (las; admitted)" in render_summary(
+        {**base, "queue": wait}
+    )
+    assert "- **Queue**: none (it fitted at once)" in render_summary({**base, "queue": None})
+
+
+def test_the_nightly_utilization_counts_in_flight_and_queued_demand(tight, demo_dataset):
+    ctx = tight
+    request = submit(ctx, "run-1", demo_dataset, team="a")
+    placement = stages.plan(request, "run-1", ctx)
+    ctx.ledger.start_attempt("run-1", 1, 1, placement, {})  # training now, no utilization row yet
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)
+    until = (utcnow() + dt.timedelta(hours=1)).isoformat()
+    out = stages.collect_utilization(1.0, as_of=until, ctx=ctx)
+    assert out["in_flight_gpu_hours"] == pytest.approx(2.0, rel=0.01)  # 2 GPUs for about an hour
+    assert out["queued_gpu_hours"] == pytest.approx(2.0, rel=0.01)
+    teams = {t["name"]: t["current"] for t in out["problem"]["teams"]}
+    # Mean concurrent GPUs over the 24 h window, in the zone's region where the run waits.
+    assert teams["a"]["us-central1"]["T4"] == pytest.approx(2.0 / 24, rel=0.01)
+    assert teams["b"]["us-central1"]["T4"] == pytest.approx(2.0 / 24, rel=0.01)
+    # A run whose lease is reclaimed ends its attempt: it is no longer in flight.
+    lease = ctx.ledger.reservation_leases()["run-1"]["expires_at"]
+    stages.reconcile(ctx, now=lease + dt.timedelta(seconds=1))
+    assert [a["outcome"] for a in ctx.ledger.attempts("run-1")] == ["failed"]
+    assert stages.collect_utilization(1.0, as_of=until, ctx=ctx)["in_flight_gpu_hours"] == 0
+
+
+def test_duration_estimates_learn_from_past_attempts_on_the_same_backend(tight, demo_dataset):
+    from sqlalchemy import update
+
+    from sailor_tasks.ledger import schema as t
+    from sailor_tasks.model import JobRequest, from_dict
+    from sailor_tasks.stages.queueing import expected_hours, learned_hours
+
+    ctx = tight
+    req = from_dict(JobRequest, submit(ctx, "new", demo_dataset, total_steps=600))
+    engine_only = expected_hours(ctx, req)
+    assert learned_hours(ctx, req) is None  # nothing learned yet: the placement engine's estimate
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for i, (steps, seconds) in enumerate(((100, 50.0), (90, 30.0), (100, 25.0))):  # 2, 3 and 4 steps/s
+        run_id = f"past-{i}"
+        request = submit(ctx, run_id, demo_dataset)
+        placement = {"gpu_type": "T4", "num_gpus": 2, "market": "spot", "region": "us-central1", "zone": ZONE}
+        ctx.ledger.start_attempt(run_id, 1, 1, placement, {})
+        ctx.ledger.end_attempt(run_id, 1, "completed", step=steps + 10, resumed_from_step=10)
+        with ctx.ledger.engine.begin() as c:
+            c.execute(
+                update(t.run_attempts)
+                .where(t.run_attempts.c.run_id == run_id)
+                .values(started_at=start, ended_at=start + dt.timedelta(seconds=seconds))
+            )
+        assert request["backend"] == "local"
+    assert learned_hours(ctx, req) == pytest.approx(600 / 3.0 / 3600.0)  # the median speed
+    assert expected_hours(ctx, req) == pytest.approx(600 / 3.0 / 3600.0, abs=0.01)
+    assert engine_only != pytest.approx(expected_hours(ctx, req), abs=0.001)
+    other = from_dict(JobRequest, submit(ctx, "other", demo_dataset, model="small_gpt"))
+    assert learned_hours(ctx, other) is None  # another workload learns nothing from these
