@@ -140,7 +140,7 @@ def test_trace_errors_name_the_line_and_the_fields(tmp_path):
 
 
 def test_unknown_policy_is_rejected_with_the_valid_names():
-    with pytest.raises(ValueError, match="valid policies: fifo, ftf, las"):
+    with pytest.raises(ValueError, match="valid policies: edf, fifo, ftf, las, las_agnostic"):
         simulate([], [Region("r", CLUSTER)], load_packaged(), SimConfig(policy="srtf"))
 
 
