@@ -70,9 +70,17 @@ class SimResult:
     recovery_waits: int = 0
     """Preempted jobs for which recovery found no feasible region (they waited where they were)."""
     jct_s: tuple[float, ...] = field(default=(), repr=False)
+    """JCT of every completed job, in the workload's order."""
+    jct_job_ids: tuple[str, ...] = field(default=(), repr=False)
+    """The job id of each entry of ``jct_s``."""
+
+    def jct_by_job(self) -> dict[str, float]:
+        """Completed job id → its JCT in seconds (to compare two runs job by job)."""
+        return dict(zip(self.jct_job_ids, self.jct_s, strict=True))
 
     def to_json(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "jct_s"}
+        """The summary figures (per-job JCTs are in ``jct_by_job``)."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("jct_s", "jct_job_ids")}
         for k in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "cost_usd", "wall_s"):
             out[k] = round(out[k], 3)
         out["utilization"] = round(out["utilization"], 4)
@@ -242,7 +250,8 @@ def simulate(
     finally:
         for shard in shards:
             shard.close()
-    jct = (finish - arrival)[~np.isnan(finish)]
+    completed = ~np.isnan(finish)
+    jct = (finish - arrival)[completed]
     makespan = float(np.nanmax(finish) - arrival.min()) if done else 0.0
     return SimResult(
         policy=config.policy,
@@ -265,4 +274,5 @@ def simulate(
         recovery_moves=moves,
         recovery_waits=strategy.waits if isinstance(strategy, StrategyRecovery) else 0,
         jct_s=tuple(jct.tolist()),
+        jct_job_ids=tuple(jobs[i].job_id for i in np.nonzero(completed)[0].tolist()),
     )

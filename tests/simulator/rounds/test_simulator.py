@@ -162,6 +162,11 @@ def test_cli_prints_one_json_object(gavel, capsys):
     out = json.loads(capsys.readouterr().out)
     assert {"policy", "jobs", "avg_jct_s", "p99_jct_s", "makespan_s", "utilization", "wall_s"} <= set(out)
     assert out["policy"] == "las" and out["jobs"] == 20
+    # Every job's JCT, keyed by job id in trace order; their mean is the average printed.
+    jct = out["jct_s"]
+    assert list(jct) == [f"job{i:06d}" for i in range(20)]
+    assert all(v > 0 for v in jct.values())
+    assert sum(jct.values()) / 20 == pytest.approx(out["avg_jct_s"], abs=1e-3)
     assert main([*argv, "--policy", "nope", "--json"]) == 2
     assert "valid policies" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(trace), "--cluster", "v100=4,tpu=2", "--json"]) == 2
