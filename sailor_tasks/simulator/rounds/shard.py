@@ -173,6 +173,7 @@ class RegionShard:
             deadline_s=(job.arrival_s + job.slo_s - now) if job.slo_s else None,
             job_type=job.job_type,
             arrival_s=job.arrival_s,
+            steps_total=job.total_steps,
         )
 
     def _resolve(self, r: _RegionSim, now: float) -> None:
