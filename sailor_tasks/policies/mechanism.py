@@ -89,6 +89,8 @@ def pick_units(
                 open_types -= 1
                 if open_types == 0:
                     break
+        if left and any(f > 0 for f in free_l):
+            _fill_fragments(prio, runnable, scale_l, free_l, done, granted)
         return granted
     placed: set[int] = set()
     for u, g in zip(units_o.tolist(), types_o.tolist(), strict=True):
@@ -107,6 +109,61 @@ def pick_units(
             if open_types == 0:
                 break
     return granted
+
+
+def _fill_fragments(
+    prio: np.ndarray,
+    runnable: np.ndarray,
+    scale_l: list[float],
+    free_l: list[float],
+    done: bytearray,
+    granted: list[tuple[int, int]],
+) -> None:
+    """Place units the greedy left out because the free GPUs of each type were too few for them
+    (fragments), by moving a granted unit to another type its allocation gives it time on.
+
+    For each unplaced unit u (highest priority first) and each type g it can run on: when a
+    granted unit v on g with at least the missing GPUs can move to a type h with X[v, h] > 0
+    (priority > 0) and room for it, v moves to h and u takes g. Nobody granted loses its round
+    and GPUs in use grow by u's scale; with one job per unit only (``granted`` updated in place).
+    """
+    n_units, m = prio.shape
+    on_type: list[list[int]] = [[] for _ in range(m)]
+    for k, (_, g) in enumerate(granted):
+        on_type[g].append(k)
+    waiting = [u for u in range(n_units) if not done[u] and runnable[u].any()]
+    waiting.sort(key=lambda u: -float(np.max(np.where(runnable[u], prio[u], -1.0))))
+    for u in waiting:
+        su = scale_l[u]
+        for g in sorted(np.nonzero(runnable[u])[0].tolist(), key=lambda g: -prio[u, g]):
+            missing = su - free_l[g]
+            if missing <= 0:  # room after an earlier move
+                best = None
+            else:
+                best = None
+                for k in on_type[g]:
+                    v = granted[k][0]
+                    sv = scale_l[v]
+                    if sv < missing or (best is not None and sv >= best[0]):
+                        continue
+                    for h in range(m):
+                        if h != g and runnable[v, h] and prio[v, h] > 0 and free_l[h] >= sv:
+                            best = (sv, k, h)
+                            break
+                if best is None:
+                    continue
+                sv, k, h = best
+                v = granted[k][0]
+                granted[k] = (v, h)
+                on_type[g].remove(k)
+                on_type[h].append(k)
+                free_l[h] -= sv
+                free_l[g] += sv
+            done[u] = 1
+            free_l[g] -= su
+            on_type[g].append(len(granted))
+            granted.append((u, g))
+            break
 
 
 class ServerPool:

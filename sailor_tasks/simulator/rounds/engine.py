@@ -156,7 +156,10 @@ def simulate(
         events[owner[ri]].append((i, LEAVE, 0.0))
 
     round_s = config.round_s
-    t = 0.0 if not n else np.floor(arrival[order[0]] / round_s) * round_s
+    # Rounds start when there is work: at the first arrival, then back to back while jobs are
+    # active, and at the next arrival after the cluster went idle (a job arriving at an idle
+    # cluster starts at once, as in Gavel).
+    t = 0.0 if not n else float(arrival[order[0]])
     next_arrival = 0
     done = 0
     rounds = solves = preemptions = moves = 0
@@ -190,7 +193,7 @@ def simulate(
                 admit(i, router.route(jobs[i], runnable_in[jobs[i].job_type], load), jobs[i].total_steps)
                 next_arrival += 1
             if not any(active):
-                t = np.ceil(arrival[order[next_arrival]] / round_s) * round_s
+                t = float(arrival[order[next_arrival]])
                 continue
             rounds += 1
             if not static_capacity:
