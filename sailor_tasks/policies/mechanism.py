@@ -1,10 +1,13 @@
 """Gavel's round-based mechanism: turn the time fractions X into GPU assignments, round by round.
 
 Each round, every (unit, GPU type) gets priority X[u, m] / f[u, m], where f[u, m] is the fraction
-of its time so far that the unit spent on type m (never scheduled there: infinite priority). Units
+of its time so far that the unit spent on type m (never scheduled there: infinite priority); the
+simulator counts that time from the last re-solve (``RoundMechanism.restart_s``). Units
 are granted in priority order while their job(s) are not yet placed this round and ``scale`` GPUs of
-the type are free; leftover GPUs go to runnable units with zero priority (work conservation). A
-unit that keeps its GPU type keeps its GPUs (lease extension). Placement on servers is consolidated
+the type are free; leftover GPUs go to runnable units with zero priority (work conservation), and
+a unit left out only because each type's free GPUs were too few for it gets a type once a granted
+unit can move to another type of its allocation (``_fill_fragments``). A unit that keeps its GPU
+type keeps its GPUs (lease extension). Placement on servers is consolidated
 (all GPUs on one server, best fit) when possible, spread otherwise. Over rounds the realised time
 fractions converge to X (Gavel, OSDI'20, §5).
 """
@@ -261,11 +264,19 @@ class RoundMechanism:
     """Stateful driver for one cluster: time received per unit and type, leases, grants per round.
 
     Arrays are aligned with the current units; ``set_units`` re-aligns them after a new allocation,
-    keyed by a hashable unit key (e.g. the tuple of job ids), so time received survives re-solves.
+    keyed by a hashable unit key (e.g. the tuple of job ids), so leases survive re-solves, and so
+    does the time received unless ``restart_s`` > 0.
+
+    ``restart_s`` > 0: a new allocation restarts every unit's time received, as if it had received
+    ``restart_s`` seconds on every type over the last ``restart_s`` seconds (so the first priorities
+    are X itself). Priorities then measure how far each unit is behind the allocation in force,
+    not behind a mix of the allocations since it arrived (time received under an earlier X says
+    nothing about the share the current X gives it).
     """
 
-    def __init__(self, gpus: Sequence[int], gpus_per_server: int = GPUS_PER_SERVER):
+    def __init__(self, gpus: Sequence[int], gpus_per_server: int = GPUS_PER_SERVER, restart_s: float = 0.0):
         self.gpus_per_server = gpus_per_server
+        self.restart_s = float(restart_s)
         self.gpus = {g: int(c) for g, c in enumerate(gpus)}
         self.keys: list[object] = []
         self.rows = np.zeros(0, dtype=np.int64)
@@ -301,7 +312,8 @@ class RoundMechanism:
         return self._since_now.copy()
 
     def set_units(self, keys: Sequence[object], now: float) -> None:
-        """Adopt a new unit list; units seen before keep their history and lease."""
+        """Adopt a new unit list; units seen before keep their lease, and their history unless
+        ``restart_s`` > 0."""
         lease_by_key = {self.keys[u]: lease for u, lease in self.leases.items()}
         self._received[self.rows] = self._recv_now
         rows = np.empty(len(keys), dtype=np.int64)
@@ -314,6 +326,9 @@ class RoundMechanism:
                     self._since = np.concatenate([self._since, np.zeros_like(self._since)])
                 self._since[row] = now
             rows[u] = row
+        if self.restart_s > 0:
+            self._received[rows] = self.restart_s
+            self._since[rows] = now - self.restart_s
         self.keys, self.rows = list(keys), rows
         self._recv_now, self._since_now = self._received[rows], self._since[rows]
         self.leases = {u: lease_by_key[k] for u, k in enumerate(keys) if k in lease_by_key}
