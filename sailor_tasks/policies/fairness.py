@@ -29,7 +29,7 @@ from sailor_tasks.policies.base import (
 )
 from sailor_tasks.policies.space_sharing import pair_units, partitioned
 
-SPARE_FLOOR = 1e-7
+SPARE_FLOOR = 1e-9
 """Relative slack on the fair share t* when the spare capacity is handed out (solver round-off)."""
 
 
@@ -85,6 +85,8 @@ class _MaxMinPolicy:
 
     symmetric = True
     agnostic = False
+    hand_out_spare = True
+    """Run ``max_min``'s second stage (the capacity the max-min optimum leaves unallocated)."""
 
     def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
         raise NotImplementedError
@@ -119,7 +121,8 @@ class _MaxMinPolicy:
 
     def _solve_units(self, units: Units, state: PolicyState) -> np.ndarray:
         solved_on = self.as_solved(units)
-        return max_min(solved_on, state.gpus, self.coefficients(solved_on, state), self.name, spare=True)
+        coef = self.coefficients(solved_on, state)
+        return max_min(solved_on, state.gpus, coef, self.name, spare=self.hand_out_spare)
 
     def as_solved(self, units: Units) -> Units:
         """The units as the LP sees them (``las_agnostic``: every runnable type equally fast)."""
@@ -232,6 +235,10 @@ class Makespan(_MaxMinPolicy):
     """
 
     symmetric = False  # reads steps_remaining, which changes every round
+    hand_out_spare = False
+    """The objective is the last finish time: capacity beyond the max-min share, given to the jobs
+    that are not the bottleneck, shortens their JCTs but takes rounds from the bottleneck jobs in
+    the round mechanism (on gavel_parity's traces: makespan up to 3% longer with it)."""
 
     def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
         r = np.array([j.steps_remaining for j in units.jobs])
@@ -331,7 +338,10 @@ class MaxMinSession:
     classes have jobs, so once more than ``COMPACT_ABOVE`` (and more than half) of the slots are
     idle, their columns and rows are deleted; a class that gets jobs again is appended.
     ``allocate`` returns what the policy's own ``allocate`` returns (same LP, same optimum); states
-    with space sharing or other GPU counts are passed to the policy unchanged.
+    with space sharing or other GPU counts are passed to the policy unchanged. ``max_min``'s second
+    stage (the spare capacity) is a second model with the same rows and columns, its objective the
+    classes' normalised throughput and t bounded below by the first model's optimum: each model
+    keeps the basis of its own objective.
     """
 
     COMPACT_ABOVE = 8
@@ -344,14 +354,18 @@ class MaxMinSession:
         self.gpus = {g: float(c) for g, c in gpus.items()}
         self.gpu_types = tuple(sorted(self.gpus))
         self._inf = highspy.kHighsInf
-        h = self.h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", 1)
-        h.setOptionValue("presolve", "off")  # keep the basis between solves
-        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-        h.addCol(1.0, 0.0, self._inf, 0, np.array([], np.int32), np.array([]))
-        for g in self.gpu_types:
-            h.addRow(-self._inf, self.gpus[g], 0, np.array([], np.int32), np.array([]))
+        self.models = []
+        for t_cost in (1.0, 0.0):
+            h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+            h.setOptionValue("threads", 1)
+            h.setOptionValue("presolve", "off")  # keep the basis between solves
+            h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+            h.addCol(t_cost, 0.0, self._inf, 0, np.array([], np.int32), np.array([]))
+            for g in self.gpu_types:
+                h.addRow(-self._inf, self.gpus[g], 0, np.array([], np.int32), np.array([]))
+            self.models.append(h)
+        self.h, self.h_spare = self.models
         m = len(self.gpu_types)
         self.classes: dict[object, int] = {}
         self.counts = np.zeros(0)
@@ -390,11 +404,12 @@ class MaxMinSession:
         slot = len(self._slot_class)
         first_col = 1 + slot * m
         none_i, none_f = np.array([], np.int32), np.array([])
-        self.h.addCols(m, np.zeros(m), np.zeros(m), self._ub[c], 0, none_i, none_i, none_f)
         cols = np.arange(first_col, first_col + m, dtype=np.int32)
-        self.h.addRow(-self._inf, 1.0, m, cols, np.ones(m))
         row = np.concatenate([[1.0], -self._coef_thr[c]])
-        self.h.addRow(-self._inf, self._inf, m + 1, np.concatenate([[0], cols]).astype(np.int32), row)
+        for h in self.models:
+            h.addCols(m, np.zeros(m), np.zeros(m), self._ub[c], 0, none_i, none_i, none_f)
+            h.addRow(-self._inf, 1.0, m, cols, np.ones(m))
+            h.addRow(-self._inf, self._inf, m + 1, np.concatenate([[0], cols]).astype(np.int32), row)
         self._slot[c] = slot
         self._slot_class.append(c)
 
@@ -408,40 +423,23 @@ class MaxMinSession:
             return
         cols = np.array([1 + s * m + i for s in idle for i in range(m)], dtype=np.int32)
         rows = np.array([m + 2 * s + k for s in idle for k in range(2)], dtype=np.int32)
-        self.h.deleteCols(len(cols), cols)
-        self.h.deleteRows(len(rows), rows)
+        for h in self.models:
+            h.deleteCols(len(cols), cols)
+            h.deleteRows(len(rows), rows)
         gone = set(idle)
         self._slot_class = [c for s, c in enumerate(self._slot_class) if s not in gone]
         self._slot[:] = -1
         self._slot[self._slot_class] = np.arange(len(self._slot_class))
         self.compactions += 1
 
-    def _run(self) -> None:
+    def _run(self, h) -> np.ndarray:
         import highspy
 
-        self.h.run()
-        status = self.h.getModelStatus()
+        h.run()
+        status = h.getModelStatus()
         if status != highspy.HighsModelStatus.kOptimal:
-            raise InfeasibleAllocationError(self.policy.name, self.h.modelStatusToString(status))
-
-    def _hand_out_spare(self, t: float) -> np.ndarray:
-        """``max_min``'s second stage on the kept model: t fixed at the optimum, maximise the
-        classes' total normalised throughput; then the model is put back (objective t)."""
-        m = len(self.gpu_types)
-        slots = np.arange(len(self._slot_class))
-        cls = np.array(self._slot_class, dtype=np.int64)
-        cost = self.counts[cls][:, None] * self._coef_thr[cls]
-        cols = (1 + slots[:, None] * m + np.arange(m)).ravel().astype(np.int32)
-        self.h.changeColBounds(0, t * (1.0 - SPARE_FLOOR), self._inf)
-        self.h.changeColCost(0, 0.0)
-        self.h.changeColsCost(len(cols), cols, cost.ravel())
-        try:
-            self._run()
-            return np.asarray(self.h.getSolution().col_value)
-        finally:
-            self.h.changeColsCost(len(cols), cols, np.zeros(len(cols)))
-            self.h.changeColCost(0, 1.0)
-            self.h.changeColBounds(0, 0.0, self._inf)
+            raise InfeasibleAllocationError(self.policy.name, h.modelStatusToString(status))
+        return np.asarray(h.getSolution().col_value)
 
     def allocate(self, state: PolicyState) -> Allocation:
         gpus = {g: float(c) for g, c in state.gpus.items()}
@@ -474,16 +472,19 @@ class MaxMinSession:
                 self._add_slot(c)
             slot = int(self._slot[c])
             coeff = n * float(self.scale[c])
-            for i in range(m):
-                self.h.changeCoeff(i, 1 + slot * m + i, coeff)
-            if (n > 0) != (self.counts[c] > 0):
-                self.h.changeRowBounds(m + 2 * slot + 1, -self._inf, 0.0 if n > 0 else self._inf)
+            cols = np.arange(1 + slot * m, 1 + (slot + 1) * m, dtype=np.int32)
+            for h in self.models:
+                for i in range(m):
+                    h.changeCoeff(i, int(cols[i]), coeff)
+                if (n > 0) != (self.counts[c] > 0):
+                    h.changeRowBounds(m + 2 * slot + 1, -self._inf, 0.0 if n > 0 else self._inf)
+            self.h_spare.changeColsCost(m, cols, n * self._coef_thr[c])
         self.counts = counts
-        self._run()
+        solution = self._run(self.h)
         self.solves += 1
-        solution = np.asarray(self.h.getSolution().col_value)
-        if solution[0] > 0:
-            solution = self._hand_out_spare(float(solution[0]))
+        if solution[0] > 0 and self.policy.hand_out_spare:
+            self.h_spare.changeColBounds(0, float(solution[0]) * (1.0 - SPARE_FLOOR), self._inf)
+            solution = self._run(self.h_spare)
         x_slot = solution[1:].reshape(len(self._slot_class), m)
         units = Units(
             jobs=tuple(jobs),
