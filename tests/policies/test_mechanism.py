@@ -91,3 +91,17 @@ def test_restart_makes_priorities_follow_the_new_allocation():
         else:
             # The history survives: a got its full share of type 0, b never ran (infinite).
             assert prio[0, 0] == pytest.approx(0.5) and np.isinf(prio[1, 0])
+
+
+def test_a_unit_left_out_by_fragments_gets_gpus_when_another_can_move():
+    # Two types of 2 GPUs; a and b take one GPU of each type, leaving no room for the 2-GPU job c.
+    prio = np.array([[5.0, 1.0], [0.0, 4.0], [3.0, 3.0]])
+    runnable = np.ones_like(prio, bool)
+    scale = np.array([1.0, 1.0, 2.0])
+    picked = pick_units(prio, runnable, [(0,), (1,), (2,)], scale, np.array([2.0, 2.0]))
+    # a moves to type 1 (its allocation gives it time there) and c takes type 0.
+    assert sorted(picked) == [(0, 1), (1, 1), (2, 0)]
+    # Without time on another type (priority 0 there) a stays, and c waits.
+    prio[0, 1] = 0.0
+    picked = pick_units(prio, runnable, [(0,), (1,), (2,)], scale, np.array([2.0, 2.0]))
+    assert sorted(picked) == [(0, 0), (1, 1)]
