@@ -182,7 +182,7 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
     def _solve_units(self, units: Units, state: PolicyState) -> np.ndarray:
         if units.thr.shape[2] > 1:  # space-sharing units: the general LP
             return super()._solve_units(units, state)
-        from scipy.sparse import csr_matrix
+        from scipy.sparse import csr_matrix, hstack, vstack
 
         solved = self.as_solved(units)
         n, m = units.shape
@@ -194,16 +194,21 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
         live = np.nonzero((coef > 0) & (size > 0))[0]
         # Variables: x_0..x_{n-1}, t. Rows: capacity per type, then t − coef_j · x_j ≤ 0.
         cap = (can * (units.count * units.scale / np.where(size > 0, size, 1.0))[:, None]).T
-        fair = np.zeros((len(live), n + 1))
-        fair[np.arange(len(live)), live] = -coef[live]
-        fair[:, n] = 1.0
-        a = np.vstack([np.hstack([cap, np.zeros((m, 1))]), fair])
+        k = np.arange(len(live))
+        fair = csr_matrix(
+            (
+                np.concatenate([-coef[live], np.ones(len(live))]),
+                (np.tile(k, 2), np.concatenate([live, np.full(len(live), n)])),
+            ),
+            shape=(len(live), n + 1),
+        )
+        a = vstack([hstack([csr_matrix(cap), csr_matrix((m, 1))]), fair]).tocsr()
         c = np.zeros(n + 1)
         c[n] = 1.0
         ub = np.concatenate([np.where(size > 0, 1.0, 0.0), [np.inf if len(live) else 0.0]])
         lp = LinearProgram(
             c=c,
-            a_ub=csr_matrix(a),
+            a_ub=a,
             b_ub=np.concatenate([np.ones(m), np.zeros(len(live))]),
             lb=np.zeros(n + 1),
             ub=ub,
