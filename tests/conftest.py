@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("SAILOR_SHARED_DATA") or ROOT.parent / "shared" / "data")
+"""The reference data folder (``../shared/data`` next to the checkout; ``SAILOR_SHARED_DATA`` when
+the checkout lives elsewhere, e.g. in a worktree)."""
 
 os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".airflow"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")

@@ -185,9 +185,13 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
     placement = SimPlacement(regions, table, config.gpus_per_server)
     router = make_router(config.router, placement)
     strategy = make_recovery(config.recovery, placement)
-    result = simulate(jobs, regions, table, config, router=router, strategy=strategy).to_json()
+    sim = simulate(jobs, regions, table, config, router=router, strategy=strategy)
+    result = sim.to_json()
     result["cluster"] = gpus
     if isinstance(router, PlacementRouter):
         result["routed_gpu_types"] = router.summary()
     result["wall_s"] = round(time.perf_counter() - started, 3)
+    if getattr(args, "json", False):
+        # Every completed job's JCT (trace jobs are job000000, job000001, … in line order).
+        result["jct_s"] = {k: round(v, 3) for k, v in sim.jct_by_job().items()}
     return result

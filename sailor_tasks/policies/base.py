@@ -55,6 +55,8 @@ class PolicyJob:
     """Arrival time (``fifo`` order)."""
     count: int = 1
     """Identical jobs this row stands for (symmetric policies merge them; X applies to each)."""
+    steps_total: float = 0.0
+    """Steps of the whole job (``ftf``: its finish time in isolation); 0 = not known."""
 
     def __post_init__(self) -> None:
         if self.scale_factor < 1 or self.count < 1 or self.priority_weight <= 0:

@@ -14,6 +14,7 @@ import numpy as np
 from sailor_tasks.errors import InfeasibleAllocationError
 from sailor_tasks.policies.base import (
     Allocation,
+    LinearProgram,
     PolicyJob,
     PolicyState,
     Units,
@@ -28,15 +29,22 @@ from sailor_tasks.policies.base import (
 )
 from sailor_tasks.policies.space_sharing import pair_units, partitioned
 
+SPARE_FLOOR = 1e-9
+"""Relative slack on the fair share t* when the spare capacity is handed out (solver round-off)."""
 
-def max_min(units: Units, gpus, coef: np.ndarray, policy: str) -> np.ndarray:
+
+def max_min(units: Units, gpus, coef: np.ndarray, policy: str, spare: bool = False) -> np.ndarray:
     """Solve max t s.t. t ≤ coef_j · (steps/s of job j under X) for every job with coef_j > 0.
 
     Notation:
         X[u, m]  time fraction of unit u on GPU type m (variables 0..U·M-1), t the last variable;
-        E[j, ·]  steps/s job j makes per unit of each variable (``Units.job_throughput``).
+        E[j, ·]  steps/s job j makes per unit of each variable (``Units.job_throughput``);
+        c_j      jobs row j stands for (``Units.count``).
     Objective:
-        maximize t.
+        maximize t; with ``spare``, then maximize Σ_j c_j · coef_j · E[j] · X with t fixed at its
+        optimum t*: every job keeps the max-min share, and the capacity the max-min optimum leaves
+        unallocated (jobs whose share cannot grow further hold the minimum down) goes where it
+        adds the most normalised throughput, instead of to whatever vertex the solver stops at.
     Constraints:
         the base constraints (bounds, one place per job, capacity per type);
         t − coef_j · E[j] · X ≤ 0 for every job j with coef_j > 0 (none: t = 0).
@@ -52,6 +60,15 @@ def max_min(units: Units, gpus, coef: np.ndarray, policy: str) -> np.ndarray:
     add_rows(lp, rows, np.zeros(len(active)))
     lp.c[-1] = 1.0
     lp.maximize = True
+    vec = solve(lp, policy)
+    if not spare or not len(active):
+        return vec
+    count = np.zeros(len(units.jobs))
+    for u, unit in enumerate(units.units):
+        if len(unit) == 1:
+            count[unit[0]] = units.count[u]
+    lp.lb[-1] = float(vec[-1]) * (1.0 - SPARE_FLOOR)
+    lp.c = np.concatenate([np.asarray((count[active] * coef[active]) @ e).ravel(), [0.0]])
     return solve(lp, policy)
 
 
@@ -68,6 +85,8 @@ class _MaxMinPolicy:
 
     symmetric = True
     agnostic = False
+    hand_out_spare = True
+    """Run ``max_min``'s second stage (the capacity the max-min optimum leaves unallocated)."""
 
     def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
         raise NotImplementedError
@@ -102,7 +121,8 @@ class _MaxMinPolicy:
 
     def _solve_units(self, units: Units, state: PolicyState) -> np.ndarray:
         solved_on = self.as_solved(units)
-        return max_min(solved_on, state.gpus, self.coefficients(solved_on, state), self.name)
+        coef = self.coefficients(solved_on, state)
+        return max_min(solved_on, state.gpus, coef, self.name, spare=self.hand_out_spare)
 
     def as_solved(self, units: Units) -> Units:
         """The units as the LP sees them (``las_agnostic``: every runnable type equally fast)."""
@@ -120,10 +140,14 @@ class LeastAttainedService(_MaxMinPolicy):
     """Max-min fairness over normalised effective throughput, weighted by priority (Gavel's LAS).
 
     Notation:
-        T[j, m] steps/s of job j on type m; w_j its priority weight; N_j = Σ_m T[j, m] · G_m / Σ G
-        (its throughput with an equal split over the cluster's mix).
+        T[j, m] steps/s of job j (all its s_j workers) on type m; w_j its priority weight;
+        N_j = Σ_m T[j, m] · G_m / Σ G (its throughput when it holds the cluster's mix all the time).
     Objective:
-        maximize min_j (Σ_m T[j, m] X[j, m]) / (w_j · N_j).
+        maximize min_j s_j · (Σ_m T[j, m] X[j, m]) / (w_j · N_j).
+        Fairness is per GPU: an equal share of the cluster is the same number of GPU-seconds for
+        every job, so an s-GPU job holds its GPUs 1/s as long as a 1-GPU job; N_j / s_j is its
+        throughput per GPU of the mix. Without s_j every job would get the same time fraction,
+        i.e. an s-GPU job s times the GPU-seconds of a 1-GPU job.
     Constraints:
         base constraints. The round mechanism adds the "least attained service" part: jobs that
         received less than X so far get priority.
@@ -131,19 +155,76 @@ class LeastAttainedService(_MaxMinPolicy):
 
     def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
         norm = equal_share_throughput(units, state.gpus)
+        n = len(units.jobs)
         w = np.array([j.priority_weight for j in units.jobs])
-        return np.divide(1.0, w * norm, out=np.zeros_like(norm), where=norm > 0)
+        return np.divide(units.scale[:n], w * norm, out=np.zeros_like(norm), where=norm > 0)
 
 
 @register("las_agnostic")
 class LeastAttainedServiceAgnostic(LeastAttainedService):
     """``las`` solved as if every GPU type were equally fast (the heterogeneity-agnostic baseline).
 
-    Notation / Objective / Constraints: as ``las`` with T[j, m] = 1 wherever the job can run;
-    the resulting X is then executed at the real throughputs.
+    Notation:
+        as ``las`` with T[j, m] = 1 wherever the job can run (S_j: those types); x_j the job's
+        total time fraction; G(S) = Σ_{m ∈ S} G_m.
+    Objective:
+        as ``las`` (max-min, then the spare capacity), over x_j.
+    Constraints:
+        X[j, m] = x_j · G_m / G(S_j) for m ∈ S_j: a scheduler that cannot tell the types apart
+        spreads a job's time over them in proportion to their GPU counts (any other split would
+        be an arbitrary tie-break of an LP whose types all look the same); x_j ≤ 1;
+        Σ_j c_j s_j x_j / G(S_j) ≤ 1 for every type m (over the jobs with m ∈ S_j: capacity).
+    The resulting X is then executed at the real throughputs.
     """
 
     agnostic = True
+
+    def _solve_units(self, units: Units, state: PolicyState) -> np.ndarray:
+        if units.thr.shape[2] > 1:  # space-sharing units: the general LP
+            return super()._solve_units(units, state)
+        from scipy.sparse import csr_matrix, hstack, vstack
+
+        solved = self.as_solved(units)
+        n, m = units.shape
+        can = solved.thr[:, :, 0] > 0
+        pool = np.array([float(state.gpus[g]) for g in units.gpu_types])
+        size = (can * pool).sum(axis=1)
+        share = np.divide(can * pool, size[:, None], out=np.zeros((n, m)), where=size[:, None] > 0)
+        coef = self.coefficients(solved, state)
+        live = np.nonzero((coef > 0) & (size > 0))[0]
+        # Variables: x_0..x_{n-1}, t. Rows: capacity per type, then t − coef_j · x_j ≤ 0.
+        cap = (can * (units.count * units.scale / np.where(size > 0, size, 1.0))[:, None]).T
+        k = np.arange(len(live))
+        fair = csr_matrix(
+            (
+                np.concatenate([-coef[live], np.ones(len(live))]),
+                (np.tile(k, 2), np.concatenate([live, np.full(len(live), n)])),
+            ),
+            shape=(len(live), n + 1),
+        )
+        a = vstack([hstack([csr_matrix(cap), csr_matrix((m, 1))]), fair]).tocsr()
+        c = np.zeros(n + 1)
+        c[n] = 1.0
+        ub = np.concatenate([np.where(size > 0, 1.0, 0.0), [np.inf if len(live) else 0.0]])
+        lp = LinearProgram(
+            c=c,
+            a_ub=a,
+            b_ub=np.concatenate([np.ones(m), np.zeros(len(live))]),
+            lb=np.zeros(n + 1),
+            ub=ub,
+            maximize=True,
+        )
+        vec = solve(lp, self.name)
+        if len(live) and vec[n] > 0:
+            lp.lb[n] = float(vec[n]) * (1.0 - SPARE_FLOOR)
+            lp.c = np.concatenate([units.count * coef, [0.0]])
+            vec = solve(lp, self.name)
+        x = vec[:n, None] * share
+        return np.concatenate([x.ravel(), [vec[n]]])
+
+    def session(self, gpus) -> None:
+        """No kept model: the proportional split is its own LP (see ``_solve_units``)."""
+        return None
 
 
 @register("makespan")
@@ -159,6 +240,10 @@ class Makespan(_MaxMinPolicy):
     """
 
     symmetric = False  # reads steps_remaining, which changes every round
+    hand_out_spare = False
+    """The objective is the last finish time: capacity beyond the max-min share, given to the jobs
+    that are not the bottleneck, shortens their JCTs but takes rounds from the bottleneck jobs in
+    the round mechanism (on gavel_parity's traces: makespan up to 3% longer with it)."""
 
     def coefficients(self, units: Units, state: PolicyState) -> np.ndarray:
         r = np.array([j.steps_remaining for j in units.jobs])
@@ -177,9 +262,12 @@ class FinishTimeFairness:
     time under X to its finish time on an equal 1/n share of the cluster.
 
     Notation:
-        e_j seconds since arrival, R_j steps left, θ_j(X) = Σ_m T[j, m] X[j, m], N_j the equal-split
-        throughput (see ``las``), n jobs; isolated finish I_j = e_j + R_j / (N_j / n · Σ_m G_m / s_j).
-        ρ_j(X) = (e_j + R_j / θ_j(X)) / I_j.
+        e_j seconds since arrival, R_j steps left, W_j steps in all, θ_j(X) = Σ_m T[j, m] X[j, m],
+        N_j the equal-split throughput (see ``las``), n jobs; isolated throughput
+        ι_j = N_j · min(1, Σ_m G_m / (n · s_j)) (its 1/n of the cluster) and isolated finish time
+        I_j = W_j / ι_j (Themis: the whole job on its own share from arrival; e_j + R_j / ι_j when
+        W_j is not known). ρ_j(X) = (e_j + R_j / θ_j(X)) / I_j: a job that waited without
+        progress has a small I_j against its e_j and comes first.
     Objective:
         minimize max_j ρ_j, by bisection on r: ρ_j ≤ r ⟺ θ_j ≥ R_j / (r · I_j − e_j), checked with the
         max-min LP  max t s.t. t ≤ θ_j · (r · I_j − e_j) / R_j  (feasible iff t ≥ 1).
@@ -201,7 +289,9 @@ class FinishTimeFairness:
         n = len(units.jobs)
         total_gpus = sum(float(state.gpus[g]) for g in units.gpu_types)
         isolated_thr = norm * np.minimum(1.0, total_gpus / (n * units.scale))
-        isolated = e + np.divide(r, isolated_thr, out=np.full(n, np.inf), where=isolated_thr > 0)
+        w = np.array([j.steps_total for j in units.jobs])
+        work = np.where(w > 0, np.maximum(w, r), e * isolated_thr + r)
+        isolated = np.divide(work, isolated_thr, out=np.full(n, np.inf), where=isolated_thr > 0)
         live = (r > 0) & np.isfinite(isolated)
         if not live.any():
             return make_allocation(
@@ -236,6 +326,9 @@ class FinishTimeFairness:
                 hi, best = mid, vec
             else:
                 lo = mid
+        # The bisection's last feasible X only guarantees ρ ≤ hi; hand the rest of the cluster out
+        # too (``max_min``'s spare stage, with the coefficients of that ρ).
+        best = max_min(units, state.gpus, coef(hi), self.name, spare=True)
         return make_allocation(self.name, units, best, started)
 
 
@@ -250,7 +343,10 @@ class MaxMinSession:
     classes have jobs, so once more than ``COMPACT_ABOVE`` (and more than half) of the slots are
     idle, their columns and rows are deleted; a class that gets jobs again is appended.
     ``allocate`` returns what the policy's own ``allocate`` returns (same LP, same optimum); states
-    with space sharing or other GPU counts are passed to the policy unchanged.
+    with space sharing or other GPU counts are passed to the policy unchanged. ``max_min``'s second
+    stage (the spare capacity) is a second model with the same rows and columns, its objective the
+    classes' normalised throughput and t bounded below by the first model's optimum: each model
+    keeps the basis of its own objective.
     """
 
     COMPACT_ABOVE = 8
@@ -263,14 +359,18 @@ class MaxMinSession:
         self.gpus = {g: float(c) for g, c in gpus.items()}
         self.gpu_types = tuple(sorted(self.gpus))
         self._inf = highspy.kHighsInf
-        h = self.h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", 1)
-        h.setOptionValue("presolve", "off")  # keep the basis between solves
-        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-        h.addCol(1.0, 0.0, self._inf, 0, np.array([], np.int32), np.array([]))
-        for g in self.gpu_types:
-            h.addRow(-self._inf, self.gpus[g], 0, np.array([], np.int32), np.array([]))
+        self.models = []
+        for t_cost in (1.0, 0.0):
+            h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+            h.setOptionValue("threads", 1)
+            h.setOptionValue("presolve", "off")  # keep the basis between solves
+            h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+            h.addCol(t_cost, 0.0, self._inf, 0, np.array([], np.int32), np.array([]))
+            for g in self.gpu_types:
+                h.addRow(-self._inf, self.gpus[g], 0, np.array([], np.int32), np.array([]))
+            self.models.append(h)
+        self.h, self.h_spare = self.models
         m = len(self.gpu_types)
         self.classes: dict[object, int] = {}
         self.counts = np.zeros(0)
@@ -309,11 +409,12 @@ class MaxMinSession:
         slot = len(self._slot_class)
         first_col = 1 + slot * m
         none_i, none_f = np.array([], np.int32), np.array([])
-        self.h.addCols(m, np.zeros(m), np.zeros(m), self._ub[c], 0, none_i, none_i, none_f)
         cols = np.arange(first_col, first_col + m, dtype=np.int32)
-        self.h.addRow(-self._inf, 1.0, m, cols, np.ones(m))
         row = np.concatenate([[1.0], -self._coef_thr[c]])
-        self.h.addRow(-self._inf, self._inf, m + 1, np.concatenate([[0], cols]).astype(np.int32), row)
+        for h in self.models:
+            h.addCols(m, np.zeros(m), np.zeros(m), self._ub[c], 0, none_i, none_i, none_f)
+            h.addRow(-self._inf, 1.0, m, cols, np.ones(m))
+            h.addRow(-self._inf, self._inf, m + 1, np.concatenate([[0], cols]).astype(np.int32), row)
         self._slot[c] = slot
         self._slot_class.append(c)
 
@@ -327,17 +428,25 @@ class MaxMinSession:
             return
         cols = np.array([1 + s * m + i for s in idle for i in range(m)], dtype=np.int32)
         rows = np.array([m + 2 * s + k for s in idle for k in range(2)], dtype=np.int32)
-        self.h.deleteCols(len(cols), cols)
-        self.h.deleteRows(len(rows), rows)
+        for h in self.models:
+            h.deleteCols(len(cols), cols)
+            h.deleteRows(len(rows), rows)
         gone = set(idle)
         self._slot_class = [c for s, c in enumerate(self._slot_class) if s not in gone]
         self._slot[:] = -1
         self._slot[self._slot_class] = np.arange(len(self._slot_class))
         self.compactions += 1
 
-    def allocate(self, state: PolicyState) -> Allocation:
+    def _run(self, h) -> np.ndarray:
         import highspy
 
+        h.run()
+        status = h.getModelStatus()
+        if status != highspy.HighsModelStatus.kOptimal:
+            raise InfeasibleAllocationError(self.policy.name, h.modelStatusToString(status))
+        return np.asarray(h.getSolution().col_value)
+
+    def allocate(self, state: PolicyState) -> Allocation:
         gpus = {g: float(c) for g, c in state.gpus.items()}
         if state.space_sharing or gpus != self.gpus:
             return self.policy.allocate(state)
@@ -368,17 +477,20 @@ class MaxMinSession:
                 self._add_slot(c)
             slot = int(self._slot[c])
             coeff = n * float(self.scale[c])
-            for i in range(m):
-                self.h.changeCoeff(i, 1 + slot * m + i, coeff)
-            if (n > 0) != (self.counts[c] > 0):
-                self.h.changeRowBounds(m + 2 * slot + 1, -self._inf, 0.0 if n > 0 else self._inf)
+            cols = np.arange(1 + slot * m, 1 + (slot + 1) * m, dtype=np.int32)
+            for h in self.models:
+                for i in range(m):
+                    h.changeCoeff(i, int(cols[i]), coeff)
+                if (n > 0) != (self.counts[c] > 0):
+                    h.changeRowBounds(m + 2 * slot + 1, -self._inf, 0.0 if n > 0 else self._inf)
+            self.h_spare.changeColsCost(m, cols, n * self._coef_thr[c])
         self.counts = counts
-        self.h.run()
-        status = self.h.getModelStatus()
-        if status != highspy.HighsModelStatus.kOptimal:
-            raise InfeasibleAllocationError(self.policy.name, self.h.modelStatusToString(status))
+        solution = self._run(self.h)
         self.solves += 1
-        x_slot = np.asarray(self.h.getSolution().col_value)[1:].reshape(len(self._slot_class), m)
+        if solution[0] > 0 and self.policy.hand_out_spare:
+            self.h_spare.changeColBounds(0, float(solution[0]) * (1.0 - SPARE_FLOOR), self._inf)
+            solution = self._run(self.h_spare)
+        x_slot = solution[1:].reshape(len(self._slot_class), m)
         units = Units(
             jobs=tuple(jobs),
             gpu_types=self.gpu_types,

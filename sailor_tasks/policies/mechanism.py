@@ -1,10 +1,13 @@
 """Gavel's round-based mechanism: turn the time fractions X into GPU assignments, round by round.
 
 Each round, every (unit, GPU type) gets priority X[u, m] / f[u, m], where f[u, m] is the fraction
-of its time so far that the unit spent on type m (never scheduled there: infinite priority). Units
+of its time so far that the unit spent on type m (never scheduled there: infinite priority); the
+simulator counts that time from the last re-solve (``RoundMechanism.restart_s``). Units
 are granted in priority order while their job(s) are not yet placed this round and ``scale`` GPUs of
-the type are free; leftover GPUs go to runnable units with zero priority (work conservation). A
-unit that keeps its GPU type keeps its GPUs (lease extension). Placement on servers is consolidated
+the type are free; leftover GPUs go to runnable units with zero priority (work conservation), and
+a unit left out only because each type's free GPUs were too few for it gets a type once a granted
+unit can move to another type of its allocation (``_fill_fragments``). A unit that keeps its GPU
+type keeps its GPUs (lease extension). Placement on servers is consolidated
 (all GPUs on one server, best fit) when possible, spread otherwise. Over rounds the realised time
 fractions converge to X (Gavel, OSDI'20, §5).
 """
@@ -89,6 +92,8 @@ def pick_units(
                 open_types -= 1
                 if open_types == 0:
                     break
+        if left and any(f > 0 for f in free_l):
+            _fill_fragments(prio, runnable, scale_l, free_l, done, granted)
         return granted
     placed: set[int] = set()
     for u, g in zip(units_o.tolist(), types_o.tolist(), strict=True):
@@ -107,6 +112,61 @@ def pick_units(
             if open_types == 0:
                 break
     return granted
+
+
+def _fill_fragments(
+    prio: np.ndarray,
+    runnable: np.ndarray,
+    scale_l: list[float],
+    free_l: list[float],
+    done: bytearray,
+    granted: list[tuple[int, int]],
+) -> None:
+    """Place units the greedy left out because the free GPUs of each type were too few for them
+    (fragments), by moving a granted unit to another type its allocation gives it time on.
+
+    For each unplaced unit u (highest priority first) and each type g it can run on: when a
+    granted unit v on g with at least the missing GPUs can move to a type h with X[v, h] > 0
+    (priority > 0) and room for it, v moves to h and u takes g. Nobody granted loses its round
+    and GPUs in use grow by u's scale; with one job per unit only (``granted`` updated in place).
+    """
+    n_units, m = prio.shape
+    on_type: list[list[int]] = [[] for _ in range(m)]
+    for k, (_, g) in enumerate(granted):
+        on_type[g].append(k)
+    waiting = [u for u in range(n_units) if not done[u] and runnable[u].any()]
+    waiting.sort(key=lambda u: -float(np.max(np.where(runnable[u], prio[u], -1.0))))
+    for u in waiting:
+        su = scale_l[u]
+        for g in sorted(np.nonzero(runnable[u])[0].tolist(), key=lambda g: -prio[u, g]):
+            missing = su - free_l[g]
+            if missing <= 0:  # room after an earlier move
+                best = None
+            else:
+                best = None
+                for k in on_type[g]:
+                    v = granted[k][0]
+                    sv = scale_l[v]
+                    if sv < missing or (best is not None and sv >= best[0]):
+                        continue
+                    for h in range(m):
+                        if h != g and runnable[v, h] and prio[v, h] > 0 and free_l[h] >= sv:
+                            best = (sv, k, h)
+                            break
+                if best is None:
+                    continue
+                sv, k, h = best
+                v = granted[k][0]
+                granted[k] = (v, h)
+                on_type[g].remove(k)
+                on_type[h].append(k)
+                free_l[h] -= sv
+                free_l[g] += sv
+            done[u] = 1
+            free_l[g] -= su
+            on_type[g].append(len(granted))
+            granted.append((u, g))
+            break
 
 
 class ServerPool:
@@ -204,11 +264,19 @@ class RoundMechanism:
     """Stateful driver for one cluster: time received per unit and type, leases, grants per round.
 
     Arrays are aligned with the current units; ``set_units`` re-aligns them after a new allocation,
-    keyed by a hashable unit key (e.g. the tuple of job ids), so time received survives re-solves.
+    keyed by a hashable unit key (e.g. the tuple of job ids), so leases survive re-solves, and so
+    does the time received unless ``restart_s`` > 0.
+
+    ``restart_s`` > 0: a new allocation restarts every unit's time received, as if it had received
+    ``restart_s`` seconds on every type over the last ``restart_s`` seconds (so the first priorities
+    are X itself). Priorities then measure how far each unit is behind the allocation in force,
+    not behind a mix of the allocations since it arrived (time received under an earlier X says
+    nothing about the share the current X gives it).
     """
 
-    def __init__(self, gpus: Sequence[int], gpus_per_server: int = GPUS_PER_SERVER):
+    def __init__(self, gpus: Sequence[int], gpus_per_server: int = GPUS_PER_SERVER, restart_s: float = 0.0):
         self.gpus_per_server = gpus_per_server
+        self.restart_s = float(restart_s)
         self.gpus = {g: int(c) for g, c in enumerate(gpus)}
         self.keys: list[object] = []
         self.rows = np.zeros(0, dtype=np.int64)
@@ -244,7 +312,8 @@ class RoundMechanism:
         return self._since_now.copy()
 
     def set_units(self, keys: Sequence[object], now: float) -> None:
-        """Adopt a new unit list; units seen before keep their history and lease."""
+        """Adopt a new unit list; units seen before keep their lease, and their history unless
+        ``restart_s`` > 0."""
         lease_by_key = {self.keys[u]: lease for u, lease in self.leases.items()}
         self._received[self.rows] = self._recv_now
         rows = np.empty(len(keys), dtype=np.int64)
@@ -257,6 +326,9 @@ class RoundMechanism:
                     self._since = np.concatenate([self._since, np.zeros_like(self._since)])
                 self._since[row] = now
             rows[u] = row
+        if self.restart_s > 0:
+            self._received[rows] = self.restart_s
+            self._since[rows] = now - self.restart_s
         self.keys, self.rows = list(keys), rows
         self._recv_now, self._since_now = self._received[rows], self._since[rows]
         self.leases = {u: lease_by_key[k] for u, k in enumerate(keys) if k in lease_by_key}

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from sailor_tasks.policies import get_policy
 from sailor_tasks.policies.mechanism import Grant, RoundMechanism, ServerPool, assign_round, pick_units
@@ -69,3 +70,38 @@ def test_server_pool_spreads_only_when_no_server_fits():
     assert pool.place(0, 2) == ((1, 2),)
     assert pool.place(0, 3) == ((1, 2), (0, 1))  # spread: unconsolidated
     assert pool.place(0, 1) is None
+
+
+def test_restart_makes_priorities_follow_the_new_allocation():
+    from sailor_tasks.policies.mechanism import priorities
+
+    x = np.array([[0.5, 0.0], [0.1, 0.4]])
+    keys = [("a",), ("b",)]
+    for restart_s, expect_restart in ((0.0, False), (180.0, True)):
+        mech = RoundMechanism([2, 2], restart_s=restart_s)
+        mech.set_units(keys, 0.0)
+        for _ in range(10):  # unit a always on type 0: its share there is 1
+            mech.record([Grant(0, 0, ((0, 1),), False, True)], 360.0)
+        now = 3600.0
+        mech.set_units(keys, now)  # a re-solve
+        prio = priorities(x, mech.received, now - mech.since)
+        if expect_restart:
+            # Every unit starts from half a round on every type: priorities are X itself.
+            np.testing.assert_allclose(prio, x)
+        else:
+            # The history survives: a got its full share of type 0, b never ran (infinite).
+            assert prio[0, 0] == pytest.approx(0.5) and np.isinf(prio[1, 0])
+
+
+def test_a_unit_left_out_by_fragments_gets_gpus_when_another_can_move():
+    # Two types of 2 GPUs; a and b take one GPU of each type, leaving no room for the 2-GPU job c.
+    prio = np.array([[5.0, 1.0], [0.0, 4.0], [3.0, 3.0]])
+    runnable = np.ones_like(prio, bool)
+    scale = np.array([1.0, 1.0, 2.0])
+    picked = pick_units(prio, runnable, [(0,), (1,), (2,)], scale, np.array([2.0, 2.0]))
+    # a moves to type 1 (its allocation gives it time there) and c takes type 0.
+    assert sorted(picked) == [(0, 1), (1, 1), (2, 0)]
+    # Without time on another type (priority 0 there) a stays, and c waits.
+    prio[0, 1] = 0.0
+    picked = pick_units(prio, runnable, [(0,), (1,), (2,)], scale, np.array([2.0, 2.0]))
+    assert sorted(picked) == [(0, 0), (1, 1)]

@@ -83,7 +83,7 @@ def test_space_sharing_never_lowers_the_fair_share(table):
     assert worst(shared, state) >= worst(alone, state) - 1e-6
 
 
-def test_las_with_equal_throughputs_equals_las_agnostic():
+def test_las_with_equal_throughputs_gives_what_las_agnostic_gives():
     jobs = tuple(
         PolicyJob(f"j{i}", {"K80": 2.0, "P100": 2.0, "V100": 2.0}, scale_factor=s, priority_weight=w)
         for i, (s, w) in enumerate([(1, 1.0), (2, 1.0), (1, 2.0), (4, 1.0), (1, 1.0), (2, 3.0)])
@@ -91,7 +91,50 @@ def test_las_with_equal_throughputs_equals_las_agnostic():
     state = PolicyState(jobs=jobs, gpus={"K80": 2, "P100": 3, "V100": 4})
     las, agnostic = get_policy("las").allocate(state), get_policy("las_agnostic").allocate(state)
     assert las.units == agnostic.units
-    np.testing.assert_allclose(las.matrix, agnostic.matrix, atol=1e-9)
+    coef = get_policy("las").coefficients(singles(state.jobs, state.gpus), state)
+
+    def worst(alloc):
+        e = alloc.effective_throughput()
+        return min(e[j.job_id] * c for j, c in zip(singles(state.jobs, state.gpus).jobs, coef, strict=True))
+
+    # The types are equally fast: las has nothing to exploit, so the same fair share and GPUs used.
+    assert worst(agnostic) == pytest.approx(worst(las), rel=1e-6)
+    assert sum(agnostic.gpus_used().values()) == pytest.approx(sum(las.gpus_used().values()), rel=1e-6)
+    assert sum(las.gpus_used().values()) == pytest.approx(9.0, rel=1e-6)  # spare capacity handed out
+    # The agnostic policy cannot tell the types apart: each job's time follows the GPU counts.
+    split = agnostic.matrix / agnostic.matrix.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(split, np.tile([2 / 9, 3 / 9, 4 / 9], (len(jobs), 1)), atol=1e-9)
+
+
+def test_las_gives_multi_gpu_jobs_an_equal_share_per_gpu():
+    # Same model and speeds, 1 and 4 workers: equal GPU-seconds, so the 4-GPU job gets 1/4 the time.
+    thr = {"K80": 1.0, "P100": 2.0, "V100": 3.0}
+    jobs = (
+        PolicyJob("one", thr, scale_factor=1),
+        PolicyJob("four", {g: 4 * v for g, v in thr.items()}, scale_factor=4),
+        PolicyJob("big", {g: 40 * v for g, v in thr.items()}, scale_factor=4),
+    )
+    state = PolicyState(jobs=jobs, gpus={"K80": 4, "P100": 4, "V100": 4})
+    units = singles(state.jobs, state.gpus)
+    coef = dict(zip((j.job_id for j in units.jobs), get_policy("las").coefficients(units, state), strict=True))
+    # Normalised by throughput per GPU of the mix: 4 workers at 4x the steps/s are worth one GPU.
+    assert coef["four"] == pytest.approx(coef["one"])
+    assert coef["big"] == pytest.approx(coef["one"] / 10)
+
+
+def test_las_hands_out_the_capacity_the_fair_share_leaves():
+    # A 1-GPU job caps the fair share (it cannot use more than one GPU); the 8-GPU jobs still get
+    # the rest of the cluster instead of just enough time to match it.
+    jobs = (
+        PolicyJob("small", {"K80": 1.0, "P100": 3.0, "V100": 5.0}, scale_factor=1),
+        PolicyJob("a", {"K80": 5.0, "P100": 14.0, "V100": 31.0}, scale_factor=8),
+        PolicyJob("b", {"K80": 28.0, "P100": 83.0, "V100": 231.0}, scale_factor=8),
+    )
+    state = PolicyState(jobs=jobs, gpus={"K80": 8, "P100": 8, "V100": 8})
+    alloc = get_policy("las").allocate(state)
+    # Every job runs all the time (1 + 8 + 8 GPUs), not the ~3 GPUs the fair share alone needs.
+    np.testing.assert_allclose(alloc.matrix.sum(axis=1), [1.0, 1.0, 1.0], atol=1e-6)
+    assert sum(alloc.gpus_used().values()) == pytest.approx(17.0, rel=1e-6)
 
 
 def test_las_fair_share_is_at_least_what_the_agnostic_allocation_delivers(table):

@@ -70,9 +70,17 @@ class SimResult:
     recovery_waits: int = 0
     """Preempted jobs for which recovery found no feasible region (they waited where they were)."""
     jct_s: tuple[float, ...] = field(default=(), repr=False)
+    """JCT of every completed job, in the workload's order."""
+    jct_job_ids: tuple[str, ...] = field(default=(), repr=False)
+    """The job id of each entry of ``jct_s``."""
+
+    def jct_by_job(self) -> dict[str, float]:
+        """Completed job id → its JCT in seconds (to compare two runs job by job)."""
+        return dict(zip(self.jct_job_ids, self.jct_s, strict=True))
 
     def to_json(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "jct_s"}
+        """The summary figures (per-job JCTs are in ``jct_by_job``)."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("jct_s", "jct_job_ids")}
         for k in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "cost_usd", "wall_s"):
             out[k] = round(out[k], 3)
         out["utilization"] = round(out["utilization"], 4)
@@ -148,7 +156,10 @@ def simulate(
         events[owner[ri]].append((i, LEAVE, 0.0))
 
     round_s = config.round_s
-    t = 0.0 if not n else np.floor(arrival[order[0]] / round_s) * round_s
+    # Rounds start when there is work: at the first arrival, then back to back while jobs are
+    # active, and at the next arrival after the cluster went idle (a job arriving at an idle
+    # cluster starts at once, as in Gavel).
+    t = 0.0 if not n else float(arrival[order[0]])
     next_arrival = 0
     done = 0
     rounds = solves = preemptions = moves = 0
@@ -182,7 +193,7 @@ def simulate(
                 admit(i, router.route(jobs[i], runnable_in[jobs[i].job_type], load), jobs[i].total_steps)
                 next_arrival += 1
             if not any(active):
-                t = np.ceil(arrival[order[next_arrival]] / round_s) * round_s
+                t = float(arrival[order[next_arrival]])
                 continue
             rounds += 1
             if not static_capacity:
@@ -242,7 +253,8 @@ def simulate(
     finally:
         for shard in shards:
             shard.close()
-    jct = (finish - arrival)[~np.isnan(finish)]
+    completed = ~np.isnan(finish)
+    jct = (finish - arrival)[completed]
     makespan = float(np.nanmax(finish) - arrival.min()) if done else 0.0
     return SimResult(
         policy=config.policy,
@@ -265,4 +277,5 @@ def simulate(
         recovery_moves=moves,
         recovery_waits=strategy.waits if isinstance(strategy, StrategyRecovery) else 0,
         jct_s=tuple(jct.tolist()),
+        jct_job_ids=tuple(jobs[i].job_id for i in np.nonzero(completed)[0].tolist()),
     )

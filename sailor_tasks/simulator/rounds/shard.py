@@ -39,7 +39,7 @@ def region_gpu_types(region: Region) -> tuple[str, ...]:
 class _RegionSim:
     """Per-region state: admitted jobs, the cached allocation's unit arrays, the mechanism."""
 
-    def __init__(self, index: int, region: Region, gpus_per_server: int):
+    def __init__(self, index: int, region: Region, gpus_per_server: int, restart_s: float = 0.0):
         self.index = index
         """The region's position in the simulation's region list."""
         self.region = region
@@ -53,7 +53,7 @@ class _RegionSim:
         """Units whose jobs are all still here."""
         self.active: set[int] = set()
         self.dirty = False
-        self.mech = RoundMechanism(list(self.capacity), gpus_per_server)
+        self.mech = RoundMechanism(list(self.capacity), gpus_per_server, restart_s=restart_s)
         self.unit_jobs: list[tuple[int, ...]] = []
         self.first = np.zeros(0, dtype=np.int64)
         """The (first) job of each unit."""
@@ -130,7 +130,11 @@ class RegionShard:
             for gi, g in enumerate(self.gpu_names):
                 if alone.get(g, 0) > 0:
                     self.unc_ratio[t, gi] = unc[g] / alone[g]
-        self.sims = {ri: _RegionSim(ri, regions[ri], config.gpus_per_server) for ri in sorted(own)}
+        # Time received restarts at every re-solve, from half a round on every type (Gavel's prior).
+        self.sims = {
+            ri: _RegionSim(ri, regions[ri], config.gpus_per_server, restart_s=config.round_s / 2)
+            for ri in sorted(own)
+        }
         for r in self.sims.values():
             r.gcols = np.array([self.gpu_names.index(g) for g in r.gpu_types], dtype=np.int64)
             r.session = (
@@ -173,6 +177,7 @@ class RegionShard:
             deadline_s=(job.arrival_s + job.slo_s - now) if job.slo_s else None,
             job_type=job.job_type,
             arrival_s=job.arrival_s,
+            steps_total=job.total_steps,
         )
 
     def _resolve(self, r: _RegionSim, now: float) -> None:

@@ -104,11 +104,14 @@ def generate_jobs(
     table: ThroughputTable,
     seed: int = 0,
     duration_scale: float = 1.0,
+    multi_gpu: bool = True,
 ) -> list[SimJob]:
     """Poisson arrivals at ``jobs_per_hour``; Gavel's Philly-derived scale factors and durations.
 
     Args:
         duration_scale: multiplies every duration (1.0 = Gavel's distribution).
+        multi_gpu: draw scale factors 1/2/4/8; False: every job has one GPU (Gavel's generator
+            without ``generate_multi_gpu_jobs``, as in its space-sharing experiments).
     """
     if num_jobs < 0 or jobs_per_hour <= 0 or duration_scale <= 0:
         raise ValueError(
@@ -120,7 +123,7 @@ def generate_jobs(
     for key in table.job_types:
         if table.throughput(key, DURATION_BASELINE_GPU) > 0:
             by_scale.setdefault(key[1], []).append(key)
-    scales = [s for s in SCALE_FACTORS if s in by_scale]
+    scales = [s for s in SCALE_FACTORS if s in by_scale and (multi_gpu or s == 1)]
     probs = np.array([SCALE_PROBS[SCALE_FACTORS.index(s)] for s in scales])
     probs /= probs.sum()
     arrivals = np.cumsum(rng.exponential(3600.0 / jobs_per_hour, num_jobs))

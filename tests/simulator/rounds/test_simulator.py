@@ -63,6 +63,24 @@ def test_space_sharing_runs_pairs_to_completion(gavel):
     assert result.completed == len(jobs) and result.space_sharing
 
 
+def test_a_job_arriving_at_an_idle_cluster_starts_at_once():
+    table = load_packaged()
+    key = next(k for k in table.job_types if k[1] == 1 and table.throughput(k, "V100") > 0)
+    steps = table.throughput(key, "V100") * 200.0  # 200 s on a V100
+    jobs = [SimJob("a", key, steps, arrival_s=100.0), SimJob("b", key, steps, arrival_s=5000.0)]
+    result = simulate(jobs, [Region("r", {"V100": 1})], table, SimConfig(policy="las", router="least_loaded"))
+    # Neither waits for the next multiple of the round length (360 s, 5040 s).
+    assert result.jct_by_job() == pytest.approx({"a": 200.0, "b": 200.0})
+    assert result.makespan_s == pytest.approx(5200.0 - 100.0)
+
+
+def test_generated_jobs_without_multi_gpu_have_one_gpu_each():
+    table = load_packaged()
+    jobs = generate_jobs(200, 5.0, table, seed=1, multi_gpu=False)
+    assert {j.scale_factor for j in jobs} == {1}
+    assert {j.scale_factor for j in generate_jobs(200, 5.0, table, seed=1)} > {1}
+
+
 def test_simulation_is_deterministic_for_a_seed():
     table = load_packaged()
     jobs = generate_jobs(150, 20.0, table, seed=3)
@@ -162,6 +180,11 @@ def test_cli_prints_one_json_object(gavel, capsys):
     out = json.loads(capsys.readouterr().out)
     assert {"policy", "jobs", "avg_jct_s", "p99_jct_s", "makespan_s", "utilization", "wall_s"} <= set(out)
     assert out["policy"] == "las" and out["jobs"] == 20
+    # Every job's JCT, keyed by job id in trace order; their mean is the average printed.
+    jct = out["jct_s"]
+    assert list(jct) == [f"job{i:06d}" for i in range(20)]
+    assert all(v > 0 for v in jct.values())
+    assert sum(jct.values()) / 20 == pytest.approx(out["avg_jct_s"], abs=1e-3)
     assert main([*argv, "--policy", "nope", "--json"]) == 2
     assert "valid policies" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(trace), "--cluster", "v100=4,tpu=2", "--json"]) == 2
