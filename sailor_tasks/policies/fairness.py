@@ -33,6 +33,15 @@ SPARE_FLOOR = 1e-9
 """Relative slack on the fair share t* when the spare capacity is handed out (solver round-off)."""
 
 
+def spare_weight(units: Units) -> np.ndarray:
+    """w_j² per job: the spare stage's objective weights job j's normalised throughput (coef_j ∝
+    1/w_j) by w_j², i.e. by w_j overall, so spare capacity goes to the higher priority weights
+    (team weights in live admission), as a progressive filling would; with equal weights it is
+    the unweighted normalised throughput."""
+    w = np.array([j.priority_weight for j in units.jobs], dtype=float)
+    return w * w
+
+
 def max_min(units: Units, gpus, coef: np.ndarray, policy: str, spare: bool = False) -> np.ndarray:
     """Solve max t s.t. t ≤ coef_j · (steps/s of job j under X) for every job with coef_j > 0.
 
@@ -41,7 +50,7 @@ def max_min(units: Units, gpus, coef: np.ndarray, policy: str, spare: bool = Fal
         E[j, ·]  steps/s job j makes per unit of each variable (``Units.job_throughput``);
         c_j      jobs row j stands for (``Units.count``).
     Objective:
-        maximize t; with ``spare``, then maximize Σ_j c_j · coef_j · E[j] · X with t fixed at its
+        maximize t; with ``spare``, then maximize Σ_j c_j · w_j² · coef_j · E[j] · X with t fixed at its
         optimum t*: every job keeps the max-min share, and the capacity the max-min optimum leaves
         unallocated (jobs whose share cannot grow further hold the minimum down) goes where it
         adds the most normalised throughput, instead of to whatever vertex the solver stops at.
@@ -68,7 +77,8 @@ def max_min(units: Units, gpus, coef: np.ndarray, policy: str, spare: bool = Fal
         if len(unit) == 1:
             count[unit[0]] = units.count[u]
     lp.lb[-1] = float(vec[-1]) * (1.0 - SPARE_FLOOR)
-    lp.c = np.concatenate([np.asarray((count[active] * coef[active]) @ e).ravel(), [0.0]])
+    gain = coef * spare_weight(units)
+    lp.c = np.concatenate([np.asarray((count[active] * gain[active]) @ e).ravel(), [0.0]])
     return solve(lp, policy)
 
 
@@ -217,7 +227,7 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
         vec = solve(lp, self.name)
         if len(live) and vec[n] > 0:
             lp.lb[n] = float(vec[n]) * (1.0 - SPARE_FLOOR)
-            lp.c = np.concatenate([units.count * coef, [0.0]])
+            lp.c = np.concatenate([units.count * coef * spare_weight(units), [0.0]])
             vec = solve(lp, self.name)
         x = vec[:n, None] * share
         return np.concatenate([x.ravel(), [vec[n]]])
@@ -379,6 +389,8 @@ class MaxMinSession:
         self.thr = np.zeros((0, m))
         """Each class's steps/s per type (as the job runs it: X is executed at these)."""
         self._coef_thr = np.zeros((0, m))
+        self._spare_thr = np.zeros((0, m))
+        """The spare stage's objective per class: ``_coef_thr`` · w² (``spare_weight``)."""
         """coef_c · throughput_c as the LP sees it (``as_solved``), 0 where coef_c = 0."""
         self._ub = np.zeros((0, m))
         self._slot = np.zeros(0, dtype=np.int64)
@@ -398,6 +410,7 @@ class MaxMinSession:
         self.scale = np.append(self.scale, float(job.scale_factor))
         self.thr = np.vstack([self.thr, thr])
         self._coef_thr = np.vstack([self._coef_thr, coef * solved.thr[0, :, 0] if coef > 0 else 0 * thr])
+        self._spare_thr = np.vstack([self._spare_thr, self._coef_thr[-1] * float(spare_weight(one)[0])])
         self._ub = np.vstack([self._ub, np.where(thr > 0, 1.0, 0.0)])
         self._slot = np.append(self._slot, -1)
         return c
@@ -483,7 +496,7 @@ class MaxMinSession:
                     h.changeCoeff(i, int(cols[i]), coeff)
                 if (n > 0) != (self.counts[c] > 0):
                     h.changeRowBounds(m + 2 * slot + 1, -self._inf, 0.0 if n > 0 else self._inf)
-            self.h_spare.changeColsCost(m, cols, n * self._coef_thr[c])
+            self.h_spare.changeColsCost(m, cols, n * self._spare_thr[c])
         self.counts = counts
         solution = self._run(self.h)
         self.solves += 1
