@@ -539,7 +539,11 @@ def _solve_partition(
             ub[t_col] = value * (1 + T_TOLERANCE) + T_TOLERANCE
         elif stage == "B":
             constraints = [base, LinearConstraint(c_b.reshape(1, -1), -np.inf, value * (1 + 1e-4) + 1e-7)]
-    assert best is not None
+    if best is None:
+        raise TimeoutError(
+            f"rebalance: HiGHS found no assignment within this partition's {time_limit:.1f} s of "
+            f"time_limit_s ({'; '.join(status)}): raise time_limit_s"
+        )
     x_out: dict[tuple[int, str, str], float] = {}
     enabled: set[tuple[int, str]] = set()
     for key, j in b.cols.items():
@@ -592,6 +596,23 @@ def _greedy_enable(
     spent, stored = 0.0, defaultdict(float)
     chosen: set[tuple[int, str]] = set()
     stuck: set[tuple[str, str]] = set()
+    regions_of = {k: sorted(rs) for k, rs in pairs.items()}
+    readers: dict[str, list[int]] = defaultdict(list)
+    for k in pairs:
+        for d in problem.teams[k].datasets:
+            readers[d].append(k)
+    missing_bytes: dict[tuple[int, str], int] = {}
+    """Bytes team k still misses in region r (replicas chosen so far count as present): computed
+    once per pair, then lowered as replicas are chosen (integers, so exactly the sum over what is
+    still missing)."""
+
+    def cost_of(k: int, r: str) -> int:
+        c = missing_bytes.get((k, r))
+        if c is None:
+            c = missing_bytes[(k, r)] = sum(
+                problem.datasets[d].bytes for d in _missing(problem, k, r) if (d, r) not in have
+            )
+        return c
     while True:
         over = [
             (load[c] / cap[c] if c in cap else math.inf, c)
@@ -603,21 +624,24 @@ def _greedy_enable(
         _, cell = max(over)
         g = cell[1]
         best = None
+        cell_excess = excess(cell)
+        room_of: dict[str, float] = {}
         for k, n in in_cell[cell].items():
-            for r in sorted(pairs.get(k, ())):
-                room = -excess((r, g)) if (r, g) in cap else 0.0
-                if room <= 1e-9 or (r, g) == cell:
+            for r in regions_of.get(k, ()):
+                room = room_of.get(r)
+                if room is None:
+                    room = room_of[r] = -excess((r, g)) if (r, g) in cap and (r, g) != cell else 0.0
+                if room <= 1e-9:
                     continue
-                new = [d for d in _missing(problem, k, r) if (d, r) not in have]
-                cost = float(sum(problem.datasets[d].bytes for d in new))
+                cost = float(cost_of(k, r))
                 if spent + cost > budget * (1 - 1e-9) or (
                     r in storage_free and stored[r] + cost > storage_free[r] * (1 - 1e-9)
                 ):
                     continue
-                moved = min(n, room, excess(cell))
+                moved = min(n, room, cell_excess)
                 key = (moved / max(cost, 1.0), moved)
                 if best is None or key > best[0]:
-                    best = (key, k, r, new, cost, moved)
+                    best = (key, k, r, cost, moved)
         if best is None:
             stuck.add(cell)
             logger.debug(
@@ -628,10 +652,15 @@ def _greedy_enable(
                 budget,
             )
             continue
-        _, k, r, new, cost, moved = best
+        _, k, r, cost, moved = best
         spent += cost
         stored[r] += cost
-        have.update((d, r) for d in new)
+        for d in _missing(problem, k, r):
+            if (d, r) not in have:
+                have.add((d, r))
+                for reader in readers[d]:
+                    if (reader, r) in missing_bytes:
+                        missing_bytes[(reader, r)] -= problem.datasets[d].bytes
         if ("w", k, r) in b.cols:
             chosen.add((k, r))
         load[cell] -= moved
