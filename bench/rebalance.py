@@ -67,7 +67,9 @@ def build(name: str, seed: int, args: argparse.Namespace):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated: {', '.join(SCENARIOS)}")
+    p.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help=f"comma-separated: {', '.join(SCENARIOS)}"
+    )
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     p.add_argument("--philly", type=Path, default=PHILLY, help="Gavel's philly_job_distribution.pickle")
     p.add_argument(

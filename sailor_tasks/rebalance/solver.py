@@ -613,6 +613,7 @@ def _greedy_enable(
                 problem.datasets[d].bytes for d in _missing(problem, k, r) if (d, r) not in have
             )
         return c
+
     while True:
         over = [
             (load[c] / cap[c] if c in cap else math.inf, c)
