@@ -64,6 +64,16 @@ RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
 """DCP storage tag of a tensor entry stored as its raw bytes (dtype and shape in the metadata)."""
 
 
+def _fsync(f: Any) -> None:
+    """Flush ``f`` and fsync it when it is a local file (object stores are durable once closed)."""
+    f.flush()
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return
+    os.fsync(fd)
+
+
 def _reader(uri: str) -> RawTensorFsspecReader:
     return RawTensorFsspecReader(uri, **storage.fs_options(storage.scheme_of(uri)))
 
@@ -332,8 +342,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
         with self.fs.create_stream(self.fs.concat_path(self.path, _METADATA), "wb") as f:
             pickle.dump(content, f)
             if self.sync_files:
-                f.flush()
-                os.fsync(f.fileno())
+                _fsync(f)
 
     def _take_recycled(self, names: list[str]) -> set[str]:
         """Rename a recycled file to each of ``names`` while any is left; returns the names that got
@@ -398,6 +407,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
                 del buf
             if recycled:
                 f.truncate(offset)  # the recycled file may have been longer
+            if self.sync_files:
+                _fsync(f)
         self.fs.sums[name] = {"crc32c": f"{crc:08x}", "size": offset}
         return results
 
@@ -529,6 +540,9 @@ class CheckpointManager(CheckpointStore):
         thread_count: writer threads per save (one data file each).
         recycle: on a local root, reuse retired checkpoints' data files (False: delete them and
             write new files, as on object stores).
+        sync_files: fsync every data file and ``.metadata`` before the commit marker is written
+            (durable against a machine crash). False (the trainer's setting): a file torn by a
+            crash fails its crc32c and an older checkpoint is used.
     """
 
     def __init__(
@@ -541,8 +555,10 @@ class CheckpointManager(CheckpointStore):
         process_group: Any = None,
         thread_count: int = 2,
         recycle: bool = True,
+        sync_files: bool = False,
     ):
         super().__init__(root_uri, keep_latest_k=keep_latest_k, recycle=recycle)
+        self.sync_files = sync_files
         self.rank = rank
         self.distributed = distributed
         self.process_group = process_group
@@ -565,7 +581,7 @@ class CheckpointManager(CheckpointStore):
             )
         return ChecksummingFsspecWriter(
             uri,
-            sync_files=False,
+            sync_files=self.sync_files,
             thread_count=self.thread_count,
             cache=None if self.distributed else self._save_cache,
             pool=self._write_pool,

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -36,6 +37,36 @@ def test_marker_checksums_computed_while_writing_match_the_files(tmp_path):
     assert ".metadata" in marker["files"] and any(n.endswith(".distcp") for n in marker["files"])
     for name, meta in marker["files"].items():
         assert crc32c_of(storage.join(mgr.step_uri(1), name)) == (meta["crc32c"], meta["size"]), name
+
+
+@pytest.mark.parametrize("recycle", [False, True])
+def test_sync_files_fsyncs_every_data_file_and_the_metadata_before_the_marker(tmp_path, monkeypatch, recycle):
+    import sailor_tasks.train.checkpoint.dcp as dcp_mod
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+    saving = {"step": 0}
+
+    def fsync(fd: int) -> None:
+        # the save's own fsyncs (retention, in the "sailor-ckpt" thread, fsyncs what it keeps)
+        if not threading.current_thread().name.startswith("sailor-ckpt_"):
+            synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+            assert not (tmp_path / "ck" / f"step-{saving['step']:08d}" / MARKER).exists()  # not committed
+        real_fsync(fd)
+
+    monkeypatch.setattr(dcp_mod.os, "fsync", fsync)
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=1, recycle=recycle, sync_files=True)
+    for step in (1, 2, 3):  # from the third save on, a recycling manager reuses retired files
+        synced.clear()
+        saving["step"] = step
+        mgr.save(step, _several_tensors(step))
+        mgr.wait()
+    marker = storage.read_json(storage.join(mgr.step_uri(3), MARKER))
+    assert sorted(synced) == sorted(marker["files"])  # the .distcp files and .metadata
+    assert diff_states(mgr.load_all(3), _several_tensors(3)) == []
+    synced.clear()
+    CheckpointManager(f"file://{tmp_path}/plain").save(1, _several_tensors(1))
+    assert synced == []  # the default writes without fsync
 
 
 def test_async_save_commits_when_written_and_loads_back(tmp_path):
