@@ -355,6 +355,9 @@ def _solve_partition(
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
+    # The partition's share of the time budget covers all its work: building the model and the
+    # greedy rounding too, not only HiGHS (else a slow partition eats the next ones' shares).
+    deadline = time.perf_counter() + time_limit
     b = _Builder()
     t_col = b.var(("t",), lb=comfort_ratio)  # ratios below the comfort level count as balanced
     regions_by_gpu: dict[str, list[str]] = defaultdict(list)
@@ -502,7 +505,6 @@ def _solve_partition(
     constraints = [base]
     ub = bounds_ub.copy()
     lb = bounds_lb.copy()
-    deadline = time.perf_counter() + time_limit
     binaries = int(integrality.sum())
     if binaries > mip_max_binaries:
         # LP-guided greedy rounding + repair: enable (team, region) pairs by GPUs of overflow they
@@ -526,6 +528,17 @@ def _solve_partition(
             bounds=Bounds(lb, ub),
             options={"time_limit": left / (1 if stage == "C" else 2), "mip_rel_gap": MIP_REL_GAP},
         )
+        if stage == "A" and res.x is None and res.status != 2:
+            # Nothing found in what was left (a loaded machine): the first assignment is worth the
+            # partition's whole share again; the later stages only improve on it.
+            status.append("A:no solution in time, retried")
+            res = milp(
+                c,
+                constraints=constraints,
+                integrality=integrality,
+                bounds=Bounds(lb, ub),
+                options={"time_limit": max(left, time_limit), "mip_rel_gap": MIP_REL_GAP},
+            )
         if res.x is None:
             if res.status == 2 and best is None:
                 raise _PartitionInfeasible()
