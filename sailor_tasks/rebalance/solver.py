@@ -529,15 +529,16 @@ def _solve_partition(
             options={"time_limit": left / (1 if stage == "C" else 2), "mip_rel_gap": MIP_REL_GAP},
         )
         if stage == "A" and res.x is None and res.status != 2:
-            # Nothing found in what was left (a loaded machine): the first assignment is worth the
-            # partition's whole share again; the later stages only improve on it.
-            status.append("A:no solution in time, retried")
+            # Nothing found in what was left of the budget (a loaded machine, or earlier partitions
+            # that took long): the budget bounds the search for better assignments, not the first
+            # one, so stage A runs again without a time limit; the later stages only improve on it.
+            status.append("A:no solution in time, retried without a time limit")
             res = milp(
                 c,
                 constraints=constraints,
                 integrality=integrality,
                 bounds=Bounds(lb, ub),
-                options={"time_limit": max(left, time_limit), "mip_rel_gap": MIP_REL_GAP},
+                options={"mip_rel_gap": MIP_REL_GAP},
             )
         if res.x is None:
             if res.status == 2 and best is None:
@@ -707,6 +708,10 @@ def solve(
     ``comfort_ratio``: stage A minimises ``max(worst ratio, comfort_ratio)``, so regions already
     below it are not spread further (no data is copied just to go from 0.3 to 0.2); 0 is the pure
     lexicographic min-max.
+
+    ``time_limit_s``: the time budget, shared among the partitions (each one's share covers its
+    model building and rounding too). It bounds the search for better assignments; a partition
+    that found none in its share looks for its first one without a limit.
     """
     started = time.perf_counter()
     check_feasible(problem)
