@@ -133,20 +133,17 @@ def _metadata_as_dcp_reads_it(uri: str):
         return pickle.load(f)  # what FileSystemReader.read_metadata does
 
 
-def test_unchanged_structure_reuses_the_plan_and_every_save_loads_its_own_values(tmp_path):
+def test_every_save_loads_its_own_values_and_metadata_reads_as_dcps(tmp_path):
     mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
     saves = {
         1: {"w": torch.full((50_000,), 1.0), "v": torch.arange(7), "meta": {"step": 1}},
         # Same structure, other values; the pickled entry grows (tensor offsets must not move).
         2: {"w": torch.full((50_000,), 2.0), "v": torch.arange(7) * 2, "meta": {"step": 10**30}},
-        # New shape and a new key: planned again.
+        # New shape and a new key.
         3: {"w": torch.full((60_000,), 3.0), "v": torch.arange(7), "meta": {"step": 3}, "x": torch.ones(2)},
     }
-    plans = {}
     for step, state in saves.items():
         mgr.save(step, state)
-        plans[step] = mgr._save_cache.local_plan
-    assert plans[2] is plans[1] and plans[3] is not plans[2]
     for step, state in saves.items():
         assert diff_states(mgr.load_all(step), state) == [], step
         metadata = _metadata_as_dcp_reads_it(mgr.step_uri(step))
@@ -157,11 +154,6 @@ def test_unchanged_structure_reuses_the_plan_and_every_save_loads_its_own_values
             == {k if not isinstance(v, dict) else f"{k}.step" for k, v in state.items()}
         )
         assert metadata.storage_meta.checkpoint_id.endswith(f"step-{step:08d}")
-    fresh = CheckpointManager(f"file://{tmp_path}/fresh")  # its first save: planned and pickled afresh
-    fresh.save(2, saves[2])
-    cached, planned = (_metadata_as_dcp_reads_it(m.step_uri(2)) for m in (mgr, fresh))
-    assert cached.state_dict_metadata == planned.state_dict_metadata
-    assert cached.storage_data == planned.storage_data
 
 
 def test_pipelined_async_save_snapshots_the_state_once_staged(tmp_path):
