@@ -31,7 +31,6 @@ from sailor_tasks.train.specs import MODEL_SPECS
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True, slots=True)
 class TrainResult:
     run_id: str
