@@ -10,9 +10,17 @@
   log-normal "data appetite" per team (a few teams read most of their organisation's data); each
   dataset starts replicated in its readers' home regions (where ``place_data`` put it) plus
   ``extra_replicas`` disaster-recovery copies in regions drawn by supply.
+
+The supply can instead be given (``supply``: for example the packaged catalog's regions, of very
+different sizes and GPU mixes), and the team demands too (``team_demand``: for example
+``philly_team_demand``, the job mix of a real cluster trace).
 """
 
 from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -43,20 +51,41 @@ def generate(
     quota_fraction: float = 0.01,
     extra_replicas: int = 2,
     appetite_sigma: float = 1.5,
+    supply: Mapping[str, Mapping[str, float]] | None = None,
+    team_demand: Sequence[float] | None = None,
 ) -> Problem:
-    """A scenario; ``budget_fraction`` of all dataset bytes is the nightly replication budget."""
+    """A scenario; ``budget_fraction`` of all dataset bytes is the nightly replication budget.
+
+    Args:
+        supply: region → GPU type → GPUs to use instead of the generated supply (for example the
+            packaged catalog's, ``catalog_supply``); ``regions`` and ``gpu_types`` are then ignored.
+        team_demand: each team's total demand (any unit: only the proportions count, every GPU type
+            is scaled to ``demand_fraction`` of its supply) instead of the log-normal one; its
+            length is the number of teams.
+    """
+    if team_demand is not None:
+        teams = len(team_demand)
+        if teams < 1 or not all(float(d) > 0 for d in team_demand):
+            raise ValueError(f"team_demand: need at least one team and every demand > 0; got {teams} teams")
+    if supply is not None:
+        region_names = sorted(r for r, per in supply.items() if any(n > 0 for n in per.values()))
+        gpus = sorted({g for r in region_names for g, n in supply[r].items() if n > 0})
+        regions, gpu_types = len(region_names), len(gpus)
     if regions < 2 or gpu_types < 1 or teams < 1 or datasets < 1:
         raise ValueError(
             f"need regions>=2, gpu_types>=1, teams>=1, datasets>=1; got {regions}, {gpu_types}, {teams}, {datasets}"
         )
     rng = np.random.default_rng(seed)
-    region_names = [f"region-{i:02d}" for i in range(regions)]
-    gpus = [GPU_NAMES[i] if i < len(GPU_NAMES) else f"GPU{i}" for i in range(gpu_types)]
-    cap = np.round(rng.lognormal(np.log(200), 0.5, size=(regions, gpu_types)))
-    cap *= rng.random((regions, gpu_types)) < 0.75
-    for g in range(gpu_types):  # every GPU type somewhere, in at least two regions
-        for r in rng.choice(regions, size=2, replace=False):
-            cap[r, g] = cap[r, g] or 100
+    if supply is None:
+        region_names = [f"region-{i:02d}" for i in range(regions)]
+        gpus = [GPU_NAMES[i] if i < len(GPU_NAMES) else f"GPU{i}" for i in range(gpu_types)]
+        cap = np.round(rng.lognormal(np.log(200), 0.5, size=(regions, gpu_types)))
+        cap *= rng.random((regions, gpu_types)) < 0.75
+        for g in range(gpu_types):  # every GPU type somewhere, in at least two regions
+            for r in rng.choice(regions, size=2, replace=False):
+                cap[r, g] = cap[r, g] or 100
+    else:
+        cap = np.array([[max(0.0, float(supply[r].get(g, 0.0))) for g in gpus] for r in region_names])
     region_cap = cap.sum(axis=1)
 
     # home-region popularity: a few popular regions at POPULAR_RATIOS, the rest share what is left
@@ -69,7 +98,11 @@ def generate(
     home_p = factor * region_cap / (factor * region_cap).sum()
 
     homes = rng.choice(regions, size=teams, p=home_p)
-    team_demand = rng.lognormal(np.log(8), 1.0, size=teams)
+    team_demand = (
+        rng.lognormal(np.log(8), 1.0, size=teams)
+        if team_demand is None
+        else np.asarray(team_demand, dtype=float)
+    )
     team_gpus: list[dict[int, float]] = []
     for i in range(teams):
         p = cap[homes[i]] / cap[homes[i]].sum()
@@ -152,3 +185,32 @@ def generate(
         budget_bytes=int(budget_fraction * total_bytes),
         storage_cap_bytes={r: 1.2 * stored[r] + 0.3 * total_bytes for r in region_names},
     )
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles plain data only (lists, tuples, numbers): no class of any module is loaded."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name}: only plain data is read from a job trace")
+
+
+def philly_team_demand(path: str, teams: int, seed: int = 0) -> list[float]:
+    """Team demands drawn from the Philly job trace as Gavel packages it
+    (``philly_job_distribution.pickle``: ``(duration_s, GPUs)`` of 33,192 jobs of Microsoft's Philly
+    cluster): ``teams`` jobs drawn without replacement (seeded), each team's demand its job's
+    GPU-seconds, so the mix of small and large consumers is the real cluster's.
+
+    Raises:
+        ValueError: the file holds no ``(duration_s, GPUs)`` pairs, or fewer jobs than ``teams``.
+    """
+    with open(path, "rb") as f:
+        jobs = _PlainUnpickler(f).load()
+    try:
+        demand = np.array([float(d) * float(g) for d, g in jobs])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: expected a list of (duration_s, GPUs) pairs ({exc})") from exc
+    demand = demand[demand > 0]
+    if not 1 <= teams <= len(demand):
+        raise ValueError(f"teams={teams}: {path} has {len(demand)} jobs with GPU-seconds > 0")
+    rng = np.random.default_rng(seed)
+    return [float(v) for v in rng.choice(demand, size=teams, replace=False)]

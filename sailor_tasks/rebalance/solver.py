@@ -355,6 +355,9 @@ def _solve_partition(
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
+    # The partition's share of the time budget covers all its work: building the model and the
+    # greedy rounding too, not only HiGHS (else a slow partition eats the next ones' shares).
+    deadline = time.perf_counter() + time_limit
     b = _Builder()
     t_col = b.var(("t",), lb=comfort_ratio)  # ratios below the comfort level count as balanced
     regions_by_gpu: dict[str, list[str]] = defaultdict(list)
@@ -502,7 +505,6 @@ def _solve_partition(
     constraints = [base]
     ub = bounds_ub.copy()
     lb = bounds_lb.copy()
-    deadline = time.perf_counter() + time_limit
     binaries = int(integrality.sum())
     if binaries > mip_max_binaries:
         # LP-guided greedy rounding + repair: enable (team, region) pairs by GPUs of overflow they
@@ -526,6 +528,18 @@ def _solve_partition(
             bounds=Bounds(lb, ub),
             options={"time_limit": left / (1 if stage == "C" else 2), "mip_rel_gap": MIP_REL_GAP},
         )
+        if stage == "A" and res.x is None and res.status != 2:
+            # Nothing found in what was left of the budget (a loaded machine, or earlier partitions
+            # that took long): the budget bounds the search for better assignments, not the first
+            # one, so stage A runs again without a time limit; the later stages only improve on it.
+            status.append("A:no solution in time, retried without a time limit")
+            res = milp(
+                c,
+                constraints=constraints,
+                integrality=integrality,
+                bounds=Bounds(lb, ub),
+                options={"mip_rel_gap": MIP_REL_GAP},
+            )
         if res.x is None:
             if res.status == 2 and best is None:
                 raise _PartitionInfeasible()
@@ -539,7 +553,11 @@ def _solve_partition(
             ub[t_col] = value * (1 + T_TOLERANCE) + T_TOLERANCE
         elif stage == "B":
             constraints = [base, LinearConstraint(c_b.reshape(1, -1), -np.inf, value * (1 + 1e-4) + 1e-7)]
-    assert best is not None
+    if best is None:
+        raise TimeoutError(
+            f"rebalance: HiGHS found no assignment within this partition's {time_limit:.1f} s of "
+            f"time_limit_s ({'; '.join(status)}): raise time_limit_s"
+        )
     x_out: dict[tuple[int, str, str], float] = {}
     enabled: set[tuple[int, str]] = set()
     for key, j in b.cols.items():
@@ -592,6 +610,24 @@ def _greedy_enable(
     spent, stored = 0.0, defaultdict(float)
     chosen: set[tuple[int, str]] = set()
     stuck: set[tuple[str, str]] = set()
+    regions_of = {k: sorted(rs) for k, rs in pairs.items()}
+    readers: dict[str, list[int]] = defaultdict(list)
+    for k in pairs:
+        for d in problem.teams[k].datasets:
+            readers[d].append(k)
+    missing_bytes: dict[tuple[int, str], int] = {}
+    """Bytes team k still misses in region r (replicas chosen so far count as present): computed
+    once per pair, then lowered as replicas are chosen (integers, so exactly the sum over what is
+    still missing)."""
+
+    def cost_of(k: int, r: str) -> int:
+        c = missing_bytes.get((k, r))
+        if c is None:
+            c = missing_bytes[(k, r)] = sum(
+                problem.datasets[d].bytes for d in _missing(problem, k, r) if (d, r) not in have
+            )
+        return c
+
     while True:
         over = [
             (load[c] / cap[c] if c in cap else math.inf, c)
@@ -603,21 +639,24 @@ def _greedy_enable(
         _, cell = max(over)
         g = cell[1]
         best = None
+        cell_excess = excess(cell)
+        room_of: dict[str, float] = {}
         for k, n in in_cell[cell].items():
-            for r in sorted(pairs.get(k, ())):
-                room = -excess((r, g)) if (r, g) in cap else 0.0
-                if room <= 1e-9 or (r, g) == cell:
+            for r in regions_of.get(k, ()):
+                room = room_of.get(r)
+                if room is None:
+                    room = room_of[r] = -excess((r, g)) if (r, g) in cap and (r, g) != cell else 0.0
+                if room <= 1e-9:
                     continue
-                new = [d for d in _missing(problem, k, r) if (d, r) not in have]
-                cost = float(sum(problem.datasets[d].bytes for d in new))
+                cost = float(cost_of(k, r))
                 if spent + cost > budget * (1 - 1e-9) or (
                     r in storage_free and stored[r] + cost > storage_free[r] * (1 - 1e-9)
                 ):
                     continue
-                moved = min(n, room, excess(cell))
+                moved = min(n, room, cell_excess)
                 key = (moved / max(cost, 1.0), moved)
                 if best is None or key > best[0]:
-                    best = (key, k, r, new, cost, moved)
+                    best = (key, k, r, cost, moved)
         if best is None:
             stuck.add(cell)
             logger.debug(
@@ -628,10 +667,15 @@ def _greedy_enable(
                 budget,
             )
             continue
-        _, k, r, new, cost, moved = best
+        _, k, r, cost, moved = best
         spent += cost
         stored[r] += cost
-        have.update((d, r) for d in new)
+        for d in _missing(problem, k, r):
+            if (d, r) not in have:
+                have.add((d, r))
+                for reader in readers[d]:
+                    if (reader, r) in missing_bytes:
+                        missing_bytes[(reader, r)] -= problem.datasets[d].bytes
         if ("w", k, r) in b.cols:
             chosen.add((k, r))
         load[cell] -= moved
@@ -664,6 +708,10 @@ def solve(
     ``comfort_ratio``: stage A minimises ``max(worst ratio, comfort_ratio)``, so regions already
     below it are not spread further (no data is copied just to go from 0.3 to 0.2); 0 is the pure
     lexicographic min-max.
+
+    ``time_limit_s``: the time budget, shared among the partitions (each one's share covers its
+    model building and rounding too). It bounds the search for better assignments; a partition
+    that found none in its share looks for its first one without a limit.
     """
     started = time.perf_counter()
     check_feasible(problem)

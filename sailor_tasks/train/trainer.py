@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from sailor_tasks import storage
@@ -28,7 +28,6 @@ from sailor_tasks.train.device import CPU_PLAN, DevicePlan, autocast, to_device
 from sailor_tasks.train.models import build_model
 from sailor_tasks.train.progress import write_progress
 from sailor_tasks.train.specs import MODEL_SPECS
-from sailor_tasks.train.state_dicts import model_optim_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +54,14 @@ class _ModelOptimState(Stateful):
     Pipelined async saves call ``state_dict()`` in the checkpoint thread while the next
     forward/backward runs. It only reads there: ``get_state_dict`` writes (a zero-lr optimizer
     step) only to initialise an optimizer without state, and the trainer saves after optimizer steps.
-    The state dicts are ``get_state_dict``'s, with FQNs resolved once per model
-    (``state_dicts.model_optim_state_dict``).
+    The state dicts are ``get_state_dict``'s (keys are FQNs, wrapper prefixes dropped).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = model_optim_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

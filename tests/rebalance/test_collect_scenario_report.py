@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sailor_tasks.rebalance.collect import build_problem, peak_concurrency
-from sailor_tasks.rebalance.scenario import generate, reader_counts
+from sailor_tasks.rebalance.scenario import generate, philly_team_demand, reader_counts
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
 
@@ -82,6 +82,40 @@ def test_scenario_is_seeded_and_skewed():
     for t in a.teams:  # every team's data is where it runs now
         for d in t.datasets:
             assert set(t.current) <= set(a.datasets[d].replicas)
+
+
+def test_scenario_with_given_supply_and_team_demand():
+    supply = {"big": {"A": 400.0, "B": 100.0}, "small": {"A": 20.0}, "b-only": {"B": 60.0}}
+    demand = [1.0, 1.0, 10.0, 100.0] * 25
+    p = generate(datasets=300, seed=1, supply=supply, team_demand=demand)
+    assert {r: dict(per) for r, per in p.supply.items()} == supply
+    assert len(p.teams) == 100
+    scale: dict[str, set[float]] = {}  # one GPU type: demand = given × that type's scale
+    for t, given in zip(p.teams, demand, strict=True):
+        if len(t.demand()) == 1:
+            ((g, n),) = t.demand().items()
+            scale.setdefault(g, set()).add(round(n / given, 3))
+    assert scale and all(len(v) == 1 for v in scale.values()), scale
+    for g in ("A", "B"):  # each GPU type scaled to demand_fraction of its supply
+        want = sum(t.demand().get(g, 0.0) for t in p.teams)
+        have = sum(per.get(g, 0.0) for per in supply.values())
+        assert want == pytest.approx(0.85 * have, rel=1e-3)
+    with pytest.raises(ValueError, match="every demand > 0"):
+        generate(datasets=10, supply=supply, team_demand=[1.0, 0.0])
+
+
+def test_philly_team_demand_reads_plain_pairs_only(tmp_path):
+    import pickle
+
+    trace = tmp_path / "jobs.pickle"
+    trace.write_bytes(pickle.dumps([(3600.0, 1), (7200.0, 8), (60.0, 2)]))
+    got = philly_team_demand(str(trace), 3, seed=0)
+    assert sorted(got) == [120.0, 3600.0, 57600.0]  # GPU-seconds of each job
+    with pytest.raises(ValueError, match="teams=4"):
+        philly_team_demand(str(trace), 4)
+    trace.write_bytes(pickle.dumps([(1.0, 1), pytest.approx]))  # a class reference is refused
+    with pytest.raises(pickle.UnpicklingError, match="only plain data"):
+        philly_team_demand(str(trace), 1)
 
 
 def test_problem_json_round_trip_and_cli(tmp_path, capsys):

@@ -10,8 +10,14 @@ deadline. Its **deadline** is ``arrival + (1 + slack) × on-demand time``, where
 is the launch of the best on-demand option at arrival (provisioning + data transfer) plus ``work_h``:
 a job run on-demand from arrival always finishes with ``slack × on-demand time`` to spare.
 
-Each job runs independently (the traces are the capacity signal; jobs do not compete for it).
-Events, per job: arrival → the strategy's ``choose_market`` → launch where SAILOR's placement
+Jobs compete for spot capacity (``compete=True``, the default): a zone's trace is its capacity
+(``SpotZone.spot_capacity``: a count trace's GPUs, or for a single-node trace the zone's catalog
+capacity while it is available), and the spot GPUs jobs hold there take from it. Jobs are simulated
+one after another in arrival order against a ``SpotLedger`` of the spot GPUs earlier arrivals hold
+in each zone over time, so capacity goes to jobs in arrival order: a job sees a zone as full while
+earlier ones hold its capacity, and is preempted when an earlier arrival claims the GPUs it holds
+(``preempted_by_competition``) as well as when the trace takes them away. ``compete=False`` runs
+every job alone against the traces. Events, per job: arrival → the strategy's ``choose_market`` → launch where SAILOR's placement
 engine puts that market (``place``: the same ``placement.engine.plan`` the live ``plan`` stage
 calls, on a catalog made of the job's simulated zones, with the strategy's blocked zones and, for
 spot, every zone whose trace has no capacity now), or wait when no spot zone has capacity →
@@ -109,17 +115,30 @@ class SpotZone:
     """None: no spot capacity data for this zone, so no spot offer."""
     trace_offset_s: float = 0.0
     trace_name: str = ""
+    capacity_gpus: int | None = None
+    """The zone's GPUs of this type in the catalog's supply (None: not known): its spot capacity
+    while a single-node trace says available."""
 
     def usd_per_hour(self, market: str, gpus: int) -> float:
         table = self.spot_usd if market == "spot" else self.on_demand_usd
         return table.get(gpus, math.inf)
 
-    def spot_available(self, t_s: float, gpus: int) -> bool:
-        """Spot capacity for a ``gpus``-GPU VM at simulated second ``t_s`` (the trace repeats)."""
-        if self.trace is None or gpus not in self.spot_usd:
-            return False
+    def spot_capacity(self, t_s: float) -> float:
+        """Spot GPUs the zone has at simulated second ``t_s`` (the trace repeats): a count trace's
+        value, or for a single-node (``unavailable_flag``) trace, while available, the zone's
+        catalog capacity (unlimited when the catalog gives none); 0 without a trace."""
+        if self.trace is None:
+            return 0.0
         v = self.trace.at(t_s + self.trace_offset_s)
-        return v == 0 if self.trace.kind == "unavailable_flag" else v >= gpus
+        if self.trace.kind == "unavailable_flag":
+            if v != 0:
+                return 0.0
+            return math.inf if self.capacity_gpus is None else float(self.capacity_gpus)
+        return float(v)
+
+    def spot_available(self, t_s: float, gpus: int) -> bool:
+        """Spot capacity for a ``gpus``-GPU VM at simulated second ``t_s``, no other job counted."""
+        return gpus in self.spot_usd and self.spot_capacity(t_s) >= gpus
 
     def next_slot_s(self, t_s: float) -> float:
         """Start of the trace slot after the one holding ``t_s``."""
@@ -142,8 +161,8 @@ class SpotMarket:
         """The catalog the placement engine plans a ``gpus``-GPU ``gpu_type`` job on: one offer (a
         ``gpus``-GPU VM) per simulated zone that sells it, with the zone's prices and catalog
         preemption rate. A simulated job runs on one VM, so other VM shapes are not offered; capacity
-        is left unlimited (the trace is the spot capacity signal: unavailable zones are blocked at
-        planning time). Cached per (GPU type, GPUs) with the transfer table of this market."""
+        is left unlimited (the trace and the ``SpotLedger`` are the spot capacity signal: zones
+        without free spot GPUs are blocked at planning time). Cached per (GPU type, GPUs) with the transfer table of this market."""
         key = (gpu_type, gpus)
         cat = self._catalogs.get(key)
         if cat is None:
@@ -179,6 +198,27 @@ class SpotMarket:
             if z.zone not in out.get(z.region, ()):
                 out[z.region] = (*out.get(z.region, ()), z.zone)
         return out
+
+
+class SpotLedger:
+    """Spot GPUs held per (zone, GPU type) over simulated time by the jobs simulated so far."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+
+    def record(self, zone: SpotZone, start_s: float, end_s: float, gpus: int) -> None:
+        if end_s > start_s:
+            self._held.setdefault((zone.zone, zone.gpu_type), []).append((start_s, end_s, gpus))
+
+    def held(self, zone: SpotZone, t_s: float) -> int:
+        """GPUs held at ``t_s``."""
+        return sum(g for s, e, g in self._held.get((zone.zone, zone.gpu_type), ()) if s <= t_s < e)
+
+    def next_claim_s(self, zone: SpotZone, t_s: float) -> float:
+        """The next moment after ``t_s`` where a holder starts (the free capacity can drop)."""
+        return min(
+            (s for s, _, _ in self._held.get((zone.zone, zone.gpu_type), ()) if s > t_s), default=math.inf
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +260,8 @@ class JobOutcome:
     transfer_usd: float = 0.0
     billed_gpu_h: float = 0.0
     preemptions: int = 0
+    preempted_by_competition: int = 0
+    """Preemptions where the trace still had the GPUs but earlier arrivals held them."""
     attempts: list[Attempt] = field(default_factory=list)
 
     @property
@@ -257,6 +299,7 @@ class SpotResult:
             "usd_per_finished_job": round(usd / len(fin), 2) if fin else None,
             "avg_jct_s": round(float(np.mean(jcts)), 1) if jcts else None,
             "preemptions": sum(o.preemptions for o in self.outcomes),
+            "preempted_by_competition": sum(o.preempted_by_competition for o in self.outcomes),
             "lost_gpu_hours": round(sum(o.lost_gpu_h for o in self.outcomes), 2),
             "spot_share_of_gpu_hours": round(
                 sum(a_gpu_h(o, "spot") for o in self.outcomes)
@@ -397,8 +440,16 @@ def with_deadlines(
 class _JobSim:
     """One job's event loop under one strategy."""
 
-    def __init__(self, job: SpotJob, market: SpotMarket, strategy: Any, params: SpotParams):
+    def __init__(
+        self,
+        job: SpotJob,
+        market: SpotMarket,
+        strategy: Any,
+        params: SpotParams,
+        ledger: SpotLedger | None = None,
+    ):
         self.job, self.market, self.strategy, self.p = job, market, strategy, params
+        self.ledger = ledger
         self.zones = market.zones_for(job.gpu_type, job.num_gpus)
         self.data_regions = {job.home_region}
         self.ckpt_region: str | None = None
@@ -471,7 +522,7 @@ class _JobSim:
         k = self.job.num_gpus
         blocked = set(c.all_blocked_zones(self.zbr))
         if market == "spot":
-            blocked.update(z.zone for z in self.zones if not z.spot_available(t, k))
+            blocked.update(z.zone for z in self.zones if not self.spot_free(z, t))
         blocked &= self._zone_names
         request = launch_request(
             self.job, market, remaining_h, time_left_h, self.p.checkpoint_every_h, self.strategy.name
@@ -501,6 +552,14 @@ class _JobSim:
         z = self._zone_by_name[placed.zone]
         hours, usd = self._transfer(z.region)
         return Option(z, market, self.p.restart_h + hours, usd, z.usd_per_hour(market, k))
+
+    def spot_free(self, z: SpotZone, t: float) -> bool:
+        """Whether ``z`` has spot GPUs for this job at ``t``: the trace's capacity less what the
+        jobs simulated before this one hold there (with a ledger)."""
+        k = self.job.num_gpus
+        if not z.spot_available(t, k):
+            return False
+        return self.ledger is None or z.spot_capacity(t) - self.ledger.held(z, t) >= k
 
     def _spot_zone_exists(self, c: PlacementConstraint) -> bool:
         """Whether any zone sells spot to this job under the constraint (capacity or not)."""
@@ -619,6 +678,8 @@ class _JobSim:
             out.attempts.append(
                 Attempt(cur.zone.zone, cur.market, why, attempt_start, at, usd, outcome, slack)
             )
+            if self.ledger is not None and cur.market == "spot":
+                self.ledger.record(cur.zone, attempt_start, at, job.num_gpus)
             self.ckpt_region = cur.zone.region if self.saved_h > 0 else self.ckpt_region
             cur = None
 
@@ -653,6 +714,8 @@ class _JobSim:
                     candidates.append(t + (job.work_h - self.progress_h) * SECONDS_PER_HOUR)
                 if cur.market == "spot":
                     candidates.append(cur.zone.next_slot_s(t))
+                    if self.ledger is not None:
+                        candidates.append(self.ledger.next_claim_s(cur.zone, t))
             t_next = max(min(candidates), t)
             if cur is not None and t_next > ready_at and t < t_next:
                 self.progress_h += (t_next - max(t, ready_at)) / SECONDS_PER_HOUR
@@ -664,7 +727,9 @@ class _JobSim:
                 stop(t, "completed")
                 out.finished, out.end_s = True, t
                 return out
-            if cur.market == "spot" and not cur.zone.spot_available(t, job.num_gpus):
+            if cur.market == "spot" and not self.spot_free(cur.zone, t):
+                if cur.zone.spot_available(t, job.num_gpus):
+                    out.preempted_by_competition += 1
                 self._preempt(t, cur, ready_at)
                 stop(t, "preempted")
                 next_tick = t  # decide again now
@@ -708,13 +773,25 @@ class _JobSim:
 
 
 def simulate_spot(
-    jobs: Sequence[SpotJob], market: SpotMarket, strategy: str, params: SpotParams = SpotParams()
+    jobs: Sequence[SpotJob],
+    market: SpotMarket,
+    strategy: str,
+    params: SpotParams = SpotParams(),
+    compete: bool = True,
 ) -> SpotResult:
     """Run every job under the strategy called ``strategy`` (see the module doc).
+
+    Args:
+        compete: jobs take spot capacity from the zones' traces, in arrival order (False: every
+            job runs alone against the traces).
 
     Raises:
         ValueError: unknown strategy (lists the valid names).
     """
     strat = get_strategy(strategy)
-    outcomes = tuple(_JobSim(j, market, strat, params).run() for j in jobs)
-    return SpotResult(strategy, outcomes)
+    ledger = SpotLedger() if compete else None
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_s, i))
+    outcomes: list[JobOutcome | None] = [None] * len(jobs)
+    for i in order:
+        outcomes[i] = _JobSim(jobs[i], market, strat, params, ledger).run()
+    return SpotResult(strategy, tuple(o for o in outcomes if o is not None))

@@ -7,6 +7,8 @@ honest minimum, 3 zones in the shared data). ``bind="pool"`` (default) lets ever
 replay a trace from the pool of all loaded traces, taken in turn, each from a seeded random offset,
 so zones do not lose capacity at the same instants. Pooled zones keep their own catalog prices; the
 availability pattern is real but recorded elsewhere (documented in README "Spot economics").
+Every zone carries its catalog capacity (``capacity_gpus``, the supply file's GPUs of that type in
+the zone): the spot capacity a single-node trace stands for while it says available.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def build_market(
     spot: dict[tuple[str, str], dict[int, float]] = {}
     od: dict[tuple[str, str], dict[int, float]] = {}
     rate: dict[tuple[str, str], float] = {}
+    capacity: dict[tuple[str, str], int] = {}
     region: dict[str, str] = {}
     for o in catalog.offers:
         if o.gpu_type not in gpu_types:
@@ -77,6 +80,8 @@ def build_market(
         key = (o.zone, o.gpu_type)
         region[o.zone] = o.region
         rate[key] = o.preemption_rate_per_hour
+        if o.capacity_gpus is not None:  # the zone's supply, the same on every VM shape's row
+            capacity[key] = max(o.capacity_gpus, capacity.get(key, 0))
         od.setdefault(key, {})
         spot.setdefault(key, {})
         od[key][o.gpus_per_node] = min(o.ondemand_usd_per_hour, od[key].get(o.gpus_per_node, math.inf))
@@ -103,6 +108,7 @@ def build_market(
                 trace=bound.trace if bound is not None else None,
                 trace_offset_s=offset,
                 trace_name=bound.name if bound is not None else "",
+                capacity_gpus=capacity.get(key),
             )
         )
     return SpotMarket(tuple(zones), catalog.transfer)

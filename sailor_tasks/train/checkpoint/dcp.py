@@ -1,8 +1,9 @@
 """Checkpoints written and read through torch.distributed.checkpoint (DCP): the trainer's saves and loads.
 
-DCP plans each checkpoint and writes its ``.metadata``; the data files are written here, every
-tensor's raw bytes straight from its buffer with the crc32c computed on the same chunks, because
-DCP's own writer (a ``torch.save`` archive per tensor) is 4-5x slower than writing the bytes.
+DCP plans each checkpoint (its default planner) and writes its ``.metadata``; the data files are
+written here, every tensor's raw bytes straight from its buffer with the crc32c computed on the
+same chunks (the commit marker's checksums, without reading the files back), into recycled files
+on a local root.
 ``CheckpointManager`` adds sync and pipelined async saves and loads to the torch-free
 ``store.CheckpointStore``; ``docs/checkpoints.md`` describes the format.
 """
@@ -19,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import crc32c
@@ -30,9 +31,6 @@ from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-from torch.distributed.checkpoint._sharded_tensor_utils import _flatten_sharded_tensors
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import (
     CURRENT_DCP_VERSION,
     DEFAULT_SUFFIX,
@@ -40,7 +38,7 @@ from torch.distributed.checkpoint.filesystem import (
     _StorageInfo,
 )
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
+from torch.distributed.checkpoint.planner import WriteItemType
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
@@ -62,6 +60,16 @@ _METADATA = ".metadata"
 """DCP's metadata file (``filesystem._metadata_fn``)."""
 RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
 """DCP storage tag of a tensor entry stored as its raw bytes (dtype and shape in the metadata)."""
+
+
+def _fsync(f: Any) -> None:
+    """Flush ``f`` and fsync it when it is a local file (object stores are durable once closed)."""
+    f.flush()
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return
+    os.fsync(fd)
 
 
 def _reader(uri: str) -> RawTensorFsspecReader:
@@ -117,109 +125,6 @@ class _ChecksummingFileSystem(_FsspecFileSystem):
             self.sums[posixpath.basename(str(new_path))] = old
 
 
-def _plan_key(flat: dict[str, Any], mappings: dict[str, Any]) -> tuple | None:
-    """What DCP's default save plan of a flattened state dict depends on: every entry's FQN and
-    nesting path, and for a tensor its shape and ``TensorProperties`` fields. None when an entry
-    is a tensor subclass (DTensor, ShardedTensor) or plans its own writes: those are planned every
-    time."""
-    entries = []
-    for fqn, value in flat.items():
-        if isinstance(value, torch.Tensor):
-            if type(value) not in (torch.Tensor, torch.nn.Parameter):
-                return None
-            entries.append(
-                (fqn, tuple(value.shape), value.dtype, value.layout, value.requires_grad, value.is_pinned())
-            )
-        elif hasattr(value, "__create_write_items__"):
-            return None
-        else:
-            entries.append((fqn,))
-    return tuple(entries), tuple(mappings.items())
-
-
-class _Pickled:
-    """An object pickled ahead of time. It pickles as those bytes: plain ``pickle.load`` calls
-    ``pickle.loads`` on them, which rebuilds the original object, then sets ``items`` into it (a
-    dict), so a reader needs nothing but pickle itself."""
-
-    __slots__ = ("data", "items")
-
-    def __init__(self, data: bytes, items: list[tuple[Any, Any]]):
-        self.data, self.items = data, items
-
-    def __reduce__(self) -> tuple:
-        return (pickle.loads, (self.data,), None, None, iter(self.items))
-
-
-@dataclass(slots=True)
-class _SaveCache:
-    """What the single-process saves of one ``CheckpointManager`` reuse while the state's structure
-    (``_plan_key``) is unchanged: DCP's local and global plans and metadata, the split of the
-    write items into files, and the pickles of ``.metadata``'s unchanged parts. Everything here is
-    derived from the structure only, never from tensor values."""
-
-    key: Any = None
-    local_plan: SavePlan | None = None
-    global_plan: list[SavePlan] | None = None
-    metadata: Metadata | None = None
-    split: tuple[list[Any], list[list[Any]]] | None = None
-    """(plan items, the items of each file): kept while the cached plan's item list is reused."""
-    pickles: dict[str, tuple[Any, bytes]] = field(default_factory=dict)
-
-    def pickled(self, name: str, obj: Any, items: list[tuple[Any, Any]] | None = None) -> _Pickled:
-        """``obj`` as a ``_Pickled``, re-pickled only when it differs from the last one of ``name``."""
-        cached = self.pickles.get(name)
-        if cached is None or not (cached[0] is obj or cached[0] == obj):
-            cached = self.pickles[name] = (obj, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-        return _Pickled(cached[1], items or [])
-
-
-class _CachingSavePlanner(DefaultSavePlanner):
-    """``DefaultSavePlanner`` of single-process saves that reuses the previous save's plans and
-    metadata when the flattened state has the same structure (``_plan_key``).
-
-    DCP plans every save from scratch: write items per tensor, dedup across ranks, metadata per
-    tensor, validation (~15-30 ms for 400 tensors). With one process there is nothing to dedup or
-    agree on, and the plan is a function of the structure alone, so an unchanged structure gets
-    the very same plan objects (which also lets the writer reuse its file split).
-    """
-
-    def __init__(self, cache: _SaveCache):
-        super().__init__()
-        self._cache = cache
-        self._key: Any = None
-        self._hit = False
-
-    def set_up_planner(self, state_dict: Any, storage_meta: Any = None, is_coordinator: bool = False) -> None:
-        flat, self.mappings = flatten_state_dict(state_dict)
-        self._key = _plan_key(flat, self.mappings) if is_coordinator else None
-        # A key means plain tensors only: no ShardedTensor for _flatten_sharded_tensors to rewrite.
-        self.state_dict = flat if self._key is not None else _flatten_sharded_tensors(flat)
-        self.is_coordinator = is_coordinator
-        self._hit = self._key is not None and self._key == self._cache.key
-
-    def create_local_plan(self) -> SavePlan:
-        if self._hit:
-            self.plan = self._cache.local_plan
-            return self.plan
-        return super().create_local_plan()
-
-    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
-        cache = self._cache
-        if self._hit and len(all_plans) == 1 and all_plans[0] is cache.local_plan:
-            self.global_plan = cache.global_plan
-            # The writer sets storage_data/storage_meta/version on it: a shallow copy per save.
-            self.metadata = replace(cache.metadata)
-            return self.global_plan, self.metadata
-        global_plan, metadata = super().create_global_plan(all_plans)
-        if self._key is not None and len(all_plans) == 1:
-            cache.key, cache.local_plan, cache.global_plan = self._key, all_plans[0], global_plan
-            cache.metadata, cache.split = replace(metadata), None
-        else:
-            cache.key = None
-        return global_plan, metadata
-
-
 class ChecksummingFsspecWriter(FsspecWriter):
     """``FsspecWriter`` whose data files hold raw tensor bytes, checksummed while written.
 
@@ -234,8 +139,6 @@ class ChecksummingFsspecWriter(FsspecWriter):
 
     Args:
         path: the checkpoint folder's URI.
-        cache: a single-process manager's ``_SaveCache``: the file split and the pickles of
-            ``.metadata``'s unchanged parts are reused from the previous save.
         pool: threads for all files but the first (written by the calling thread); without it,
             threads are started for this save.
         sidecar: write the per-rank checksum sidecar.
@@ -249,7 +152,6 @@ class ChecksummingFsspecWriter(FsspecWriter):
         self,
         path: str,
         *,
-        cache: _SaveCache | None = None,
         pool: ThreadPoolExecutor | None = None,
         sidecar: bool = True,
         recycle_dir: str | None = None,
@@ -259,7 +161,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
         fs = _ChecksummingFileSystem()
         fs.fs = self.fs.fs
         self.fs = fs
-        self._cache, self._pool, self._sidecar = cache, pool, sidecar
+        self._pool, self._sidecar = pool, sidecar
         self._recycle_dir = recycle_dir
         self._local_dir = storage.filesystem(str(self.path))[1] if recycle_dir is not None else None
         """The checkpoint folder as a local path (``self.path`` is its URI)."""
@@ -267,18 +169,12 @@ class ChecksummingFsspecWriter(FsspecWriter):
         """Data files of this save written into recycled files."""
 
     def _split(self, items: list[Any]) -> list[list[Any]]:
-        """Items per file, tensors first; reused while the cached plan's item list is."""
-        cache = self._cache
-        if cache is not None and cache.split is not None and cache.split[0] is items:
-            return cache.split[1]
-        buckets = [
+        """Items per file (DCP's split by size over the writer threads), tensors first."""
+        return [
             sorted(b, key=lambda wi: wi.type == WriteItemType.BYTE_IO)  # stable: tensors, then bytes
             for b in _split_by_size_and_type(self.thread_count, items)
             if b
         ]
-        if cache is not None:
-            cache.split = (items, buckets)
-        return buckets
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         prefix = plan.storage_data.prefix  # "__<rank>_": unique per rank
@@ -311,29 +207,14 @@ class ChecksummingFsspecWriter(FsspecWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write ``.metadata`` as DCP does, but straight to its name (no temporary file and rename,
         a copy + delete on object stores): the commit marker, written after it, is what makes a
-        checkpoint loadable. With a cache, the per-tensor parts unchanged since the previous save
-        are not pickled again (``_Pickled``); plain ``pickle.load`` reads the same ``Metadata``."""
+        checkpoint loadable."""
         metadata.version = CURRENT_DCP_VERSION
         metadata.storage_data = {wr.index: wr.storage_data for wr_list in results for wr in wr_list}
         metadata.storage_meta = self.storage_meta()
-        content: Any = metadata
-        if self._cache is not None:
-            tensors, rest = {}, []
-            for index, info in metadata.storage_data.items():
-                if info.transform_descriptors == [RAW_TENSOR_FORMAT]:
-                    tensors[index] = info
-                else:
-                    rest.append((index, info))
-            content = replace(
-                metadata,
-                state_dict_metadata=self._cache.pickled("state_dict_metadata", metadata.state_dict_metadata),
-                storage_data=self._cache.pickled("tensor_storage_data", tensors, rest),
-            )
         with self.fs.create_stream(self.fs.concat_path(self.path, _METADATA), "wb") as f:
-            pickle.dump(content, f)
+            pickle.dump(metadata, f)
             if self.sync_files:
-                f.flush()
-                os.fsync(f.fileno())
+                _fsync(f)
 
     def _take_recycled(self, names: list[str]) -> set[str]:
         """Rename a recycled file to each of ``names`` while any is left; returns the names that got
@@ -398,6 +279,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
                 del buf
             if recycled:
                 f.truncate(offset)  # the recycled file may have been longer
+            if self.sync_files:
+                _fsync(f)
         self.fs.sums[name] = {"crc32c": f"{crc:08x}", "size": offset}
         return results
 
@@ -545,6 +428,9 @@ class CheckpointManager(CheckpointStore):
             write new files, as on object stores).
         attempt: the run's attempt saving here: written into each marker; once a newer attempt
             claims the root (``claim``), this manager's saves raise ``StaleAttemptError``.
+        sync_files: fsync every data file and ``.metadata`` before the commit marker is written
+            (durable against a machine crash). False (the trainer's setting): a file torn by a
+            crash fails its crc32c and an older checkpoint is used.
     """
 
     def __init__(
@@ -558,8 +444,10 @@ class CheckpointManager(CheckpointStore):
         thread_count: int = 2,
         recycle: bool = True,
         attempt: int | None = None,
+        sync_files: bool = False,
     ):
         super().__init__(root_uri, keep_latest_k=keep_latest_k, recycle=recycle, attempt=attempt)
+        self.sync_files = sync_files
         self.rank = rank
         self.distributed = distributed
         self.process_group = process_group
@@ -568,7 +456,6 @@ class CheckpointManager(CheckpointStore):
         self._staging = _StagingBuffers()
         self._executor: ThreadPoolExecutor | None = None
         self._write_pool: ThreadPoolExecutor | None = None
-        self._save_cache = _SaveCache()
         self._retention: Future | None = None
 
     def _writer(self, step: int) -> ChecksummingFsspecWriter:
@@ -583,26 +470,20 @@ class CheckpointManager(CheckpointStore):
             )
         return ChecksummingFsspecWriter(
             uri,
-            sync_files=False,
+            sync_files=self.sync_files,
             thread_count=self.thread_count,
-            cache=None if self.distributed else self._save_cache,
             pool=self._write_pool,
             sidecar=self.distributed,
             recycle_dir=self.recycle_dir,
             **storage.fs_options(storage.scheme_of(uri)),
         )
 
-    def _planner(self) -> _CachingSavePlanner | None:
-        """Single process: reuse the plan while the state's structure is unchanged. Several ranks:
-        DCP's default planner (plans are agreed on and deduplicated across ranks)."""
-        return None if self.distributed else _CachingSavePlanner(self._save_cache)
-
     def save(self, step: int, state: dict[str, Any]) -> SaveInfo:
         """Save ``state`` (DCP state dict, Stateful values allowed) as step ``step`` and commit it."""
         self.wait()
         start = time.monotonic()
         writer = self._writer(step)
-        dcp.save(state, storage_writer=writer, planner=self._planner(), no_dist=not self.distributed)
+        dcp.save(state, storage_writer=writer, no_dist=not self.distributed)
         info = self._finish(step, writer, start)
         if self.rank == 0:  # deleting old checkpoints need not hold up training
             self._retention = self._background().submit(self.retain)
@@ -642,7 +523,6 @@ class CheckpointManager(CheckpointStore):
         dcp.save(
             snapshot,
             storage_writer=writer,
-            planner=self._planner(),
             no_dist=not self.distributed,
             process_group=self.process_group,
         )

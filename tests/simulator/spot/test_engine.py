@@ -66,6 +66,65 @@ def test_spot_restart_cost_and_time_match_a_hand_computation(transfer):
     ]
 
 
+def _count_zone(name: str, gpus: list[int], capacity: int | None = None) -> SpotZone:
+    return SpotZone(
+        zone=name,
+        region=name.rsplit("-", 1)[0],
+        gpu_type="V100",
+        spot_usd={1: SPOT},
+        on_demand_usd={1: OD},
+        preemption_rate_per_hour=0.1,
+        trace=AvailabilityTrace(HOUR, tuple(gpus), "available_count"),
+        capacity_gpus=capacity,
+    )
+
+
+def test_spot_capacity_is_the_count_or_the_catalog_capacity_while_a_flag_trace_is_available():
+    assert _count_zone("us-central1-a", [3, 0]).spot_capacity(0.5 * HOUR) == 3
+    assert _count_zone("us-central1-a", [3, 0]).spot_capacity(1.5 * HOUR) == 0
+    flag = zone("us-central1-a", [0, 1])
+    assert flag.spot_capacity(0.0) == float("inf") and flag.spot_capacity(HOUR) == 0
+    sized = SpotZone(**{**flag.__dict__, "capacity_gpus": 8})
+    assert sized.spot_capacity(0.0) == 8 and sized.spot_available(0.0, 1)
+    assert zone("us-central1-a", None).spot_capacity(0.0) == 0
+
+
+def test_jobs_take_spot_capacity_from_the_trace_in_arrival_order(transfer):
+    """One spot GPU in the only zone, two 1-GPU jobs half an hour apart: competing, the second
+    waits until the first is done; alone, they overlap."""
+    market = SpotMarket((_count_zone("us-central1-a", [1] * 30),), transfer)
+    jobs = [
+        SpotJob("a", 0.0, "V100", 1, 2.0, "us-central1"),
+        SpotJob("b", 0.5 * HOUR, "V100", 1, 2.0, "us-central1"),
+    ]
+    first, second = simulate_spot(jobs, market, "spot_restart").outcomes
+    assert first.finished and first.end_s == pytest.approx(2.1 * HOUR) and first.preemptions == 0
+    assert second.finished and second.attempts[0].start_s >= first.end_s
+    assert second.attempts[0].start_s < first.end_s + 300.0 + 1e-6  # the next 5-minute check
+    alone = simulate_spot(jobs, market, "spot_restart", compete=False).outcomes
+    assert alone[1].attempts[0].start_s == pytest.approx(0.5 * HOUR)
+    assert alone[1].attempts[0].start_s < alone[0].end_s
+    # the order of the list does not matter: capacity goes by arrival
+    swapped = simulate_spot(jobs[::-1], market, "spot_restart").outcomes
+    assert [o.end_s for o in swapped] == [second.end_s, first.end_s]
+
+
+def test_an_earlier_arrival_claiming_the_gpus_preempts_the_holder(transfer):
+    """As the hand computation above, but the GPU is lost to an earlier arrival holding it from
+    1 h to 2 h (the trace keeps it): the same times and cost, counted as lost to competition."""
+    from sailor_tasks.simulator.spot.engine import SpotLedger, _JobSim
+    from sailor_tasks.strategies import get_strategy
+
+    z = _count_zone("us-central1-a", [1] * 30)
+    market = SpotMarket((z,), transfer)
+    ledger = SpotLedger()
+    ledger.record(z, 1.0 * HOUR, 2.0 * HOUR, 1)
+    out = _JobSim(job(), market, get_strategy("spot_restart"), SpotParams(), ledger).run()
+    assert out.finished and out.preemptions == 1 and out.preempted_by_competition == 1
+    assert out.end_s == pytest.approx(3.6 * HOUR)
+    assert out.usd == pytest.approx(2.6 * SPOT)
+
+
 def test_on_demand_cost_is_launch_plus_work_at_the_on_demand_price(transfer):
     market = SpotMarket((zone("us-central1-a", [1] * 5),), transfer)
     out = simulate_spot([job(work_h=3.0)], market, "on_demand").outcomes[0]

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -36,6 +37,36 @@ def test_marker_checksums_computed_while_writing_match_the_files(tmp_path):
     assert ".metadata" in marker["files"] and any(n.endswith(".distcp") for n in marker["files"])
     for name, meta in marker["files"].items():
         assert crc32c_of(storage.join(mgr.step_uri(1), name)) == (meta["crc32c"], meta["size"]), name
+
+
+@pytest.mark.parametrize("recycle", [False, True])
+def test_sync_files_fsyncs_every_data_file_and_the_metadata_before_the_marker(tmp_path, monkeypatch, recycle):
+    import sailor_tasks.train.checkpoint.dcp as dcp_mod
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+    saving = {"step": 0}
+
+    def fsync(fd: int) -> None:
+        # the save's own fsyncs (retention, in the "sailor-ckpt" thread, fsyncs what it keeps)
+        if not threading.current_thread().name.startswith("sailor-ckpt_"):
+            synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+            assert not (tmp_path / "ck" / f"step-{saving['step']:08d}" / MARKER).exists()  # not committed
+        real_fsync(fd)
+
+    monkeypatch.setattr(dcp_mod.os, "fsync", fsync)
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=1, recycle=recycle, sync_files=True)
+    for step in (1, 2, 3):  # from the third save on, a recycling manager reuses retired files
+        synced.clear()
+        saving["step"] = step
+        mgr.save(step, _several_tensors(step))
+        mgr.wait()
+    marker = storage.read_json(storage.join(mgr.step_uri(3), MARKER))
+    assert sorted(synced) == sorted(marker["files"])  # the .distcp files and .metadata
+    assert diff_states(mgr.load_all(3), _several_tensors(3)) == []
+    synced.clear()
+    CheckpointManager(f"file://{tmp_path}/plain").save(1, _several_tensors(1))
+    assert synced == []  # the default writes without fsync
 
 
 def test_async_save_commits_when_written_and_loads_back(tmp_path):
@@ -102,20 +133,17 @@ def _metadata_as_dcp_reads_it(uri: str):
         return pickle.load(f)  # what FileSystemReader.read_metadata does
 
 
-def test_unchanged_structure_reuses_the_plan_and_every_save_loads_its_own_values(tmp_path):
+def test_every_save_loads_its_own_values_and_metadata_reads_as_dcps(tmp_path):
     mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
     saves = {
         1: {"w": torch.full((50_000,), 1.0), "v": torch.arange(7), "meta": {"step": 1}},
         # Same structure, other values; the pickled entry grows (tensor offsets must not move).
         2: {"w": torch.full((50_000,), 2.0), "v": torch.arange(7) * 2, "meta": {"step": 10**30}},
-        # New shape and a new key: planned again.
+        # New shape and a new key.
         3: {"w": torch.full((60_000,), 3.0), "v": torch.arange(7), "meta": {"step": 3}, "x": torch.ones(2)},
     }
-    plans = {}
     for step, state in saves.items():
         mgr.save(step, state)
-        plans[step] = mgr._save_cache.local_plan
-    assert plans[2] is plans[1] and plans[3] is not plans[2]
     for step, state in saves.items():
         assert diff_states(mgr.load_all(step), state) == [], step
         metadata = _metadata_as_dcp_reads_it(mgr.step_uri(step))
@@ -126,11 +154,6 @@ def test_unchanged_structure_reuses_the_plan_and_every_save_loads_its_own_values
             == {k if not isinstance(v, dict) else f"{k}.step" for k, v in state.items()}
         )
         assert metadata.storage_meta.checkpoint_id.endswith(f"step-{step:08d}")
-    fresh = CheckpointManager(f"file://{tmp_path}/fresh")  # its first save: planned and pickled afresh
-    fresh.save(2, saves[2])
-    cached, planned = (_metadata_as_dcp_reads_it(m.step_uri(2)) for m in (mgr, fresh))
-    assert cached.state_dict_metadata == planned.state_dict_metadata
-    assert cached.storage_data == planned.storage_data
 
 
 def test_pipelined_async_save_snapshots_the_state_once_staged(tmp_path):
