@@ -340,6 +340,48 @@ def kill9_agent(h: Harness) -> Outcome:
 
 
 # --- dataset copies -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _faulty_filesystem(prefix: str, open_file: Callable[[Any, str, str, dict], Any]):
+    """While inside: every fsspec filesystem that ``storage`` hands out for a URI starting with
+    ``prefix`` opens files through ``open_file(fs, path, mode, kwargs)`` (which may raise or return
+    a file that fails later); everything else of the filesystem is the real one."""
+    from sailor_tasks import storage
+
+    real = storage.filesystem
+
+    class Faulty:
+        def __init__(self, fs):
+            self.fs = fs
+
+        def open(self, path, mode="rb", **kw):
+            return open_file(self.fs, path, mode, kw)
+
+        def __getattr__(self, name):
+            return getattr(self.fs, name)
+
+    def filesystem(uri):
+        fs, path = real(uri)
+        return (Faulty(fs), path) if uri.startswith(prefix) else (fs, path)
+
+    storage.filesystem = filesystem
+    try:
+        yield
+    finally:
+        storage.filesystem = real
+
+
+def _failing_uploads(suffix: str) -> Callable[[Any, str, str, dict], Any]:
+    """An ``open_file`` for ``_faulty_filesystem``: writing a file whose path ends with ``suffix``
+    fails as an unavailable GCS API would."""
+
+    def open_file(fs, path, mode, kw):
+        if "w" in mode and path.endswith(suffix):
+            raise OSError(503, "injected: Service Unavailable during upload")
+        return fs.open(path, mode, **kw)
+
+    return open_file
+
+
 def _sealed_source(h: Harness, files: int = 3, size: int = 300_000) -> str:
     from sailor_tasks import storage
     from sailor_tasks.data.copier import seal
@@ -367,35 +409,16 @@ def _replica_outcome(src: str, dst: str, what: str) -> Outcome:
 
 def gcs_error_mid_copy(h: Harness) -> Outcome:
     """The GCS API fails an upload mid-copy: no manifest; the retry resumes and verifies."""
-    from sailor_tasks import storage
     from sailor_tasks.data.copier import copy_dataset
     from sailor_tasks.data.manifest import read_manifest
 
     src, dst = _sealed_source(h), f"{h.bucket()}/datasets/d"
-    real = storage.filesystem
-
-    class Failing:
-        def __init__(self, fs):
-            self.fs = fs
-
-        def open(self, path, mode="rb", **kw):
-            if "w" in mode and path.endswith("part-1.bin"):
-                raise OSError(503, "injected: Service Unavailable during upload")
-            return self.fs.open(path, mode, **kw)
-
-        def __getattr__(self, name):
-            return getattr(self.fs, name)
-
-    storage.filesystem = lambda uri: (
-        (Failing(real(uri)[0]), real(uri)[1]) if uri.startswith("gs://") else real(uri)
-    )
     try:
-        copy_dataset(src, dst, max_workers=1)
+        with _faulty_filesystem("gs://", _failing_uploads("part-1.bin")):
+            copy_dataset(src, dst, max_workers=1)
         return Outcome(False, "the copy ignored the failed upload", data_lost=1)
     except OSError:
         pass
-    finally:
-        storage.filesystem = real
     if read_manifest(dst) is not None:
         return Outcome(False, "a manifest was written over a failed copy", corrupt_loaded=1)
     again = copy_dataset(src, dst, max_workers=1)
@@ -537,38 +560,23 @@ def source_changed(h: Harness) -> Outcome:
 
 def interrupted_read(h: Harness) -> Outcome:
     """The source read breaks mid-file: no manifest; the retry keeps the finished files."""
-    from sailor_tasks import storage
     from sailor_tasks.data.copier import copy_dataset
     from sailor_tasks.data.manifest import read_manifest
 
     src, dst = _sealed_source(h), f"file://{h.dir}/replica"
-    real = storage.filesystem
 
-    class Breaking:
-        def __init__(self, fs):
-            self.fs = fs
+    def broken_read(fs, path, mode, kw):
+        f = fs.open(path, mode, **kw)
+        if "r" in mode and path.endswith("part-2.bin"):
+            f.read = lambda n=-1: (_ for _ in ()).throw(ConnectionResetError("injected: connection reset"))
+        return f
 
-        def open(self, path, mode="rb", **kw):
-            f = self.fs.open(path, mode, **kw)
-            if "r" in mode and path.endswith("part-2.bin"):
-                f.read = lambda n=-1, _f=f: (_ for _ in ()).throw(
-                    ConnectionResetError("injected: connection reset")
-                )
-            return f
-
-        def __getattr__(self, name):
-            return getattr(self.fs, name)
-
-    storage.filesystem = lambda uri: (
-        (Breaking(real(uri)[0]), real(uri)[1]) if uri.startswith(src) else real(uri)
-    )
     try:
-        copy_dataset(src, dst, max_workers=1)
+        with _faulty_filesystem(src, broken_read):
+            copy_dataset(src, dst, max_workers=1)
         return Outcome(False, "the copy ignored a broken read", data_lost=1)
     except ConnectionResetError:
         pass
-    finally:
-        storage.filesystem = real
     if read_manifest(dst) is not None:
         return Outcome(False, "a manifest was written over a broken copy", corrupt_loaded=1)
     again = copy_dataset(src, dst, max_workers=1)
@@ -793,7 +801,6 @@ def retention_corrupt_newest(h: Harness) -> Outcome:
 def checkpoint_copy_interrupted(h: Harness) -> Outcome:
     """Recovery's copy of the newest checkpoint to the new region breaks mid-file: no marker there;
     the retried copy verifies."""
-    from sailor_tasks import storage
     from sailor_tasks.train.checkpoint.dcp import CheckpointManager
     from sailor_tasks.train.checkpoint.store import CheckpointStore
 
@@ -801,30 +808,12 @@ def checkpoint_copy_interrupted(h: Harness) -> Outcome:
     mgr = CheckpointManager(src)
     mgr.save(10, _state(10))
     mgr.wait()
-    real = storage.filesystem
-
-    class Failing:
-        def __init__(self, fs):
-            self.fs = fs
-
-        def open(self, path, mode="rb", **kw):
-            if "w" in mode and path.endswith(".distcp"):
-                raise OSError(503, "injected: Service Unavailable during upload")
-            return self.fs.open(path, mode, **kw)
-
-        def __getattr__(self, name):
-            return getattr(self.fs, name)
-
-    storage.filesystem = lambda uri: (
-        (Failing(real(uri)[0]), real(uri)[1]) if uri.startswith("gs://") else real(uri)
-    )
     try:
-        CheckpointStore(src).copy_latest_to(dst)
+        with _faulty_filesystem("gs://", _failing_uploads(".distcp")):
+            CheckpointStore(src).copy_latest_to(dst)
         return Outcome(False, "the copy ignored the failed upload", data_lost=1)
     except OSError:
         pass
-    finally:
-        storage.filesystem = real
     dest = CheckpointStore(dst)
     if dest.latest_valid_step() is not None:
         return Outcome(False, "a broken copy verified", corrupt_loaded=1)

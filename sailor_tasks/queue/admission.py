@@ -121,31 +121,22 @@ def policy_targets(
     if not gpus:
         return {r.run_id: 0.0 for r in (*queued, *held)}
     weights = _weights(policy, queued, held, team_weights or {})
+    def job(r: QueuedRun | HeldRun, since_s: float, deadline_s: float | None = None) -> PolicyJob:
+        return PolicyJob(
+            job_id=r.run_id,
+            throughput={g: float(r.throughput.get(g, 0.0)) for g in gpus},
+            scale_factor=max(1, r.gpus),
+            priority_weight=weights[r.run_id],
+            steps_remaining=max(r.steps_remaining, 1.0),
+            elapsed_s=max(0.0, now_s - since_s),
+            deadline_s=deadline_s,
+            arrival_s=since_s,
+        )
+
     jobs = [
-        PolicyJob(
-            job_id=r.run_id,
-            throughput={g: float(r.throughput.get(g, 0.0)) for g in gpus},
-            scale_factor=max(1, r.gpus),
-            priority_weight=weights[r.run_id],
-            steps_remaining=max(r.steps_remaining, 1.0),
-            elapsed_s=max(0.0, now_s - r.arrival_s),
-            deadline_s=None if r.deadline_s is None else r.deadline_s - now_s,
-            arrival_s=r.arrival_s,
-        )
-        for r in queued
+        job(r, r.arrival_s, None if r.deadline_s is None else r.deadline_s - now_s) for r in queued
     ]
-    jobs += [
-        PolicyJob(
-            job_id=r.run_id,
-            throughput={g: float(r.throughput.get(g, 0.0)) for g in gpus},
-            scale_factor=max(1, r.gpus),
-            priority_weight=weights[r.run_id],
-            steps_remaining=max(r.steps_remaining, 1.0),
-            elapsed_s=max(0.0, now_s - r.started_s),
-            arrival_s=r.started_s,
-        )
-        for r in held
-    ]
+    jobs += [job(r, r.started_s) for r in held]
     allocation = get_policy(policy).allocate(PolicyState(jobs=tuple(jobs), gpus=gpus))
     scale = {j.job_id: j.scale_factor for j in jobs}
     return {job: sum(shares.values()) * scale[job] for job, shares in allocation.shares().items()}

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from sailor_tasks.ledger.store import aware
 from sailor_tasks.rebalance.problem import Dataset, Problem, Team
 
 
@@ -20,15 +21,11 @@ def _overlap_hours(start: dt.datetime, end: dt.datetime, since: dt.datetime, unt
     return max(0.0, (hi - lo).total_seconds() / 3600.0)
 
 
-def _aware(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-
-
 def peak_concurrency(rows: Iterable[Mapping[str, Any]], since: dt.datetime, until: dt.datetime) -> float:
     """Most GPUs in use at once by ``rows`` within [since, until)."""
     events: list[tuple[dt.datetime, int]] = []
     for row in rows:
-        start, end = max(_aware(row["started_at"]), since), min(_aware(row["ended_at"]), until)
+        start, end = max(aware(row["started_at"]), since), min(aware(row["ended_at"]), until)
         if end > start:
             events += [(start, int(row["gpus"])), (end, -int(row["gpus"]))]
     peak = now = 0
@@ -59,14 +56,14 @@ def build_problem(
         size_of: bytes of a dataset that has no recorded replica (e.g. from its source manifest).
         quotas: team → {"max": {region: GPUs}, "min": {region: GPUs}}.
     """
-    since, until = _aware(since), _aware(until)
+    since, until = aware(since), aware(until)
     hours = max((until - since).total_seconds() / 3600.0, 1e-9)
     gpu_hours: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     reads: dict[str, set[str]] = defaultdict(set)
     by_team: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     total_hours = 0.0
     for row in rows:
-        h = row["gpus"] * _overlap_hours(_aware(row["started_at"]), _aware(row["ended_at"]), since, until)
+        h = row["gpus"] * _overlap_hours(aware(row["started_at"]), aware(row["ended_at"]), since, until)
         if h <= 0:
             continue
         per = gpu_hours[row["team"]][row["region"]]

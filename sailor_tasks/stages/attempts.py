@@ -34,7 +34,7 @@ from sailor_tasks.errors import (
     RunCancelledError,
     TrainingFailedError,
 )
-from sailor_tasks.ledger.store import utcnow
+from sailor_tasks.ledger.store import aware, utcnow
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages import prepare
 from sailor_tasks.stages.context import JSON, StageContext
@@ -126,7 +126,7 @@ def recover(
 def _progress(ctx: StageContext, run_id: str) -> dict[str, Any]:
     """Hours since the run was submitted and the step its newest checkpoint holds (market choice)."""
     run = ctx.ledger.get_run(run_id)
-    elapsed_h = (utcnow() - _aware(run["created_at"])).total_seconds() / 3600.0 if run else 0.0
+    elapsed_h = (utcnow() - aware(run["created_at"])).total_seconds() / 3600.0 if run else 0.0
     last = ctx.ledger.preemptions(run_id, limit=1)
     steps_done = max(0, (last[0]["step"] or 0) - (last[0]["steps_lost"] or 0)) if last else 0
     return {"elapsed_h": max(0.0, elapsed_h), "steps_done": steps_done}
@@ -134,10 +134,6 @@ def _progress(ctx: StageContext, run_id: str) -> dict[str, Any]:
 
 def _ts(epoch: float | None) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(epoch, dt.UTC) if epoch else None
-
-
-def _aware(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
 
 
 def train_attempt(
@@ -300,7 +296,7 @@ def resume_attempt(
     launch = _launch(req, run_id, pl, attempt, config_uri)
     prior = [r for r in rows if r["attempt"] < attempt]
     return Attempt(
-        run_id, req, attempt, pl, data, config, launch, _aware(row["started_at"]), prior, reattached
+        run_id, req, attempt, pl, data, config, launch, aware(row["started_at"]), prior, reattached
     )
 
 
@@ -371,7 +367,7 @@ def finish_attempt(
 
     if attempt > 1 and attempts[-1]["outcome"] == "preempted" and report.get("first_step_at"):
         prev = next(p for p in ctx.ledger.preemptions(run_id) if p["attempt"] == attempts[-1]["attempt"])
-        recovery_s = (_ts(report["first_step_at"]) - _aware(prev["at"])).total_seconds()
+        recovery_s = (_ts(report["first_step_at"]) - aware(prev["at"])).total_seconds()
         ctx.ledger.set_preemption_recovery(run_id, prev["attempt"], round(recovery_s, 3))
 
     resumed = result["resumed_from_step"] if result else report.get("resumed_from")
