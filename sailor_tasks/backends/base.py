@@ -32,6 +32,10 @@ class TrainLaunch:
 @runtime_checkable
 class ClusterBackend(Protocol):
     name: str
+    detached_attempts: bool
+    """Whether an attempt runs on without a process of the train task following it (GKE pods while
+    the task is deferred): then whoever stops the run ends the attempt in the ledger. False: the
+    train task's own process ends the attempt when its workers stop (local)."""
 
     def provision(self, run_key: str, placement: Placement) -> dict[str, Any]:
         """Create (or find, when it already exists) the capacity for ``placement``; idempotent."""

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from sailor_tasks import gcp_auth, storage
 from sailor_tasks.backends.base import TrainLaunch
@@ -779,6 +779,7 @@ class GkeBackend:
     pod_runner: PodRunner | None = None
     poll_s: float = 5.0
     name: str = field(default="gke", init=False)
+    detached_attempts: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.config is None:

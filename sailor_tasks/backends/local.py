@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 class LocalBackend:
     name = "local"
+    detached_attempts = False
 
     def __init__(self, settings: Settings):
         self.settings = settings

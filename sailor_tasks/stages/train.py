@@ -201,7 +201,7 @@ def stop_training(run_id: str, ctx: StageContext | None = None) -> int:
     stopped = backend.cancel(run_key(run_id))
     if stopped:
         logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
-    if backend.name == "gke":  # no task follows the pods any more: the attempt ends here
+    if backend.detached_attempts:  # no task follows the attempt any more: it ends here
         cancel_running_attempt(ctx, run_id)
     return stopped
 
@@ -233,7 +233,7 @@ def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | Non
     stopped = _with_retries(f"{name} stop", run_id, lambda: backend_impl.cancel(run_key(run_id)))
     if stopped:
         logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
-        if name == "gke":  # pods the train task no longer followed: the run was stopped from outside
+        if backend_impl.detached_attempts:  # an attempt no task followed: stopped from outside
             _with_retries("ledger cancel", run_id, lambda: cancel_running_attempt(ctx, run_id))
     removed = _with_retries(f"{name} teardown", run_id, lambda: backend_impl.teardown(run_key(run_id)))
 
