@@ -30,6 +30,7 @@ from pathlib import Path
 
 from sailor_tasks.catalog.throughput import load_packaged
 from sailor_tasks.simulator import Region, SimConfig, TraceAvailability, generate_jobs, simulate
+from sailor_tasks.simulator.rounds.hooks import StartsJobs
 from sailor_tasks.simulator.rounds.replan import make_recovery
 from sailor_tasks.simulator.rounds.routing import ROUTERS, PlacementRouter, SimPlacement, make_router
 from sailor_tasks.simulator.rounds.workload import total_gpu_seconds
@@ -57,18 +58,26 @@ TRACES = ROOT.parent / "shared" / "data" / "gcp_preemption_2020"
 
 
 class TimedRouter:
-    """Wraps a router and adds up the wall time of its decisions."""
+    """Wraps a router and adds up the wall and CPU time of its decisions."""
 
     def __init__(self, inner):
         self.inner, self.name, self.seconds, self.cpu_seconds = inner, inner.name, 0.0, 0.0
+        if isinstance(inner, StartsJobs):
+            self.start_now = self._start_now
 
-    def route(self, job, runnable, load):
+    def _timed(self, call, *args, **kwargs):
         started, cpu = time.perf_counter(), time.process_time()
         try:
-            return self.inner.route(job, runnable, load)
+            return call(*args, **kwargs)
         finally:
             self.seconds += time.perf_counter() - started
             self.cpu_seconds += time.process_time() - cpu
+
+    def route(self, job, runnable, load):
+        return self._timed(self.inner.route, job, runnable, load)
+
+    def _start_now(self, job, load, free, exclude=None):
+        return self._timed(self.inner.start_now, job, load, free, exclude)
 
 
 def cpu_seconds() -> float:
@@ -107,9 +116,12 @@ def main() -> None:
         if not found:
             sys.exit(f"--traces {args.traces}: no GCP 2020 *.out logs found")
         spot_traces = {r: found[i % len(found)] for i, r in enumerate(SPOT_REGIONS)}
-    # Arrival rate: the cluster serves ~sum(GPUs x speed) / (mean V100 GPU-hours per job) jobs/hour.
+    # Arrival rate: the cluster serves ~sum(GPUs x speed) / (mean V100 GPU-hours per job) jobs/hour,
+    # each job's GPU-hours at the speed it can run at on these servers (an 8-GPU job never fits
+    # on one 4-GPU server: it always runs at its unconsolidated throughput).
     probe = generate_jobs(2000, 1.0, table, seed=args.seed + 1)
-    mean_gpu_h = total_gpu_seconds(probe, table) / len(probe) / 3600.0
+    gpus_per_server = SimConfig().gpus_per_server
+    mean_gpu_h = total_gpu_seconds(probe, table, gpus_per_server=gpus_per_server) / len(probe) / 3600.0
     gpus = sum(sum(per.values()) for per in REGIONS.values())
     capacity = sum(
         n * sum(table.speedup(k, g) for k in table.job_types) / len(table.job_types)

@@ -12,8 +12,11 @@ state is the engine's live view:
   region infeasible instead of merely less attractive;
 * spot availability: GPUs a region has lost right now are held by reservations, so the
   ``capacity`` validator sees only what is usable (recovery re-plans against this view);
+* free GPUs: to start a job at once (``PlacementRouter.start_now``), GPUs that no job uses this
+  round are all the engine may take (the rest are reservations), as ``plan`` sees the GPUs other
+  runs hold; only when no region has room does the job queue where the load view puts it;
 * blocked zones and markets come from the recovery strategies' ``PlacementConstraint``
-  (``rounds/replan.py``).
+  (``rounds/replan.py``) and stay with the job for its later placements.
 
 A simulated region is one zone (``<region>-a``) with one capacity group per GPU type and VM shapes
 of 1, 2, 4, ... GPUs up to the mechanism's server size; it sells one market (spot regions spot,
@@ -120,6 +123,9 @@ class SimPlacement:
         self.zones_by_region: dict[str, tuple[str, ...]] = {r.name: (f"{r.name}-a",) for r in regions}
         self.placements: dict[str, Placement] = {}
         """Each job's current placement (its explanation dropped to keep 100k jobs small)."""
+        self.constraints: dict[str, tuple[frozenset[str], str | None]] = {}
+        """Blocked zones and market of each job's last recovery, applied to its later placements
+        (a job waiting for GPUs is re-planned under the constraint its strategy set)."""
         self.errors = 0
         """Plans that found no feasible candidate."""
         self.last_error = ""
@@ -168,9 +174,11 @@ class SimPlacement:
         available: Sequence[Mapping[str, int]] | None = None,
         blocked_zones: frozenset[str] = frozenset(),
         market: str | None = None,
+        count_error: bool = True,
     ) -> Placement | None:
         """Plan ``job`` with the placement engine on the simulator's view; None when nothing is
-        feasible (the engine's error is kept in ``last_error``)."""
+        feasible (the engine's error is kept in ``last_error``, and counted in ``errors`` when
+        ``count_error``)."""
         outcome = plan_many(
             [QueuedRequest(job.job_id, self.request(job, market))],
             self.catalog,
@@ -178,12 +186,26 @@ class SimPlacement:
             index=self.index,
         )[0]
         if outcome.placement is None:
-            self.errors += 1
+            self.errors += int(count_error)
             self.last_error = outcome.error or ""
             return None
         placement = dataclasses.replace(outcome.placement, explanation=())
         self.placements[job.job_id] = placement
         return placement
+
+    def place_now(
+        self,
+        job: SimJob,
+        load: Sequence[float],
+        free: Sequence[Mapping[str, int]],
+        exclude: int | None = None,
+    ) -> Placement | None:
+        """Plan ``job`` on GPUs free now only (``free[r]`` per type), under its recovery
+        constraint and never in region ``exclude``; None when no region has room."""
+        blocked, market = self.constraints.get(job.job_id, (frozenset(), None))
+        if exclude is not None:
+            blocked = blocked | frozenset(self.zones_by_region[self.regions[exclude].name])
+        return self.place(job, load, free, blocked, market, count_error=False)
 
     def current(self, job: SimJob, region: int) -> Placement:
         """The job's placement in ``region``: the one the engine chose, or (a job routed by another
@@ -229,6 +251,23 @@ class PlacementRouter:
                 f"job {job.job_id} {job.job_type!r}: no region can run it ({self.sim.last_error})"
             )
         self.gpu_types[p.gpu_type] += 1
+        return self.sim.region_index[p.region]
+
+    def start_now(
+        self,
+        job: SimJob,
+        load: Sequence[float],
+        free: Sequence[Mapping[str, int]],
+        exclude: int | None = None,
+    ) -> int | None:
+        """The engine's region for ``job`` among those with room for it now (``free``), never
+        ``exclude``; None when there is none. An arriving job (``exclude`` None) is counted in
+        ``summary`` like a routed one."""
+        p = self.sim.place_now(job, load, free, exclude)
+        if p is None:
+            return None
+        if exclude is None:
+            self.gpu_types[p.gpu_type] += 1
         return self.sim.region_index[p.region]
 
     def summary(self) -> dict[str, int]:
