@@ -78,6 +78,7 @@ class RunOutcome:
     market: str | None = None
     gpu_type: str | None = None
     zone: str | None = None
+    num_nodes: int | None = None
     reason: str = ""
 
     @property
@@ -106,6 +107,8 @@ class RunOutcome:
 class QueueSimResult:
     config: QueueSimConfig
     runs: list[RunOutcome]
+    admitted: list[str]
+    """Run ids in the order they were admitted (at arrival or by a pass)."""
     passes: int
     contended_gpu_s: dict[str, float]
     """team → spot GPU-seconds it held while every team had a run waiting."""
@@ -226,6 +229,7 @@ def simulate_queue(
         out = outcomes[run_id]
         out.state, out.admitted_s, out.end_s = "finished", hold.start_s, hold.end_s
         out.market, out.gpu_type, out.zone = hold.market, hold.placement.gpu_type, hold.placement.zone
+        out.num_nodes = hold.placement.num_nodes
         if hold.placement.region != SPOT_REGION:
             on_demand[hold.team] += hold.gpus * (hold.end_s - hold.start_s)
         push(hold.end_s, END, run_id)
@@ -327,6 +331,7 @@ def simulate_queue(
     return QueueSimResult(
         config=config,
         runs=[outcomes[j.run_id] for j in jobs],
+        admitted=[h.run_id for h in cap.admitted],
         passes=passes,
         contended_gpu_s=contended,
         on_demand_gpu_s=on_demand,
