@@ -4,17 +4,18 @@
 
 * the queue is empty and the run fits → it is planned and reserved as before (nothing changes);
 * otherwise the run enters SAILOR's queue (``queue_entries``) and an admission pass runs
-  (``admit_queued``): the queue policy (``Settings.queue_policy``) ranks the waiting runs
-  (``sailor_tasks.queue.rank``) and each, in order, is planned and reserved in the transaction
-  that admits it. A run still waiting raises ``RunQueuedError``; ``sailor_train``'s ``plan``
-  defers on it and is resumed when the run is admitted.
+  (``admit_queued``, which runs ``sailor_tasks.queue.admit``, the pass the queue simulator runs
+  too): the queue policy (``Settings.queue_policy``) ranks the waiting runs and each, in order, is
+  planned and reserved in the transaction that admits it (``_LedgerReserver``). A run still
+  waiting raises ``RunQueuedError``; ``sailor_train``'s ``plan`` defers on it and is resumed when
+  the run is admitted.
 
 Admission passes run wherever capacity may have freed: ``plan`` (a run arrives), ``teardown`` (a
 run released its capacity), ``reconcile`` (an expired lease was reclaimed) and a waiting
 ``plan``'s periodic re-check (time-outs, latest starts).
 
-Leases: every reservation carries a lease (``Settings.lease_s``); the run's stages renew it and its
-training renews it from a heartbeat thread. ``reconcile`` reclaims live reservations whose lease
+Leases: every reservation carries a lease (``Settings.lease_s``); the run's stages renew it, its
+training renews it from a heartbeat thread (a deferred GKE attempt: its pods' trigger). ``reconcile`` reclaims live reservations whose lease
 expired (the run was killed or its worker lost): it stops and removes what the run left on its
 backend, releases the capacity, marks the run failed and admits the queue.
 """
