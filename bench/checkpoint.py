@@ -36,6 +36,10 @@ memory as the model the checkpoints write from).
 of this process, user + system, so the kernel's copy into the page cache counts): on a shared
 machine the wall figures move with other processes' load, the CPU figures much less.
 ``load_average`` is the 1-, 5- and 15-minute load average when the timed writes began and ended.
+``min_seconds``, ``min_cpu_seconds`` and ``min_fraction_of_raw`` (fastest raw repeat / fastest
+sailor repeat) are the least disturbed repeats: on this VM a write into new files now and then
+takes several times its usual CPU (the hypervisor backing pages the guest had freed), whichever
+side it falls on.
 
 ``sailor`` saves the trainer's state as the trainer does: one ``_ModelOptimState`` for the run
 (which learns ``get_state_dict``'s renaming once), so from the second save on the state dicts are
@@ -345,6 +349,9 @@ def main() -> None:
                 "raw_way": raw_way,
                 "raw_fsync_way": raw_fsync_way,
                 "cpu_fraction_of_raw": round(med_cpu[raw_way] / med_cpu["sailor"], 3),
+                "min_fraction_of_raw": round(min(min(times[w]) for w in RAW) / min(times["sailor"]), 3),
+                "min_seconds": {w: round(min(v), 3) for w, v in times.items()},
+                "min_cpu_seconds": {w: round(min(v), 3) for w, v in cpus.items()},
                 "load_average": {
                     "start": [round(v, 2) for v in load_start],
                     "end": [round(v, 2) for v in load_end],

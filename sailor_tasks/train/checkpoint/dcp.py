@@ -91,10 +91,10 @@ _FALLOCATE = _fallocate()
 def preallocate(f: Any, size: int) -> bool:
     """Allocate the first ``size`` bytes of the new local file ``f`` before writing them: the
     writes then skip the filesystem's delayed allocation of every block (ext4: 28% less CPU and
-    25% less time writing 2 x 150 MB on the dev VM, 2026-11-24). Not before an fsync, which then
-    converts every extent in the writer's time (1.8x the CPU there). ``fallocate(2)`` itself, not
-    ``os.posix_fallocate``, which writes zeros where the filesystem cannot allocate (FUSE, NFS):
-    there, and for files that are not local, nothing happens. Returns whether it allocated."""
+    25% less time writing 2 x 150 MB on the dev VM, 2026-11-24; with an fsync after, no slower).
+    ``fallocate(2)`` itself, not ``os.posix_fallocate``, which writes zeros where the filesystem
+    cannot allocate (FUSE, NFS): there, and for files that are not local, nothing happens.
+    Returns whether it allocated."""
     try:
         fd = f.fileno()
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
@@ -344,7 +344,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
             else self.fs.fs.open(posixpath.join(str(self.path), name), "wb")
         ) as f:
             reserved = 0
-            if not recycled and not self.sync_files:
+            if not recycled:
                 reserved = sum(_tensor_nbytes(item) for item in items)
                 preallocate(f, reserved)
             for item in items:
