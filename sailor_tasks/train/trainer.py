@@ -99,9 +99,13 @@ class _Renames:
             },
             fqn_of=tuple(fqn for g in optim_sd["param_groups"] for fqn in g["params"]),
         )
-        same = renames.apply(model, optimizer)
-        if same is None or not _same(same, {"model": model_sd, "optim": optim_sd}):
-            logger.debug("get_state_dict renames keys beyond wrapper prefixes: called on every save")
+        try:
+            renamed = renames.apply(model, optimizer)
+            same = renamed is not None and _same(renamed, {"model": model_sd, "optim": optim_sd})
+        except Exception:  # values that do not compare (or rename) plainly: keep get_state_dict
+            same = False
+        if not same:
+            logger.debug("get_state_dict's state dicts are not the plain ones renamed: called on every save")
             return None
         return renames
 
