@@ -4,8 +4,8 @@ Every write below stores the same state (the same bytes) to the same filesystem,
 is the median over repeats. Each repeat times, in rotating order:
 
 - ``sailor``: ``CheckpointManager.save`` (SAILOR's writer: raw tensor bytes with crc32c computed on
-  the fly, cached DCP plan, commit marker) into **new files** (``recycle=False``), ``--threads``
-  writer threads, no fsync.
+  the fly, the first save's DCP plan reused, commit marker) into **new files** (``recycle=False``),
+  ``--threads`` writer threads, no fsync.
 - ``public``: the public PyTorch path: ``get_state_dict(model, optimizer)`` + ``dcp.save`` with
   DCP's ``FileSystemWriter`` (``thread_count=--threads``), into new files, no fsync.
 - ``raw``: plain fsspec writes of the very files the checkpoint wrote (held in memory), into new
@@ -24,8 +24,8 @@ is the median over repeats. Each repeat times, in rotating order:
 The headline ``write_fraction_of_raw`` = raw seconds / sailor seconds (``raw_way``: the fastest
 raw way), new files and the same threads on both sides, no fsync (target ≥ 0.8);
 ``cpu_fraction_of_raw`` the same in CPU seconds; ``durable_fraction_of_raw`` the same with fsync
-on both sides (``raw_fsync_way``). ``sailor_vs_public`` = public seconds / sailor seconds (> 1: SAILOR's writer is faster),
-new files, with and without fsync.
+on both sides (``raw_fsync_way``). ``sailor_vs_public`` = public seconds / sailor seconds (> 1:
+SAILOR's writer is faster), new files, with and without fsync.
 
 Untimed, before each timed write: the background retirement of old checkpoints is waited for and
 ``os.sync()`` runs, so that no write pays for dirty pages or deletions the bench itself left behind
