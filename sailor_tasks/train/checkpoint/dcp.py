@@ -32,7 +32,6 @@ import crc32c
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.utils.serialization.config as torch_serialization_config
-from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
@@ -435,7 +434,10 @@ class RawTensorFsspecReader(FsspecReader):
                 )
             got += n
         if dest is not target:
-            part = narrow_tensor_by_index(dest, req.storage_offsets, req.lengths)
+            part = dest
+            for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
+                if length < dest.size(dim):
+                    part = part.narrow(dim, start, length)  # the requested part of the stored chunk
             if part.size() != target.size():
                 raise ValueError(f"{req.storage_index.fqn}: stored {part.size()} vs {target.size()}")
             target.copy_(part)
