@@ -16,7 +16,7 @@ from sailor_tasks.queue.admission import (
     rank,
 )
 from sailor_tasks.queue.admit import PassResult, Reserver, admit, refused_on_arrival
-from sailor_tasks.queue.estimate import Estimate, deadline_after_launch, estimate_hours
+from sailor_tasks.queue.estimate import Estimate, estimate_hours
 
 __all__ = [
     "ATTAINED_WINDOW_S",
@@ -31,7 +31,6 @@ __all__ = [
     "Reserver",
     "admission_pass",
     "admit",
-    "deadline_after_launch",
     "estimate_hours",
     "estimate_starts",
     "rank",

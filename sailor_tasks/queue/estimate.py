@@ -10,9 +10,8 @@ failed. A run without a deadline is estimated on its best on-demand offer (the e
 Spot offers count only where no offer sells the run on-demand. Capacity held by other runs is
 ignored: this is the run's duration, not its wait.
 
-The engine's deadline rule counts training, expected preemption loss and the data copy, not the
-launch before training; the queue's estimates count one launch. ``deadline_after_launch`` gives
-the engine the hours left once the run has launched, so an offer it accepts finishes in time.
+The estimate leaves the launch out (the callers add one); the engine's deadline rule counts it, so
+an offer the engine accepts for the hours left finishes in time.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import numpy as np
 from sailor_tasks.catalog import Catalog
 from sailor_tasks.errors import InvalidRequestError
 from sailor_tasks.model import ClusterState, JobRequest
-from sailor_tasks.placement.context import RESTART_HOURS
 from sailor_tasks.placement.engine import check_request, evaluate, view_for
 from sailor_tasks.placement.index import CatalogIndex
 
@@ -38,21 +36,6 @@ class Estimate:
     gpu_type: str
     hours: float
     data_hours: float
-
-
-MIN_DEADLINE_HOURS = 1e-6
-"""The deadline given to the engine when the launch alone uses up the time left (it then accepts
-no offer: ``deadline_hours`` must stay positive)."""
-
-
-def deadline_after_launch(request: JobRequest, launch_h: float = RESTART_HOURS) -> JobRequest:
-    """``request`` with its deadline reduced by one launch (``launch_h``), as the placement engine
-    must plan it; unchanged without a deadline."""
-    if request.deadline_hours is None:
-        return request
-    return dataclasses.replace(
-        request, deadline_hours=max(request.deadline_hours - launch_h, MIN_DEADLINE_HOURS)
-    )
 
 
 def estimate_hours(

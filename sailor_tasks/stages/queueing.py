@@ -81,7 +81,6 @@ def reserve_placement(
     from sailor_tasks.data.manifest import read_manifest
     from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
-    from sailor_tasks.queue import deadline_after_launch
     from sailor_tasks.strategies.live import decide_market
 
     manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
@@ -105,7 +104,7 @@ def reserve_placement(
         chosen, reason, slack_h = market, f"{market}: forced by admission at the run's latest start", None
     req = dataclasses.replace(req, market=chosen)
     reserved = plan_and_reserve(
-        deadline_after_launch(req),  # the engine's deadline rule leaves the launch out
+        req,
         catalog,
         ctx.ledger,
         run_id,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sailor_tasks.errors import CapacityUnavailableError, NoFeasibleOfferError
-from sailor_tasks.queue import QueuedRun, admit, deadline_after_launch, estimate_hours, refused_on_arrival
+from sailor_tasks.queue import QueuedRun, admit, estimate_hours, refused_on_arrival
 
 CAP = {"T4": 4}
 THR = {"T4": 2.0}
@@ -97,18 +97,6 @@ def test_refused_on_arrival_when_its_latest_start_passed_or_it_may_not_wait():
     now = refused_on_arrival(q("n", wait_until_s=100.0, waiting_for="1x T4"), 100.0)
     assert type(now).__name__ == "QueueTimeoutError" and "1x T4" in str(now)
     assert refused_on_arrival(q("fine", wait_until_s=200.0, latest_start_s=150.0), 100.0) is None
-
-
-def test_the_engine_is_given_the_deadline_minus_one_launch():
-    from sailor_tasks.model import JobRequest
-
-    req = JobRequest(
-        job_name="j", team="t", dataset_uri="", model="tiny_gpt", num_workers=1, deadline_hours=2.0
-    )
-    assert deadline_after_launch(req, 0.1).deadline_hours == pytest.approx(1.9)
-    assert deadline_after_launch(req, 5.0).deadline_hours > 0  # the engine then accepts nothing
-    no_deadline = JobRequest(job_name="j", team="t", dataset_uri="", model="tiny_gpt", num_workers=1)
-    assert deadline_after_launch(no_deadline) is no_deadline
 
 
 def test_a_deadline_run_is_estimated_on_its_fastest_on_demand_offer_others_on_the_best():

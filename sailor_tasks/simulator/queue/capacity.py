@@ -30,7 +30,7 @@ from sailor_tasks.placement.engine import plan
 from sailor_tasks.placement.index import UNLIMITED_GPUS
 from sailor_tasks.policies.mechanism import GPUS_PER_SERVER
 from sailor_tasks.queue.admission import HeldRun, QueuedRun
-from sailor_tasks.queue.estimate import deadline_after_launch, estimate_hours
+from sailor_tasks.queue.estimate import estimate_hours
 from sailor_tasks.simulator.queue.workload import QueueJob
 from sailor_tasks.simulator.rounds.hooks import Region
 from sailor_tasks.simulator.rounds.routing import NO_PRICE_CAP, SimPlacement, model_name
@@ -97,7 +97,6 @@ class SimCapacity:
         on_demand_gpus: Mapping[str, int] | None = None,
         prices: Mapping[str, Mapping[str, float]] | None = None,
         gpus_per_server: int = GPUS_PER_SERVER,
-        launch_s: float = LAUNCH_S,
     ):
         if not any(n > 0 for n in spot_gpus.values()):
             raise ValueError(f"spot capacity {dict(spot_gpus)}: no GPUs")
@@ -117,7 +116,6 @@ class SimCapacity:
         if self.on_demand_gpus:
             regions.append(Region(ON_DEMAND_REGION, self.on_demand_gpus, dict(prices.get("on_demand", {}))))
         self.placement = SimPlacement(regions, table, gpus_per_server)
-        self.launch_s = launch_s
         self.now_s = 0.0
         """The simulated clock, set by the simulator before each pass."""
         self.jobs: dict[str, QueueJob] = {}
@@ -150,7 +148,7 @@ class SimCapacity:
         speed = self.table.throughput(job.job_type, placement.gpu_type, consolidated=placement.num_nodes == 1)
         if speed <= 0:
             raise ValueError(f"run {job.run_id}: {job.job_type} has no throughput on {placement.gpu_type}")
-        return job.total_steps / speed + self.launch_s
+        return job.total_steps / speed + LAUNCH_S
 
     def expected_s(self, job: QueueJob) -> float | None:
         """Seconds the run is expected to hold capacity, as the live queue estimates it
@@ -158,7 +156,7 @@ class SimCapacity:
         one launch. None: no offer can run it."""
         req = self.request(job, job.market, job.deadline_hours)
         est = estimate_hours(req, self.placement.catalog, ClusterState(), self.placement.index)
-        return None if est is None else (est.hours + est.data_hours) * 3600.0 + self.launch_s
+        return None if est is None else (est.hours + est.data_hours) * 3600.0 + LAUNCH_S
 
     def throughput(self, job: QueueJob) -> dict[str, float]:
         """Steps/s of the run on each GPU type of the shared (spot) pool: the policies' matrix."""
@@ -175,8 +173,7 @@ class SimCapacity:
         if run.run_id in self.holds or run.run_id in self.ended:
             return None
         chosen = market or ("on_demand" if job.market == "on_demand" else "spot")
-        # The engine's deadline rule leaves the launch out: it gets the hours left after one.
-        req = deadline_after_launch(self.request(job, chosen, deadline_hours), self.launch_s / 3600.0)
+        req = self.request(job, chosen, deadline_hours)  # the engine's deadline rule counts one launch
         placement = plan(req, self.placement.catalog, self.state(), run.run_id, index=self.placement.index)
         placement = dataclasses.replace(placement, explanation=())
         hold = Hold(run.run_id, job.team, placement, self.now_s, self.now_s + self.hold_s(job, placement))

@@ -30,7 +30,7 @@ from sailor_tasks.queue import (
     admit,
     refused_on_arrival,
 )
-from sailor_tasks.simulator.queue.capacity import LAUNCH_S, SPOT_REGION, SimCapacity
+from sailor_tasks.simulator.queue.capacity import SPOT_REGION, SimCapacity
 from sailor_tasks.simulator.queue.workload import QueueJob
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ class QueueSimConfig:
     policy: str = "las"
     team_weights: Mapping[str, float] = field(default_factory=dict)
     gpus_per_server: int = GPUS_PER_SERVER
-    launch_s: float = LAUNCH_S
 
     def __post_init__(self) -> None:
         if self.policy not in QUEUE_POLICIES:
@@ -195,7 +194,7 @@ def simulate_queue(
             capacity (the message names it).
     """
     cap = SimCapacity(
-        table, config.spot_gpus, config.on_demand_gpus, prices, config.gpus_per_server, config.launch_s
+        table, config.spot_gpus, config.on_demand_gpus, prices, config.gpus_per_server
     )
     for j in jobs:
         if j.run_id in cap.jobs:
