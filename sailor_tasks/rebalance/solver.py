@@ -290,6 +290,171 @@ def partition_teams(problem: Problem, team_block: int) -> list[list[int]]:
     return [sorted(p) for p in parts if p]
 
 
+# --- the plan that coordinates partitions --------------------------------------------------------
+
+
+Group = tuple[str, tuple[str, ...]]
+"""(GPU type, regions): moving GPUs of that type that may go to any of those regions."""
+
+
+@dataclass
+class _Plan:
+    """Who stays and who moves, over all teams, from one LP at the team level (data relaxed)."""
+
+    t: float
+    """The plan's worst (region, GPU type) ratio."""
+    stay: dict[int, dict[tuple[str, str], float]]
+    """team → cell → GPUs of its current load planned to stay there."""
+    move: dict[int, dict[Group, float]]
+    """team → (GPU type, the regions it may move to) → GPUs planned to move."""
+    bytes: dict[int, float]
+    """team → bytes its planned moves need (the cheapest region's missing bytes, pro rata)."""
+
+
+def _missing_bytes(problem: Problem, regions: list[str]) -> np.ndarray:
+    """teams × regions: bytes of each team's datasets without a replica in each region."""
+    from scipy.sparse import csr_matrix
+
+    uris = list(problem.datasets)
+    d_index = {u: i for i, u in enumerate(uris)}
+    r_index = {r: i for i, r in enumerate(regions)}
+    absent = np.ones((len(uris), len(regions)))
+    for i, u in enumerate(uris):
+        for r in problem.datasets[u].replicas:
+            if r in r_index:
+                absent[i, r_index[r]] = 0.0
+    sizes = np.array([float(problem.datasets[u].bytes) for u in uris])
+    rows, cols = [], []
+    for k, team in enumerate(problem.teams):
+        for d in sorted(set(team.datasets)):
+            rows.append(k)
+            cols.append(d_index[d])
+    reads = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(problem.teams), len(uris)))
+    return np.asarray(reads @ (absent * sizes[:, None]))
+
+
+def _plan_moves(
+    problem: Problem,
+    cells: Mapping[tuple[str, str], float],
+    comfort_ratio: float,
+) -> _Plan:
+    """The partitions' common plan, one LP over all teams with the data constraints relaxed: per
+    team and current cell, the GPUs that leave it, to the regions the team may use (those with its
+    GPU type, that its quotas allow and whose missing bytes the budget affords; teams with the
+    same regions are pooled); minimising the worst cell ratio, then the bytes and moves that costs
+    (a team's move costs the bytes of the cheapest of its regions, pro rata to the GPUs moved).
+    A decomposed solve shares the cells by it instead of by a rule, so each partition keeps room
+    for the load it cannot move and for where the others' moving teams can go."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    cell_list = sorted(cells)
+    regions = sorted({r for r, _ in cell_list})
+    r_index = {r: i for i, r in enumerate(regions)}
+    has: dict[str, np.ndarray] = {}
+    for r, g in cell_list:
+        has.setdefault(g, np.zeros(len(regions), dtype=bool))[r_index[r]] = True
+    missing = _missing_bytes(problem, regions)
+    budget = float(problem.budget_bytes)
+    total_demand = sum(sum(t.demand().values()) for t in problem.teams) or 1.0
+    b = _Builder()
+    t_col = b.var(("t",), lb=comfort_ratio)
+    cost: dict[int, float] = {}
+    load: dict[tuple[str, str], float] = defaultdict(float)
+    in_cell: dict[tuple[str, str], list[int]] = defaultdict(list)
+    leaves: dict[Group, list[int]] = defaultdict(list)
+    entries: dict[int, tuple[int, str, str, float, Group, float]] = {}
+    for k, team in enumerate(problem.teams):
+        size = sum(team.demand().values()) or 1.0
+        allowed = np.array([team.cap(r) != 0.0 for r in regions]) & (missing[k] <= budget)
+        for r, per in sorted(team.current.items()):
+            cap, floor = team.cap(r), float(team.quota_min.get(r, 0.0))
+            forced = cap is not None and sum(per.values()) > cap + 1e-9
+            js = []
+            for g, n in sorted(per.items()):
+                if n <= 0:
+                    continue
+                where = has.get(g, np.zeros(len(regions), dtype=bool)) & allowed
+                if r in r_index:
+                    where[r_index[r]] = False
+                if (r, g) not in cells or forced:  # it must leave: to anywhere with the type if need be
+                    where = where if where.any() else has[g].copy()
+                    if r in r_index:
+                        where[r_index[r]] = False
+                if (r, g) in cells:
+                    load[(r, g)] += n
+                if not where.any():
+                    continue  # nowhere it may go: the load stays
+                group = (g, tuple(regions[i] for i in np.flatnonzero(where)))
+                nbytes = float(missing[k][where].min())
+                j = b.var(("m", k, r, g), lb=0.0 if (r, g) in cells else n, ub=n)
+                js.append(j)
+                leaves[group].append(j)
+                if (r, g) in cells:
+                    in_cell[(r, g)].append(j)
+                entries[j] = (k, r, g, n, group, nbytes / size)
+                cost[j] = nbytes / size / max(budget, 1.0) + MOVE_WEIGHT * team.priority / total_demand
+            # quotas where the load is now: at least quota_min stays, at most the cap does
+            here = sum(per.values())
+            if js and floor > 0:
+                b.row(((j, 1.0) for j in js), -math.inf, max(0.0, here - floor), "quota_min")
+            if js and forced:
+                b.row(((j, 1.0) for j in js), here - cap, math.inf, "quota_max")  # type: ignore[operator]
+    arrivals: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for gi, (group, js) in enumerate(sorted(leaves.items())):
+        g, where = group
+        arrive = [b.var(("a", gi, r)) for r in where]
+        for r, a in zip(where, arrive, strict=True):
+            arrivals[(r, g)].append(a)
+        b.row([*((a, 1.0) for a in arrive), *((j, -1.0) for j in js)], 0.0, 0.0, "moves arrive")
+    for c in cell_list:  # load − leaving + arriving ≤ t · supply
+        terms = [*((j, -1.0) for j in in_cell[c]), *((a, 1.0) for a in arrivals[c]), (t_col, -cells[c])]
+        b.row(terms, -math.inf, -load.get(c, 0.0), "ratio")
+    n = len(b.lb)
+    a_mat = coo_matrix((b.v, (b.r, b.c)), shape=(len(b.row_lb), n)).tocsr()
+    constraints = LinearConstraint(a_mat, np.array(b.row_lb), np.array(b.row_ub))
+    lb, ub = np.array(b.lb), np.array(b.ub)
+    c_t = np.zeros(n)
+    c_t[t_col] = 1.0
+    first = milp(c_t, constraints=constraints, bounds=Bounds(lb, ub))
+    if first.x is None:  # quotas the relaxed plan cannot meet: the partitions' models say why
+        logger.warning(
+            "rebalance: no plan to share the cells by (%s); every team planned to stay", first.message
+        )
+        stay_all: dict[int, dict[tuple[str, str], float]] = defaultdict(dict)
+        for k, team in enumerate(problem.teams):
+            for r, per in team.current.items():
+                for g, n_cur in per.items():
+                    if (r, g) in cells and n_cur > 0:
+                        stay_all[k][(r, g)] = n_cur
+        return _Plan(math.nan, dict(stay_all), {}, {})
+    t = float(first.x[t_col])
+    ub[t_col] = max(lb[t_col], t * (1 + T_TOLERANCE) + T_TOLERANCE)
+    c_cost = np.zeros(n)
+    for j, v in cost.items():
+        c_cost[j] = v
+    second = milp(c_cost, constraints=constraints, bounds=Bounds(lb, ub))
+    x = second.x if second.x is not None else first.x
+    stay: dict[int, dict[tuple[str, str], float]] = defaultdict(dict)
+    move: dict[int, dict[Group, float]] = defaultdict(lambda: defaultdict(float))
+    team_bytes: dict[int, float] = defaultdict(float)
+    for k, team in enumerate(problem.teams):
+        for r, per in team.current.items():
+            for g, n_cur in per.items():
+                if (r, g) in cells and n_cur > 0:
+                    stay[k][(r, g)] = n_cur
+    for j, (k, r, g, n_cur, group, per_gpu_bytes) in entries.items():
+        gone = min(n_cur, max(0.0, float(x[j])))
+        if (r, g) in cells:
+            stay[k][(r, g)] = n_cur - gone
+            if stay[k][(r, g)] <= 1e-9:
+                del stay[k][(r, g)]
+        if gone > 1e-9:
+            move[k][group] += gone
+            team_bytes[k] += per_gpu_bytes * gone
+    return _Plan(t, dict(stay), {k: dict(v) for k, v in move.items()}, dict(team_bytes))
+
+
 # --- one partition's MIP -------------------------------------------------------------------------
 
 
@@ -327,6 +492,18 @@ class _Builder:
         return n
 
 
+@dataclass(frozen=True)
+class _Others:
+    """The load of the teams outside a partition, as that partition's model sees it."""
+
+    fixed: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    """cell → GPUs of other teams there: placed by the partitions solved before, or planned to stay."""
+    pooled: Mapping[Group, float] = field(default_factory=dict)
+    """(GPU type, regions) → GPUs of teams of later partitions planned to move there: the
+    partition's model places them too (on any of those regions), so it leaves them room where
+    they may go without deciding where they will."""
+
+
 @dataclass
 class _PartResult:
     x: dict[tuple[int, str, str], float]
@@ -340,7 +517,7 @@ def _solve_partition(
     problem: Problem,
     teams: list[int],
     cells: Mapping[tuple[str, str], float],
-    part_supply: Mapping[tuple[str, str], float],
+    others: _Others,
     mean_ratio: Mapping[str, float],
     load_before: Mapping[tuple[str, str], float],
     budget: float,
@@ -423,7 +600,7 @@ def _solve_partition(
                 x = b.var(("x", k, r, g))
                 xs.append(x)
                 cell_users[(r, g)].append(x)
-                part_cells[(r, g)] = part_supply.get((r, g), 0.0)
+                part_cells[(r, g)] = cells[(r, g)]
                 if w is not None:
                     b.row([(x, 1.0), (w, -n)], -math.inf, 0.0, "locality")
                 cur = float(team.current.get(r, {}).get(g, 0.0))
@@ -438,6 +615,17 @@ def _solve_partition(
         for g, n in demand.items():
             xs = [b.cols[("x", k, r, g)] for r in sorted(cand) if ("x", k, r, g) in b.cols]
             b.row(((x, 1.0) for x in xs), n, n, "demand")
+    # the later partitions' planned moves, placed on any of the regions they may go to (not
+    # assigned: they only keep this partition from taking the room they need)
+    for gi, ((g, where), n) in enumerate(sorted(others.pooled.items())):
+        if n > 1e-9:
+            pooled = []
+            for r in where:
+                j = b.var(("pool", gi, r))
+                pooled.append(j)
+                cell_users[(r, g)].append(j)
+                part_cells[(r, g)] = cells[(r, g)]
+            b.row(((j, 1.0) for j in pooled), n, n, "others' moves")
     # replicas: y ≥ w for every reader enabled in r; bytes within the budget and storage caps
     bytes_terms: list[tuple[int, float]] = []
     storage_terms: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -452,17 +640,15 @@ def _solve_partition(
         for r, terms in storage_terms.items():
             if r in storage_free:
                 b.row(terms, -math.inf, storage_free[r], f"storage cap of {r}")
-    # worst ratio and soft balance around the GPU type's mean ratio
+    # worst ratio and soft balance, over whole cells: the other teams' load there is a constant
     balance_terms: list[tuple[int, float]] = []
     total_cap = sum(part_cells.values()) or 1.0
     for cell, xs in cell_users.items():
         s = part_cells[cell]
-        if s <= 0:  # none of this cell's supply falls to the partition
-            b.row(((x, 1.0) for x in xs), -math.inf, 0.0, "ratio")
-            continue
-        b.row([*((x, 1.0) for x in xs), (t_col, -s)], -math.inf, 0.0, "ratio")
+        fixed = float(others.fixed.get(cell, 0.0))
+        b.row([*((x, 1.0) for x in xs), (t_col, -s)], -math.inf, -fixed, "ratio")
         over, under = b.var(("o", *cell)), b.var(("u", *cell))
-        target = s  # soft balance around supply: GPUs over it cost OVERLOAD_WEIGHT, idle ones 1
+        target = s - fixed  # soft balance around supply: GPUs over it cost OVERLOAD_WEIGHT, idle ones 1
         b.row([*((x, 1.0) for x in xs), (over, -s), (under, s)], target, target, "balance")
         balance_terms += [(over, OVERLOAD_WEIGHT * s / total_cap), (under, UNDERLOAD_WEIGHT * s / total_cap)]
 
@@ -511,7 +697,9 @@ def _solve_partition(
         # can take per byte still missing (shared replicas counted once), within the budget and
         # storage caps; the binaries are then fixed and the stages below are LPs.
         goal = {g: max(m, comfort_ratio) for g, m in mean_ratio.items()}
-        chosen = _greedy_enable(problem, b, part_cells, goal, budget, storage_free)
+        # the rounding counts the other teams' fixed load; the pooled moves are left to the LP,
+        # which can put them on any cell of their type
+        chosen = _greedy_enable(problem, b, part_cells, goal, budget, storage_free, others.fixed)
         rounds = 1
         for key, j in b.cols.items():
             if key[0] == "w":
@@ -583,16 +771,18 @@ def _greedy_enable(
     mean_ratio: Mapping[str, float],
     budget: float,
     storage_free: Mapping[str, float],
+    background: Mapping[tuple[str, str], float],
 ) -> set[tuple[int, str]]:
     """Pairs to enable, worst cell first (the min-max objective): repeatedly take the cell with the
     highest projected ratio above its GPU type's mean, and enable the pair of one of its teams that
-    sheds the most GPUs per byte still missing (replicas already chosen count as present)."""
+    sheds the most GPUs per byte still missing (replicas already chosen count as present), within
+    the team's quota_max there. ``background``: cell → GPUs of teams outside the partition there (counted, never moved)."""
     # every region a team may use: enabling ones (w) cost their missing bytes, the others are free
     pairs: dict[int, set[str]] = defaultdict(set)
     for key in b.cols:
         if key[0] == "x":
             pairs[key[1]].add(key[2])
-    load: dict[tuple[str, str], float] = defaultdict(float)
+    load: dict[tuple[str, str], float] = defaultdict(float, background)
     in_cell: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     for key in b.cols:
         if key[0] == "x":
@@ -628,6 +818,17 @@ def _greedy_enable(
             )
         return c
 
+    quota_left: dict[tuple[int, str], float] = {}
+    """GPUs team k may still add in region r under its quota_max (inf: no quota there)."""
+
+    def quota_room(k: int, r: str) -> float:
+        q = quota_left.get((k, r))
+        if q is None:
+            cap_r = problem.teams[k].cap(r)
+            here = sum(problem.teams[k].current.get(r, {}).values())
+            q = quota_left[(k, r)] = math.inf if cap_r is None else cap_r - here
+        return q
+
     while True:
         over = [
             (load[c] / cap[c] if c in cap else math.inf, c)
@@ -646,14 +847,14 @@ def _greedy_enable(
                 room = room_of.get(r)
                 if room is None:
                     room = room_of[r] = -excess((r, g)) if (r, g) in cap and (r, g) != cell else 0.0
-                if room <= 1e-9:
+                if room <= 1e-9 or quota_room(k, r) <= 1e-9:
                     continue
                 cost = float(cost_of(k, r))
                 if spent + cost > budget * (1 - 1e-9) or (
                     r in storage_free and stored[r] + cost > storage_free[r] * (1 - 1e-9)
                 ):
                     continue
-                moved = min(n, room, cell_excess)
+                moved = min(n, room, cell_excess, quota_room(k, r))
                 key = (moved / max(cost, 1.0), moved)
                 if best is None or key > best[0]:
                     best = (key, k, r, cost, moved)
@@ -680,6 +881,8 @@ def _greedy_enable(
             chosen.add((k, r))
         load[cell] -= moved
         load[(r, g)] += moved
+        quota_left[(k, r)] = quota_room(k, r) - moved
+        quota_left[(k, cell[0])] = quota_room(k, cell[0]) + moved
         in_cell[cell][k] -= moved
         if in_cell[cell][k] <= 1e-9:
             del in_cell[cell][k]
@@ -734,7 +937,6 @@ def solve(
     mean_ratio = {g: demand_by_gpu.get(g, 0.0) / s for g, s in supply_by_gpu.items()}
 
     parts = partition_teams(problem, team_block)
-    total_demand = sum(demand_by_gpu.values()) or 1.0
     used_storage: dict[str, float] = defaultdict(float)
     for d in problem.datasets.values():
         for r in d.replicas:
@@ -743,16 +945,6 @@ def solve(
         r: max(0.0, float(cap) - used_storage.get(r, 0.0)) for r, cap in problem.storage_cap_bytes.items()
     }
 
-    total_overflow = sum(
-        n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / n)
-        for c, n in load_before.items()
-        if c in cells and n > 0
-    )
-    overflow_by_gpu: dict[str, float] = defaultdict(float)
-    for c, n in load_before.items():
-        if c in cells and n > 0:
-            overflow_by_gpu[c[1]] += max(0.0, n - mean_ratio[c[1]] * cells[c])
-    overflow_left, demand_left = total_overflow, total_demand
     budget_left = float(problem.budget_bytes)
     storage_left = dict(storage_free_total)
     x_all: dict[tuple[int, str, str], float] = {}
@@ -760,55 +952,58 @@ def solve(
     stage_status: list[str] = []
     partition_bound = 0.0  # nan once any partition's LP bound ran out of time
     binaries = 0
-    for pi, members in enumerate(parts):
-        part_demand: dict[str, float] = defaultdict(float)
+    # Partitions are solved one after another against whole cells: the teams of the partitions
+    # solved before are where they were placed, those of later ones where the plan puts them
+    # (their staying load fixed, their moving load pooled by the regions it may go to).
+    plan = _plan_moves(problem, cells, comfort_ratio) if len(parts) > 1 else None
+    stays: list[dict[tuple[str, str], float]] = []
+    moves: list[dict[Group, float]] = []
+    weights: list[tuple[float, float, float]] = []
+    for members in parts:
+        stay: dict[tuple[str, str], float] = defaultdict(float)
+        move: dict[Group, float] = defaultdict(float)
         for k in members:
-            for g, n in problem.teams[k].demand().items():
-                part_demand[g] += n
-        part_load: dict[tuple[str, str], float] = defaultdict(float)
-        for k in members:
-            for r, per in problem.teams[k].current.items():
-                for g, n in per.items():
-                    part_load[(r, g)] += n
-        # the partition's supply: what it uses of each cell now (scaled down where the cell is
-        # overloaded) plus a share of the cell's spare GPUs proportional to the partition's
-        # overflow of that GPU type (its demand share when nothing overflows); sums to the supply
-        part_over: dict[str, float] = defaultdict(float)
-        for c, n in part_load.items():
-            if c in cells:
-                part_over[c[1]] += n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / load_before[c])
-        part_supply = {}
-        for c, s in cells.items():
-            g = c[1]
-            used = load_before.get(c, 0.0)
-            mine = part_load.get(c, 0.0) * (min(1.0, s / used) if used > 0 else 0.0)
-            if overflow_by_gpu.get(g, 0.0) > 1e-9:
-                spare_share = part_over[g] / overflow_by_gpu[g]
-            else:
-                spare_share = part_demand.get(g, 0.0) / demand_by_gpu[g] if demand_by_gpu.get(g) else 0.0
-            part_supply[c] = mine + max(0.0, s - used) * spare_share
-        overflow = sum(
-            n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / load_before[c])
-            for c, n in part_load.items()
-            if c in cells
+            for c, n in (plan.stay.get(k, {}) if plan else {}).items():
+                stay[c] += n
+            for group, n in (plan.move.get(k, {}) if plan else {}).items():
+                move[group] += n
+        stays.append(stay)
+        moves.append(move)
+        # the budget is shared by the bytes the plan's moves need, else by GPUs moved, else by demand
+        weights.append(
+            (
+                sum(plan.bytes.get(k, 0.0) for k in members) if plan else 0.0,
+                sum(move.values()),
+                sum(sum(problem.teams[k].demand().values()) for k in members),
+            )
         )
+    placed: dict[tuple[str, str], float] = defaultdict(float)
+    for pi, members in enumerate(parts):
+        fixed: dict[tuple[str, str], float] = defaultdict(float, placed)
+        pooled: dict[Group, float] = defaultdict(float)
+        for q in range(pi + 1, len(parts)):
+            for c, n in stays[q].items():
+                fixed[c] += n
+            for group, n in moves[q].items():
+                pooled[group] += n
+        others = _Others(dict(fixed), dict(pooled))
         # budget: this partition's share of what is left (unused bytes flow to later partitions)
-        if overflow_left > 1e-9:
-            frac = min(1.0, overflow / overflow_left)
-        else:
-            frac = sum(part_demand.values()) / max(demand_left, 1e-9)
-        overflow_left -= overflow
-        demand_left -= sum(part_demand.values())
+        frac = 1.0
+        for i in range(3):
+            left = sum(w[i] for w in weights[pi:])
+            if left > 1e-9:
+                frac = min(1.0, weights[pi][i] / left)
+                break
         remaining = max(1.0, time_limit_s - (time.perf_counter() - started))
         args = (
             problem,
             members,
             cells,
-            part_supply,
+            others,
             mean_ratio,
             load_before,
-            budget_left * min(1.0, frac),
-            {r: storage_left[r] * min(1.0, frac) for r in storage_left},
+            budget_left * frac,
+            {r: storage_left[r] * frac for r in storage_left},
             candidates,
             remaining / (len(parts) - pi),
             seed * 1000 + pi,
@@ -820,6 +1015,8 @@ def solve(
         except _PartitionInfeasible:
             raise _diagnose(args) from None
         x_all.update(res.x)
+        for (_k, r, g), n in res.x.items():
+            placed[(r, g)] += n
         for d, r in res.replicas - replicas:
             budget_left -= problem.datasets[d].bytes
             if r in storage_left:
