@@ -405,8 +405,8 @@ def _greedy_enable(
         return c
 
     def affordable(r: str, cost: float) -> bool:
-        return spent + cost <= budget * (1 - 1e-9) and (
-            r not in storage_free or stored[r] + cost <= storage_free[r] * (1 - 1e-9)
+        return spent + cost <= budget * (1 + 1e-9) and (
+            r not in storage_free or stored[r] + cost <= storage_free[r] * (1 + 1e-9)
         )
 
     def enable(k: int, r: str, cost: float) -> None:
