@@ -573,10 +573,10 @@ def _solve_partition(
 
     ``enabled``: the rounded pairs (the team's model uses the regions holding its data and these);
     None: every candidate pair is a binary (the exact MIP). ``fixed``: cell → GPUs the partitions
-    solved before placed there; ``made``: the (dataset, region) replicas they chose. ``later``: the teams of the partitions solved after, in the model
-    with their GPUs only (over the regions their models use; teams without quotas pooled by GPU
-    type and regions, which is exact for the worst ratio), so this partition leaves them the room
-    they need without deciding where they go."""
+    solved before placed there; ``made``: the (dataset, region) replicas they chose. ``later``:
+    the teams of the partitions solved after, in the model with their GPUs only (over the regions
+    their models use; teams without quotas pooled by GPU type and regions, which is exact for the
+    worst ratio), so this partition leaves them the room they need without deciding where they go."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
@@ -593,12 +593,15 @@ def _solve_partition(
         team = problem.teams[k]
         demand = team.demand()
         total_demand += sum(demand.values())
-        regions = _regions(cand[k], k, enabled, made)
+        usable = set(_regions(cand[k], k, enabled, made))
+        # a region a quota_min requires stays in the model even where it was not enabled (it then
+        # cannot hold the team: the partition is infeasible and the diagnosis names why)
+        regions = [r for r in cand[k] if r in usable or team.quota_min.get(r, 0.0) > 0]
         for r in regions:
             w = None
             missing = tuple(uri for uri in cand[k][r] if (uri, r) not in made)
             if missing:
-                w = b.var(("w", k, r), 0, 1, integer=enabled is None)
+                w = b.var(("w", k, r), 0, 1 if r in usable else 0, integer=enabled is None)
                 # aggregated locality: Σ_d y[d,r] ≥ |missing|·w (one row per pair; with w binary
                 # it forces every missing replica, and keeps the LP small at scale)
                 ys = [b.var(("y", uri, r), 0, 1) for uri in missing]
@@ -680,7 +683,7 @@ def _solve_partition(
         other = float(fixed.get(cell, 0.0))
         b.row([*((x, 1.0) for x in xs), (t_col, -s)], -math.inf, -other, "ratio")
         over, under = b.var(("o", *cell)), b.var(("u", *cell))
-        target = s - other  # soft balance around supply: GPUs over it cost OVERLOAD_WEIGHT, idle ones 1
+        target = s - other  # balance around supply: GPUs over it cost OVERLOAD_WEIGHT, idle ones 1
         b.row([*((x, 1.0) for x in xs), (over, -s), (under, s)], target, target, "balance")
         balance_terms += [(over, OVERLOAD_WEIGHT * s / total_cap), (under, UNDERLOAD_WEIGHT * s / total_cap)]
 

@@ -145,3 +145,27 @@ def test_few_binaries_are_one_exact_mip_whatever_the_team_count():
     p = _heavy_tailed()
     s = solve(p, team_block=1)
     assert s.partitions == 1 and s.status == "optimal"
+
+
+@pytest.mark.parametrize("team_block", [1, 1000])
+def test_rounded_quota_min_beyond_the_budget_names_the_budget_and_the_team(team_block):
+    """A quota_min in a region the budget cannot bring the team's data to: infeasible on the
+    rounding path too, whether or not decomposed, and the error names the budget and the team
+    (not the teams of the partitions solved before it)."""
+    from sailor_tasks.errors import RebalanceInfeasibleError
+
+    p = Problem(
+        supply={"a": {"T4": 10.0}, "b": {"T4": 10.0}},
+        teams=(
+            Team("a-early", {"a": {"T4": 6.0}}),
+            Team("b-early", {"b": {"T4": 3.0}}, datasets=("e",)),
+            Team("z-bad", {"a": {"T4": 4.0}}, datasets=("d",), quota_min={"b": 2.0}),
+        ),
+        datasets={"d": Dataset("d", 100, ("a",)), "e": Dataset("e", 50, ("b",))},
+        budget_bytes=10,
+    )
+    with pytest.raises(RebalanceInfeasibleError, match="replication byte budget") as err:
+        solve(p, mip_max_binaries=0, team_block=team_block)
+    assert "'z-bad'" in str(err.value)
+    if team_block == 1:
+        assert "a-early" not in str(err.value)
