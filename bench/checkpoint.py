@@ -4,34 +4,46 @@ Every write below stores the same state (the same bytes) to the same filesystem,
 is the median over repeats. Each repeat times, in rotating order:
 
 - ``sailor``: ``CheckpointManager.save`` (SAILOR's writer: raw tensor bytes with crc32c computed on
-  the fly, cached DCP plan, commit marker) into **new files** (``recycle=False``), ``--threads``
-  writer threads, no fsync.
+  the fly, the first save's DCP plan reused, commit marker) into **new files** (``recycle=False``),
+  ``--threads`` writer threads, no fsync.
 - ``public``: the public PyTorch path: ``get_state_dict(model, optimizer)`` + ``dcp.save`` with
   DCP's ``FileSystemWriter`` (``thread_count=--threads``), into new files, no fsync.
 - ``raw``: plain fsspec writes of the very files the checkpoint wrote (held in memory), into new
   files, spread over ``--threads`` threads (one file per thread at a time, as the checkpoint
-  writes them); two ways, each file in 8 MiB ``write`` calls or in one ``write`` call, and the
-  faster of the two medians is the baseline.
+  writes them); three ways, each file in 8 MiB ``write`` calls (``raw_8mib``), in one ``write``
+  call (``raw_one``), or allocated first (``fallocate``, as SAILOR's writer does) and then written
+  in one call (``raw_falloc``); the fastest of the three medians is the baseline.
 - the durable variant of each: ``sailor_fsync`` (``sync_files=True``), ``public_fsync``
   (``FileSystemWriter(sync_files=True)``) and ``raw_fsync`` (one ``write`` call, then fsync, per
-  file): every side fsyncs its data files (and the DCP sides their ``.metadata``).
+  file; ``raw_fsync_falloc`` allocated first, the faster of the two is the durable baseline):
+  every side fsyncs its data files (and the DCP sides their ``.metadata``).
 - ``sailor_recycled``: the trainer's steady state on a local root, reported separately: saves into
   the data files of the checkpoint retired by the previous save (``recycle=True``), overwritten in
   place. Compared with ``raw`` it is not like for like (the raw writes create new files).
 
-The headline ``write_fraction_of_raw`` = raw seconds / sailor seconds, new files and the same
-threads on both sides, no fsync (target ≥ 0.8); ``durable_fraction_of_raw`` the same with fsync on
-both sides. ``sailor_vs_public`` = public seconds / sailor seconds (> 1: SAILOR's writer is faster),
-new files, with and without fsync.
+The headline ``write_fraction_of_raw`` = raw seconds / sailor seconds (``raw_way``: the fastest
+raw way), new files and the same threads on both sides, no fsync (target ≥ 0.8);
+``cpu_fraction_of_raw`` the same in CPU seconds; ``durable_fraction_of_raw`` the same with fsync
+on both sides (``raw_fsync_way``). ``sailor_vs_public`` = public seconds / sailor seconds (> 1:
+SAILOR's writer is faster), new files, with and without fsync.
 
 Untimed, before each timed write: the background retirement of old checkpoints is waited for and
 ``os.sync()`` runs, so that no write pays for dirty pages or deletions the bench itself left behind
 (other processes' I/O can still slow any of them), and the raw bytes are read once (as hot in
 memory as the model the checkpoints write from).
 
-``cpu_seconds`` is each write's median CPU time (all threads of this process, user + system, so
-the kernel's copy into the page cache counts): on this shared machine the wall figures move with
-other processes' load, the CPU figures much less.
+``seconds`` is each write's median wall time and ``cpu_seconds`` its median CPU time (all threads
+of this process, user + system, so the kernel's copy into the page cache counts): on a shared
+machine the wall figures move with other processes' load, the CPU figures much less.
+``load_average`` is the 1-, 5- and 15-minute load average when the timed writes began and ended.
+``min_seconds``, ``min_cpu_seconds`` and ``min_fraction_of_raw`` (fastest raw repeat / fastest
+sailor repeat) are the least disturbed repeats: on this VM a write into new files now and then
+takes several times its usual CPU (the hypervisor backing pages the guest had freed), whichever
+side it falls on.
+
+``sailor`` saves the trainer's state as the trainer does: one ``_ModelOptimState`` for the run
+(which learns ``get_state_dict``'s renaming once), so from the second save on the state dicts are
+the plain ones renamed and DCP's plan of the first save is reused.
 
 Then, per repeat:
 
@@ -65,11 +77,15 @@ WRITES = (
     "public",
     "raw_8mib",
     "raw_one",
+    "raw_falloc",
     "sailor_fsync",
     "public_fsync",
     "raw_fsync",
+    "raw_fsync_falloc",
     "sailor_recycled",
 )
+RAW = ("raw_8mib", "raw_one", "raw_falloc")
+RAW_FSYNC = ("raw_fsync", "raw_fsync_falloc")
 TARGET_FRACTION_OF_RAW = 0.8
 
 
@@ -100,7 +116,7 @@ def main() -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from sailor_tasks import storage
-    from sailor_tasks.train.checkpoint.dcp import CheckpointManager
+    from sailor_tasks.train.checkpoint.dcp import CheckpointManager, preallocate
     from sailor_tasks.train.checkpoint.store import _CHUNK, MARKER
     from sailor_tasks.train.models import build_model
     from sailor_tasks.train.specs import MODEL_SPECS
@@ -142,8 +158,10 @@ def main() -> None:
     pool = ThreadPoolExecutor(args.threads, thread_name_prefix="bench-raw")
     step = 0
 
+    app_state = _ModelOptimState(model, optimizer)  # one per run, as in the trainer
+
     def state() -> dict:
-        return {"app": _ModelOptimState(model, optimizer), "trainer": {"step": step}}
+        return {"app": app_state, "trainer": {"step": step}}
 
     def settle() -> None:
         for mgr in managers.values():
@@ -174,7 +192,9 @@ def main() -> None:
         fs.rm(path, recursive=True)
         return seconds, cpu
 
-    def raw_write(blobs: dict[str, bytes], chunk: int | None, fsync: bool) -> tuple[float, float]:
+    def raw_write(
+        blobs: dict[str, bytes], chunk: int | None, fsync: bool, falloc: bool = False
+    ) -> tuple[float, float]:
         folder = f"{base}/raw-{step}"
         fs.makedirs(folder, exist_ok=True)
         for blob in blobs.values():  # untimed read of every byte: as hot as the model's tensors
@@ -184,6 +204,8 @@ def main() -> None:
         def one(name: str) -> None:
             blob = blobs[name]
             with fs.open(f"{folder}/{name}", "wb") as f:
+                if falloc and not preallocate(f, len(blob)):
+                    raise RuntimeError(f"{folder}: fallocate failed; raw_falloc would not allocate")
                 if chunk is None:
                     f.write(blob)
                 else:
@@ -251,6 +273,7 @@ def main() -> None:
     step += 1
     managers["sailor_recycled"].save(step, state())  # retires one more: files to recycle
 
+    load_start = os.getloadavg()
     times: dict[str, list[float]] = {w: [] for w in WRITES}
     cpus: dict[str, list[float]] = {w: [] for w in WRITES}
     recycled: list[int] = []
@@ -271,8 +294,10 @@ def main() -> None:
                 seconds, cpu = raw_write(blobs, _CHUNK, False)
             elif what == "raw_one":
                 seconds, cpu = raw_write(blobs, None, False)
+            elif what == "raw_falloc":
+                seconds, cpu = raw_write(blobs, None, False, falloc=True)
             else:
-                seconds, cpu = raw_write(blobs, None, True)
+                seconds, cpu = raw_write(blobs, None, True, falloc=what == "raw_fsync_falloc")
             times[what].append(seconds)
             cpus[what].append(cpu)
 
@@ -286,10 +311,12 @@ def main() -> None:
         new.load(latest, state())
         restore.append(time.perf_counter() - t)
     settle()
+    load_end = os.getloadavg()
     pool.shutdown()
     logging.getLogger("bench").info(
-        "per repeat (s): %s; stall %s; restore %s; recycled files per save %s",
+        "per repeat (s): %s; CPU s %s; stall %s; restore %s; recycled files per save %s",
         {w: [round(v, 3) for v in ts] for w, ts in times.items()},
+        {w: [round(v, 3) for v in ts] for w, ts in cpus.items()},
         [round(v, 4) for v in stall],
         [round(v, 3) for v in restore],
         recycled,
@@ -299,7 +326,9 @@ def main() -> None:
 
     med = {w: statistics.median(ts) for w, ts in times.items()}
     med_cpu = {w: statistics.median(ts) for w, ts in cpus.items()}
-    raw_s = min(med["raw_8mib"], med["raw_one"])
+    raw_way = min(RAW, key=med.__getitem__)
+    raw_s = med[raw_way]
+    raw_fsync_way = min(RAW_FSYNC, key=med.__getitem__)
 
     def mb_s(seconds: float) -> float:
         return round(nbytes / seconds / 1e6, 1)
@@ -309,7 +338,7 @@ def main() -> None:
         json.dumps(
             {
                 "write_fraction_of_raw": round(fraction, 3),
-                "durable_fraction_of_raw": round(med["raw_fsync"] / med["sailor_fsync"], 3),
+                "durable_fraction_of_raw": round(med[raw_fsync_way] / med["sailor_fsync"], 3),
                 "sailor_vs_public": round(med["public"] / med["sailor"], 3),
                 "sailor_vs_public_fsync": round(med["public_fsync"] / med["sailor_fsync"], 3),
                 "target_met": fraction >= TARGET_FRACTION_OF_RAW,
@@ -317,6 +346,16 @@ def main() -> None:
                 "mb_s": {w: mb_s(v) for w, v in med.items()},
                 "cpu_seconds": {w: round(v, 3) for w, v in med_cpu.items()},
                 "raw_s": round(raw_s, 3),
+                "raw_way": raw_way,
+                "raw_fsync_way": raw_fsync_way,
+                "cpu_fraction_of_raw": round(med_cpu[raw_way] / med_cpu["sailor"], 3),
+                "min_fraction_of_raw": round(min(min(times[w]) for w in RAW) / min(times["sailor"]), 3),
+                "min_seconds": {w: round(min(v), 3) for w, v in times.items()},
+                "min_cpu_seconds": {w: round(min(v), 3) for w, v in cpus.items()},
+                "load_average": {
+                    "start": [round(v, 2) for v in load_start],
+                    "end": [round(v, 2) for v in load_end],
+                },
                 "recycled_fraction_of_raw_new_files": round(raw_s / med["sailor_recycled"], 3),
                 "recycled_files": all(recycled),
                 "async_stall_s": round(statistics.median(stall), 4),

@@ -12,13 +12,20 @@ Scenarios (``--scenarios``, each solved for every seed of ``--seeds``):
   each one job of Microsoft's Philly cluster trace (GPU-seconds of a job drawn without replacement
   from ``philly_job_distribution.pickle`` as Gavel packages it, ``--philly``), datasets and home
   regions from the generator.
+- ``philly-gpus``: the same jobs measured otherwise, on the same supply: each of 3,000 teams the
+  GPUs one Philly job holds while it runs (1, 2, 4 or 8; three in four hold one), a bounded mix
+  where ``philly``'s is heavy-tailed.
+- ``philly-gen``: Philly GPU-seconds on the generated supply (40 regions × 8 GPU types), 6,000
+  teams and 30,000 datasets, so the decomposition runs in 3 partitions.
 
 Ratios are demand/supply of the busiest region; ``lower_bound`` is the solver's LP bound on it.
-``solve_cpu_s`` is the solve's CPU time (all threads of this process): on a shared machine wall
-time grows with other processes' load, CPU time much less.
+``solve_s`` is the solve's wall time, ``solve_cpu_s`` its CPU time (all threads of this process):
+on a shared machine wall time grows with other processes' load (``load_avg``, 1 min, at the start
+and the end), CPU time much less.
 Target per solve: busiest region after ≤ 1.0 (or ≤ 1.02 × the LP bound) within 60 s.
 
-Run: .venv/bin/python bench/rebalance.py [--scenarios mast,large,catalog,philly] [--seeds 0,1,2]
+Run: .venv/bin/python bench/rebalance.py [--scenarios mast,large,catalog,philly,philly-gpus,philly-gen]
+    [--seeds 0,1,2,3,4,5,6,7]
 Prints one JSON object as its last line: one entry per (scenario, seed) and the worst figures.
 """
 
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,7 +43,7 @@ from sailor_tasks.rebalance.solver import solve
 
 ROOT = Path(__file__).resolve().parents[1]
 PHILLY = ROOT.parent / "shared" / "tools" / "gavel" / "src" / "philly_job_distribution.pickle"
-SCENARIOS = ("mast", "large", "catalog", "philly")
+SCENARIOS = ("mast", "large", "catalog", "philly", "philly-gpus", "philly-gen")
 TARGET_RATIO = 1.0
 TARGET_BOUND_FACTOR = 1.02
 TARGET_SOLVE_S = 60.0
@@ -48,6 +56,12 @@ def build(name: str, seed: int, args: argparse.Namespace):
         return generate(40, 8, 2000, 10000, seed=seed, **extra), "generated, 40 regions x 8 GPU types"
     if name == "large":
         return generate(40, 8, 4000, 20000, seed=seed, **extra), "generated, above the 2,000-team block"
+    if name == "philly-gen":
+        demand = philly_team_demand(str(args.philly), 6000, seed=seed)
+        return (
+            generate(40, 8, datasets=30000, seed=seed, team_demand=demand, **extra),
+            f"generated supply, Philly job mix, GPU-seconds ({args.philly.name})",
+        )
     from sailor_tasks.catalog import load_catalog
     from sailor_tasks.catalog.supply import region_supply
 
@@ -60,10 +74,11 @@ def build(name: str, seed: int, args: argparse.Namespace):
             generate(teams=2000, datasets=10000, seed=seed, supply=supply, **extra),
             "packaged GCP catalog supply, generated demand",
         )
-    demand = philly_team_demand(str(args.philly), 3000, seed=seed)
+    measure = "gpus" if name == "philly-gpus" else "gpu_seconds"
+    demand = philly_team_demand(str(args.philly), 3000, seed=seed, measure=measure)
     return (
         generate(datasets=15000, seed=seed, supply=supply, team_demand=demand, **extra),
-        f"packaged GCP catalog supply, Philly job mix ({args.philly.name})",
+        f"packaged GCP catalog supply, Philly job mix, {measure} ({args.philly.name})",
     )
 
 
@@ -72,12 +87,18 @@ def main() -> None:
     p.add_argument(
         "--scenarios", default=",".join(SCENARIOS), help=f"comma-separated: {', '.join(SCENARIOS)}"
     )
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument("--seeds", default="0,1,2,3,4,5,6,7", help="comma-separated seeds")
     p.add_argument("--philly", type=Path, default=PHILLY, help="Gavel's philly_job_distribution.pickle")
     p.add_argument(
         "--budget-fraction", type=float, default=None, help="budget as a share of all dataset bytes"
     )
     p.add_argument("--time-limit", type=float, default=50.0, help="solver time budget (s)")
+    p.add_argument(
+        "--team-block",
+        type=int,
+        default=None,
+        help="teams per partition (default: the solver's; a number above the teams: one partition)",
+    )
     args = p.parse_args()
     names = [s for s in args.scenarios.split(",") if s]
     bad = [s for s in names if s not in SCENARIOS]
@@ -87,9 +108,10 @@ def main() -> None:
         seeds = [int(s) for s in args.seeds.split(",") if s]
     except ValueError:
         sys.exit(f"--seeds {args.seeds!r}: need comma-separated integers, e.g. 0,1,2")
-    if "philly" in names and not args.philly.is_file():
+    if any(n.startswith("philly") for n in names) and not args.philly.is_file():
         sys.exit(f"--philly {args.philly}: no such file (Gavel's philly_job_distribution.pickle)")
 
+    load_start = os.getloadavg()[0]
     runs = []
     for name in names:
         for seed in seeds:
@@ -97,7 +119,8 @@ def main() -> None:
             problem, what = build(name, seed, args)
             gen_s = time.perf_counter() - t0
             cpu = time.process_time()
-            sol = solve(problem, seed=seed, time_limit_s=args.time_limit)
+            block = {} if args.team_block is None else {"team_block": args.team_block}
+            sol = solve(problem, seed=seed, time_limit_s=args.time_limit, **block)
             cpu = time.process_time() - cpu
             demand = sum(sum(t.demand().values()) for t in problem.teams)
             supply = sum(problem.cell_supply().values())
@@ -149,6 +172,7 @@ def main() -> None:
                 "worst_ratio_over_bound": max(r["max_ratio_after"] / r["lower_bound"] for r in runs),
                 "max_solve_s": max(r["solve_s"] for r in runs),
                 "max_solve_cpu_s": max(r["solve_cpu_s"] for r in runs),
+                "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
                 "targets": {
                     "max_ratio_after": TARGET_RATIO,
                     "or_times_lower_bound": TARGET_BOUND_FACTOR,

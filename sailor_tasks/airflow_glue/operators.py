@@ -161,7 +161,8 @@ class SailorTrainOperator(BaseOperator):
        ``triggers.AttemptPodsTrigger``, which follows every pod of the attempt at once and streams
        their logs into the task log, and frees its worker slot.
     2. ``resume_train(event)``: the trigger fired because a pod failed or is gone, or all
-       succeeded. Each pod is judged from the pod and its node (``gcp.judge_pod``: Spot node
+       succeeded (or because the run's lease, which the trigger renews at every poll, was
+       reclaimed: the attempt's pods are stopped and the task fails with ``LeaseReclaimedError``). Each pod is judged from the pod and its node (``gcp.judge_pod``: Spot node
        reclaimed, pod gone with its node, node shutdown → preempted); the attempt's other pods are
        deleted at once (a dead node does not leave its peers waiting on a collective), succeeded
        ones cleaned up, failed ones kept for inspection; a pod judged preempted goes into the
@@ -251,10 +252,15 @@ class SailorTrainOperator(BaseOperator):
         """Re-entry from ``AttemptPodsTrigger``: judge the pods, stop the rest, end the attempt."""
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue import gcp
+        from sailor_tasks.airflow_glue.triggers import LEASE_RECLAIMED
         from sailor_tasks.stages import attempts
 
         self._run_id = context["run_id"]
         event = event or {}
+        if event.get("status") == LEASE_RECLAIMED:
+            # The reconciler took the run's GPUs: its pods may not go on (it stopped them too).
+            self.log.error("run %s: %s", context["run_id"], event.get("message"))
+            run_stage(stages.stop_reclaimed, context["run_id"])
         state = event.get(gcp.TRIGGER_STATE_KEY)
         if not isinstance(state, Mapping) or "attempt" not in state:
             raise AirflowFailException(
@@ -329,10 +335,11 @@ class SailorTrainOperator(BaseOperator):
                 for i, s in enumerate(steps)
             }
             return self._conclude(context, pods, attempt, status)
-        self._defer(pods, attempt.number, running[0])
+        self._defer(context, pods, attempt.number, running[0])
 
-    def _defer(self, pods: Any, attempt: int, pod_trigger: Any) -> None:
-        """Defer on every pod of the attempt (the cluster's address from the provider's pod trigger)."""
+    def _defer(self, context: Any, pods: Any, attempt: int, pod_trigger: Any) -> None:
+        """Defer on every pod of the attempt (the cluster's address from the provider's pod
+        trigger); the trigger renews the run's lease while no task runs."""
         from sailor_tasks.airflow_glue import gcp
         from sailor_tasks.airflow_glue.triggers import AttemptPodsTrigger
 
@@ -346,6 +353,7 @@ class SailorTrainOperator(BaseOperator):
             poll_interval=gcp.POD_POLL_INTERVAL_S,
             startup_timeout=gcp.POD_STARTUP_TIMEOUT_S,
             state={"attempt": attempt},
+            run_id=context["run_id"],
         )
         self.log.info("deferring on the %d pod(s) of attempt %d", len(pods), attempt)
         self.defer(trigger=trigger, method_name="resume_train")

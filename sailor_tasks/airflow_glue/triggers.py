@@ -7,11 +7,19 @@ logged since the last read into the task log (step, loss, samples/s as the train
 and fires as soon as any pod has ended in failure or is gone (its node reclaimed), or when all
 succeeded. ``SailorTrainOperator.resume_train`` then judges each pod, stops the others and ends
 the attempt.
+
+No task runs while the attempt is deferred, so the trigger is the run's heartbeat: each poll it
+renews the run's reservation lease (``stages.queueing.hold_lease``, the normal ``lease_s``) from
+the triggerer's own settings and ledger, in a thread (the event loop never waits on the
+database). A lease the reconciler reclaimed (the trigger could not renew it in time) fires
+``lease_reclaimed``: ``resume_train`` stops the attempt's pods and fails. A renewal that fails
+(the ledger briefly unreachable) is logged and retried at the next poll: the lease lasts many polls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -20,6 +28,31 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 CLASSPATH = "sailor_tasks.airflow_glue.triggers.AttemptPodsTrigger"
 PENDING_PHASES = ("Pending", "")
+LEASE_RECLAIMED = "lease_reclaimed"
+"""Event status: the run's reservation lease was reclaimed while the attempt was deferred."""
+LEASE_HOLDER = "train (deferred)"
+
+
+@functools.lru_cache(maxsize=4)
+def _context(settings: Any) -> Any:
+    """One ``StageContext`` (and its ledger engine) per settings, shared by every trigger of the
+    triggerer process."""
+    from sailor_tasks.stages import StageContext
+
+    return StageContext(settings)
+
+
+def renew_lease(run_id: str) -> None:
+    """Renew the run's reservation lease for ``lease_s`` from the triggerer's settings (the ledger's
+    URL never rides in the trigger's kwargs: they are stored and shown by Airflow).
+
+    Raises:
+        LeaseReclaimedError: the reconciler reclaimed the reservation (its lease had expired).
+    """
+    from sailor_tasks.settings import Settings
+    from sailor_tasks.stages.queueing import hold_lease
+
+    hold_lease(_context(Settings.from_env()), run_id, LEASE_HOLDER)
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -35,9 +68,13 @@ class AttemptPodsTrigger(BaseTrigger):
     """Follow the pods ``pod_names`` of one attempt until one fails or all succeed.
 
     Event payload: ``status`` (``success``: every pod succeeded; ``ended``: a pod failed or is
-    gone; ``error``: a pod did not start within ``startup_timeout`` or the API kept failing),
-    ``pods`` (name → ``{"phase", "exit_code"}``, ``phase`` ``Gone`` for a pod that no longer
-    exists), ``message``, and SAILOR's resume ``state`` under ``sailor_train``.
+    gone; ``error``: a pod did not start within ``startup_timeout`` or the API kept failing;
+    ``lease_reclaimed``: the run's lease was reclaimed), ``pods`` (name → ``{"phase",
+    "exit_code"}``, ``phase`` ``Gone`` for a pod that no longer exists), ``message``, and SAILOR's
+    resume ``state`` under ``sailor_train``.
+
+    ``run_id``: the run whose lease each poll renews (None: none renewed; a trigger serialised
+    before it existed has none).
     """
 
     def __init__(
@@ -54,8 +91,10 @@ class AttemptPodsTrigger(BaseTrigger):
         started_at: float | None = None,
         state: Mapping[str, Any] | None = None,
         log_marks: Mapping[str, str] | None = None,
+        run_id: str | None = None,
     ):
         super().__init__()
+        self.run_id = run_id
         self.pod_names = list(pod_names)
         self.namespace = namespace
         self.cluster_url, self.ssl_ca_cert, self.gcp_conn_id = cluster_url, ssl_ca_cert, gcp_conn_id
@@ -81,6 +120,7 @@ class AttemptPodsTrigger(BaseTrigger):
                 "started_at": self.started_at,
                 "state": self.state,
                 "log_marks": self.log_marks,
+                "run_id": self.run_id,
             },
         )
 
@@ -134,10 +174,28 @@ class AttemptPodsTrigger(BaseTrigger):
             {"status": status, "pods": pods, "message": message, "sailor_train": self.state}
         )
 
+    async def _renew(self) -> str | None:
+        """Renew the run's lease (in a thread); the reclaim's message when it was reclaimed."""
+        from sailor_tasks.errors import LeaseReclaimedError
+
+        if self.run_id is None:
+            return None
+        try:
+            await asyncio.to_thread(renew_lease, self.run_id)
+        except LeaseReclaimedError as exc:
+            return str(exc)
+        except Exception as exc:  # the ledger may be briefly unreachable; the lease has margin
+            self.log.warning("renewing the lease of run %s failed (%s); retrying at the next poll", self.run_id, exc)
+        return None
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self.hook()
         errors = 0
         while True:
+            reclaimed = await self._renew()
+            if reclaimed is not None:
+                yield self._event(LEASE_RECLAIMED, {}, reclaimed)
+                return
             try:
                 pods = {name: await self._read(hook, name) for name in self.pod_names}
                 errors = 0

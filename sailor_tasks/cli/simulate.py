@@ -1,4 +1,5 @@
-"""``sailor simulate``: a job trace under a scheduling policy in Gavel-style rounds (spot market: spot.py)."""
+"""``sailor simulate``: a job trace under a scheduling policy in Gavel-style rounds, or admitted
+through SAILOR's live queue (``--admission queue``); spot market: spot.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from sailor_tasks.cli.output import print_table
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("simulate", help="simulate a job trace under a scheduling policy (Gavel-style rounds)")
+    p = sub.add_parser(
+        "simulate",
+        help="simulate a job trace under a scheduling policy (Gavel-style rounds, or the live queue)",
+    )
     add_arguments(p)
     p.set_defaults(func=cmd_simulate)
 
@@ -26,8 +30,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         print(json.dumps(result))
-    else:
-        print_table([result], list(result))
+        return 0
+    teams = result.pop("teams", None)
+    print_table([result], list(result))
+    if teams:
+        rows = [{"team": team, **figures} for team, figures in teams.items()]
+        print_table(rows, list(rows[0]))
     return 0
 
 
@@ -86,13 +94,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"where a preempted job continues: one of {', '.join(recovery_names())}; "
         f"default {DEFAULT_RECOVERY}",
     )
+    add_queue_arguments(p.add_argument_group("admission through SAILOR's queue (--admission queue)"))
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from sailor_tasks.cli.spot import add_spot_arguments
 
     add_spot_arguments(p.add_argument_group("spot economics (with --strategy; see simulator/spot.py)"))
 
 
-def parse_cluster(text: str, known: tuple[str, ...]) -> dict[str, int]:
+ADMISSIONS = ("rounds", "queue")
+"""How simulated jobs get GPUs: ``rounds`` (Gavel's model: every arrived job time-shares the
+cluster) or ``queue`` (SAILOR's live queue: admitted by the queue policy, GPUs held to the end)."""
+UNCAPPED = "unlimited"
+NO_ON_DEMAND = "none"
+
+
+def add_queue_arguments(g: Any) -> None:
+    """Arguments of the queue simulator (``sailor_tasks.simulator.queue``)."""
+    from sailor_tasks.queue import QUEUE_POLICIES
+
+    g.add_argument(
+        "--admission",
+        choices=ADMISSIONS,
+        default="rounds",
+        help="rounds: every arrived job time-shares the cluster (Gavel); queue: SAILOR's live admission "
+        "(the queue policy admits waiting runs, each holds its GPUs to its end); default rounds",
+    )
+    g.add_argument(
+        "--queue-policy",
+        choices=QUEUE_POLICIES,
+        help="with --admission queue: the queue policy (default las)",
+    )
+    g.add_argument(
+        "--on-demand",
+        help="with --admission queue: on-demand GPUs per type beside the --cluster spot GPUs, e.g. "
+        f"v100=2,t4=2; {UNCAPPED} (default: not capped) or {NO_ON_DEMAND}",
+    )
+    g.add_argument(
+        "--team-weights",
+        help="with --admission queue: las team weights, e.g. a=2,b=1 (unlisted teams weigh 1)",
+    )
+    g.add_argument(
+        "--arrival-hours",
+        type=float,
+        help="with --admission queue and --jobs: the second team's runs arrive over this many hours "
+        "(default 16; the first team's arrive in a burst)",
+    )
+
+
+def parse_cluster(text: str, known: tuple[str, ...], flag: str = "--cluster") -> dict[str, int]:
     """``"v100=8,p100=16"`` → ``{"V100": 8, "P100": 16}``.
 
     Raises:
@@ -103,14 +152,14 @@ def parse_cluster(text: str, known: tuple[str, ...]) -> dict[str, int]:
         name, sep, count = item.partition("=")
         gpu = GAVEL_GPUS.get(name.strip().lower(), name.strip().upper())
         if not sep or not count.strip().isdigit():
-            raise ValueError(f"--cluster item {item!r}: expected TYPE=COUNT, e.g. v100=8")
+            raise ValueError(f"{flag} item {item!r}: expected TYPE=COUNT, e.g. v100=8")
         if gpu not in known:
             raise ValueError(
-                f"--cluster GPU type {name!r} is not in the throughput table; valid: {', '.join(known)}"
+                f"{flag} GPU type {name!r} is not in the throughput table; valid: {', '.join(known)}"
             )
         out[gpu] = out.get(gpu, 0) + int(count)
     if not out or sum(out.values()) == 0:
-        raise ValueError(f"--cluster {text!r}: no GPUs")
+        raise ValueError(f"{flag} {text!r}: no GPUs")
     return out
 
 
@@ -150,6 +199,9 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
     from sailor_tasks.simulator.rounds.replan import make_recovery
     from sailor_tasks.simulator.rounds.routing import PlacementRouter, SimPlacement, make_router
 
+    check_admission(args)
+    if getattr(args, "admission", "rounds") == "queue":
+        return run_queue_simulation(args)
     if getattr(args, "strategy", None):
         from sailor_tasks.cli.spot import run_spot_simulation
 
@@ -194,4 +246,120 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "json", False):
         # Every completed job's JCT (trace jobs are job000000, job000001, … in line order).
         result["jct_s"] = {k: round(v, 3) for k, v in sim.jct_by_job().items()}
+    return result
+
+
+QUEUE_ONLY = (
+    ("--queue-policy", "queue_policy"),
+    ("--on-demand", "on_demand"),
+    ("--team-weights", "team_weights"),
+    ("--arrival-hours", "arrival_hours"),
+)
+"""Options of the queue simulator: refused without ``--admission queue``."""
+
+
+def rounds_only() -> tuple[tuple[str, str, Any], ...]:
+    """Options of the round-based and spot simulators with their defaults: refused with
+    ``--admission queue`` unless left at the default."""
+    from sailor_tasks.cli.spot import DEFAULT_SLACK
+    from sailor_tasks.simulator.rounds.config import DEFAULT_RECOVERY
+
+    return (
+        ("--policy", "policy", "las"),
+        ("--round-s", "round_s", 360.0),
+        ("--regions", "regions", 1),
+        ("--workers", "workers", 1),
+        ("--space-sharing", "space_sharing", False),
+        ("--market", "market", "on_demand"),
+        ("--router", "router", "placement"),
+        ("--recovery", "recovery", DEFAULT_RECOVERY),
+        ("--jobs-per-hour", "jobs_per_hour", 10.0),
+        ("--strategy", "strategy", None),
+        ("--availability", "availability", None),
+        ("--deadline-slack", "deadline_slack", DEFAULT_SLACK),
+        ("--bind", "bind", "pool"),
+    )
+
+
+def check_admission(args: argparse.Namespace) -> None:
+    """Refuse options of the other simulator, naming them (nothing is simulated).
+
+    Raises:
+        ValueError: an option that ``--admission``'s simulator does not read was given.
+    """
+    if getattr(args, "admission", "rounds") == "queue":
+        given = [flag for flag, dest, default in rounds_only() if getattr(args, dest, default) != default]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: not read with --admission queue (the round-based or spot "
+                "simulator's); the queue simulator reads --jobs or --trace, --cluster (spot GPUs), "
+                "--on-demand, --queue-policy, --team-weights, --arrival-hours, --throughputs, --seed"
+            )
+        return
+    given = [flag for flag, dest in QUEUE_ONLY if getattr(args, dest, None) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: only read with --admission queue")
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``"a=2,b=1"`` → ``{"a": 2.0, "b": 1.0}``.
+
+    Raises:
+        ValueError: a malformed item or a weight that is not a positive number.
+    """
+    out: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        team, sep, value = item.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not sep or not team.strip() or not weight > 0:
+            raise ValueError(
+                f"--team-weights item {item!r}: expected TEAM=WEIGHT with a weight > 0, e.g. a=2"
+            )
+        out[team.strip()] = weight
+    return out
+
+
+def run_queue_simulation(args: argparse.Namespace) -> dict[str, Any]:
+    """``sailor simulate --admission queue``: the workload admitted through SAILOR's live queue
+    (``sailor_tasks.simulator.queue``) on --cluster spot GPUs and --on-demand GPUs."""
+    from sailor_tasks.catalog.throughput import load_gavel, load_packaged
+    from sailor_tasks.simulator.queue import QueueSimConfig, from_trace, mixed_queue, simulate_queue
+    from sailor_tasks.simulator.rounds.workload import read_gavel_trace
+
+    started = time.perf_counter()
+    table = load_gavel(args.throughputs, include_pairs=False) if args.throughputs else load_packaged()
+    spot = parse_cluster(args.cluster, table.gpu_types)
+    on_demand_text = (args.on_demand or UNCAPPED).strip().lower()
+    on_demand: dict[str, int] | None
+    if on_demand_text == UNCAPPED:
+        on_demand = None
+    elif on_demand_text == NO_ON_DEMAND:
+        on_demand = {}
+    else:
+        on_demand = parse_cluster(args.on_demand, table.gpu_types, "--on-demand")
+    hours = 16.0 if args.arrival_hours is None else args.arrival_hours
+    if args.trace:
+        if args.arrival_hours is not None:
+            raise ValueError(
+                "--arrival-hours shapes the generated queue (--jobs); a --trace has its own arrivals"
+            )
+        jobs = from_trace(read_gavel_trace(args.trace, table))
+    else:
+        jobs = mixed_queue(args.jobs, args.seed, table, tuple(spot), hours=hours)
+    config = QueueSimConfig(
+        spot_gpus=spot,
+        on_demand_gpus=on_demand,
+        policy=args.queue_policy or "las",
+        team_weights=parse_weights(args.team_weights or ""),
+    )
+    sim = simulate_queue(jobs, table, config)
+    result = sim.to_json()
+    result["cluster"] = spot
+    result["on_demand"] = UNCAPPED if on_demand is None else on_demand
+    result["wall_s"] = round(time.perf_counter() - started, 3)
+    if getattr(args, "json", False):
+        result["jct_s"] = {r.run_id: round(r.jct_s, 3) for r in sim.runs if r.jct_s is not None}
     return result

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sailor_tasks.model import ANY_GPU
-from sailor_tasks.placement.context import RequestContext
+from sailor_tasks.placement.context import RESTART_HOURS, RequestContext
 from sailor_tasks.placement.index import ON_DEMAND, SPOT
 from sailor_tasks.placement.slack import spot_preferred
 
@@ -83,7 +83,8 @@ def _deadline(ctx: RequestContext) -> np.ndarray | None:
     deadline = ctx.request.deadline_hours
     if deadline is None:
         return None
-    return ctx.hours + ctx.overhead_hours + ctx.data_hours <= deadline
+    # One launch (VM start, image and checkpoint pull) comes before training starts.
+    return ctx.hours + ctx.overhead_hours + ctx.data_hours + RESTART_HOURS <= deadline
 
 
 def _price_cap(ctx: RequestContext) -> np.ndarray | None:
@@ -106,7 +107,7 @@ VALIDATORS: tuple[Validator, ...] = (
     Validator("blocked_zone", "zone is not blocked (e.g. just preempted)", _blocked_zone),
     Validator("market", "the requested market (auto: the market rule's choice for this offer)", _market),
     Validator("throughput", "the model has a known throughput on this GPU type", _throughput),
-    Validator("deadline", "expected hours (incl. preemptions and data transfer) fit the deadline", _deadline),
+    Validator("deadline", "expected hours (one launch, preemptions and data transfer included) fit the deadline", _deadline),
     Validator("price_cap", "price of the whole placement ≤ max_usd_per_hour", _price_cap),
     Validator("capacity", "free GPUs of this type in the zone, after live reservations", _capacity),
 )

@@ -38,6 +38,10 @@ PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 URGENT_MARGIN_S = 300.0
 """A run is urgent this many seconds before its latest start (one admission poll to spare)."""
 
+ATTAINED_WINDOW_S = 24 * 3600.0
+"""The window of a team's attained service (GPU-seconds held) that ``las`` admission weighs: a day,
+so a team that held the capacity overnight yields to the others the next morning."""
+
 ANY = "any"
 
 
@@ -57,6 +61,12 @@ class QueuedRun:
     steps_remaining: float = 0.0
     deadline_s: float | None = None
     latest_start_s: float | None = None
+    market: str = "auto"
+    """The market the run asked for (``spot``: never moved to on-demand at its latest start)."""
+    wait_until_s: float | None = None
+    """When it stops waiting (arrival + ``max_queue_hours``); None: it waits as long as it takes."""
+    waiting_for: str = ""
+    """What it waits for, as its time-out message says it (e.g. ``2x T4 GPUs in us-central1``)."""
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -121,6 +131,7 @@ def policy_targets(
     if not gpus:
         return {r.run_id: 0.0 for r in (*queued, *held)}
     weights = _weights(policy, queued, held, team_weights or {})
+
     def job(r: QueuedRun | HeldRun, since_s: float, deadline_s: float | None = None) -> PolicyJob:
         return PolicyJob(
             job_id=r.run_id,
@@ -133,9 +144,7 @@ def policy_targets(
             arrival_s=since_s,
         )
 
-    jobs = [
-        job(r, r.arrival_s, None if r.deadline_s is None else r.deadline_s - now_s) for r in queued
-    ]
+    jobs = [job(r, r.arrival_s, None if r.deadline_s is None else r.deadline_s - now_s) for r in queued]
     jobs += [job(r, r.started_s) for r in held]
     allocation = get_policy(policy).allocate(PolicyState(jobs=tuple(jobs), gpus=gpus))
     scale = {j.job_id: j.scale_factor for j in jobs}
@@ -148,7 +157,13 @@ def _order_key(policy: str, run: QueuedRun, attained: Mapping[str, float]) -> tu
     order_key = getattr(get_policy(policy), "order_key", None)
     if order_key is not None:
         return order_key(
-            PolicyJob(job_id=run.run_id, throughput={}, scale_factor=max(1, run.gpus), deadline_s=run.deadline_s, arrival_s=run.arrival_s)
+            PolicyJob(
+                job_id=run.run_id,
+                throughput={},
+                scale_factor=max(1, run.gpus),
+                deadline_s=run.deadline_s,
+                arrival_s=run.arrival_s,
+            )
         )
     if policy == "las":
         return (attained.get(run.team, 0.0), run.arrival_s, run.run_id)
@@ -213,7 +228,14 @@ def rank(
             (
                 best,
                 _reason(
-                    policy, best, urgent(best), deficit(best), target_by_team, held_by_team, weights, bool(order)
+                    policy,
+                    best,
+                    urgent(best),
+                    deficit(best),
+                    target_by_team,
+                    held_by_team,
+                    weights,
+                    bool(order),
                 ),
             )
         )

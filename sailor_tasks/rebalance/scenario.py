@@ -194,23 +194,33 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name}: only plain data is read from a job trace")
 
 
-def philly_team_demand(path: str, teams: int, seed: int = 0) -> list[float]:
+PHILLY_MEASURES = ("gpu_seconds", "gpus")
+
+
+def philly_team_demand(path: str, teams: int, seed: int = 0, measure: str = "gpu_seconds") -> list[float]:
     """Team demands drawn from the Philly job trace as Gavel packages it
     (``philly_job_distribution.pickle``: ``(duration_s, GPUs)`` of 33,192 jobs of Microsoft's Philly
     cluster): ``teams`` jobs drawn without replacement (seeded), each team's demand its job's
-    GPU-seconds, so the mix of small and large consumers is the real cluster's.
+    ``measure``: ``"gpu_seconds"`` (the job's GPU-seconds: heavy-tailed, the top 1% of jobs
+    above 300 times the median) or ``"gpus"`` (the GPUs it holds while it runs: 1, 2, 4 or 8).
 
     Raises:
-        ValueError: the file holds no ``(duration_s, GPUs)`` pairs, or fewer jobs than ``teams``.
+        ValueError: ``measure`` is not one of PHILLY_MEASURES, the file holds no ``(duration_s,
+            GPUs)`` pairs, or fewer jobs than ``teams``.
     """
+    if measure not in PHILLY_MEASURES:
+        raise ValueError(f"measure={measure!r}: valid: {', '.join(PHILLY_MEASURES)}")
     with open(path, "rb") as f:
         jobs = _PlainUnpickler(f).load()
     try:
-        demand = np.array([float(d) * float(g) for d, g in jobs])
+        pairs = np.array([(float(d), float(g)) for d, g in jobs])
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: expected a list of (duration_s, GPUs) pairs ({exc})") from exc
-    demand = demand[demand > 0]
+    if pairs.ndim != 2 or not len(pairs):
+        raise ValueError(f"{path}: expected a list of (duration_s, GPUs) pairs, found none")
+    demand = pairs[:, 0] * pairs[:, 1] if measure == "gpu_seconds" else pairs[:, 1]
+    demand = demand[(pairs[:, 0] > 0) & (pairs[:, 1] > 0)]
     if not 1 <= teams <= len(demand):
-        raise ValueError(f"teams={teams}: {path} has {len(demand)} jobs with GPU-seconds > 0")
+        raise ValueError(f"teams={teams}: {path} has {len(demand)} jobs with duration and GPUs > 0")
     rng = np.random.default_rng(seed)
     return [float(v) for v in rng.choice(demand, size=teams, replace=False)]

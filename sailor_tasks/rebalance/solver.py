@@ -3,8 +3,10 @@
 Lexicographic objectives (worst demand/supply ratio, then a soft balance that charges overload
 three times idleness, then bytes replicated), data locality as a hard constraint, and three
 devices that keep thousands of teams and datasets at a few seconds: aggregated locality rows,
-greedy rounding of the binaries above ``mip_max_binaries``, and POP-style decomposition above
-``team_block`` teams. The model, constraint by constraint, is in ``docs/rebalance.md``.
+greedy rounding of the binaries above ``mip_max_binaries`` (over all teams, within the one
+budget), and, above ``team_block`` teams, the LP stages solved per partition against whole cells,
+each partition seeing the others' load. The model, constraint by constraint, is in
+``docs/rebalance.md``.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -290,7 +293,206 @@ def partition_teams(problem: Problem, team_block: int) -> list[list[int]]:
     return [sorted(p) for p in parts if p]
 
 
-# --- one partition's MIP -------------------------------------------------------------------------
+# --- candidate regions and the rounding ------------------------------------------------------------
+
+
+def _candidates(
+    problem: Problem,
+    cells: Mapping[tuple[str, str], float],
+    mean_ratio: Mapping[str, float],
+    load_before: Mapping[tuple[str, str], float],
+    candidates: int,
+    seed: int,
+) -> list[dict[str, tuple[str, ...]]]:
+    """Per team (by index): region → URIs of the team's datasets without a replica there (empty:
+    the region holds all its data), for each region the team's model may use.
+
+    Only teams in overloaded cells get new regions (``candidates`` per GPU type, sampled by spare
+    capacity, shared by all teams so that a replica serves several readers, plus the
+    ``CHEAP_CANDIDATES`` regions missing the fewest of the team's bytes); the others move only
+    between regions that already hold their data."""
+    regions_by_gpu: dict[str, list[str]] = defaultdict(list)
+    for r, g in sorted(cells):
+        regions_by_gpu[g].append(r)
+    spare = {c: mean_ratio[c[1]] * n - load_before.get(c, 0.0) for c, n in cells.items()}
+    rng = np.random.default_rng(seed)
+    targets: dict[str, list[str]] = {}
+    for g, rs in regions_by_gpu.items():
+        pool = [r for r in rs if spare[(r, g)] > 0]
+        if pool:
+            p = np.array([spare[(r, g)] for r in pool])
+            pick = rng.choice(len(pool), size=min(candidates, len(pool)), replace=False, p=p / p.sum())
+            targets[g] = [pool[i] for i in pick]
+    out: list[dict[str, tuple[str, ...]]] = []
+    for team in problem.teams:
+        demand = team.demand()
+        data = [problem.datasets[d] for d in team.datasets]
+        usable = sorted({r for g in demand for r in regions_by_gpu[g]})
+        missing = {r: [d for d in data if r not in d.replicas] for r in usable}
+        free = {r for r in usable if not missing[r]}
+        cand = set(free) | {r for r in team.quota_min if r in missing}
+        overloaded = any(
+            load_before.get((r, g), 0.0) > mean_ratio[g] * cells.get((r, g), 0.0) + 1e-9
+            for r, per in team.current.items()
+            for g in per
+        )
+        current = {r for r in team.current if r in missing}
+        if overloaded or not (cand | current):
+            for g in demand:
+                cand.update(r for r in targets.get(g, ()) if r in missing)
+            cheap = sorted(
+                (r for r in usable if r not in cand and any(spare.get((r, g), 0.0) > 0 for g in demand)),
+                key=lambda r: sum(d.bytes for d in missing[r]),
+            )
+            cand.update(cheap[:CHEAP_CANDIDATES])
+        cand |= current
+        if not any((r, g) in cells for r in cand for g in demand):
+            cand |= set(usable)
+        out.append({r: tuple(d.uri for d in missing[r]) for r in sorted(cand)})
+    return out
+
+
+def _greedy_enable(
+    problem: Problem,
+    cand: list[dict[str, tuple[str, ...]]],
+    cells: Mapping[tuple[str, str], float],
+    mean_ratio: Mapping[str, float],
+    budget: float,
+    storage_free: Mapping[str, float],
+    quotas: bool = True,
+) -> set[tuple[int, str]]:
+    """(team, region) pairs to enable among those missing data, over all teams at once (one
+    budget, one set of replicas). First the regions a team's quota_min requires; then worst cell
+    first (the min-max objective): repeatedly take the cell with the highest projected ratio above
+    its GPU type's mean, and enable the pair of one of its teams that sheds the most GPUs per byte
+    still missing (replicas already chosen count as present), within the team's quota_max there
+    (``quotas`` False: quotas ignored)."""
+    pairs: dict[int, list[str]] = {}
+    load: dict[tuple[str, str], float] = defaultdict(float)
+    in_cell: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for k, regions in enumerate(cand):
+        team = problem.teams[k]
+        gpus = team.demand()
+        pairs[k] = [r for r in regions if any((r, g) in cells for g in gpus)]
+        for r in pairs[k]:
+            for g, n in team.current.get(r, {}).items():
+                if g in gpus and (r, g) in cells and n > 0:
+                    load[(r, g)] += n
+                    in_cell[(r, g)][k] = n
+
+    def excess(c: tuple[str, str]) -> float:
+        return load.get(c, 0.0) - mean_ratio[c[1]] * cells[c] if c in cells else load.get(c, 0.0)
+
+    have: set[tuple[str, str]] = set()
+    spent, stored = 0.0, defaultdict(float)
+    chosen: set[tuple[int, str]] = set()
+    stuck: set[tuple[str, str]] = set()
+    readers: dict[str, list[int]] = defaultdict(list)
+    for k in pairs:
+        for d in problem.teams[k].datasets:
+            readers[d].append(k)
+    missing_bytes: dict[tuple[int, str], int] = {}
+    """Bytes team k still misses in region r (replicas chosen so far count as present): computed
+    once per pair, then lowered as replicas are chosen (integers, so exactly the sum over what is
+    still missing)."""
+
+    def cost_of(k: int, r: str) -> int:
+        c = missing_bytes.get((k, r))
+        if c is None:
+            c = missing_bytes[(k, r)] = sum(
+                problem.datasets[d].bytes for d in cand[k][r] if (d, r) not in have
+            )
+        return c
+
+    def affordable(r: str, cost: float) -> bool:
+        return spent + cost <= budget * (1 + 1e-9) and (
+            r not in storage_free or stored[r] + cost <= storage_free[r] * (1 + 1e-9)
+        )
+
+    def enable(k: int, r: str, cost: float) -> None:
+        nonlocal spent
+        spent += cost
+        stored[r] += cost
+        for d in cand[k][r]:
+            if (d, r) not in have:
+                have.add((d, r))
+                for reader in readers[d]:
+                    if (reader, r) in missing_bytes:
+                        missing_bytes[(reader, r)] -= problem.datasets[d].bytes
+        if cand[k][r]:
+            chosen.add((k, r))
+
+    quota_left: dict[tuple[int, str], float] = {}
+    """GPUs team k may still add in region r under its quota_max (inf: no quota there)."""
+    capped = {k for k, team in enumerate(problem.teams) if team.quota_max} if quotas else set()
+
+    def quota_room(k: int, r: str) -> float:
+        if k not in capped:
+            return math.inf
+        q = quota_left.get((k, r))
+        if q is None:
+            cap_r = problem.teams[k].cap(r)
+            here = sum(problem.teams[k].current.get(r, {}).values())
+            q = quota_left[(k, r)] = math.inf if cap_r is None else cap_r - here
+        return q
+
+    if quotas:  # a region a quota_min requires is enabled whatever the balance
+        for k, regions in enumerate(cand):
+            for r, lo in sorted(problem.teams[k].quota_min.items()):
+                if lo > 0 and regions.get(r) and (k, r) not in chosen and affordable(r, cost_of(k, r)):
+                    enable(k, r, cost_of(k, r))
+    while True:
+        over = [
+            (load[c] / cells[c] if c in cells else math.inf, c)
+            for c in in_cell
+            if excess(c) > 1e-6 and c not in stuck
+        ]
+        if not over:
+            break
+        _, cell = max(over)
+        g = cell[1]
+        best = None
+        cell_excess = excess(cell)
+        room_of: dict[str, float] = {}
+        for k, n in in_cell[cell].items():
+            for r in pairs.get(k, ()):
+                room = room_of.get(r)
+                if room is None:
+                    room = room_of[r] = -excess((r, g)) if (r, g) in cells and (r, g) != cell else 0.0
+                quota = quota_room(k, r) if k in capped else math.inf
+                if room <= 1e-9 or quota <= 1e-9:
+                    continue
+                cost = float(cost_of(k, r))
+                if not affordable(r, cost):
+                    continue
+                moved = min(n, room, cell_excess, quota)
+                key = (moved / max(cost, 1.0), moved)
+                if best is None or key > best[0]:
+                    best = (key, k, r, cost, moved)
+        if best is None:
+            stuck.add(cell)
+            logger.debug(
+                "greedy: cell %s stuck at %.3f (spent %.3g of %.3g)",
+                cell,
+                load[cell] / cells[cell] if cell in cells else math.inf,
+                spent,
+                budget,
+            )
+            continue
+        _, k, r, cost, moved = best
+        enable(k, r, cost)
+        load[cell] -= moved
+        load[(r, g)] += moved
+        if k in capped:
+            quota_left[(k, r)] = quota_room(k, r) - moved
+            quota_left[(k, cell[0])] = quota_room(k, cell[0]) + moved
+        in_cell[cell][k] -= moved
+        if in_cell[cell][k] <= 1e-9:
+            del in_cell[cell][k]
+    return chosen
+
+
+# --- one partition's model -------------------------------------------------------------------------
 
 
 class _Builder:
@@ -336,84 +538,75 @@ class _PartResult:
     binaries: int
 
 
+def _regions(
+    cand: Mapping[str, tuple[str, ...]],
+    k: int,
+    enabled: set[tuple[int, str]] | None,
+    made: Set[tuple[str, str]],
+) -> list[str]:
+    """The regions team k's model uses: those holding its data (replicas ``made`` by the partitions
+    solved before count), and (rounded) the enabled others."""
+    return [
+        r
+        for r, miss in cand.items()
+        if enabled is None or (k, r) in enabled or all((uri, r) in made for uri in miss)
+    ]
+
+
 def _solve_partition(
     problem: Problem,
     teams: list[int],
     cells: Mapping[tuple[str, str], float],
-    part_supply: Mapping[tuple[str, str], float],
-    mean_ratio: Mapping[str, float],
-    load_before: Mapping[tuple[str, str], float],
+    cand: list[dict[str, tuple[str, ...]]],
+    enabled: set[tuple[int, str]] | None,
+    fixed: Mapping[tuple[str, str], float],
+    made: Set[tuple[str, str]],
+    later: list[int],
     budget: float,
     storage_free: Mapping[str, float],
-    candidates: int,
     time_limit: float,
-    seed: int,
     mip_max_binaries: int = 0,
     comfort_ratio: float = 0.0,
     skip_groups: frozenset[str] = frozenset(),
 ) -> _PartResult:
+    """The lexicographic stages A–C for ``teams``, against whole cells.
+
+    ``enabled``: the rounded pairs (the team's model uses the regions holding its data and these);
+    None: every candidate pair is a binary (the exact MIP). ``fixed``: cell → GPUs the partitions
+    solved before placed there; ``made``: the (dataset, region) replicas they chose. ``later``:
+    the teams of the partitions solved after, in the model with their GPUs only (over the regions
+    their models use; teams without quotas pooled by GPU type and regions, which is exact for the
+    worst ratio), so this partition leaves them the room they need without deciding where they go."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
-    # The partition's share of the time budget covers all its work: building the model and the
-    # greedy rounding too, not only HiGHS (else a slow partition eats the next ones' shares).
+    # The partition's share of the time budget covers all its work, building the model too.
     deadline = time.perf_counter() + time_limit
     b = _Builder()
     t_col = b.var(("t",), lb=comfort_ratio)  # ratios below the comfort level count as balanced
-    regions_by_gpu: dict[str, list[str]] = defaultdict(list)
-    for r, g in sorted(cells):
-        regions_by_gpu[g].append(r)
-    spare = {c: mean_ratio[c[1]] * n - load_before.get(c, 0.0) for c, n in cells.items()}
     part_cells: dict[tuple[str, str], float] = {}
     cell_users: dict[tuple[str, str], list[int]] = defaultdict(list)
     move_terms: list[tuple[int, float]] = []
     need: dict[tuple[str, str], list[int]] = defaultdict(list)  # (dataset, region) → w columns
     total_demand = 0.0
-    # new regions offered to this partition's mobile teams: shared (so replicas serve several readers
-    # of a dataset), sampled by spare capacity with a per-partition seed (partitions spread out)
-    rng = np.random.default_rng(seed)
-    targets: dict[str, list[str]] = {}
-    for g, rs in regions_by_gpu.items():
-        pool = [r for r in rs if spare[(r, g)] > 0]
-        if pool:
-            p = np.array([spare[(r, g)] for r in pool])
-            pick = rng.choice(len(pool), size=min(candidates, len(pool)), replace=False, p=p / p.sum())
-            targets[g] = [pool[i] for i in pick]
     for k in teams:
         team = problem.teams[k]
         demand = team.demand()
         total_demand += sum(demand.values())
-        data = [problem.datasets[d] for d in team.datasets]
-        usable = sorted({r for g in demand for r in regions_by_gpu[g]})
-        missing = {r: [d for d in data if r not in d.replicas] for r in usable}
-        free = {r for r in usable if not missing[r]}
-        cand = set(free) | {r for r in team.quota_min if r in missing}
-        overloaded = any(
-            load_before.get((r, g), 0.0) > mean_ratio[g] * cells.get((r, g), 0.0) + 1e-9
-            for r, per in team.current.items()
-            for g in per
-        )
-        current = {r for r in team.current if r in missing}
-        if overloaded or not (cand | current):
-            for g in demand:
-                cand.update(r for r in targets.get(g, ()) if r in missing)
-            cheap = sorted(
-                (r for r in usable if r not in cand and any(spare.get((r, g), 0.0) > 0 for g in demand)),
-                key=lambda r: sum(d.bytes for d in missing[r]),
-            )
-            cand.update(cheap[:CHEAP_CANDIDATES])
-        cand |= current
-        if not any((r, g) in cells for r in cand for g in demand):
-            cand |= set(usable)
-        for r in sorted(cand):
+        usable = set(_regions(cand[k], k, enabled, made))
+        # a region a quota_min requires stays in the model even where it was not enabled (it then
+        # cannot hold the team: the partition is infeasible and the diagnosis names why)
+        regions = [r for r in cand[k] if r in usable or team.quota_min.get(r, 0.0) > 0]
+        for r in regions:
             w = None
-            if missing[r]:
-                w = b.var(("w", k, r), 0, 1, integer=True)
+            missing = tuple(uri for uri in cand[k][r] if (uri, r) not in made)
+            if missing:
+                w = b.var(("w", k, r), 0, 1 if r in usable else 0, integer=enabled is None)
                 # aggregated locality: Σ_d y[d,r] ≥ |missing|·w (one row per pair; with w binary
                 # it forces every missing replica, and keeps the LP small at scale)
-                ys = [b.var(("y", d.uri, r), 0, 1) for d in missing[r]]
-                for d in missing[r]:
-                    need[(d.uri, r)].append(w)
+                ys = [b.var(("y", uri, r), 0, 1) for uri in missing]
+                for uri in missing:
+                    need[(uri, r)].append(w)
                 b.row([*((y, 1.0) for y in ys), (w, -float(len(ys)))], 0.0, math.inf, "locality")
             hi, lo = team.cap(r), float(team.quota_min.get(r, 0.0))
             xs = []
@@ -423,7 +616,7 @@ def _solve_partition(
                 x = b.var(("x", k, r, g))
                 xs.append(x)
                 cell_users[(r, g)].append(x)
-                part_cells[(r, g)] = part_supply.get((r, g), 0.0)
+                part_cells[(r, g)] = cells[(r, g)]
                 if w is not None:
                     b.row([(x, 1.0), (w, -n)], -math.inf, 0.0, "locality")
                 cur = float(team.current.get(r, {}).get(g, 0.0))
@@ -436,8 +629,38 @@ def _solve_partition(
             if lo > 0 and "quota" not in skip_groups:
                 b.row(((x, 1.0) for x in xs), lo, math.inf, f"quota_min of team {team.name!r} in {r}")
         for g, n in demand.items():
-            xs = [b.cols[("x", k, r, g)] for r in sorted(cand) if ("x", k, r, g) in b.cols]
+            xs = [b.cols[("x", k, r, g)] for r in regions if ("x", k, r, g) in b.cols]
             b.row(((x, 1.0) for x in xs), n, n, "demand")
+    # the later partitions' teams, by their GPUs only
+    pooled: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+    for k in later:
+        team = problem.teams[k]
+        regions = _regions(cand[k], k, enabled, made)
+        own_rows = bool(team.quota_max or team.quota_min) and "quota" not in skip_groups
+        for g, n in team.demand().items():
+            where = tuple(r for r in regions if (r, g) in cells)
+            if not own_rows:
+                pooled[(g, where)] += n
+                continue
+            xs = [b.var(("lx", k, r, g)) for r in where]
+            for r, x in zip(where, xs, strict=True):
+                cell_users[(r, g)].append(x)
+                part_cells[(r, g)] = cells[(r, g)]
+            b.row(((x, 1.0) for x in xs), n, n, "later teams")
+        if own_rows:
+            for r in regions:
+                xs = [b.cols[key] for key in (("lx", k, r, g) for g in team.demand()) if key in b.cols]
+                hi, lo = team.cap(r), float(team.quota_min.get(r, 0.0))
+                if hi is not None:
+                    b.row(((x, 1.0) for x in xs), -math.inf, hi, "later teams")
+                if lo > 0:
+                    b.row(((x, 1.0) for x in xs), lo, math.inf, "later teams")
+    for gi, ((g, where), n) in enumerate(sorted(pooled.items())):
+        xs = [b.var(("lg", gi, r)) for r in where]
+        for r, x in zip(where, xs, strict=True):
+            cell_users[(r, g)].append(x)
+            part_cells[(r, g)] = cells[(r, g)]
+        b.row(((x, 1.0) for x in xs), n, n, "later teams")
     # replicas: y ≥ w for every reader enabled in r; bytes within the budget and storage caps
     bytes_terms: list[tuple[int, float]] = []
     storage_terms: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -452,17 +675,15 @@ def _solve_partition(
         for r, terms in storage_terms.items():
             if r in storage_free:
                 b.row(terms, -math.inf, storage_free[r], f"storage cap of {r}")
-    # worst ratio and soft balance around the GPU type's mean ratio
+    # worst ratio and soft balance, over whole cells: the other teams' load there is a constant
     balance_terms: list[tuple[int, float]] = []
     total_cap = sum(part_cells.values()) or 1.0
     for cell, xs in cell_users.items():
         s = part_cells[cell]
-        if s <= 0:  # none of this cell's supply falls to the partition
-            b.row(((x, 1.0) for x in xs), -math.inf, 0.0, "ratio")
-            continue
-        b.row([*((x, 1.0) for x in xs), (t_col, -s)], -math.inf, 0.0, "ratio")
+        other = float(fixed.get(cell, 0.0))
+        b.row([*((x, 1.0) for x in xs), (t_col, -s)], -math.inf, -other, "ratio")
         over, under = b.var(("o", *cell)), b.var(("u", *cell))
-        target = s  # soft balance around supply: GPUs over it cost OVERLOAD_WEIGHT, idle ones 1
+        target = s - other  # balance around supply: GPUs over it cost OVERLOAD_WEIGHT, idle ones 1
         b.row([*((x, 1.0) for x in xs), (over, -s), (under, s)], target, target, "balance")
         balance_terms += [(over, OVERLOAD_WEIGHT * s / total_cap), (under, UNDERLOAD_WEIGHT * s / total_cap)]
 
@@ -490,7 +711,7 @@ def _solve_partition(
     )
 
     lp_bound = math.nan
-    if int(integrality.sum()) <= mip_max_binaries:  # the MIP path: its LP relaxation is the bound
+    if enabled is None:  # the MIP path: its LP relaxation is the bound
         lp = milp(
             c_a,
             constraints=[base],
@@ -506,19 +727,6 @@ def _solve_partition(
     ub = bounds_ub.copy()
     lb = bounds_lb.copy()
     binaries = int(integrality.sum())
-    if binaries > mip_max_binaries:
-        # LP-guided greedy rounding + repair: enable (team, region) pairs by GPUs of overflow they
-        # can take per byte still missing (shared replicas counted once), within the budget and
-        # storage caps; the binaries are then fixed and the stages below are LPs.
-        goal = {g: max(m, comfort_ratio) for g, m in mean_ratio.items()}
-        chosen = _greedy_enable(problem, b, part_cells, goal, budget, storage_free)
-        rounds = 1
-        for key, j in b.cols.items():
-            if key[0] == "w":
-                ub[j] = 1.0 if (key[1], key[2]) in chosen else 0.0
-                lb[j] = 0.0
-        status.append(f"rounded in {rounds} LPs: {len(chosen)} of {binaries} pairs")
-        integrality = np.zeros_like(integrality)
     for stage, c in (("A", c_a), ("B", c_b), ("C", c_c)):
         left = max(0.5, deadline - time.perf_counter())
         res = milp(
@@ -559,131 +767,17 @@ def _solve_partition(
             f"time_limit_s ({'; '.join(status)}): raise time_limit_s"
         )
     x_out: dict[tuple[int, str, str], float] = {}
-    enabled: set[tuple[int, str]] = set()
+    used: set[tuple[int, str]] = set()
     for key, j in b.cols.items():
         if key[0] == "x" and best[j] > 1e-9:
             x_out[(key[1], key[2], key[3])] = float(best[j])
-            enabled.add((key[1], key[2]))
+            used.add((key[1], key[2]))
     replicas: set[tuple[str, str]] = set()
-    for k, r in enabled:
+    for k, r in used:
         for d in problem.teams[k].datasets:
             if r not in problem.datasets[d].replicas:
                 replicas.add((d, r))
     return _PartResult(x_out, replicas, status, lp_bound, binaries)
-
-
-def _missing(problem: Problem, k: int, r: str) -> list[str]:
-    return [d for d in problem.teams[k].datasets if r not in problem.datasets[d].replicas]
-
-
-def _greedy_enable(
-    problem: Problem,
-    b: _Builder,
-    part_cells: Mapping[tuple[str, str], float],
-    mean_ratio: Mapping[str, float],
-    budget: float,
-    storage_free: Mapping[str, float],
-) -> set[tuple[int, str]]:
-    """Pairs to enable, worst cell first (the min-max objective): repeatedly take the cell with the
-    highest projected ratio above its GPU type's mean, and enable the pair of one of its teams that
-    sheds the most GPUs per byte still missing (replicas already chosen count as present)."""
-    # every region a team may use: enabling ones (w) cost their missing bytes, the others are free
-    pairs: dict[int, set[str]] = defaultdict(set)
-    for key in b.cols:
-        if key[0] == "x":
-            pairs[key[1]].add(key[2])
-    load: dict[tuple[str, str], float] = defaultdict(float)
-    in_cell: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
-    for key in b.cols:
-        if key[0] == "x":
-            k, r, g = key[1], key[2], key[3]
-            n = float(problem.teams[k].current.get(r, {}).get(g, 0.0))
-            if n > 0:
-                load[(r, g)] += n
-                in_cell[(r, g)][k] = n
-    cap = {c: s for c, s in part_cells.items() if s > 0}
-
-    def excess(c: tuple[str, str]) -> float:
-        return load.get(c, 0.0) - mean_ratio[c[1]] * cap[c] if c in cap else load.get(c, 0.0)
-
-    have: set[tuple[str, str]] = set()
-    spent, stored = 0.0, defaultdict(float)
-    chosen: set[tuple[int, str]] = set()
-    stuck: set[tuple[str, str]] = set()
-    regions_of = {k: sorted(rs) for k, rs in pairs.items()}
-    readers: dict[str, list[int]] = defaultdict(list)
-    for k in pairs:
-        for d in problem.teams[k].datasets:
-            readers[d].append(k)
-    missing_bytes: dict[tuple[int, str], int] = {}
-    """Bytes team k still misses in region r (replicas chosen so far count as present): computed
-    once per pair, then lowered as replicas are chosen (integers, so exactly the sum over what is
-    still missing)."""
-
-    def cost_of(k: int, r: str) -> int:
-        c = missing_bytes.get((k, r))
-        if c is None:
-            c = missing_bytes[(k, r)] = sum(
-                problem.datasets[d].bytes for d in _missing(problem, k, r) if (d, r) not in have
-            )
-        return c
-
-    while True:
-        over = [
-            (load[c] / cap[c] if c in cap else math.inf, c)
-            for c in in_cell
-            if excess(c) > 1e-6 and c not in stuck
-        ]
-        if not over:
-            break
-        _, cell = max(over)
-        g = cell[1]
-        best = None
-        cell_excess = excess(cell)
-        room_of: dict[str, float] = {}
-        for k, n in in_cell[cell].items():
-            for r in regions_of.get(k, ()):
-                room = room_of.get(r)
-                if room is None:
-                    room = room_of[r] = -excess((r, g)) if (r, g) in cap and (r, g) != cell else 0.0
-                if room <= 1e-9:
-                    continue
-                cost = float(cost_of(k, r))
-                if spent + cost > budget * (1 - 1e-9) or (
-                    r in storage_free and stored[r] + cost > storage_free[r] * (1 - 1e-9)
-                ):
-                    continue
-                moved = min(n, room, cell_excess)
-                key = (moved / max(cost, 1.0), moved)
-                if best is None or key > best[0]:
-                    best = (key, k, r, cost, moved)
-        if best is None:
-            stuck.add(cell)
-            logger.debug(
-                "greedy: cell %s stuck at %.3f (spent %.3g of %.3g)",
-                cell,
-                load[cell] / cap[cell] if cell in cap else math.inf,
-                spent,
-                budget,
-            )
-            continue
-        _, k, r, cost, moved = best
-        spent += cost
-        stored[r] += cost
-        for d in _missing(problem, k, r):
-            if (d, r) not in have:
-                have.add((d, r))
-                for reader in readers[d]:
-                    if (reader, r) in missing_bytes:
-                        missing_bytes[(reader, r)] -= problem.datasets[d].bytes
-        if ("w", k, r) in b.cols:
-            chosen.add((k, r))
-        load[cell] -= moved
-        load[(r, g)] += moved
-        in_cell[cell][k] -= moved
-        if in_cell[cell][k] <= 1e-9:
-            del in_cell[cell][k]
-    return chosen
 
 
 class _PartitionInfeasible(Exception):
@@ -709,9 +803,16 @@ def solve(
     below it are not spread further (no data is copied just to go from 0.3 to 0.2); 0 is the pure
     lexicographic min-max.
 
-    ``time_limit_s``: the time budget, shared among the partitions (each one's share covers its
-    model building and rounding too). It bounds the search for better assignments; a partition
-    that found none in its share looks for its first one without a limit.
+    ``time_limit_s``: the time budget; what the rounding leaves of it is shared among the
+    partitions (each one's share covers its model building too). It bounds the search for better
+    assignments; a partition that found none in its share looks for its first one without a limit.
+
+    ``team_block``: above this many teams (on the rounding path) the LP stages are solved per
+    partition of at most this many teams (dataset clusters kept together), one after another, each
+    against whole cells: the partitions solved before are fixed where they placed their teams, the
+    later ones are in its model by their GPUs (over the regions their teams may use), so no
+    partition takes the room another one needs. Few binaries (≤ ``mip_max_binaries``): one exact
+    MIP, however many teams.
     """
     started = time.perf_counter()
     check_feasible(problem)
@@ -733,8 +834,6 @@ def solve(
         supply_by_gpu[g] += n
     mean_ratio = {g: demand_by_gpu.get(g, 0.0) / s for g, s in supply_by_gpu.items()}
 
-    parts = partition_teams(problem, team_block)
-    total_demand = sum(demand_by_gpu.values()) or 1.0
     used_storage: dict[str, float] = defaultdict(float)
     for d in problem.datasets.values():
         for r in d.replicas:
@@ -742,84 +841,81 @@ def solve(
     storage_free_total = {
         r: max(0.0, float(cap) - used_storage.get(r, 0.0)) for r, cap in problem.storage_cap_bytes.items()
     }
+    goal = {g: max(m, comfort_ratio) for g, m in mean_ratio.items()}
+    cand = _candidates(problem, cells, mean_ratio, load_before, candidates, seed * 1000)
+    binaries = sum(1 for per in cand for missing in per.values() if missing)
+    stage_status: list[str] = []
+    enabled: set[tuple[int, str]] | None = None
+    if binaries <= mip_max_binaries:  # few binaries: one exact MIP, however many teams
+        parts = [list(range(len(problem.teams)))]
+    else:
+        # rounding: the pairs are enabled over all teams at once (one budget, one set of
+        # replicas); the stages are then LPs, solved per partition
+        enabled = _greedy_enable(problem, cand, cells, goal, float(problem.budget_bytes), storage_free_total)
+        stage_status.append(f"rounded: {len(enabled)} of {binaries} pairs enabled")
+        parts = partition_teams(problem, team_block)
 
-    total_overflow = sum(
-        n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / n)
-        for c, n in load_before.items()
-        if c in cells and n > 0
-    )
-    overflow_by_gpu: dict[str, float] = defaultdict(float)
-    for c, n in load_before.items():
-        if c in cells and n > 0:
-            overflow_by_gpu[c[1]] += max(0.0, n - mean_ratio[c[1]] * cells[c])
-    overflow_left, demand_left = total_overflow, total_demand
     budget_left = float(problem.budget_bytes)
     storage_left = dict(storage_free_total)
     x_all: dict[tuple[int, str, str], float] = {}
     replicas: set[tuple[str, str]] = set()
-    stage_status: list[str] = []
     partition_bound = 0.0  # nan once any partition's LP bound ran out of time
-    binaries = 0
+    # Partitions are solved one after another against whole cells: the teams of the partitions
+    # solved before are where they were placed, those of later ones in the model by their GPUs.
+    placed: dict[tuple[str, str], float] = defaultdict(float)
     for pi, members in enumerate(parts):
-        part_demand: dict[str, float] = defaultdict(float)
-        for k in members:
-            for g, n in problem.teams[k].demand().items():
-                part_demand[g] += n
-        part_load: dict[tuple[str, str], float] = defaultdict(float)
-        for k in members:
-            for r, per in problem.teams[k].current.items():
-                for g, n in per.items():
-                    part_load[(r, g)] += n
-        # the partition's supply: what it uses of each cell now (scaled down where the cell is
-        # overloaded) plus a share of the cell's spare GPUs proportional to the partition's
-        # overflow of that GPU type (its demand share when nothing overflows); sums to the supply
-        part_over: dict[str, float] = defaultdict(float)
-        for c, n in part_load.items():
-            if c in cells:
-                part_over[c[1]] += n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / load_before[c])
-        part_supply = {}
-        for c, s in cells.items():
-            g = c[1]
-            used = load_before.get(c, 0.0)
-            mine = part_load.get(c, 0.0) * (min(1.0, s / used) if used > 0 else 0.0)
-            if overflow_by_gpu.get(g, 0.0) > 1e-9:
-                spare_share = part_over[g] / overflow_by_gpu[g]
-            else:
-                spare_share = part_demand.get(g, 0.0) / demand_by_gpu[g] if demand_by_gpu.get(g) else 0.0
-            part_supply[c] = mine + max(0.0, s - used) * spare_share
-        overflow = sum(
-            n * max(0.0, 1.0 - mean_ratio[c[1]] * cells[c] / load_before[c])
-            for c, n in part_load.items()
-            if c in cells
-        )
-        # budget: this partition's share of what is left (unused bytes flow to later partitions)
-        if overflow_left > 1e-9:
-            frac = min(1.0, overflow / overflow_left)
-        else:
-            frac = sum(part_demand.values()) / max(demand_left, 1e-9)
-        overflow_left -= overflow
-        demand_left -= sum(part_demand.values())
-        remaining = max(1.0, time_limit_s - (time.perf_counter() - started))
-        args = (
-            problem,
-            members,
-            cells,
-            part_supply,
-            mean_ratio,
-            load_before,
-            budget_left * min(1.0, frac),
-            {r: storage_left[r] * min(1.0, frac) for r in storage_left},
-            candidates,
-            remaining / (len(parts) - pi),
-            seed * 1000 + pi,
-            mip_max_binaries,
-            comfort_ratio,
-        )
+        share = max(1.0, time_limit_s - (time.perf_counter() - started)) / (len(parts) - pi)
+        later = [k for q in parts[pi + 1 :] for k in q]
+
+        def attempt(
+            skip: frozenset[str],
+            members: list[int] = members,
+            later: list[int] = later,
+            budget: float = budget_left,
+            share: float = share,
+            made: frozenset[tuple[str, str]] = frozenset(replicas),
+        ) -> _PartResult:
+            pairs = enabled
+            if enabled is not None and skip:
+                pairs = _greedy_enable(
+                    problem,
+                    cand,
+                    cells,
+                    goal,
+                    math.inf if "budget" in skip else float(problem.budget_bytes),
+                    {} if "storage" in skip else storage_free_total,
+                    quotas="quota" not in skip,
+                )
+            return _solve_partition(
+                problem,
+                members,
+                cells,
+                cand,
+                pairs,
+                dict(placed),
+                made,
+                later,
+                math.inf if "budget" in skip else budget,
+                {} if "storage" in skip else dict(storage_left),
+                share,
+                mip_max_binaries,
+                comfort_ratio,
+                skip,
+            )
+
         try:
-            res = _solve_partition(*args)
+            res = attempt(frozenset())
         except _PartitionInfeasible:
-            raise _diagnose(args) from None
+            if not later:
+                raise _diagnose(problem, members, attempt) from None
+            # a later team that cannot be placed is reported by its own partition
+            try:
+                res = attempt(frozenset(), later=[])
+            except _PartitionInfeasible:
+                raise _diagnose(problem, members, partial(attempt, later=[])) from None
         x_all.update(res.x)
+        for (_k, r, g), n in res.x.items():
+            placed[(r, g)] += n
         for d, r in res.replicas - replicas:
             budget_left -= problem.datasets[d].bytes
             if r in storage_left:
@@ -827,7 +923,6 @@ def solve(
         replicas |= res.replicas
         stage_status += [f"p{pi}:{s}" for s in res.status]
         partition_bound = max(partition_bound, res.lp_bound) if not math.isnan(res.lp_bound) else math.nan
-        binaries += res.binaries
 
     placement: dict[str, dict[str, dict[str, float]]] = {}
     for (k, r, g), n in x_all.items():
@@ -864,9 +959,7 @@ def solve(
                 out.setdefault(r, {})[g] = round(n, 6)
         return out
 
-    optimal = all(s.endswith("optimal") or ":rounded" in s for s in stage_status) and not any(
-        ":rounded" in s for s in stage_status
-    )
+    optimal = enabled is None and all(s.endswith("optimal") for s in stage_status)
     return Solution(
         status="optimal" if optimal else "feasible",
         placement=placement,
@@ -896,9 +989,10 @@ def solve(
     )
 
 
-def _diagnose(args: tuple) -> RebalanceInfeasibleError:
+def _diagnose(
+    problem: Problem, members: list[int], attempt: Callable[[frozenset[str]], _PartResult]
+) -> RebalanceInfeasibleError:
     """Elastic check: drop one constraint group at a time; the first whose removal helps is binding."""
-    problem, members = args[0], args[1]
     names = ", ".join(repr(problem.teams[k].name) for k in members[:5]) + ("…" if len(members) > 5 else "")
     for group, label, detail in (
         (
@@ -910,7 +1004,7 @@ def _diagnose(args: tuple) -> RebalanceInfeasibleError:
         ("quota", "quotas", f"quotas of team(s) {names} conflict with where their data can be"),
     ):
         try:
-            _solve_partition(*args, skip_groups=frozenset({group}))
+            attempt(frozenset({group}))
         except _PartitionInfeasible:
             continue
         return RebalanceInfeasibleError(label, detail)

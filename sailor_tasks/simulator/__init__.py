@@ -1,5 +1,7 @@
-"""Discrete-event, round-based simulator that drives SAILOR's policies and mechanism at scale."""
+"""SAILOR's simulators: round-based (``rounds/``: Gavel-style time-sharing, policies and mechanism at
+scale), the live queue's admission (``queue/``) and the spot market (``spot/``)."""
 
+from sailor_tasks.simulator.queue import QueueJob, QueueSimConfig, QueueSimResult, mixed_queue, simulate_queue
 from sailor_tasks.simulator.rounds.config import SimConfig
 from sailor_tasks.simulator.rounds.engine import SimResult, simulate
 from sailor_tasks.simulator.rounds.hooks import (
@@ -23,6 +25,9 @@ __all__ = [
     "AvailabilityTrace",
     "LeastLoadedRouter",
     "PlacementRouter",
+    "QueueJob",
+    "QueueSimConfig",
+    "QueueSimResult",
     "ROUTERS",
     "RecoveryStrategy",
     "Region",
@@ -38,7 +43,9 @@ __all__ = [
     "load_availability_trace",
     "make_recovery",
     "make_router",
+    "mixed_queue",
     "read_gavel_trace",
     "recovery_names",
     "simulate",
+    "simulate_queue",
 ]

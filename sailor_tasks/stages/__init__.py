@@ -20,7 +20,15 @@ from sailor_tasks.stages.rebalance import (
     review_assignment,
     solve_assignment,
 )
-from sailor_tasks.stages.train import finalize, finish_train, launch_train, stop_training, teardown, train
+from sailor_tasks.stages.train import (
+    finalize,
+    finish_train,
+    launch_train,
+    stop_reclaimed,
+    stop_training,
+    teardown,
+    train,
+)
 
 __all__ = [
     "StageContext",
@@ -39,6 +47,7 @@ __all__ = [
     "report_rebalance",
     "review_assignment",
     "solve_assignment",
+    "stop_reclaimed",
     "stop_training",
     "teardown",
     "train",

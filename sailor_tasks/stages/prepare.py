@@ -222,6 +222,8 @@ def provision_step(
     ctx = resolve_ctx(ctx)
     req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
     backend = get_backend(req.backend, ctx.settings)
+    # Each step renews the lease: between steps the task waits for a cloud operation, deferred.
+    hold_lease(ctx, run_id, "provision")
     if not hasattr(backend, "provision_step"):
         return provision(request, placement, run_id, ctx)
     from sailor_tasks.backends.gke import PendingOperation

@@ -4,17 +4,18 @@
 
 * the queue is empty and the run fits → it is planned and reserved as before (nothing changes);
 * otherwise the run enters SAILOR's queue (``queue_entries``) and an admission pass runs
-  (``admit_queued``): the queue policy (``Settings.queue_policy``) ranks the waiting runs
-  (``sailor_tasks.queue.rank``) and each, in order, is planned and reserved in the transaction
-  that admits it. A run still waiting raises ``RunQueuedError``; ``sailor_train``'s ``plan``
-  defers on it and is resumed when the run is admitted.
+  (``admit_queued``, which runs ``sailor_tasks.queue.admit``, the pass the queue simulator runs
+  too): the queue policy (``Settings.queue_policy``) ranks the waiting runs and each, in order, is
+  planned and reserved in the transaction that admits it (``_LedgerReserver``). A run still
+  waiting raises ``RunQueuedError``; ``sailor_train``'s ``plan`` defers on it and is resumed when
+  the run is admitted.
 
 Admission passes run wherever capacity may have freed: ``plan`` (a run arrives), ``teardown`` (a
 run released its capacity), ``reconcile`` (an expired lease was reclaimed) and a waiting
 ``plan``'s periodic re-check (time-outs, latest starts).
 
-Leases: every reservation carries a lease (``Settings.lease_s``); the run's stages renew it and its
-training renews it from a heartbeat thread. ``reconcile`` reclaims live reservations whose lease
+Leases: every reservation carries a lease (``Settings.lease_s``); the run's stages renew it, its
+training renews it from a heartbeat thread (a deferred GKE attempt: its pods' trigger). ``reconcile`` reclaims live reservations whose lease
 expired (the run was killed or its worker lost): it stops and removes what the run left on its
 backend, releases the capacity, marks the run failed and admits the queue.
 """
@@ -32,10 +33,7 @@ from typing import Any
 from sailor_tasks import storage
 from sailor_tasks.errors import (
     CapacityUnavailableError,
-    DeadlineUnmeetableError,
-    InvalidRequestError,
     LeaseReclaimedError,
-    NoFeasibleOfferError,
     QueueRejectedError,
     QueueTimeoutError,
     RunQueuedError,
@@ -45,9 +43,6 @@ from sailor_tasks.model import ANY_GPU, JobRequest, Placement, from_dict, run_ke
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx
 
 logger = logging.getLogger(__name__)
-
-ATTAINED_WINDOW = dt.timedelta(hours=24)
-"""The window of a team's attained service (GPU-seconds held) that ``las`` admission weighs."""
 
 RECHECK_S = 300.0
 """A waiting ``plan`` re-runs an admission pass at least this often (time-outs, latest starts),
@@ -164,25 +159,24 @@ def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
     """Hours the run holds capacity: training, the data copy and one launch. Training comes from
     the speed learned from past attempts of the same workload on the same backend
     (``learned_hours``, launch included) when there are any, else from the placement engine's
-    estimate on the run's best on-demand offer (spot if none) plus one launch; capacity held by
+    estimate (``queue.estimate_hours``: the run's best on-demand offer, its fastest when it has a
+    deadline, which is what its latest start must allow for) plus one launch; capacity held by
     others is ignored (an estimate of the run, not of the wait). None: no offer can run it."""
     from sailor_tasks.catalog.throughput import packaged_with_measured
     from sailor_tasks.placement.context import RESTART_HOURS
     from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state
-    from sailor_tasks.strategies.live import launch_context
+    from sailor_tasks.queue import estimate_hours
 
     table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
-    state = dataclasses.replace(ledger_state(ctx.ledger, req, ""), reservations=())
     catalog = ctx.planning_catalog()
-    _, est = launch_context(req, catalog, state, index=index_for(catalog, table))
-    best = est.get("on_demand") or est.get("spot")
-    if best is None:
+    est = estimate_hours(req, catalog, ledger_state(ctx.ledger, req, ""), index_for(catalog, table))
+    if est is None:
         return None
     learned = learned_hours(ctx, req)
     if learned is not None:
-        return learned + float(best.get("data_hours", 0.0))
-    return float(best["expected_hours"]) + float(best.get("data_hours", 0.0)) + RESTART_HOURS
+        return learned + est.data_hours
+    return est.hours + est.data_hours + RESTART_HOURS
 
 
 def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:
@@ -218,18 +212,31 @@ def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:
 
 
 def _enqueue(ctx: StageContext, req: JobRequest, run_id: str, waited_for: str) -> dict[str, Any]:
+    from sailor_tasks.queue import QueuedRun, refused_on_arrival
+
     now = utcnow()
     hours = expected_hours(ctx, req)
     deadline_at = latest = None
     if req.deadline_hours is not None:
         deadline_at = now + dt.timedelta(hours=req.deadline_hours)
         latest = deadline_at - dt.timedelta(hours=hours or 0.0)
-        if latest < now:
-            raise DeadlineUnmeetableError(
-                run_id, _iso(deadline_at) or "", _iso(latest) or "", hours or 0.0, "nothing fits now either"
-            )
-    if req.max_queue_hours <= 0:
-        raise QueueTimeoutError(run_id, 0.0, waited_for)
+    refusal = refused_on_arrival(
+        QueuedRun(
+            run_id=run_id,
+            team=req.team,
+            gpus=req.num_gpus,
+            throughput={},
+            arrival_s=now.timestamp(),
+            expected_s=(hours or 0.0) * 3600.0,
+            deadline_s=None if deadline_at is None else deadline_at.timestamp(),
+            latest_start_s=None if latest is None else latest.timestamp(),
+            wait_until_s=now.timestamp() + req.max_queue_hours * 3600.0,
+            waiting_for=waited_for,
+        ),
+        now.timestamp(),
+    )
+    if refusal is not None:
+        raise refusal
     logger.info("run %s: nothing fits now (%s); queued", run_id, waited_for)
     return ctx.ledger.enqueue(
         run_id,
@@ -306,21 +313,26 @@ def _throughput(run: Mapping[str, Any], gpus: int, gpu_types: list[str], table: 
         return {g: float(gpus) for g in gpu_types if pinned in (ANY_GPU, g)}
 
 
-def _rank(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -> tuple[list, dict]:
+def _rank(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -> list:
     from sailor_tasks.queue import rank
 
     queued, held, capacity = _views(ctx, entries, now)
-    attained = ctx.ledger.team_gpu_seconds(now - ATTAINED_WINDOW, now)
-    ranked = rank(
+    return rank(
         queued,
         held,
         capacity,
         now.timestamp(),
         ctx.settings.queue_policy,
         dict(ctx.settings.team_weights),
-        attained,
+        _attained(ctx, now),
     )
-    return ranked, capacity
+
+
+def _attained(ctx: StageContext, now: dt.datetime) -> dict[str, float]:
+    """team → GPU-seconds its reservations held over the attained-service window."""
+    from sailor_tasks.queue import ATTAINED_WINDOW_S
+
+    return ctx.ledger.team_gpu_seconds(now - dt.timedelta(seconds=ATTAINED_WINDOW_S), now)
 
 
 def _views(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -> tuple[list, list, dict]:
@@ -346,6 +358,9 @@ def _views(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -
                 steps_remaining=float(req.get("total_steps") or 0),
                 deadline_s=None if e.get("deadline_at") is None else e["deadline_at"].timestamp(),
                 latest_start_s=None if e.get("latest_start_at") is None else e["latest_start_at"].timestamp(),
+                market=str(req.get("market") or "auto"),
+                wait_until_s=e["max_wait_until"].timestamp(),
+                waiting_for=_waited_for(e),
             )
         )
     admitted = {e["run_id"]: e for e in ctx.ledger.queue_entries(("admitted",))}
@@ -385,76 +400,57 @@ def _views(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -
     return queued, held, capacity
 
 
+class _LedgerReserver:
+    """Admission's ``Reserver`` on the live path: plan on a fresh view of the ledger and reserve
+    in the transaction that admits the run (``reserve_placement(..., admit=True)``)."""
+
+    def __init__(self, ctx: StageContext, entries: Mapping[str, Mapping[str, Any]]):
+        self.ctx, self.entries = ctx, entries
+
+    def reserve(self, run: Any, market: str | None, deadline_hours: float | None) -> bool | None:
+        from sailor_tasks.placement.reservations import NotQueuedError
+
+        req = from_dict(JobRequest, self.entries[run.run_id]["request"])
+        if deadline_hours is not None:
+            req = dataclasses.replace(req, deadline_hours=deadline_hours)
+        try:
+            reserve_placement(self.ctx, req, run.run_id, admit=True, market=market)
+        except NotQueuedError:
+            return None
+        logger.info("admitted queued run %s%s", run.run_id, f" ({market}, forced)" if market else "")
+        return True
+
+    def end(self, run: Any, state: str, reason: str) -> bool:
+        return self.ctx.ledger.end_queue_entry(run.run_id, state, reason)
+
+
 def admit_queued(ctx: StageContext | None = None, now: dt.datetime | None = None) -> JSON:
-    """One admission pass: time out runs past ``max_queue_hours``, fail runs past their latest
-    start that nothing can take, then admit in the policy's order every run that fits (a run that
-    does not fit holds back the runs behind it that wait for the same GPU types), and store every
-    waiting run's position, reason and estimated start. Safe to run concurrently: a run is
-    admitted by the transaction that reserves its capacity, once."""
-    from sailor_tasks.placement.reservations import NotQueuedError
-    from sailor_tasks.queue import admission_pass
+    """One admission pass (``sailor_tasks.queue.admit``, the code the queue simulator runs too):
+    time out runs past ``max_queue_hours``, fail runs past their latest start that nothing can
+    take, then admit in the policy's order every run that fits (a run that does not fit holds back
+    the runs behind it that wait for the same GPU types), and store every waiting run's position,
+    reason and estimated start. Safe to run concurrently: a run is admitted by the transaction
+    that reserves its capacity, once."""
+    from sailor_tasks.queue import admit
 
     ctx = resolve_ctx(ctx)
     now = now or utcnow()
-    out: JSON = {"admitted": [], "timed_out": [], "failed": [], "waiting": 0}
     entries = ctx.ledger.queue_entries(("queued",))
-    live = []
-    for e in entries:
-        if now >= e["max_wait_until"]:
-            hours = (e["max_wait_until"] - e["enqueued_at"]).total_seconds() / 3600.0
-            if ctx.ledger.end_queue_entry(
-                e["run_id"], "timed_out", str(QueueTimeoutError(e["run_id"], round(hours, 3), _waited_for(e)))
-            ):
-                out["timed_out"].append(e["run_id"])
-        else:
-            live.append(e)
-    if not live:
-        return out
-    by_id = {e["run_id"]: e for e in live}
-    ranked, _ = _rank(ctx, live, now)
-
-    def try_admit(r: Any) -> bool | None:
-        e = by_id[r.run_id]
-        req = from_dict(JobRequest, e["request"])
-        if e.get("deadline_at") is not None:  # the deadline counts from arrival, not from admission
-            left_h = (e["deadline_at"] - now).total_seconds() / 3600.0
-            req = dataclasses.replace(req, deadline_hours=max(left_h, 1e-6))
-        try:
-            try:
-                reserve_placement(ctx, req, r.run_id, admit=True)
-            except CapacityUnavailableError:
-                if not r.urgent or req.market == "spot":
-                    raise
-                # At its latest start: on-demand if spot cannot take it.
-                reserve_placement(ctx, req, r.run_id, admit=True, market="on_demand")
-        except NotQueuedError:
-            return None
-        except CapacityUnavailableError as exc:
-            latest = e.get("latest_start_at")
-            if latest is None or now < latest:
-                return False
-            err = DeadlineUnmeetableError(
-                r.run_id,
-                _iso(e["deadline_at"]) or "",
-                _iso(latest) or "",
-                e.get("expected_hours") or 0.0,
-                f"no capacity at its latest start ({exc})",
-            )
-            if ctx.ledger.end_queue_entry(r.run_id, "failed", str(err)):
-                out["failed"].append(r.run_id)
-            return None
-        except (NoFeasibleOfferError, InvalidRequestError) as exc:
-            if ctx.ledger.end_queue_entry(r.run_id, "failed", f"{type(exc).__name__}: {exc}"):
-                out["failed"].append(r.run_id)
-            return None
-        logger.info("admitted queued run %s (%s)", r.run_id, r.reason)
-        return True
-
-    out["admitted"] = admission_pass(ranked, try_admit)
-    waiting = [e for e in ctx.ledger.queue_entries(("queued",))]
-    out["waiting"] = len(waiting)
+    if not entries:
+        return {"admitted": [], "timed_out": [], "failed": [], "waiting": 0}
+    queued, held, capacity = _views(ctx, entries, now)
+    result = admit(
+        queued,
+        held,
+        capacity,
+        now.timestamp(),
+        _LedgerReserver(ctx, {e["run_id"]: e for e in entries}),
+        ctx.settings.queue_policy,
+        dict(ctx.settings.team_weights),
+        _attained(ctx, now),
+    )
+    waiting = ctx.ledger.queue_entries(("queued",))
     if waiting:
-        ranked, _ = _rank(ctx, waiting, now)
         ctx.ledger.set_queue_ranking(
             (
                 r.run_id,
@@ -464,9 +460,14 @@ def admit_queued(ctx: StageContext | None = None, now: dt.datetime | None = None
                 if r.estimated_start_s is None
                 else dt.datetime.fromtimestamp(r.estimated_start_s, dt.UTC),
             )
-            for r in ranked
+            for r in _rank(ctx, waiting, now)
         )
-    return out
+    return {
+        "admitted": result.admitted,
+        "timed_out": result.timed_out,
+        "failed": result.failed,
+        "waiting": len(waiting),
+    }
 
 
 def admit_after_release(ctx: StageContext) -> JSON | None:
@@ -568,6 +569,8 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
                 )
             for att in ctx.ledger.attempts(res.run_id):
                 if att["outcome"] == "running":
-                    ctx.ledger.end_attempt(res.run_id, att["attempt"], "failed", detail="lease expired; reclaimed")
+                    ctx.ledger.end_attempt(
+                        res.run_id, att["attempt"], "failed", detail="lease expired; reclaimed"
+                    )
     admission = admit_queued(ctx, now) if reclaimed or ctx.ledger.queue_entries(("queued",)) else None
     return {"reclaimed": reclaimed, "errors": errors, "admission": admission}

@@ -66,27 +66,29 @@ def launch_train(
     preemption, through the same code as ``train``) or take over the attempt a dead try left
     running. Returns the ``recovery.Attempt``; its ``launch`` is what the backend starts.
     """
+    from sailor_tasks.stages.queueing import hold_lease
+
     ctx = resolve_ctx(ctx)
-    _renew_deferred_lease(ctx, request, run_id)
+    # Deferred, no task heartbeat renews the lease: the pods' trigger does, every poll.
+    hold_lease(ctx, run_id, "train (deferred)")
     with timed(ctx, run_id, "train_launch", try_number):
         return begin_attempt(ctx, request, placement, data, run_id, try_number, reattach=True)
 
 
-def _renew_deferred_lease(ctx: StageContext, request: JSON, run_id: str) -> None:
-    """A deferred attempt runs no heartbeat while the triggerer watches its pods: its lease covers
-    the run's expected hours on top of the usual lease (renewed again at each re-entry).
+def stop_reclaimed(run_id: str, ctx: StageContext | None = None) -> None:
+    """The run's lease was reclaimed while its deferred attempt ran (no task renewed it, and the
+    triggerer could not either): stop what the attempt still runs and fail.
 
     Raises:
-        LeaseReclaimedError: the reservation was reclaimed (its lease had expired).
+        LeaseReclaimedError: always; the run may not train on capacity that is no longer its own.
     """
-    from sailor_tasks.stages.queueing import expected_hours, hold_lease
+    from sailor_tasks.errors import LeaseReclaimedError
 
-    try:
-        hours = expected_hours(ctx, from_dict(JobRequest, request)) or 0.0
-    except (ValueError, TypeError, KeyError) as exc:
-        logger.warning("run %s: no duration estimate for its lease (%s)", run_id, exc)
-        hours = 0.0
-    hold_lease(ctx, run_id, "train (deferred)", ctx.settings.lease_s + hours * 3600.0)
+    ctx = resolve_ctx(ctx)
+    stopped = stop_training(run_id, ctx)
+    reclaimed = (ctx.ledger.reservation_leases().get(run_id) or {}).get("reclaimed_at")
+    logger.warning("run %s: lease reclaimed; stopped %d training process(es) or pod(s)", run_id, stopped)
+    raise LeaseReclaimedError(run_id, reclaimed.isoformat(timespec="seconds") if reclaimed else "an unknown time")
 
 
 def finish_train(
@@ -111,8 +113,10 @@ def finish_train(
         RecoveryExhaustedError: preempted on the last allowed attempt (lists every attempt).
         TrainingFailedError: the process group failed for another reason.
     """
+    from sailor_tasks.stages.queueing import hold_lease
+
     ctx = resolve_ctx(ctx)
-    _renew_deferred_lease(ctx, request, run_id)
+    hold_lease(ctx, run_id, "train (deferred)")
     with timed(ctx, run_id, "train", try_number):
         att = resume_attempt(ctx, request, run_id, attempt)
         final = try_number > max_tries or attempt > max_tries

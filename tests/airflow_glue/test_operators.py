@@ -11,6 +11,7 @@ Buckets are on a local GCS API server; GKE node pools on an in-memory ClusterMan
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -655,3 +656,122 @@ def test_a_runs_own_command_runs_in_its_pods_with_the_contract_env(gke_env):
     assert result["step"] == 20 and result["checkpoint_uri"].startswith("gs://")
     (attempt,) = gke_env.ctx.ledger.attempts(run_id)
     assert attempt["outcome"] == "completed"
+
+
+# --- the run's lease while the attempt is deferred ------------------------------------------------
+
+
+def _lease(env, run_id):
+    return env.ctx.ledger.reservation_leases()[run_id]
+
+
+def test_the_deferred_lease_is_the_normal_lease_not_the_runs_expected_hours(gke_env):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    run_id = "manual__lease-1"
+    request, placement, data = gke_env.prepare(run_id)
+    with pytest.raises(TaskDeferred):
+        _operator(request, placement, data).execute(_context(run_id))
+    lease = _lease(gke_env, run_id)
+    held_s = (lease["expires_at"] - lease["renewed_at"]).total_seconds()
+    assert held_s == pytest.approx(gke_env.ctx.settings.lease_s, abs=1.0)  # not lease + hours
+
+
+def test_the_pods_trigger_renews_the_runs_lease_at_every_poll(gke_env, monkeypatch):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from sailor_tasks.airflow_glue import triggers
+
+    run_id = "manual__lease-2"
+    request, placement, data = gke_env.prepare(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(request, placement, data).execute(_context(run_id))
+    assert deferred.value.trigger.serialize()[1]["run_id"] == run_id
+    before = _lease(gke_env, run_id)["expires_at"]
+    renewals, polls = [], []
+    real = triggers.renew_lease
+    monkeypatch.setattr(triggers, "renew_lease", lambda rid: (renewals.append(rid), real(rid))[1])
+
+    def pods_end_after_a_few_polls():
+        polls.append(1)
+        if len(polls) == 6:
+            for name in deferred.value.trigger.pod_names:
+                gke_env.core.pods[name]["exit"] = 0
+
+    event = _trigger_event(gke_env, deferred.value, timeout_s=30, on_poll=pods_end_after_a_few_polls)
+    assert event["status"] == "success"
+    assert len(renewals) >= 3 and set(renewals) == {run_id}  # one per poll of the pods
+    lease = _lease(gke_env, run_id)
+    assert lease["holder"] == "train (deferred)" and lease["expires_at"] > before
+    held_s = (lease["expires_at"] - lease["renewed_at"]).total_seconds()
+    assert held_s == pytest.approx(gke_env.ctx.settings.lease_s, abs=1.0)
+
+
+def test_a_transient_ledger_error_while_renewing_is_retried_at_the_next_poll(gke_env, monkeypatch):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from sailor_tasks.airflow_glue import triggers
+
+    run_id = "manual__lease-3"
+    request, placement, data = gke_env.prepare(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(request, placement, data).execute(_context(run_id))
+    calls = []
+    real = triggers.renew_lease
+
+    def flaky(rid):
+        calls.append(rid)
+        if len(calls) <= 2:
+            raise ConnectionError("ledger unreachable")
+        if len(calls) == 4:
+            for name in deferred.value.trigger.pod_names:
+                gke_env.core.pods[name]["exit"] = 0
+        return real(rid)
+
+    monkeypatch.setattr(triggers, "renew_lease", flaky)
+    event = _trigger_event(gke_env, deferred.value, timeout_s=30)
+    assert event["status"] == "success" and len(calls) >= 4  # it kept following the pods
+
+
+def test_a_reclaimed_lease_fires_and_the_operator_stops_the_pods_and_fails(gke_env):
+    from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+
+    run_id = "manual__lease-4"
+    request, placement, data = gke_env.prepare(run_id)
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    # The triggerer was down longer than the lease: the reconciler reclaimed the reservation.
+    expired = _lease(gke_env, run_id)["expires_at"]
+    assert gke_env.ctx.ledger.reclaim(run_id, now=expired + dt.timedelta(seconds=1))
+    event = _trigger_event(gke_env, deferred.value, timeout_s=30)
+    assert event["status"] == "lease_reclaimed" and event["sailor_train"] == {"attempt": 1}
+    assert "reclaimed at" in event["message"]
+    assert all(gke_env.core.exit_code(n) is None for n in deferred.value.trigger.pod_names)  # still running
+
+    with pytest.raises(AirflowFailException, match="LeaseReclaimedError: run manual__lease-4: its reservation was reclaimed"):
+        op.resume_train(context, event=event)
+    assert sorted(gke_env.core.deleted) == sorted(deferred.value.trigger.pod_names)
+    assert not gke_env.core.services
+    (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "cancelled"
+
+
+def test_a_trigger_serialised_before_it_renewed_leases_still_runs_without_renewing(gke_env, monkeypatch):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from sailor_tasks.airflow_glue import triggers
+
+    run_id = "manual__lease-5"
+    request, placement, data = gke_env.prepare(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(request, placement, data).execute(_context(run_id))
+    _, kwargs = deferred.value.trigger.serialize()
+    old = {k: v for k, v in kwargs.items() if k != "run_id"}  # a row of a triggerer's table before
+    trigger = triggers.AttemptPodsTrigger(**old)
+    assert trigger.run_id is None
+    monkeypatch.setattr(triggers, "renew_lease", lambda rid: pytest.fail("nothing to renew"))
+    for name in trigger.pod_names:
+        gke_env.core.pods[name]["exit"] = 0
+    deferred.value.trigger = trigger
+    assert _trigger_event(gke_env, deferred.value, timeout_s=30)["status"] == "success"

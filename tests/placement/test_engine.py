@@ -11,6 +11,7 @@ from sailor_tasks.catalog.offers import Catalog
 from sailor_tasks.errors import CapacityUnavailableError, InvalidRequestError, NoFeasibleOfferError
 from sailor_tasks.model import Assignment, ClusterState, JobRequest, Offer, Reservation
 from sailor_tasks.placement import QueuedRequest, explain, plan, plan_many
+from sailor_tasks.placement.context import RESTART_HOURS
 from sailor_tasks.placement.validators import VALIDATOR_NAMES
 
 GB = 10**9
@@ -134,13 +135,32 @@ def test_auto_market_short_job_goes_spot_even_with_a_tight_deadline():
         "expected_hours"
     ]
     assert expected < 1.0
-    p = plan(dataclasses.replace(short, deadline_hours=expected * 1.5 + 0.01), cat, ClusterState(), "r")
+    # Tight: one launch, the training and half of it again.
+    p = plan(
+        dataclasses.replace(short, deadline_hours=RESTART_HOURS + expected * 1.5 + 0.01),
+        cat,
+        ClusterState(),
+        "r",
+    )
     assert p.market == "spot"
 
 
 def test_dirty_spot_price_goes_on_demand_under_auto():
     cat = Catalog((offer("us-east1-b", od=1.0, spot=2.0, dirty=True),))
     assert plan(req(), cat, ClusterState(), "r").market == "on_demand"
+
+
+def test_the_deadline_rule_counts_one_launch_before_training():
+    cat = Catalog((offer("us-east1-b"),))
+    job = req(market="on_demand")
+    hours = explain(job, cat, ClusterState())["winner"]["expected_hours"]
+    # Enough for training, not for the launch before it: rejected.
+    with pytest.raises(NoFeasibleOfferError, match="deadline: 1"):
+        plan(dataclasses.replace(job, deadline_hours=hours + 0.5 * RESTART_HOURS), cat, ClusterState(), "r")
+    fits = plan(
+        dataclasses.replace(job, deadline_hours=hours + RESTART_HOURS + 1e-6), cat, ClusterState(), "r"
+    )
+    assert fits.zone == "us-east1-b"
 
 
 def test_deadline_that_no_offer_meets_is_rejected_by_the_deadline_rule():

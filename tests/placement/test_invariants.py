@@ -168,7 +168,8 @@ def brute_force(request: JobRequest, catalog, state: ClusterState) -> tuple[list
                 continue
             overhead = spot_overhead if market == "spot" else 0.0
             price = nodes * o.usd_per_hour(market)
-            if request.deadline_hours is not None and hours + overhead + data_h > request.deadline_hours:
+            # The deadline counts one launch before training.
+            if request.deadline_hours is not None and RESTART_H + hours + overhead + data_h > request.deadline_hours:
                 continue
             if request.max_usd_per_hour is not None and price > request.max_usd_per_hour + 1e-9:
                 continue

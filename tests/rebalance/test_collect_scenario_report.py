@@ -111,6 +111,9 @@ def test_philly_team_demand_reads_plain_pairs_only(tmp_path):
     trace.write_bytes(pickle.dumps([(3600.0, 1), (7200.0, 8), (60.0, 2)]))
     got = philly_team_demand(str(trace), 3, seed=0)
     assert sorted(got) == [120.0, 3600.0, 57600.0]  # GPU-seconds of each job
+    assert sorted(philly_team_demand(str(trace), 3, seed=0, measure="gpus")) == [1.0, 2.0, 8.0]
+    with pytest.raises(ValueError, match="measure='hours'.*valid: gpu_seconds, gpus"):
+        philly_team_demand(str(trace), 3, measure="hours")
     with pytest.raises(ValueError, match="teams=4"):
         philly_team_demand(str(trace), 4)
     trace.write_bytes(pickle.dumps([(1.0, 1), pytest.approx]))  # a class reference is refused

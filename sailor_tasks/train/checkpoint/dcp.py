@@ -1,9 +1,11 @@
 """Checkpoints written and read through torch.distributed.checkpoint (DCP): the trainer's saves and loads.
 
-DCP plans each checkpoint (its default planner) and writes its ``.metadata``; the data files are
+DCP plans each checkpoint (its default planner) and the ``.metadata`` format; the data files are
 written here, every tensor's raw bytes straight from its buffer with the crc32c computed on the
 same chunks (the commit marker's checksums, without reading the files back), into recycled files
-on a local root.
+on a local root. A single process's later saves of a state dict laid out as before (same keys,
+shapes, dtypes) reuse the first save's plan and pickled metadata instead of planning again: the
+planning and pickling cost more CPU than the crc32c of 300 MB.
 ``CheckpointManager`` adds sync and pipelined async saves and loads to the torch-free
 ``store.CheckpointStore``; ``docs/checkpoints.md`` describes the format.
 """
@@ -11,14 +13,17 @@ on a local root.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import io
 import json
 import logging
+import math
 import os
 import pickle
 import posixpath
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,7 +32,6 @@ import crc32c
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.utils.serialization.config as torch_serialization_config
-from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
@@ -38,7 +42,7 @@ from torch.distributed.checkpoint.filesystem import (
     _StorageInfo,
 )
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import WriteItemType
+from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
@@ -52,10 +56,10 @@ if DEFAULT_SUFFIX != DATA_SUFFIX:  # the store recycles data files by this suffi
     raise ImportError(f"DCP's data file suffix is {DEFAULT_SUFFIX!r}, the store expects {DATA_SUFFIX!r}")
 
 _WRITE_CHUNK = 1024 * 1024
-"""Write size of the checkpoint writer: each chunk's crc32c is computed just before the chunk is
-written, so it is still in cache (L2 512 KiB per core, L3 32 MiB here) when the write copies it. With 2
-writer threads, 20-30% faster and steadier than 8 MiB chunks in interleaved runs on this VM
-(2026-11-22, median 52-61 ms vs 67-79 ms for 306 MB); no difference with one thread."""
+"""Write size of the checkpoint writer: each chunk's crc32c is computed right after the chunk is
+written, while the copy into the page cache has left it in cache (L2 512 KiB per core, L3 32 MiB
+here). With 2 writer threads, 20-30% faster and steadier than 8 MiB chunks in interleaved runs on
+this VM (2026-11-22, median 52-61 ms vs 67-79 ms for 306 MB); no difference with one thread."""
 _METADATA = ".metadata"
 """DCP's metadata file (``filesystem._metadata_fn``)."""
 RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
@@ -72,14 +76,48 @@ def _fsync(f: Any) -> None:
     os.fsync(fd)
 
 
+def _fallocate() -> Any:
+    """libc's ``fallocate(2)``, or None where there is none (not Linux)."""
+    fallocate = getattr(ctypes.CDLL(None, use_errno=True), "fallocate", None)
+    if fallocate is not None:
+        fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    return fallocate
+
+
+_FALLOCATE = _fallocate()
+
+
+def preallocate(f: Any, size: int) -> bool:
+    """Allocate the first ``size`` bytes of the new local file ``f`` before writing them: the
+    writes then skip the filesystem's delayed allocation of every block (ext4: 28% less CPU and
+    25% less time writing 2 x 150 MB on the dev VM, 2026-11-24; with an fsync after, no slower).
+    ``fallocate(2)`` itself, not ``os.posix_fallocate``, which writes zeros where the filesystem
+    cannot allocate (FUSE, NFS): there, and for files that are not local, nothing happens.
+    Returns whether it allocated."""
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return False
+    return size > 0 and _FALLOCATE is not None and _FALLOCATE(fd, 0, 0, size) == 0
+
+
 def _reader(uri: str) -> RawTensorFsspecReader:
     return RawTensorFsspecReader(uri, **storage.fs_options(storage.scheme_of(uri)))
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """The tensor's bytes as a flat buffer over its own storage (a copy only when not contiguous)."""
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())  # the view keeps ``flat`` alive
+    """The tensor's bytes as a flat buffer over its own storage (a copy only when not contiguous or
+    not in host memory). The buffer keeps the tensor alive."""
+    t = tensor.detach()
+    if not (
+        t.is_cpu and t.layout == torch.strided and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+    ):
+        t = t.cpu().contiguous().resolve_conj().resolve_neg()
+    # A view of the storage from its address: a quarter of the CPU of ``view(uint8).numpy()``,
+    # which matters at hundreds of tensors per save.
+    array = (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
+    array._owner = t  # type: ignore[attr-defined]
+    return memoryview(array).cast("B")
 
 
 class _ChecksumStream:
@@ -131,11 +169,14 @@ class ChecksummingFsspecWriter(FsspecWriter):
     DCP's own writer serialises every tensor as a ``torch.save`` archive (pickler, zip records,
     dozens of small writes per tensor): 4-5x slower than writing the same bytes. Here each file is
     written by one thread in ``_WRITE_CHUNK`` writes taken straight from the tensors' buffers, and each
-    chunk's crc32c is computed just before it is written, while it is still in cache. Tensor
-    entries are tagged ``RAW_TENSOR_FORMAT`` (dtype and shape are in DCP's metadata already);
+    chunk's crc32c is computed right after it is written, while the copy has left it in cache.
+    Tensor entries are tagged ``RAW_TENSOR_FORMAT`` (dtype and shape are in DCP's metadata already);
     non-tensor entries stay DCP's ``torch.save`` bytes, written after the tensors of their file
     (so tensor offsets do not move when a pickled value changes size). With ``sidecar`` each rank
     writes a sidecar with its files' crc32c and size (a single process hands them over directly).
+
+    Used by ``dcp.save`` (which plans), or, for a state dict laid out as a previous save's was, by
+    ``write_cached`` with that save's ``_SavePlan``.
 
     Args:
         path: the checkpoint folder's URI.
@@ -167,6 +208,13 @@ class ChecksummingFsspecWriter(FsspecWriter):
         """The checkpoint folder as a local path (``self.path`` is its URI)."""
         self.recycled: list[str] = []
         """Data files of this save written into recycled files."""
+        self.files: list[tuple[str, list[WriteItem]]] = []
+        """This save's data files and the items written into each, in order."""
+        self.mappings: dict[str, Any] | None = None
+        """The planner's flattening (FQN -> path in the state dict) when ``dcp.save`` planned."""
+        self.metadata: Metadata | None = None
+        self.pickled: tuple[Any, bytes] | None = None
+        """(``_pickle_key`` of this save's results, the ``.metadata`` bytes written)."""
 
     def _split(self, items: list[Any]) -> list[list[Any]]:
         """Items per file (DCP's split by size over the writer threads), tensors first."""
@@ -179,40 +227,77 @@ class ChecksummingFsspecWriter(FsspecWriter):
     def write_data(self, plan: Any, planner: Any) -> Any:
         prefix = plan.storage_data.prefix  # "__<rank>_": unique per rank
         buckets = self._split(plan.items)
-        names = [f"{prefix}{i}{DEFAULT_SUFFIX}" for i in range(len(buckets))]
-        recycled = self._take_recycled(names)
-        # Non-tensor entries are pickled by the planner (torch.save); their zip CRC32 would be a
-        # second checksum over those bytes: crc32c below covers the files end to end.
-        with torch_serialization_config.patch({"save.compute_crc32": False}), contextlib.ExitStack() as stack:
-            pool = self._pool
-            if pool is None and len(buckets) > 1:
-                pool = stack.enter_context(
-                    ThreadPoolExecutor(len(buckets) - 1, thread_name_prefix="sailor-ckpt-write")
-                )
-            others = [
-                pool.submit(self._write_file, n, b, planner, n in recycled)
-                for n, b in zip(names[1:], buckets[1:], strict=True)
-            ]
-            per_file = (
-                [self._write_file(names[0], buckets[0], planner, names[0] in recycled)] if buckets else []
-            )
-            per_file += [f.result() for f in others]
+        self.files = [(f"{prefix}{i}{DEFAULT_SUFFIX}", b) for i, b in enumerate(buckets)]
+        self.mappings = getattr(planner, "mappings", None)
+        results = self._write_files(planner.resolve_data)
         if self._sidecar:
             with self.fs.fs.open(posixpath.join(str(self.path), f"{prefix}{SIDECAR_SUFFIX}"), "w") as f:
-                json.dump({n: self.fs.sums[n] for n in names}, f)
+                json.dump({n: self.fs.sums[n] for n, _ in self.files}, f)
         fut: TorchFuture = TorchFuture()
-        fut.set_result([r for results in per_file for r in results])
+        fut.set_result(results)
         return fut
+
+    def write_cached(self, plan: _SavePlan, nodes: list[Any]) -> None:
+        """Write this checkpoint with ``plan``, a previous save's, for a state dict of the same
+        layout: ``nodes`` are its nodes in ``_walk`` order. The files are the ones ``dcp.save``
+        would write (same items, files and offsets); ``.metadata`` is re-pickled only when a
+        non-tensor entry's size moved an offset."""
+        self.fs.mkdir(self.path)
+        self.files = plan.files
+
+        def resolve(item: WriteItem) -> Any:
+            obj = nodes[plan.node_of[id(item)]]
+            if item.type != WriteItemType.BYTE_IO:
+                return obj
+            buf = io.BytesIO()  # what DefaultSavePlanner.transform_object writes
+            torch.save(obj, buf)
+            return buf
+
+        results = self._write_files(resolve)
+        key = _pickle_key(results)
+        if plan.pickled is None or plan.pickled[0] != key:
+            plan.pickled = (key, self._pickle_metadata(plan.metadata, results))
+        self._write_metadata(plan.pickled[1])
+        self.pickled = plan.pickled
+
+    def _write_files(self, resolve: Any) -> list[WriteResult]:
+        """Write ``self.files`` (the first in this thread, the others in the pool), each item's data
+        from ``resolve``; returns every item's ``WriteResult``."""
+        recycled = self._take_recycled([n for n, _ in self.files])
+        # Non-tensor entries are pickled (torch.save); their zip CRC32 would be a second checksum
+        # over those bytes: crc32c below covers the files end to end.
+        with torch_serialization_config.patch({"save.compute_crc32": False}), contextlib.ExitStack() as stack:
+            pool = self._pool
+            if pool is None and len(self.files) > 1:
+                pool = stack.enter_context(
+                    ThreadPoolExecutor(len(self.files) - 1, thread_name_prefix="sailor-ckpt-write")
+                )
+            others = [pool.submit(self._write_file, n, b, resolve, n in recycled) for n, b in self.files[1:]]
+            per_file = [self._write_file(n, b, resolve, n in recycled) for n, b in self.files[:1]]
+            per_file += [f.result() for f in others]
+        return [r for results in per_file for r in results]
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write ``.metadata`` as DCP does, but straight to its name (no temporary file and rename,
         a copy + delete on object stores): the commit marker, written after it, is what makes a
         checkpoint loadable."""
+        flat = [wr for wr_list in results for wr in wr_list]
+        self.metadata = metadata
+        self.pickled = (_pickle_key(flat), self._pickle_metadata(metadata, flat))
+        self._write_metadata(self.pickled[1])
+
+    @staticmethod
+    def _pickle_metadata(metadata: Metadata, results: list[WriteResult]) -> bytes:
+        """DCP's ``.metadata`` bytes. No ``storage_meta``: its checkpoint id would name the folder
+        the checkpoint was first written to (copies move it), and DCP's readers accept none."""
         metadata.version = CURRENT_DCP_VERSION
-        metadata.storage_data = {wr.index: wr.storage_data for wr_list in results for wr in wr_list}
-        metadata.storage_meta = self.storage_meta()
+        metadata.storage_data = {wr.index: wr.storage_data for wr in results}
+        metadata.storage_meta = None
+        return pickle.dumps(metadata)
+
+    def _write_metadata(self, data: bytes) -> None:
         with self.fs.create_stream(self.fs.concat_path(self.path, _METADATA), "wb") as f:
-            pickle.dump(metadata, f)
+            f.write(data)
             if self.sync_files:
                 _fsync(f)
 
@@ -248,7 +333,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
         return taken
 
     def _write_file(
-        self, name: str, items: list[Any], planner: Any, recycled: bool = False
+        self, name: str, items: list[WriteItem], resolve: Any, recycled: bool = False
     ) -> list[WriteResult]:
         results, crc, offset = [], 0, 0
         # A recycled file is overwritten in place: its blocks and (still cached) pages are reused.
@@ -257,17 +342,26 @@ class ChecksummingFsspecWriter(FsspecWriter):
             if recycled
             else self.fs.fs.open(posixpath.join(str(self.path), name), "wb")
         ) as f:
+            reserved = 0
+            if not recycled:
+                reserved = sum(_tensor_nbytes(item) for item in items)
+                preallocate(f, reserved)
             for item in items:
-                data = planner.resolve_data(item)
+                data = resolve(item)
                 if item.type == WriteItemType.BYTE_IO:
                     buf, descriptors = data.getbuffer(), None
                 else:
                     buf, descriptors = _tensor_bytes(data), [RAW_TENSOR_FORMAT]
                 size = buf.nbytes
-                for start in range(0, size, _WRITE_CHUNK):
-                    chunk = buf[start : start + _WRITE_CHUNK]
-                    crc = crc32c.crc32c(chunk, crc)
+                start = 0
+                while start < size:
+                    # Chunks end at multiples of _WRITE_CHUNK in the file: the page cache then
+                    # takes every chunk into whole large folios rather than two partial ones.
+                    end = min(size, start + _WRITE_CHUNK - (offset + start) % _WRITE_CHUNK)
+                    chunk = buf[start:end]
                     f.write(chunk)
+                    crc = crc32c.crc32c(chunk, crc)  # still in cache from the copy
+                    start = end
                 results.append(
                     WriteResult(
                         index=item.index,
@@ -276,8 +370,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
                     )
                 )
                 offset += size
-                del buf
-            if recycled:
+                del buf, data
+            if recycled or reserved > offset:
                 f.truncate(offset)  # the recycled file may have been longer
             if self.sync_files:
                 _fsync(f)
@@ -340,11 +434,126 @@ class RawTensorFsspecReader(FsspecReader):
                 )
             got += n
         if dest is not target:
-            part = narrow_tensor_by_index(dest, req.storage_offsets, req.lengths)
+            part = dest
+            for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
+                if length < dest.size(dim):
+                    part = part.narrow(dim, start, length)  # the requested part of the stored chunk
             if part.size() != target.size():
                 raise ValueError(f"{req.storage_index.fqn}: stored {part.size()} vs {target.size()}")
             target.copy_(part)
         planner.commit_tensor(req, target)
+
+
+def _tensor_nbytes(item: WriteItem) -> int:
+    """Bytes a tensor item writes (0 for a pickled value, whose size is known once pickled)."""
+    if item.tensor_data is None:
+        return 0
+    return math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+
+
+def _pickle_key(results: list[WriteResult]) -> tuple[Any, ...]:
+    """What makes one save's ``.metadata`` differ from another's of the same ``_SavePlan``: where
+    the non-tensor entries landed (their pickles change size with their values). Tensor entries
+    keep their files and offsets: equal layouts, tensors first in every file."""
+    return tuple(
+        (info.relative_path, info.offset, info.length)
+        for info in (wr.storage_data for wr in results)
+        if info.transform_descriptors is None
+    )
+
+
+class _Uncacheable(Exception):
+    """A state dict holding something whose plan ``_walk`` cannot vouch for: always planned by DCP."""
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _walk(obj: Any, layout: list[Any], nodes: list[Any]) -> None:
+    """Append ``obj`` and everything inside it to ``nodes``, depth first in DCP's traversal order,
+    and to ``layout`` all that DCP's flattening and planning read: each container's type and keys
+    (or length), each tensor's type, dtype, shape and properties, each other value's type. Two
+    state dicts with equal layouts are planned alike (DCP only pickles the other values)."""
+    nodes.append(obj)
+    kind = type(obj)
+    if isinstance(obj, dict):
+        layout.append((kind, tuple(obj)))
+        for value in obj.values():
+            _walk(value, layout, nodes)
+    elif kind is list or kind is tuple:
+        layout.append((kind, len(obj)))
+        for value in obj:
+            _walk(value, layout, nodes)
+    elif isinstance(obj, torch.Tensor):
+        if kind not in _PLAIN_TENSORS:
+            raise _Uncacheable(kind)  # DTensor, ShardedTensor...: chunks planned by their own rules
+        layout.append(
+            (kind, obj.dtype, obj.shape, obj.layout, obj.requires_grad, obj.is_pinned(), obj.device)
+        )
+    elif isinstance(obj, (Mapping, list)):
+        raise _Uncacheable(kind)  # DCP may descend into it: other mappings, list subclasses
+    else:
+        layout.append(kind)
+
+
+def _dcp_paths(obj: Any, path: tuple[Any, ...], out: list[tuple[Any, ...]]) -> None:
+    """DCP's flattening path (``str`` keys, ``int`` indices) of every node, in ``_walk`` order."""
+    out.append(path)
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _dcp_paths(value, (*path, str(key)), out)
+    elif type(obj) is list or type(obj) is tuple:
+        for i, value in enumerate(obj):
+            _dcp_paths(value, (*path, i), out)
+
+
+@dataclass(eq=False, slots=True)
+class _SavePlan:
+    """A single-process save as ``dcp.save`` planned and wrote it, kept to write later saves of a
+    state dict with the same ``layout`` without planning (``ChecksummingFsspecWriter.write_cached``).
+
+    DCP's planner has plan caching of its own (``enable_plan_caching``), but it still flattens the
+    state dict and builds and compares the local plan every save, and the metadata is pickled
+    every save: about 20 ms of CPU for gpt_25m + AdamW (413 entries), a third of what the write of
+    its 306 MB costs.
+    """
+
+    layout: list[Any]
+    files: list[tuple[str, list[WriteItem]]]
+    """Data files and their items, in order (the planned save's)."""
+    node_of: dict[int, int]
+    """``id`` of each item (held in ``files``) -> the position of its value among the ``_walk`` nodes."""
+    metadata: Metadata
+    pickled: tuple[Any, bytes] | None
+    """(``_pickle_key``, ``.metadata`` bytes) of the latest save with this plan."""
+
+    @classmethod
+    def record(
+        cls, layout: list[Any], state_dict: dict[str, Any], writer: ChecksummingFsspecWriter
+    ) -> _SavePlan | None:
+        """The plan ``writer`` just wrote ``state_dict`` with, or None when some item is not a
+        whole plain tensor or a pickled value found at a node of the state dict."""
+        if writer.mappings is None or writer.metadata is None:
+            return None
+        paths: list[tuple[Any, ...]] = []
+        _dcp_paths(state_dict, (), paths)
+        position = {p: i for i, p in enumerate(paths)}
+        if len(position) != len(paths):
+            return None  # keys equal as strings: DCP's own flattening would clash
+        node_of = {}
+        for _, items in writer.files:
+            for item in items:
+                if item.type == WriteItemType.TENSOR:
+                    chunk = item.tensor_data.chunk
+                    if any(chunk.offsets) or tuple(chunk.sizes) != tuple(item.tensor_data.size):
+                        return None
+                elif item.type != WriteItemType.BYTE_IO:
+                    return None
+                path = writer.mappings.get(item.index.fqn)
+                if path not in position:
+                    return None
+                node_of[id(item)] = position[path]
+        return cls(layout, writer.files, node_of, writer.metadata, writer.pickled)
 
 
 def _layout(obj: Any) -> Any:
@@ -457,6 +666,8 @@ class CheckpointManager(CheckpointStore):
         self._executor: ThreadPoolExecutor | None = None
         self._write_pool: ThreadPoolExecutor | None = None
         self._retention: Future | None = None
+        self._plan: _SavePlan | None = None
+        """The last planned single-process save, for later saves of the same layout."""
 
     def _writer(self, step: int) -> ChecksummingFsspecWriter:
         uri = self.step_uri(step)
@@ -478,12 +689,34 @@ class CheckpointManager(CheckpointStore):
             **storage.fs_options(storage.scheme_of(uri)),
         )
 
+    def _write(
+        self, step: int, state_dict: dict[str, Any], process_group: Any = None
+    ) -> ChecksummingFsspecWriter:
+        """Write ``state_dict`` (Stateful values resolved) into the step's folder, ``.metadata``
+        last: planned by ``dcp.save``, or, in a single process, with the previous save's plan when
+        the layout is unchanged."""
+        writer = self._writer(step)
+        if self.distributed:
+            dcp.save(state_dict, storage_writer=writer, process_group=process_group)
+            return writer
+        layout: list[Any] | None = []
+        nodes: list[Any] = []
+        try:
+            _walk(state_dict, layout, nodes)
+        except _Uncacheable:
+            layout = None
+        if self._plan is not None and layout == self._plan.layout:
+            writer.write_cached(self._plan, nodes)
+            return writer
+        dcp.save(state_dict, storage_writer=writer, no_dist=True)
+        self._plan = _SavePlan.record(layout, state_dict, writer) if layout is not None else None
+        return writer
+
     def save(self, step: int, state: dict[str, Any]) -> SaveInfo:
         """Save ``state`` (DCP state dict, Stateful values allowed) as step ``step`` and commit it."""
         self.wait()
         start = time.monotonic()
-        writer = self._writer(step)
-        dcp.save(state, storage_writer=writer, no_dist=not self.distributed)
+        writer = self._write(step, _resolve_stateful(state))
         info = self._finish(step, writer, start)
         if self.rank == 0:  # deleting old checkpoints need not hold up training
             self._retention = self._background().submit(self.retain)
@@ -519,13 +752,7 @@ class CheckpointManager(CheckpointStore):
         finally:
             staged.set()  # also on failure: the error surfaces in poll()/wait(), never a hang
         del state
-        writer = self._writer(step)
-        dcp.save(
-            snapshot,
-            storage_writer=writer,
-            no_dist=not self.distributed,
-            process_group=self.process_group,
-        )
+        writer = self._write(step, snapshot, self.process_group)
         info = self._finish(step, writer, start)
         if self.rank == 0:
             self.retain()

@@ -116,7 +116,9 @@ class CheckpointStore:
                 self.attempt = attempt
                 return
             inherited = [s for s in self.committed_steps() if not self._stale(s, fence)]
-            storage.write_json(storage.join(self.root_uri, FENCE), {"attempt": attempt, "inherited": inherited})
+            storage.write_json(
+                storage.join(self.root_uri, FENCE), {"attempt": attempt, "inherited": inherited}
+            )
         self.attempt = attempt
 
     def check_fence(self) -> None:
@@ -270,7 +272,11 @@ class CheckpointStore:
         for step in self.step_dirs():
             if step > newest and step not in committed and self.dcp_complete(step):
                 size = self.commit(step)
-                logger.info("sealed DCP checkpoint %s (%.1f MB): commit marker written", self.step_uri(step), size / 1e6)
+                logger.info(
+                    "sealed DCP checkpoint %s (%.1f MB): commit marker written",
+                    self.step_uri(step),
+                    size / 1e6,
+                )
                 sealed.append(step)
         return sealed
 
