@@ -129,6 +129,11 @@ class SimPlacement:
         self.errors = 0
         """Plans that found no feasible candidate."""
         self.last_error = ""
+        self._starts: dict[tuple, Placement | None] = {}
+        """``start_region``'s placements under the free-GPU view ``_starts_view``."""
+        self._starts_view: tuple = ()
+        self._length_free = not any(o.preemption_rate_per_hour > 0 for o in offers)
+        """No offer has a preemption rate: the engine's choice does not depend on a job's length."""
 
     def request(self, job: SimJob, market: str | None = None) -> JobRequest:
         """The job as the fast path's request: its job type as the model, its scale factor as workers."""
@@ -207,6 +212,35 @@ class SimPlacement:
             blocked = blocked | frozenset(self.zones_by_region[self.regions[exclude].name])
         return self.place(job, load, free, blocked, market, count_error=False)
 
+    def start_region(
+        self,
+        job: SimJob,
+        load: Sequence[float],
+        free: Sequence[Mapping[str, int]],
+        exclude: int | None = None,
+    ) -> tuple[int, str] | None:
+        """``place_now``'s (region index, GPU type), asked of the engine once per job type, origin,
+        constraint and view while the engine's choice cannot depend on a job's length: without
+        preemption rates in the simulated catalog (and no deadlines, no data) every preference
+        scales with the job's expected hours, so jobs of one type get the same answer until the
+        free GPUs or the loads change. The job's placement is the cached one under its own run id
+        (its ``score`` is the first job's)."""
+        if not self._length_free:
+            p = self.place_now(job, load, free, exclude)
+            return None if p is None else (self.region_index[p.region], p.gpu_type)
+        view = tuple(tuple(f.items()) for f in free)
+        if view != self._starts_view:
+            self._starts.clear()
+            self._starts_view = view
+        key = (job.job_type, exclude, *self.constraints.get(job.job_id, (frozenset(), None)), tuple(load))
+        if key in self._starts:
+            p = self._starts[key]
+            if p is not None:
+                self.placements[job.job_id] = dataclasses.replace(p, run_id=job.job_id)
+        else:
+            p = self._starts[key] = self.place_now(job, load, free, exclude)
+        return None if p is None else (self.region_index[p.region], p.gpu_type)
+
     def current(self, job: SimJob, region: int) -> Placement:
         """The job's placement in ``region``: the one the engine chose, or (a job routed by another
         router) the engine's best placement pinned to that region at nominal capacity."""
@@ -263,12 +297,12 @@ class PlacementRouter:
         """The engine's region for ``job`` among those with room for it now (``free``), never
         ``exclude``; None when there is none. An arriving job (``exclude`` None) is counted in
         ``summary`` like a routed one."""
-        p = self.sim.place_now(job, load, free, exclude)
-        if p is None:
+        start = self.sim.start_region(job, load, free, exclude)
+        if start is None:
             return None
         if exclude is None:
-            self.gpu_types[p.gpu_type] += 1
-        return self.sim.region_index[p.region]
+            self.gpu_types[start[1]] += 1
+        return start[0]
 
     def summary(self) -> dict[str, int]:
         return dict(sorted(self.gpu_types.items()))
