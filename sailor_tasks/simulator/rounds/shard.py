@@ -392,7 +392,7 @@ class RegionShard:
             else:
                 grants, work, r.frozen = self._grant(r, t)
             planned.append((r, grants, work))
-            regions.append(self._region_round(r, work, free))
+            regions.append(self._region_round(r, work))
             if work is None:
                 continue
             js_a, need, unit_a = work[0], work[3], work[2]
@@ -418,13 +418,19 @@ class RegionShard:
                         strict=True,
                     )
                 ]
+        if free is not None:
+            faster = self._faster(planned, free)
+            if faster:
+                regions = [
+                    rr._replace(faster=f[0], faster_remaining=f[1], faster_rate=f[2])
+                    if (f := faster.get(rr.region))
+                    else rr
+                    for rr in regions
+                ]
         return round_len, solves, ending, regions
 
-    def _region_round(
-        self, r: _RegionSim, work: tuple | None, offers: Sequence[np.ndarray] | None
-    ) -> RegionRound:
-        """Free GPUs, waiting jobs and jobs with a faster place elsewhere (``offers``: free GPUs
-        per region) of region ``r`` under this round's grants (``work``)."""
+    def _region_round(self, r: _RegionSim, work: tuple | None) -> RegionRound:
+        """Free GPUs and waiting jobs of region ``r`` under this round's grants (``work``)."""
         if work is None:
             free, granted = r.cap.copy(), _NO_JOBS
         else:
@@ -432,41 +438,46 @@ class RegionShard:
             used = np.bincount(types, weights=r.scale[units], minlength=len(r.cap))
             free = np.maximum(r.cap - used.astype(np.int64), 0)
             granted = js_a
-        faster = self._faster(r, work, offers) if offers is not None and work is not None else ()
         if len(granted) >= len(r.active):
-            return RegionRound(r.index, free, _NO_JOBS, _NO_STEPS, *faster)
+            return RegionRound(r.index, free, _NO_JOBS, _NO_STEPS)
         waiting = np.fromiter(r.active, dtype=np.int64, count=len(r.active))
         waiting = np.sort(waiting[~np.isin(waiting, granted)])
-        return RegionRound(r.index, free, waiting, self.remaining[waiting], *faster)
+        return RegionRound(r.index, free, waiting, self.remaining[waiting])
 
-    def _faster(self, r: _RegionSim, work: tuple, offers: Sequence[np.ndarray]) -> tuple:
-        """(jobs, steps remaining, steps/s) of the jobs running in ``r`` that would finish at least
-        ``MOVE_GAIN_S`` sooner on a GPU type free (for their whole scale) in another region."""
-        n_gpus = len(self.gpu_names)
-        free = np.zeros((len(offers), n_gpus))
+    def _faster(self, planned: Sequence[tuple], offers: Sequence[np.ndarray]) -> dict[int, tuple]:
+        """Region → (jobs, steps remaining, steps/s) of the jobs running there that would finish
+        at least ``MOVE_GAIN_S`` sooner on a GPU type free (for their whole scale) in another
+        region (``offers``: free GPUs per region, ``region_gpu_types`` order)."""
+        running = [(r, work) for r, _, work in planned if work is not None]
+        if not running:
+            return {}
+        free = np.zeros((len(offers), len(self.gpu_names)))
         for ri, f in enumerate(offers):
-            if ri != r.index:
-                free[ri, self.region_cols[ri]] = f
+            free[ri, self.region_cols[ri]] = f
         if not free.any():
-            return ()
-        js_a, rate, need = work[0], work[1], work[3]
-        keys = self.type_of[js_a]
+            return {}
+        js = np.concatenate([work[0] for _, work in running])
+        rate = np.concatenate([work[1] for _, work in running])
+        need = np.concatenate([work[3] for _, work in running])
+        where = np.concatenate([np.full(len(work[0]), r.index) for r, work in running])
+        keys = self.type_of[js]
         scale = self.key_scale[keys]
-        best = np.zeros(len(js_a))
+        best = np.zeros(len(js))
         for s in np.unique(scale).tolist():
-            room = (free >= s).any(axis=0)
-            if room.any():
-                of = scale == s
-                best[of] = (self.speed[keys[of]] * room).max(axis=1)
-        rem = self.remaining[js_a]
+            room = free >= s
+            # Types with room in some region other than the job's own.
+            elsewhere = (room.sum(axis=0)[None, :] - room) > 0
+            of = np.nonzero(scale == s)[0]
+            best[of] = (self.speed[keys[of]] * elsewhere[where[of]]).max(axis=1)
+        rem = self.remaining[js]
         with np.errstate(divide="ignore", invalid="ignore"):
-            gain = rem / np.maximum(rate, 1e-12) - np.where(best > 0, rem / best, np.inf)
-        pick = np.nonzero((rate > 0) & (best > rate) & (gain >= MOVE_GAIN_S) & (need > self.config.round_s))[
-            0
-        ]
-        if not len(pick):
-            return ()
-        return js_a[pick], rem[pick], rate[pick]
+            gain = rem / rate - rem / best
+        pick = (rate > 0) & (best > rate) & (gain >= MOVE_GAIN_S) & (need > self.config.round_s)
+        out: dict[int, tuple] = {}
+        for ri in np.unique(where[pick]).tolist():
+            sel = pick & (where == ri)
+            out[ri] = (js[sel], rem[sel], rate[sel])
+        return out
 
     def progress(self, round_len: float) -> list[tuple[int, float, float]]:
         """Run the planned round for ``round_len`` seconds (the same for every region); jobs that
