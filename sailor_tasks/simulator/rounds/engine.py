@@ -219,10 +219,29 @@ def simulate(
                 return float(speed_in[key][ri][m])
         return 0.0
 
+    def faster_view(key, src: int, remaining: float, rate: float) -> list[dict[str, int]] | None:
+        """``free_view`` restricted to the GPUs outside ``src`` on which a job of type ``key``
+        running at ``rate`` would finish at least ``MOVE_GAIN_S`` sooner; None when there are none."""
+        s = key[1]
+        view, any_room = [], False
+        for ri, (types, f) in enumerate(zip(gpu_types, free, strict=True)):
+            counts = dict.fromkeys(types, 0)
+            if ri != src:
+                for m in by_speed[key][ri]:
+                    speed = float(speed_in[key][ri][m])
+                    if speed <= rate or remaining / rate - remaining / speed < MOVE_GAIN_S:
+                        break  # the types after it are slower
+                    if f[m] >= s:
+                        counts[types[m]] = int(f[m])
+                        any_room = True
+            view.append(counts)
+        return view if any_room else None
+
     def offer_free_gpus(answers: Sequence[RegionRound], round_len: float) -> None:
         """Send jobs to GPUs free in other regions: first those that got none this round (oldest
-        arrival first), then running jobs that would finish at least ``MOVE_GAIN_S`` sooner
-        there; each by the router's ``start_now``, while any GPU is free (counted in ``moved``)."""
+        arrival first), then running jobs, offered only the free GPUs on which they would finish
+        at least ``MOVE_GAIN_S`` sooner; each by the router's ``start_now``, while any GPU is
+        free (counted in ``moved``)."""
         candidates = [
             (0, int(rank[j]), j, rr.region, float(rem), 0.0)
             for rr in answers
@@ -236,33 +255,32 @@ def simulate(
         ]
         if not candidates or not any(f.any() for f in free):
             return
-        no_room: set = set()  # (job type, region) without room elsewhere, until a move
+        # (job type, region) of waiting jobs with no room elsewhere: free GPUs only shrink here.
+        no_room: set = set()
         for running, _, j, src, remaining, rate in sorted(candidates):
             key = jobs[j].job_type
-            if (key, src, running) in no_room or not np.isnan(finish[j]):
+            if not np.isnan(finish[j]):
                 continue
             if running:
-                best = max(fastest_free(key, ri) for ri in range(n_regions) if ri != src)
-                if best <= rate or remaining / rate - remaining / best < MOVE_GAIN_S:
-                    no_room.add((key, src, running))
+                view = faster_view(key, src, remaining, rate)
+                if view is None:
                     continue
-            elif not room_for(key, src):
-                no_room.add((key, src, running))
+            elif (key, src) in no_room or not room_for(key, src):
+                no_room.add((key, src))
                 continue
-            dest = router.start_now(jobs[j], load_for(j, src), free_view(), exclude=src)
+            else:
+                view = free_view()
+            dest = router.start_now(jobs[j], load_for(j, src), view, exclude=src)
             if dest is None or dest == src:
-                no_room.add((key, src, running))
+                if not running:
+                    no_room.add((key, src))
                 continue
             if running:
-                there = fastest_free(key, dest)
-                if there <= rate or remaining / rate - remaining / there < MOVE_GAIN_S:
-                    continue
                 # It runs this round where it is (the shard applies the same arithmetic).
                 remaining = max(remaining - rate * round_len, 0.0)
             leave(j)
             admit(j, dest, remaining)
             moved[running] += 1
-            no_room.clear()  # admit took free GPUs: the answers cached above may change
             if not any(f.any() for f in free):
                 break
 

@@ -121,6 +121,25 @@ def test_a_running_job_moves_to_faster_gpus_freed_elsewhere_when_it_finishes_soo
     assert stays.faster_moves == 0 and placement.placements["second"].region == "slow"
 
 
+def test_a_running_job_is_offered_only_the_free_gpus_on_which_it_finishes_sooner():
+    table = load_packaged()
+    # When the V100 frees up, the engine alone would pick the cheap K80 (same speed as the one the
+    # job runs on): the move is planned on the V100 only, the GPUs worth a restart.
+    regions = [
+        Region("slow", {"K80": 1}),
+        Region("cheap", {"K80": 1}, usd_per_gpu_hour={"K80": 0.1}),
+        Region("fast", {"V100": 1}, usd_per_gpu_hour={"V100": 10.0}),
+    ]
+    jobs = [_job(table, "first", 1800), _job(table, "second", 7200)]
+    where = {"first": 2, "second": 0}
+    placement = SimPlacement(regions, table)
+    router = PlacementRouter(placement)
+    free = [{"K80": 0}, {"K80": 1}, {"V100": 1}]
+    assert router.start_now(jobs[1], [1.0, 0.0, 1.0], free, exclude=0) == 1
+    result = simulate(jobs, regions, table, SimConfig(), router=Pinned(router, where))
+    assert result.faster_moves == 1 and placement.placements["second"].region == "fast"
+
+
 class _Flapping:
     """The spot region loses its GPUs for the last 400 s of every half hour, forever."""
 
