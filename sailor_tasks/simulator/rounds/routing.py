@@ -210,6 +210,15 @@ class SimPlacement:
         blocked, market = self.constraints.get(job.job_id, (frozenset(), None))
         if exclude is not None:
             blocked = blocked | frozenset(self.zones_by_region[self.regions[exclude].name])
+        s = job.scale_factor
+        if not any(
+            max(f.values(), default=0) >= s and not blocked.issuperset(self.zones_by_region[r.name])
+            for r, f in zip(self.regions, free, strict=True)
+        ):
+            # The engine's capacity validator would reject every candidate: no region the job
+            # may go to has that many GPUs of one type free.
+            self.last_error = f"no region open to job {job.job_id} has {s} free GPUs of one type"
+            return None
         return self.place(job, load, free, blocked, market, count_error=False)
 
     def start_region(
