@@ -49,7 +49,10 @@ Call = tuple[str, tuple]
 
 
 class LocalShard:
-    """A shard in this process: ``result`` runs the calls submitted since the last ``result``."""
+    """A shard in this process: ``result`` runs the calls submitted since the last ``result``,
+    except ``prepare``: here it would run right before the next ``plan``, gaining nothing over
+    granting in ``plan`` and wasted in every region the loop's events change (its answer is None,
+    as a worker's)."""
 
     def __init__(self, shard: RegionShard):
         self.shard = shard
@@ -61,7 +64,7 @@ class LocalShard:
 
     def result(self) -> list[Any]:
         calls, self._calls = self._calls, []
-        return [getattr(self.shard, method)(*args) for method, args in calls]
+        return [None if method == "prepare" else getattr(self.shard, method)(*args) for method, args in calls]
 
     def close(self) -> None:
         pass
