@@ -13,8 +13,8 @@ the placement engine (``--router placement``; ``least_loaded`` is the baseline h
 ``routing_s`` / ``routing_cpu_s`` are the wall / CPU time spent inside the router (part of
 ``wall_s`` / ``cpu_s``). The regions are simulated by ``--workers`` processes (default: 2, or 1 on
 a 1-core machine; ``simulator/workers.py``): routing stays in this process, results are identical
-for any count, and ``cpu_s`` adds the workers' CPU time (they poll while waiting for a round).
-Prints one JSON object (last line).
+for any count; ``cpu_s`` adds the workers' CPU time to ``caller_cpu_s`` (this process's), and
+``load_average`` is the machine's 1/5/15-minute load at the end. Prints one JSON object (last line).
 
     .venv/bin/python bench/simulate_scale.py [--jobs N] [--load 0.8] [--traces DIR] [--workers N]
 """
@@ -133,7 +133,7 @@ def main() -> None:
     regions = [Region(name, per, spot=name in spot_traces) for name, per in REGIONS.items()]
     availability = TraceAvailability({r: t.trace for r, t in spot_traces.items()}) if spot_traces else None
     config = SimConfig(policy=args.policy, seed=args.seed, router=args.router, workers=args.workers)
-    started, cpu = time.perf_counter(), cpu_seconds()
+    started, cpu, caller_cpu = time.perf_counter(), cpu_seconds(), time.process_time()
     placement = SimPlacement(regions, table, config.gpus_per_server)
     router = TimedRouter(make_router(config.router, placement))
     strategy = make_recovery(config.recovery, placement)
@@ -141,10 +141,13 @@ def main() -> None:
         jobs, regions, table, config, availability=availability, router=router, strategy=strategy
     )
     wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    caller_cpu = time.process_time() - caller_cpu
     out = {
         "jobs": result.jobs,
         "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2),
+        "caller_cpu_s": round(caller_cpu, 2),
+        "load_average": [round(v, 2) for v in os.getloadavg()],
         "workers": config.workers,
         "gpus": gpus,
         "region_gpus": {name: dict(per) for name, per in REGIONS.items()},
