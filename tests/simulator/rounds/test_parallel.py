@@ -16,7 +16,7 @@ from sailor_tasks.simulator import (
     load_availability_trace,
     simulate,
 )
-from sailor_tasks.simulator.rounds.workers import RemoteShard, split_regions
+from sailor_tasks.simulator.rounds.workers import LocalShard, RemoteShard, split_regions
 
 
 def outcome(result) -> tuple[dict, tuple]:
@@ -60,7 +60,12 @@ def test_grants_prepared_ahead_are_those_plan_computes(monkeypatch):
         used.append(sum(r.ahead is not None and r.ahead[0] == t for r in self.sims.values()))
         return real_plan(self, t, events, free)
 
+    def result(self):  # every call in this process, prepare included (as a worker runs them)
+        calls, self._calls = self._calls, []
+        return [getattr(self.shard, method)(*args) for method, args in calls]
+
     monkeypatch.setattr(RegionShard, "plan", plan)
+    monkeypatch.setattr(LocalShard, "result", result)
     ahead = simulate(jobs, regions, table, SimConfig())
     assert sum(used) > 0  # most rounds leave most regions unchanged
     monkeypatch.setattr(RegionShard, "prepare", lambda self, t: None)
