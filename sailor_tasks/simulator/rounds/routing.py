@@ -56,10 +56,10 @@ NO_PRICE_CAP = sys.float_info.max
 """Every routed request's ``max_usd_per_hour``: caps nothing real, but rejects the infinite price of
 the market a simulated region does not sell."""
 UNAVAILABLE_RUN = "sim-unavailable"
+"""``run_id`` of the reservations that hold GPUs a region has lost (spot capacity gone)."""
 HELD_VIEWS = 256
 """Views of the usable GPUs whose reservations ``SimPlacement`` keeps (a round asks for a few;
 the bound keeps memory flat over 100k jobs)."""
-"""``run_id`` of the reservations that hold GPUs a region has lost (spot capacity gone)."""
 
 
 def model_name(key: JobKey) -> str:
