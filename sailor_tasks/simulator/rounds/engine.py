@@ -211,14 +211,6 @@ def simulate(
     def free_view() -> list[dict[str, int]]:
         return [dict(zip(types, f.tolist(), strict=True)) for types, f in zip(gpu_types, free, strict=True)]
 
-    def fastest_free(key, ri: int) -> float:
-        """Steps/s of job type ``key`` on the fastest type of region ``ri`` with room for it."""
-        s = key[1]
-        for m in by_speed[key][ri]:
-            if free[ri][m] >= s:
-                return float(speed_in[key][ri][m])
-        return 0.0
-
     def faster_view(key, src: int, remaining: float, rate: float) -> list[dict[str, int]] | None:
         """``free_view`` restricted to the GPUs outside ``src`` on which a job of type ``key``
         running at ``rate`` would finish at least ``MOVE_GAIN_S`` sooner; None when there are none."""
