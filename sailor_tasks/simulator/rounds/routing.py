@@ -57,9 +57,6 @@ NO_PRICE_CAP = sys.float_info.max
 the market a simulated region does not sell."""
 UNAVAILABLE_RUN = "sim-unavailable"
 """``run_id`` of the reservations that hold GPUs a region has lost (spot capacity gone)."""
-HELD_VIEWS = 256
-"""Views of the usable GPUs whose reservations ``SimPlacement`` keeps (a round asks for a few;
-the bound keeps memory flat over 100k jobs)."""
 
 
 def model_name(key: JobKey) -> str:
@@ -132,7 +129,6 @@ class SimPlacement:
         self.errors = 0
         """Plans that found no feasible candidate."""
         self.last_error = ""
-        self._held_cache: dict[tuple, tuple[Reservation, ...]] = {}
         self._starts: dict[tuple, Placement | None] = {}
         """``start_region``'s placements under the free-GPU view ``_starts_view``."""
         self._starts_view: tuple = ()
@@ -160,29 +156,21 @@ class SimPlacement:
     ) -> ClusterState:
         """The engine's view of the simulator: queue load as the assignment's ``region_load``,
         GPUs unavailable now as reservations, and the blocked zones."""
+        held = []
+        if available is not None:
+            for region, usable in zip(self.regions, available, strict=True):
+                for gpu, nominal in region.gpus.items():
+                    lost = int(nominal) - int(usable.get(gpu, 0))
+                    if lost > 0:
+                        held.append(
+                            Reservation(UNAVAILABLE_RUN, region.name, f"{region.name}-a", gpu, lost, "spot")
+                        )
         loads = {r.name: float(v) for r, v in zip(self.regions, load, strict=True)}
         return ClusterState(
-            reservations=() if available is None else self._held(available),
+            reservations=tuple(held),
             assignment=Assignment(version=0, shares={}, region_load=loads, source="simulator"),
             blocked_zones=blocked_zones,
         )
-
-    def _held(self, available: Sequence[Mapping[str, int]]) -> tuple[Reservation, ...]:
-        """The reservations that hold every GPU not in ``available`` (built once per view: the
-        loop asks for many placements on one view of the free GPUs)."""
-        key = tuple(tuple(usable.items()) for usable in available)
-        held = self._held_cache.get(key)
-        if held is None:
-            held = tuple(
-                Reservation(UNAVAILABLE_RUN, region.name, f"{region.name}-a", gpu, lost, "spot")
-                for region, usable in zip(self.regions, available, strict=True)
-                for gpu, nominal in region.gpus.items()
-                if (lost := int(nominal) - int(usable.get(gpu, 0))) > 0
-            )
-            if len(self._held_cache) >= HELD_VIEWS:
-                self._held_cache.clear()
-            self._held_cache[key] = held
-        return held
 
     def place(
         self,
