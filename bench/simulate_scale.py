@@ -13,8 +13,8 @@ the placement engine (``--router placement``; ``least_loaded`` is the baseline h
 ``routing_s`` / ``routing_cpu_s`` are the wall / CPU time spent inside the router (part of
 ``wall_s`` / ``cpu_s``). The regions are simulated by ``--workers`` processes (default: 2, or 1 on
 a 1-core machine; ``simulator/workers.py``): routing stays in this process, results are identical
-for any count, and ``cpu_s`` adds the workers' CPU time (they poll while waiting for a round).
-Prints one JSON object (last line).
+for any count; ``cpu_s`` adds the workers' CPU time to ``caller_cpu_s`` (this process's), and
+``load_average`` is the machine's 1/5/15-minute load at the end. Prints one JSON object (last line).
 
     .venv/bin/python bench/simulate_scale.py [--jobs N] [--load 0.8] [--traces DIR] [--workers N]
 """
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from sailor_tasks.catalog.throughput import load_packaged
 from sailor_tasks.simulator import Region, SimConfig, TraceAvailability, generate_jobs, simulate
+from sailor_tasks.simulator.rounds.hooks import StartsJobs
 from sailor_tasks.simulator.rounds.replan import make_recovery
 from sailor_tasks.simulator.rounds.routing import ROUTERS, PlacementRouter, SimPlacement, make_router
 from sailor_tasks.simulator.rounds.workload import total_gpu_seconds
@@ -57,18 +58,26 @@ TRACES = ROOT.parent / "shared" / "data" / "gcp_preemption_2020"
 
 
 class TimedRouter:
-    """Wraps a router and adds up the wall time of its decisions."""
+    """Wraps a router and adds up the wall and CPU time of its decisions."""
 
     def __init__(self, inner):
         self.inner, self.name, self.seconds, self.cpu_seconds = inner, inner.name, 0.0, 0.0
+        if isinstance(inner, StartsJobs):
+            self.start_now = self._start_now
 
-    def route(self, job, runnable, load):
+    def _timed(self, call, *args, **kwargs):
         started, cpu = time.perf_counter(), time.process_time()
         try:
-            return self.inner.route(job, runnable, load)
+            return call(*args, **kwargs)
         finally:
             self.seconds += time.perf_counter() - started
             self.cpu_seconds += time.process_time() - cpu
+
+    def route(self, job, runnable, load):
+        return self._timed(self.inner.route, job, runnable, load)
+
+    def _start_now(self, job, load, free, exclude=None):
+        return self._timed(self.inner.start_now, job, load, free, exclude)
 
 
 def cpu_seconds() -> float:
@@ -107,9 +116,12 @@ def main() -> None:
         if not found:
             sys.exit(f"--traces {args.traces}: no GCP 2020 *.out logs found")
         spot_traces = {r: found[i % len(found)] for i, r in enumerate(SPOT_REGIONS)}
-    # Arrival rate: the cluster serves ~sum(GPUs x speed) / (mean V100 GPU-hours per job) jobs/hour.
+    # Arrival rate: the cluster serves ~sum(GPUs x speed) / (mean V100 GPU-hours per job) jobs/hour,
+    # each job's GPU-hours at the speed it can run at on these servers (an 8-GPU job never fits
+    # on one 4-GPU server: it always runs at its unconsolidated throughput).
     probe = generate_jobs(2000, 1.0, table, seed=args.seed + 1)
-    mean_gpu_h = total_gpu_seconds(probe, table) / len(probe) / 3600.0
+    gpus_per_server = SimConfig().gpus_per_server
+    mean_gpu_h = total_gpu_seconds(probe, table, gpus_per_server=gpus_per_server) / len(probe) / 3600.0
     gpus = sum(sum(per.values()) for per in REGIONS.values())
     capacity = sum(
         n * sum(table.speedup(k, g) for k in table.job_types) / len(table.job_types)
@@ -121,7 +133,7 @@ def main() -> None:
     regions = [Region(name, per, spot=name in spot_traces) for name, per in REGIONS.items()]
     availability = TraceAvailability({r: t.trace for r, t in spot_traces.items()}) if spot_traces else None
     config = SimConfig(policy=args.policy, seed=args.seed, router=args.router, workers=args.workers)
-    started, cpu = time.perf_counter(), cpu_seconds()
+    started, cpu, caller_cpu = time.perf_counter(), cpu_seconds(), time.process_time()
     placement = SimPlacement(regions, table, config.gpus_per_server)
     router = TimedRouter(make_router(config.router, placement))
     strategy = make_recovery(config.recovery, placement)
@@ -129,10 +141,13 @@ def main() -> None:
         jobs, regions, table, config, availability=availability, router=router, strategy=strategy
     )
     wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    caller_cpu = time.process_time() - caller_cpu
     out = {
         "jobs": result.jobs,
         "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2),
+        "caller_cpu_s": round(caller_cpu, 2),
+        "load_average": [round(v, 2) for v in os.getloadavg()],
         "workers": config.workers,
         "gpus": gpus,
         "region_gpus": {name: dict(per) for name, per in REGIONS.items()},

@@ -6,6 +6,7 @@ for the max-min objective, following Gavel (Narayanan et al., OSDI'20, §4).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 
@@ -28,6 +29,8 @@ from sailor_tasks.policies.base import (
     solve,
 )
 from sailor_tasks.policies.space_sharing import pair_units, partitioned
+
+logger = logging.getLogger(__name__)
 
 SPARE_FLOOR = 1e-9
 """Relative slack on the fair share t* when the spare capacity is handed out (solver round-off)."""
@@ -451,12 +454,35 @@ class MaxMinSession:
         self.compactions += 1
 
     def _run(self, h) -> np.ndarray:
+        """Solve ``h`` from the kept basis; a solve that ends without an optimum is solved again
+        from scratch with presolve (the LP is always feasible: X = 0 is a solution).
+
+        Raises:
+            InfeasibleAllocationError: the fresh solve found no optimum either.
+        """
         import highspy
 
         h.run()
         status = h.getModelStatus()
         if status != highspy.HighsModelStatus.kOptimal:
-            raise InfeasibleAllocationError(self.policy.name, h.modelStatusToString(status))
+            # A hot start can end without a verdict ("Unknown": the simplex stopped on the kept
+            # basis with infeasibilities its cleanup could not remove). Drop the basis.
+            logger.warning(
+                "%s: hot-started solve ended %s (%d columns, %d rows); solving it from scratch",
+                self.policy.name,
+                h.modelStatusToString(status),
+                h.getNumCol(),
+                h.getNumRow(),
+            )
+            h.clearSolver()
+            h.setOptionValue("presolve", "on")
+            try:
+                h.run()
+            finally:
+                h.setOptionValue("presolve", "off")
+            status = h.getModelStatus()
+            if status != highspy.HighsModelStatus.kOptimal:
+                raise InfeasibleAllocationError(self.policy.name, h.modelStatusToString(status))
         return np.asarray(h.getSolution().col_value)
 
     def allocate(self, state: PolicyState) -> Allocation:

@@ -64,6 +64,38 @@ def test_lease_extension_keeps_the_same_gpus_and_consolidates_new_units():
     assert by_unit[2].servers == ((1, 1),)
 
 
+def test_a_spread_lease_is_placed_afresh_on_one_server_when_one_has_room():
+    scale = np.array([2.0])
+    previous = {0: Grant(0, 0, ((0, 1), (1, 1)), True, False)}  # spread over servers 0 and 1
+    (grant,) = assign_round([(0, 0)], scale, {0: 8}, previous, gpus_per_server=4)
+    assert grant.consolidated and len(grant.servers) == 1 and not grant.extended
+
+
+def test_small_leases_move_so_that_a_new_multi_gpu_unit_fits_on_one_server():
+    # Two 1-GPU leases, one per server, leave 3 + 3 free GPUs: a new 4-GPU unit would be spread.
+    scale = np.array([1.0, 1.0, 4.0, 2.0])
+    previous = {0: Grant(0, 0, ((0, 1),), True, True), 1: Grant(1, 0, ((1, 1),), True, True)}
+    grants = assign_round([(0, 0), (1, 0), (2, 0), (3, 0)], scale, {0: 8}, previous, gpus_per_server=4)
+    by_unit = {g.unit: g for g in grants}
+    assert sorted(by_unit) == [0, 1, 2, 3]
+    assert all(g.consolidated for g in grants)
+    assert by_unit[2].servers in (((0, 4),), ((1, 4),))
+    # One small unit keeps its lease; capacity is respected on every server.
+    assert by_unit[0].extended or by_unit[1].extended
+    used = {0: 0, 1: 0}
+    for g in grants:
+        for srv, n in g.servers:
+            used[srv] += n
+    assert used == {0: 4, 1: 4}
+
+
+def test_units_larger_than_a_server_keep_their_spread_lease():
+    scale = np.array([8.0])
+    previous = {0: Grant(0, 0, ((0, 4), (1, 4)), True, False)}
+    (grant,) = assign_round([(0, 0)], scale, {0: 12}, previous, gpus_per_server=4)
+    assert grant.extended and grant.servers == ((0, 4), (1, 4))
+
+
 def test_server_pool_spreads_only_when_no_server_fits():
     pool = ServerPool({0: 8}, gpus_per_server=4)
     assert pool.place(0, 3) == ((0, 3),)

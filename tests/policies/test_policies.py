@@ -203,6 +203,42 @@ def test_session_compacts_idle_classes_and_still_matches_fresh_solves(table):
     assert session.h.getNumCol() == 1 + 3 * len(session._slot_class) < 1 + 3 * len(session.counts)
 
 
+class _StopsOnce:
+    """A HiGHS model whose next hot-started solve stops after 0 simplex iterations (a solve that
+    ends without an optimum, as HiGHS' "Unknown" does); later solves run normally."""
+
+    def __init__(self, h):
+        self._h, self.stopped = h, False
+
+    def __getattr__(self, name):
+        return getattr(self._h, name)
+
+    def run(self):
+        if self.stopped:
+            return self._h.run()
+        self.stopped = True
+        self._h.setOptionValue("simplex_iteration_limit", 0)
+        try:
+            return self._h.run()
+        finally:
+            self._h.setOptionValue("simplex_iteration_limit", 2**31 - 1)
+
+
+def test_session_solves_again_from_scratch_when_a_hot_started_solve_ends_without_optimum(table):
+    import highspy
+
+    policy = get_policy("las")
+    gpus = {"K80": 4, "P100": 4, "V100": 4}
+    session = policy.session(gpus)
+    pool = random_state(table, n=40, gpus=gpus, seed=3, scales=(1, 2)).jobs
+    session.allocate(PolicyState(jobs=pool[:20], gpus=gpus))
+    stops = _StopsOnce(session.h)
+    session.models[0] = session.h = stops
+    state = PolicyState(jobs=pool[10:], gpus=gpus)
+    _assert_session_matches_fresh_solve(policy, session, state)
+    assert stops.stopped and stops.getModelStatus() == highspy.HighsModelStatus.kOptimal
+
+
 def test_min_cost_needs_prices_for_every_gpu_type(table):
     state = random_state(table, n=4, gpus={"K80": 1, "V100": 1}, seed=0)
     with pytest.raises(ValueError, match="positive price per GPU-hour for V100"):

@@ -10,6 +10,13 @@ throughput (consolidated or not, alone or space-shared) with exact completion ti
 round. Deterministic for a seed: the only randomness is the workload generator's and the
 policies' seeded partitioning.
 
+Across regions the loop keeps the cluster work-conserving, as SAILOR's queue does with runs that
+wait for capacity: it knows each region's free GPUs from the last round's grants, a router that
+``StartsJobs`` sends an arriving (or preempted) job where it can start at once when some region
+has room, and every round the jobs that got no GPUs where they wait are offered the GPUs free in
+other regions (``moves``). A job is bound to a region only while that region runs it or no
+region has room for it.
+
 The per-region work (admission, re-solves, grants, progress) is done by ``RegionShard``s
 (``shard.py``); with ``SimConfig.workers`` > 1 they run in worker processes (``workers.py``), in
 lock step with this loop, which keeps what crosses regions: routing, recovery and the totals.
@@ -33,12 +40,18 @@ from sailor_tasks.simulator.rounds.hooks import (
     RecoveryStrategy,
     Region,
     Router,
+    StartsJobs,
 )
 from sailor_tasks.simulator.rounds.replan import StrategyRecovery, make_recovery
 from sailor_tasks.simulator.rounds.routing import SimPlacement, make_router
-from sailor_tasks.simulator.rounds.shard import LEAVE, region_gpu_types
+from sailor_tasks.simulator.rounds.shard import (
+    LEAVE,
+    MOVE_GAIN_S,
+    RegionRound,
+    region_gpu_types,
+)
 from sailor_tasks.simulator.rounds.workers import start_shards
-from sailor_tasks.simulator.rounds.workload import SimJob
+from sailor_tasks.simulator.rounds.workload import SimJob, run_throughput
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +82,10 @@ class SimResult:
     """Preempted jobs that recovery sent to another region."""
     recovery_waits: int = 0
     """Preempted jobs for which recovery found no feasible region (they waited where they were)."""
+    waiting_moves: int = 0
+    """Jobs that got no GPUs where they waited, moved to GPUs free in another region."""
+    faster_moves: int = 0
+    """Running jobs moved to GPUs free in another region where they finish sooner."""
     jct_s: tuple[float, ...] = field(default=(), repr=False)
     """JCT of every completed job, in the workload's order."""
     jct_job_ids: tuple[str, ...] = field(default=(), repr=False)
@@ -114,14 +131,35 @@ def simulate(
     gpu_types = [region_gpu_types(r) for r in regions]
     all_types = sorted({g for types in gpu_types for g in types})
     runnable_in = {}
+    # Per job type and region: which of the region's GPU types can run it (the free-GPU checks).
+    fits_type: dict = {}
     for key in {j.job_type for j in jobs}:
-        runnable_in[key] = [
-            any(table.throughput(key, g) > 0 and r.gpus[g] >= key[1] for g in types)
+        fits_type[key] = [
+            np.array([table.throughput(key, g) > 0 and r.gpus[g] >= key[1] for g in types], dtype=bool)
             for r, types in zip(regions, gpu_types, strict=True)
         ]
+        runnable_in[key] = [bool(f.any()) for f in fits_type[key]]
         if not any(runnable_in[key]):
             raise ValueError(f"job type {key!r} cannot run in any region (GPU types: {', '.join(all_types)})")
+    # Per job type and region: steps/s on each of the region's types, and the types that can run
+    # it fastest first (where a job sent to free GPUs is counted until the next round's grants).
+    speed_in = {
+        key: [
+            np.array([run_throughput(table, key, g, config.gpus_per_server) for g in types])
+            for types in gpu_types
+        ]
+        for key in fits_type
+    }
+    by_speed = {
+        key: [
+            sorted(np.nonzero(f)[0].tolist(), key=lambda m, sp=sp: -sp[m])
+            for f, sp in zip(per_region, speed_in[key], strict=True)
+        ]
+        for key, per_region in fits_type.items()
+    }
     order = sorted(range(n), key=lambda i: (jobs[i].arrival_s, i))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
     arrival = np.array([j.arrival_s for j in jobs], dtype=float)
     scale = np.array([j.scale_factor for j in jobs], dtype=float)
     finish = np.full(n, np.nan)
@@ -136,6 +174,10 @@ def simulate(
     ]
     total_gpus = [max(float(c.sum()), 1.0) for c in capacity]
     last_cap = [c.copy() for c in capacity]
+    # GPUs of each type no job uses in the coming round: the last round's grants, less what the
+    # loop has sent since, plus what finishing jobs and returning capacity give back.
+    free = [c.copy() for c in capacity]
+    starts = isinstance(router, StartsJobs)
     shards = start_shards(jobs, regions, table, config)
     owner = [0] * n_regions
     for k, shard in enumerate(shards):
@@ -148,12 +190,91 @@ def simulate(
         active[ri] += 1
         region_of[i] = ri
         events[owner[ri]].append((i, ri, remaining))
+        # Count the job on its fastest type with room (the next round's grants say exactly).
+        s = int(scale[i])
+        for m in by_speed[jobs[i].job_type][ri]:
+            if free[ri][m] >= s:
+                free[ri][m] -= s
+                break
 
     def leave(i: int) -> None:
         ri = region_of[i]
         demand[ri] -= scale[i]
         active[ri] -= 1
         events[owner[ri]].append((i, LEAVE, 0.0))
+
+    def room_for(key, exclude: int = -1) -> bool:
+        """Some region (not ``exclude``) has enough free GPUs of a type that runs ``key``."""
+        s = key[1]
+        return any(ri != exclude and (f & (free[ri] >= s)).any() for ri, f in enumerate(fits_type[key]))
+
+    def free_view() -> list[dict[str, int]]:
+        return [dict(zip(types, f.tolist(), strict=True)) for types, f in zip(gpu_types, free, strict=True)]
+
+    def faster_view(key, src: int, remaining: float, rate: float) -> list[dict[str, int]] | None:
+        """``free_view`` restricted to the GPUs outside ``src`` on which a job of type ``key``
+        running at ``rate`` would finish at least ``MOVE_GAIN_S`` sooner; None when there are none."""
+        s = key[1]
+        view, any_room = [], False
+        for ri, (types, f) in enumerate(zip(gpu_types, free, strict=True)):
+            counts = dict.fromkeys(types, 0)
+            if ri != src:
+                for m in by_speed[key][ri]:
+                    speed = float(speed_in[key][ri][m])
+                    if speed <= rate or remaining / rate - remaining / speed < MOVE_GAIN_S:
+                        break  # the types after it are slower
+                    if f[m] >= s:
+                        counts[types[m]] = int(f[m])
+                        any_room = True
+            view.append(counts)
+        return view if any_room else None
+
+    def offer_free_gpus(answers: Sequence[RegionRound], round_len: float) -> None:
+        """Send jobs to GPUs free in other regions: first those that got none this round (oldest
+        arrival first), then running jobs, offered only the free GPUs on which they would finish
+        at least ``MOVE_GAIN_S`` sooner; each by the router's ``start_now``, while any GPU is
+        free (counted in ``moved``)."""
+        candidates = [
+            (0, int(rank[j]), j, rr.region, float(rem), 0.0)
+            for rr in answers
+            for j, rem in zip(rr.waiting.tolist(), rr.remaining.tolist(), strict=True)
+        ] + [
+            (1, int(rank[j]), j, rr.region, float(rem), float(rate))
+            for rr in answers
+            for j, rem, rate in zip(
+                rr.faster.tolist(), rr.faster_remaining.tolist(), rr.faster_rate.tolist(), strict=True
+            )
+        ]
+        if not candidates or not any(f.any() for f in free):
+            return
+        # (job type, region) of waiting jobs with no room elsewhere: free GPUs only shrink here.
+        no_room: set = set()
+        for running, _, j, src, remaining, rate in sorted(candidates):
+            key = jobs[j].job_type
+            if not np.isnan(finish[j]):
+                continue
+            if running:
+                view = faster_view(key, src, remaining, rate)
+                if view is None:
+                    continue
+            elif (key, src) in no_room or not room_for(key, src):
+                no_room.add((key, src))
+                continue
+            else:
+                view = free_view()
+            dest = router.start_now(jobs[j], load_for(j, src), view, exclude=src)
+            if dest is None or dest == src:
+                if not running:
+                    no_room.add((key, src))
+                continue
+            if running:
+                # It runs this round where it is (the shard applies the same arithmetic).
+                remaining = max(remaining - rate * round_len, 0.0)
+            leave(j)
+            admit(j, dest, remaining)
+            moved[running] += 1
+            if not any(f.any() for f in free):
+                break
 
     round_s = config.round_s
     # Rounds start when there is work: at the first arrival, then back to back while jobs are
@@ -163,6 +284,7 @@ def simulate(
     next_arrival = 0
     done = 0
     rounds = solves = preemptions = moves = 0
+    moved = [0, 0]  # waiting, faster
     busy_gpu_s = cost = 0.0
     static_capacity = type(availability) is AlwaysAvailable
     # True once the shards were sent the last round's ``progress`` and ``prepare``: their answers
@@ -185,17 +307,12 @@ def simulate(
             ran = False
         return answers
 
+    def load_for(i: int, ri: int = -1) -> list[float]:
+        """GPUs demanded / GPUs per region with job ``i`` added (it is in region ``ri`` already)."""
+        return [(demand[k] + (0.0 if k == ri else scale[i])) / total_gpus[k] for k in range(n_regions)]
+
     try:
         while done < n and t <= config.horizon_s:
-            while next_arrival < n and arrival[order[next_arrival]] <= t:
-                i = order[next_arrival]
-                load = [(demand[k] + scale[i]) / total_gpus[k] for k in range(n_regions)]
-                admit(i, router.route(jobs[i], runnable_in[jobs[i].job_type], load), jobs[i].total_steps)
-                next_arrival += 1
-            if not any(active):
-                t = float(arrival[order[next_arrival]])
-                continue
-            rounds += 1
             if not static_capacity:
                 caps = [
                     np.array([availability.capacity(r, g, t) for g in types], dtype=np.int64)
@@ -211,6 +328,9 @@ def simulate(
                         ]
                     ):
                         lost.update(out)
+                    for ri in changed:
+                        free[ri] = np.clip(free[ri] + caps[ri] - last_cap[ri], 0, caps[ri])
+                        last_cap[ri] = caps[ri]
                     available = [
                         dict(zip(types, c.tolist(), strict=True))
                         for types, c in zip(gpu_types, caps, strict=True)
@@ -218,31 +338,48 @@ def simulate(
                     for ri in changed:
                         for j, remaining in lost.get(ri, ()):
                             preemptions += 1
-                            load = [
-                                (demand[k] + (0.0 if k == ri else scale[j])) / total_gpus[k]
-                                for k in range(n_regions)
-                            ]
-                            dest = strategy.on_preemption(jobs[j], ri, t, available, load)
+                            dest = strategy.on_preemption(
+                                jobs[j], ri, t, available, load_for(j, ri), free=free_view()
+                            )
                             if dest != ri:
                                 moves += 1
                                 leave(j)
                                 admit(j, dest, remaining)
-                        last_cap[ri] = caps[ri]
+            while next_arrival < n and arrival[order[next_arrival]] <= t:
+                i = order[next_arrival]
+                job = jobs[i]
+                dest = None
+                if starts and room_for(job.job_type):
+                    dest = router.start_now(job, load_for(i), free_view())
+                if dest is None:
+                    dest = router.route(job, runnable_in[job.job_type], load_for(i))
+                admit(i, dest, job.total_steps)
+                next_arrival += 1
+            if not any(active):
+                t = float(arrival[order[next_arrival]])
+                continue
+            rounds += 1
             # Every region grants its GPUs; the round lasts until its last unit finishes, at most
             # round_s (as in Gavel).
-            planned = call([[("plan", (float(t), events[k]))] for k in range(len(shards))])
+            offers = [f.copy() for f in free] if starts else None
+            planned = call([[("plan", (float(t), events[k], offers))] for k in range(len(shards))])
             events = [[] for _ in shards]
             round_len = max((out[0][0] for out in planned), default=0.0)
             solves += sum(out[0][1] for out in planned)
             if round_len <= 0:
                 round_len = round_s
+            for rr in (rr for out in planned for rr in out[0][3]):
+                free[rr.region] = rr.free
             # The jobs that finish in this round (the shards run it at their next call).
-            for ri, j, need in sorted((e for out in planned for e in out[0][2]), key=lambda e: e[0]):
+            for ri, j, need, g, gpus in sorted((e for out in planned for e in out[0][2]), key=lambda e: e[0]):
                 if need <= round_len and np.isnan(finish[j]):
                     finish[j] = t + need
                     done += 1
                     demand[ri] -= scale[j]
                     active[ri] -= 1
+                    free[ri][g] += gpus
+            if starts:
+                offer_free_gpus([rr for out in planned for rr in out[0][3]], round_len)
             t += round_len
             # Workers run the round and grant the next one while this process routes.
             for shard in shards:
@@ -276,6 +413,8 @@ def simulate(
         recovery=getattr(strategy, "name", type(strategy).__name__),
         recovery_moves=moves,
         recovery_waits=strategy.waits if isinstance(strategy, StrategyRecovery) else 0,
+        waiting_moves=moved[0],
+        faster_moves=moved[1],
         jct_s=tuple(jct.tolist()),
         jct_job_ids=tuple(jobs[i].job_id for i in np.nonzero(completed)[0].tolist()),
     )

@@ -72,6 +72,24 @@ class Router(Protocol):
         ...
 
 
+@runtime_checkable
+class StartsJobs(Protocol):
+    """A router that can also send a job where it starts at once (``free`` GPUs). The round loop
+    asks it first for every arriving job and, each round, for the jobs that got no GPUs where
+    they wait, so that no GPU idles while a job that could use it waits in another region."""
+
+    def start_now(
+        self,
+        job: SimJob,
+        load: Sequence[float],
+        free: Sequence[Mapping[str, int]],
+        exclude: int | None = None,
+    ) -> int | None:
+        """A region where ``job`` can start now (``free[r]``: GPUs of each type no job uses in
+        region r this round), never ``exclude``; None when no region has room for it."""
+        ...
+
+
 class LeastLoadedRouter:
     """Baseline (``--router least_loaded``): the region with the lowest demand/supply among those
     that can run the job. The default router is the placement engine (``routing.PlacementRouter``)."""
@@ -95,11 +113,13 @@ class RecoveryStrategy(Protocol):
         now: float,
         available: Sequence[Mapping[str, int]],
         load: Sequence[float],
+        free: Sequence[Mapping[str, int]] | None = None,
     ) -> int:
         """Region index where ``job``, preempted in ``region`` at ``now``, continues.
 
         ``available[r]``: GPUs of each type usable in region r now; ``load[r]``: GPUs demanded /
-        GPUs in region r if the job continued there."""
+        GPUs in region r if the job continued there; ``free[r]``: GPUs of each type no job uses
+        there (a region with room lets the job start at once)."""
         ...
 
 
@@ -116,5 +136,6 @@ class StayInRegion:
         now: float,
         available: Sequence[Mapping[str, int]],
         load: Sequence[float],
+        free: Sequence[Mapping[str, int]] | None = None,
     ) -> int:
         return region

@@ -9,9 +9,11 @@ This is what the ``sailor_train`` DAG does on a real preemption (``sailor_tasks.
 
     preempted in region-0 → next_constraint → blocked zones/regions + market → plan → region-k
 
-When nothing is feasible (every region blocked or without usable capacity), the job stays where
-it is and waits for capacity (counted in ``waits``); the DAG would instead fail the run once its
-retries are spent.
+The plan looks first at the GPUs free now (as the DAG's plan sees the GPUs other runs hold), then,
+when no region has room, at the capacity usable now, where the job queues. The constraint stays
+with the job (``SimPlacement.constraints``) for its later placements. When nothing is feasible
+(every region blocked or without usable capacity), the job stays where it is and waits for
+capacity (counted in ``waits``); the DAG would instead fail the run once its retries are spent.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class StrategyRecovery:
         now: float,
         available: Sequence[Mapping[str, int]],
         load: Sequence[float],
+        free: Sequence[Mapping[str, int]] | None = None,
     ) -> int:
         current = self.sim.current(job, region)
         history = self.history.setdefault(job.job_id, [])
@@ -58,13 +61,11 @@ class StrategyRecovery:
             zones_by_region=self.sim.zones_by_region,
         )
         constraint = self.strategy.next_constraint(ctx)
-        placement = self.sim.place(
-            job,
-            load,
-            available=available,
-            blocked_zones=constraint.all_blocked_zones(self.sim.zones_by_region),
-            market=constraint.market,
-        )
+        blocked = constraint.all_blocked_zones(self.sim.zones_by_region)
+        self.sim.constraints[job.job_id] = (blocked, constraint.market)
+        placement = self.sim.place_now(job, load, free) if free is not None else None
+        if placement is None:
+            placement = self.sim.place(job, load, available, blocked, constraint.market)
         if placement is None:
             self.waits += 1
             return region

@@ -12,8 +12,11 @@ state is the engine's live view:
   region infeasible instead of merely less attractive;
 * spot availability: GPUs a region has lost right now are held by reservations, so the
   ``capacity`` validator sees only what is usable (recovery re-plans against this view);
+* free GPUs: to start a job at once (``PlacementRouter.start_now``), GPUs that no job uses this
+  round are all the engine may take (the rest are reservations), as ``plan`` sees the GPUs other
+  runs hold; only when no region has room does the job queue where the load view puts it;
 * blocked zones and markets come from the recovery strategies' ``PlacementConstraint``
-  (``rounds/replan.py``).
+  (``rounds/replan.py``) and stay with the job for its later placements.
 
 A simulated region is one zone (``<region>-a``) with one capacity group per GPU type and VM shapes
 of 1, 2, 4, ... GPUs up to the mechanism's server size; it sells one market (spot regions spot,
@@ -120,9 +123,17 @@ class SimPlacement:
         self.zones_by_region: dict[str, tuple[str, ...]] = {r.name: (f"{r.name}-a",) for r in regions}
         self.placements: dict[str, Placement] = {}
         """Each job's current placement (its explanation dropped to keep 100k jobs small)."""
+        self.constraints: dict[str, tuple[frozenset[str], str | None]] = {}
+        """Blocked zones and market of each job's last recovery, applied to its later placements
+        (a job waiting for GPUs is re-planned under the constraint its strategy set)."""
         self.errors = 0
         """Plans that found no feasible candidate."""
         self.last_error = ""
+        self._starts: dict[tuple, Placement | None] = {}
+        """``start_region``'s placements under the free-GPU view ``_starts_view``."""
+        self._starts_view: tuple = ()
+        self._length_free = not any(o.preemption_rate_per_hour > 0 for o in offers)
+        """No offer has a preemption rate: the engine's choice does not depend on a job's length."""
 
     def request(self, job: SimJob, market: str | None = None) -> JobRequest:
         """The job as the fast path's request: its job type as the model, its scale factor as workers."""
@@ -168,9 +179,11 @@ class SimPlacement:
         available: Sequence[Mapping[str, int]] | None = None,
         blocked_zones: frozenset[str] = frozenset(),
         market: str | None = None,
+        count_error: bool = True,
     ) -> Placement | None:
         """Plan ``job`` with the placement engine on the simulator's view; None when nothing is
-        feasible (the engine's error is kept in ``last_error``)."""
+        feasible (the engine's error is kept in ``last_error``, and counted in ``errors`` when
+        ``count_error``)."""
         outcome = plan_many(
             [QueuedRequest(job.job_id, self.request(job, market))],
             self.catalog,
@@ -178,12 +191,64 @@ class SimPlacement:
             index=self.index,
         )[0]
         if outcome.placement is None:
-            self.errors += 1
+            self.errors += int(count_error)
             self.last_error = outcome.error or ""
             return None
         placement = dataclasses.replace(outcome.placement, explanation=())
         self.placements[job.job_id] = placement
         return placement
+
+    def place_now(
+        self,
+        job: SimJob,
+        load: Sequence[float],
+        free: Sequence[Mapping[str, int]],
+        exclude: int | None = None,
+    ) -> Placement | None:
+        """Plan ``job`` on GPUs free now only (``free[r]`` per type), under its recovery
+        constraint and never in region ``exclude``; None when no region has room."""
+        blocked, market = self.constraints.get(job.job_id, (frozenset(), None))
+        if exclude is not None:
+            blocked = blocked | frozenset(self.zones_by_region[self.regions[exclude].name])
+        s = job.scale_factor
+        if not any(
+            max(f.values(), default=0) >= s and not blocked.issuperset(self.zones_by_region[r.name])
+            for r, f in zip(self.regions, free, strict=True)
+        ):
+            # The engine's capacity validator would reject every candidate: no region the job
+            # may go to has that many GPUs of one type free.
+            self.last_error = f"no region open to job {job.job_id} has {s} free GPUs of one type"
+            return None
+        return self.place(job, load, free, blocked, market, count_error=False)
+
+    def start_region(
+        self,
+        job: SimJob,
+        load: Sequence[float],
+        free: Sequence[Mapping[str, int]],
+        exclude: int | None = None,
+    ) -> tuple[int, str] | None:
+        """``place_now``'s (region index, GPU type), asked of the engine once per job type, origin,
+        constraint and view while the engine's choice cannot depend on a job's length: without
+        preemption rates in the simulated catalog (and no deadlines, no data) every preference
+        scales with the job's expected hours, so jobs of one type get the same answer until the
+        free GPUs or the loads change. The job's placement is the cached one under its own run id
+        (its ``score`` is the first job's)."""
+        if not self._length_free:
+            p = self.place_now(job, load, free, exclude)
+            return None if p is None else (self.region_index[p.region], p.gpu_type)
+        view = tuple(tuple(f.items()) for f in free)
+        if view != self._starts_view:
+            self._starts.clear()
+            self._starts_view = view
+        key = (job.job_type, exclude, *self.constraints.get(job.job_id, (frozenset(), None)), tuple(load))
+        if key in self._starts:
+            p = self._starts[key]
+            if p is not None:
+                self.placements[job.job_id] = dataclasses.replace(p, run_id=job.job_id)
+        else:
+            p = self._starts[key] = self.place_now(job, load, free, exclude)
+        return None if p is None else (self.region_index[p.region], p.gpu_type)
 
     def current(self, job: SimJob, region: int) -> Placement:
         """The job's placement in ``region``: the one the engine chose, or (a job routed by another
@@ -230,6 +295,23 @@ class PlacementRouter:
             )
         self.gpu_types[p.gpu_type] += 1
         return self.sim.region_index[p.region]
+
+    def start_now(
+        self,
+        job: SimJob,
+        load: Sequence[float],
+        free: Sequence[Mapping[str, int]],
+        exclude: int | None = None,
+    ) -> int | None:
+        """The engine's region for ``job`` among those with room for it now (``free``), never
+        ``exclude``; None when there is none. An arriving job (``exclude`` None) is counted in
+        ``summary`` like a routed one."""
+        start = self.sim.start_region(job, load, free, exclude)
+        if start is None:
+            return None
+        if exclude is None:
+            self.gpu_types[start[1]] += 1
+        return start[0]
 
     def summary(self) -> dict[str, int]:
         return dict(sorted(self.gpu_types.items()))

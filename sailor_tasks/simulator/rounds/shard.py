@@ -14,21 +14,48 @@ the same results.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from sailor_tasks.catalog.throughput import ThroughputTable
+from sailor_tasks.placement.context import RESTART_HOURS, SECONDS_PER_HOUR
 from sailor_tasks.policies import PolicyJob, PolicyState, get_policy
 from sailor_tasks.policies.mechanism import RoundMechanism
 from sailor_tasks.simulator.rounds.hooks import Region
-from sailor_tasks.simulator.rounds.workload import SimJob
+from sailor_tasks.simulator.rounds.workload import SimJob, run_throughput
 
 if TYPE_CHECKING:
     from sailor_tasks.simulator.rounds.config import SimConfig
 
 LEAVE = -1
 """Region index of an event that takes a job out of its region (``RegionShard.plan``)."""
+_NO_JOBS = np.zeros(0, dtype=np.int64)
+_NO_STEPS = np.zeros(0)
+
+
+MOVE_GAIN_S = RESTART_HOURS * SECONDS_PER_HOUR
+"""A running job is offered free GPUs elsewhere only when it would finish at least this much
+sooner there: the placement engine's planning value for getting a moved run going again."""
+
+
+class RegionRound(NamedTuple):
+    """What a region's grants leave over in a round (``RegionShard.plan``)."""
+
+    region: int
+    free: np.ndarray
+    """GPUs of each of the region's types (``region_gpu_types`` order) no grant uses."""
+    waiting: np.ndarray
+    """Jobs admitted here that got no GPUs this round, by job index."""
+    remaining: np.ndarray
+    """Their steps remaining (they travel with a job that moves)."""
+    faster: np.ndarray = _NO_JOBS
+    """Running jobs that would finish at least ``MOVE_GAIN_S`` sooner on GPUs free elsewhere
+    (``plan``'s ``free``), by job index."""
+    faster_remaining: np.ndarray = _NO_STEPS
+    """Their steps remaining at the start of the round."""
+    faster_rate: np.ndarray = _NO_STEPS
+    """Their steps/s in the round."""
 
 
 def region_gpu_types(region: Region) -> tuple[str, ...]:
@@ -125,11 +152,18 @@ class RegionShard:
         key_index = {k: t for t, k in enumerate(keys)}
         self.type_of = np.fromiter((key_index[j.job_type] for j in jobs), dtype=np.int64, count=n)
         self.unc_ratio = np.ones((len(keys), len(self.gpu_names)))
+        self.speed = np.zeros((len(keys), len(self.gpu_names)))
+        """Steps/s of each job type on each GPU type as it runs there (``run_throughput``)."""
+        self.key_scale = np.array([k[1] for k in keys], dtype=float)
         for t, key in enumerate(keys):
             alone, unc = self.type_thr(key)
             for gi, g in enumerate(self.gpu_names):
+                self.speed[t, gi] = alone[g]
                 if alone.get(g, 0) > 0:
                     self.unc_ratio[t, gi] = unc[g] / alone[g]
+        self.region_cols = [
+            np.array([self.gpu_names.index(g) for g in region_gpu_types(r)], dtype=np.int64) for r in regions
+        ]
         # Time received restarts at every re-solve, from half a round on every type (Gavel's prior).
         self.sims = {
             ri: _RegionSim(ri, regions[ri], config.gpus_per_server, restart_s=config.round_s / 2)
@@ -146,10 +180,16 @@ class RegionShard:
         self._planned: list = []
 
     def type_thr(self, key) -> tuple[dict[str, float], dict[str, float]]:
-        """Steps/s of a job type alone on each GPU type of the simulation, consolidated and not."""
+        """Steps/s of a job type alone on each GPU type of the simulation, consolidated and not.
+
+        A job with more workers than a server has GPUs is never consolidated: both are its
+        unconsolidated throughput, so the policy allocates with the speed the job runs at (on
+        Gavel's measurements an 8-GPU job spread over servers keeps ~100% of its K80 speed but
+        ~46% of its V100 speed: the types where it loses least are where it should go)."""
         hit = self._type_cache.get(key)
         if hit is None:
-            alone = {g: self.table.throughput(key, g) for g in self.gpu_names}
+            gps = self.config.gpus_per_server
+            alone = {g: run_throughput(self.table, key, g, gps) for g in self.gpu_names}
             unc = {g: self.table.throughput(key, g, consolidated=False) or alone[g] for g in alone}
             hit = self._type_cache[key] = (alone, unc)
         return hit
@@ -310,16 +350,22 @@ class RegionShard:
         return grants, (js_a, rate, unit_a, need, units, types), frozen
 
     def plan(
-        self, t: float, events: Sequence[tuple[int, int, float]]
-    ) -> tuple[float, int, list[tuple[int, int, float]]]:
+        self,
+        t: float,
+        events: Sequence[tuple[int, int, float]],
+        free: Sequence[np.ndarray] | None = None,
+    ) -> tuple[float, int, list[tuple[int, int, float, int, int]], list[RegionRound]]:
         """Apply ``events`` in order ((job, region, steps remaining) admits the job; region
         ``LEAVE`` takes it out of its region), then grant GPUs for the round starting at ``t``.
+        ``free``: GPUs of each type free in every region (``region_gpu_types`` order), against
+        which running jobs are checked for a faster place (``RegionRound.faster``).
 
         Returns:
             how long the round must last for every granted unit (capped at the round length; 0
-            when nothing was granted); how many policy solves it took; and the jobs that can
-            finish within a round, [(region, job, seconds it needs)] in region order:
-            ``progress(round_len)`` finishes exactly those that need at most ``round_len``.
+            when nothing was granted); how many policy solves it took; the jobs that can finish
+            within a round, [(region, job, seconds it needs, GPU type column, GPUs it frees)] in
+            region order (``progress(round_len)`` finishes exactly those that need at most
+            ``round_len``); and a ``RegionRound`` per region of this shard, in region order.
         """
         for i, ri, rem in events:
             if ri == LEAVE:
@@ -330,10 +376,12 @@ class RegionShard:
         planned = self._planned = []
         round_len = 0.0
         solves = 0
-        ending: list[tuple[int, int, float]] = []
+        ending: list[tuple[int, int, float, int, int]] = []
+        regions: list[RegionRound] = []
         for r in self.sims.values():
             ahead, r.ahead = r.ahead, None
             if not r.active:
+                regions.append(RegionRound(r.index, r.cap.copy(), _NO_JOBS, _NO_STEPS))
                 continue
             if r.dirty:
                 self._resolve(r, t)
@@ -344,15 +392,92 @@ class RegionShard:
             else:
                 grants, work, r.frozen = self._grant(r, t)
             planned.append((r, grants, work))
+            regions.append(self._region_round(r, work))
             if work is None:
                 continue
-            js_a, need = work[0], work[3]
+            js_a, need, unit_a = work[0], work[3], work[2]
             round_len = max(round_len, float(min(need.max(), round_s)))
             soon = need <= round_s
             if soon.any():
                 ri = r.index
-                ending += [(ri, j, d) for j, d in zip(js_a[soon].tolist(), need[soon].tolist(), strict=True)]
-        return round_len, solves, ending
+                unit_type = np.zeros(len(r.unit_jobs), dtype=np.int64)
+                unit_type[work[4]] = work[5]
+                if r.singles:
+                    frees = r.scale[unit_a]
+                else:  # a shared GPU is free once the last job of its unit finishes
+                    last = np.zeros(len(r.unit_jobs))
+                    np.maximum.at(last, unit_a, need)
+                    frees = np.where(need >= last[unit_a], r.scale[unit_a], 0.0)
+                ending += [
+                    (ri, j, d, g, int(f))
+                    for j, d, g, f in zip(
+                        js_a[soon].tolist(),
+                        need[soon].tolist(),
+                        unit_type[unit_a[soon]].tolist(),
+                        frees[soon].tolist(),
+                        strict=True,
+                    )
+                ]
+        if free is not None:
+            faster = self._faster(planned, free)
+            if faster:
+                regions = [
+                    rr._replace(faster=f[0], faster_remaining=f[1], faster_rate=f[2])
+                    if (f := faster.get(rr.region))
+                    else rr
+                    for rr in regions
+                ]
+        return round_len, solves, ending, regions
+
+    def _region_round(self, r: _RegionSim, work: tuple | None) -> RegionRound:
+        """Free GPUs and waiting jobs of region ``r`` under this round's grants (``work``)."""
+        if work is None:
+            free, granted = r.cap.copy(), _NO_JOBS
+        else:
+            js_a, units, types = work[0], work[4], work[5]
+            used = np.bincount(types, weights=r.scale[units], minlength=len(r.cap))
+            free = np.maximum(r.cap - used.astype(np.int64), 0)
+            granted = js_a
+        if len(granted) >= len(r.active):
+            return RegionRound(r.index, free, _NO_JOBS, _NO_STEPS)
+        waiting = np.fromiter(r.active, dtype=np.int64, count=len(r.active))
+        waiting = np.sort(waiting[~np.isin(waiting, granted)])
+        return RegionRound(r.index, free, waiting, self.remaining[waiting])
+
+    def _faster(self, planned: Sequence[tuple], offers: Sequence[np.ndarray]) -> dict[int, tuple]:
+        """Region → (jobs, steps remaining, steps/s) of the jobs running there that would finish
+        at least ``MOVE_GAIN_S`` sooner on a GPU type free (for their whole scale) in another
+        region (``offers``: free GPUs per region, ``region_gpu_types`` order)."""
+        running = [(r, work) for r, _, work in planned if work is not None]
+        if not running:
+            return {}
+        free = np.zeros((len(offers), len(self.gpu_names)))
+        for ri, f in enumerate(offers):
+            free[ri, self.region_cols[ri]] = f
+        if not free.any():
+            return {}
+        js = np.concatenate([work[0] for _, work in running])
+        rate = np.concatenate([work[1] for _, work in running])
+        need = np.concatenate([work[3] for _, work in running])
+        where = np.concatenate([np.full(len(work[0]), r.index) for r, work in running])
+        keys = self.type_of[js]
+        scale = self.key_scale[keys]
+        best = np.zeros(len(js))
+        for s in np.unique(scale).tolist():
+            room = free >= s
+            # Types with room in some region other than the job's own.
+            elsewhere = (room.sum(axis=0)[None, :] - room) > 0
+            of = np.nonzero(scale == s)[0]
+            best[of] = (self.speed[keys[of]] * elsewhere[where[of]]).max(axis=1)
+        rem = self.remaining[js]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gain = rem / rate - rem / best
+        pick = (rate > 0) & (best > rate) & (gain >= MOVE_GAIN_S) & (need > self.config.round_s)
+        out: dict[int, tuple] = {}
+        for ri in np.unique(where[pick]).tolist():
+            sel = pick & (where == ri)
+            out[ri] = (js[sel], rem[sel], rate[sel])
+        return out
 
     def progress(self, round_len: float) -> list[tuple[int, float, float]]:
         """Run the planned round for ``round_len`` seconds (the same for every region); jobs that

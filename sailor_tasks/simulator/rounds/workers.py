@@ -12,8 +12,6 @@ simulated by the same code in the same order, and the loop merges the answers in
 from __future__ import annotations
 
 import multiprocessing
-import os
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,18 +24,6 @@ if TYPE_CHECKING:
     from sailor_tasks.simulator.rounds.workload import SimJob
 
 _STOP = "stop"
-SPIN_S = 0.01
-"""How long a side waiting for the other polls before it blocks. Rounds take about a millisecond;
-a blocked process is woken late (a pipe round trip took 124 µs blocking, 54 µs polling on this
-2-core VM). Only when every process has a core of its own: otherwise spinning takes CPU from the
-side being waited for."""
-
-
-def _receive(conn, spin_s: float) -> Any:
-    deadline = time.perf_counter() + spin_s
-    while not conn.poll() and time.perf_counter() < deadline:
-        pass
-    return conn.recv()
 
 
 CALLER_SHARE = 2 / 3
@@ -63,7 +49,10 @@ Call = tuple[str, tuple]
 
 
 class LocalShard:
-    """A shard in this process: ``result`` runs the calls submitted since the last ``result``."""
+    """A shard in this process: ``result`` runs the calls submitted since the last ``result``,
+    except ``prepare``: here it would run right before the next ``plan``, gaining nothing over
+    granting in ``plan`` and wasted in every region the loop's events change (its answer is None,
+    as a worker's)."""
 
     def __init__(self, shard: RegionShard):
         self.shard = shard
@@ -75,13 +64,13 @@ class LocalShard:
 
     def result(self) -> list[Any]:
         calls, self._calls = self._calls, []
-        return [getattr(self.shard, method)(*args) for method, args in calls]
+        return [None if method == "prepare" else getattr(self.shard, method)(*args) for method, args in calls]
 
     def close(self) -> None:
         pass
 
 
-def _serve(conn, payload: tuple, spin_s: float) -> None:
+def _serve(conn, payload: tuple) -> None:
     """Worker process: build the shard, then answer batches of calls until told to stop."""
     try:
         shard: RegionShard | None = RegionShard(*payload)
@@ -90,7 +79,7 @@ def _serve(conn, payload: tuple, spin_s: float) -> None:
         shard, failure = None, exc
     while True:
         try:
-            calls = _receive(conn, spin_s)
+            calls = conn.recv()  # blocks: a waiting process takes no CPU from the one it waits for
         except EOFError:  # the caller went away
             return
         if calls == _STOP:
@@ -109,14 +98,13 @@ def _serve(conn, payload: tuple, spin_s: float) -> None:
 class RemoteShard:
     """A shard in a worker process, called over a pipe."""
 
-    def __init__(self, payload: tuple, spin_s: float = 0.0):
+    def __init__(self, payload: tuple):
         self.regions = list(payload[2])
-        self.spin_s = spin_s
         self._sent = 0
         """Batches sent whose answers ``result`` has not read yet."""
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, payload, spin_s), daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child, payload), daemon=True)
         self.process.start()
         child.close()
 
@@ -131,7 +119,7 @@ class RemoteShard:
         while self._sent:
             self._sent -= 1
             try:
-                status, value = _receive(self.conn, self.spin_s)
+                status, value = self.conn.recv()
             except EOFError:
                 raise RuntimeError(
                     f"simulator worker process exited (exit code {self.process.exitcode})"
@@ -169,8 +157,7 @@ def start_shards(
     """The shards for ``config.workers`` processes, this process's first (close them when done)."""
     groups = split_regions(len(regions), config.workers)
     # Workers first: they start (import, build) while this process builds its own shard.
-    spin_s = SPIN_S if len(groups) <= (os.cpu_count() or 1) else 0.0
-    remote = [RemoteShard((jobs, regions, own, table, config), spin_s) for own in groups[1:]]
+    remote = [RemoteShard((jobs, regions, own, table, config)) for own in groups[1:]]
     try:
         local = LocalShard(RegionShard(jobs, regions, groups[0], table, config))
     except BaseException:

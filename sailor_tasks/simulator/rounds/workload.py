@@ -142,8 +142,26 @@ def generate_jobs(
     return jobs
 
 
+def run_throughput(table: ThroughputTable, key: JobKey, gpu: str, gpus_per_server: int) -> float:
+    """Steps/s of job type ``key`` alone on ``gpu`` as the simulator can run it: consolidated,
+    except for a job with more workers than a server has GPUs, which is never consolidated (0:
+    cannot run there)."""
+    alone = table.throughput(key, gpu)
+    if key[1] > gpus_per_server:
+        return table.throughput(key, gpu, consolidated=False) or alone
+    return alone
+
+
 def total_gpu_seconds(
-    jobs: Iterable[SimJob], table: ThroughputTable, gpu: str = DURATION_BASELINE_GPU
+    jobs: Iterable[SimJob],
+    table: ThroughputTable,
+    gpu: str = DURATION_BASELINE_GPU,
+    gpus_per_server: int | None = None,
 ) -> float:
-    """GPU-seconds the jobs need on ``gpu`` (a load estimate)."""
-    return sum(j.total_steps / table.throughput(j.job_type, gpu) * j.scale_factor for j in jobs)
+    """GPU-seconds the jobs need on ``gpu`` (a load estimate); with ``gpus_per_server``, at the
+    throughput they run at on servers of that size (``run_throughput``), else consolidated."""
+    if gpus_per_server is None:
+        return sum(j.total_steps / table.throughput(j.job_type, gpu) * j.scale_factor for j in jobs)
+    return sum(
+        j.total_steps / run_throughput(table, j.job_type, gpu, gpus_per_server) * j.scale_factor for j in jobs
+    )

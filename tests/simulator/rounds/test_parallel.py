@@ -16,7 +16,7 @@ from sailor_tasks.simulator import (
     load_availability_trace,
     simulate,
 )
-from sailor_tasks.simulator.rounds.workers import RemoteShard, split_regions
+from sailor_tasks.simulator.rounds.workers import LocalShard, RemoteShard, split_regions
 
 
 def outcome(result) -> tuple[dict, tuple]:
@@ -56,11 +56,16 @@ def test_grants_prepared_ahead_are_those_plan_computes(monkeypatch):
     used = []
     real_plan = RegionShard.plan
 
-    def plan(self, t, events):
+    def plan(self, t, events, free=None):
         used.append(sum(r.ahead is not None and r.ahead[0] == t for r in self.sims.values()))
-        return real_plan(self, t, events)
+        return real_plan(self, t, events, free)
+
+    def result(self):  # every call in this process, prepare included (as a worker runs them)
+        calls, self._calls = self._calls, []
+        return [getattr(self.shard, method)(*args) for method, args in calls]
 
     monkeypatch.setattr(RegionShard, "plan", plan)
+    monkeypatch.setattr(LocalShard, "result", result)
     ahead = simulate(jobs, regions, table, SimConfig())
     assert sum(used) > 0  # most rounds leave most regions unchanged
     monkeypatch.setattr(RegionShard, "prepare", lambda self, t: None)
@@ -80,6 +85,7 @@ def test_workers_give_the_serial_results_with_spot_preemptions_and_moves(tmp_pat
     serial = simulate(jobs, regions, table, SimConfig(), availability=avail)
     parallel = simulate(jobs, regions, table, SimConfig(workers=2), availability=avail)
     assert serial.preemptions > 0 and serial.recovery_moves > 0 and serial.cost_usd > 0
+    assert serial.waiting_moves > 0 and serial.faster_moves > 0
     assert outcome(parallel) == outcome(serial)
 
 
@@ -102,7 +108,7 @@ def test_a_job_that_finished_is_not_preempted_when_its_region_loses_capacity():
             return 0 if region.spot and t >= 100 else int(region.gpus.get(gpu_type, 0))
 
     class ToOnDemand:
-        def on_preemption(self, job, region, now, available, load):
+        def on_preemption(self, job, region, now, available, load, free=None):
             return 1
 
     for workers in (1, 2):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from sailor_tasks.catalog.throughput import ThroughputTable, load_packaged
@@ -122,8 +123,8 @@ class _Spy:
         self.inner, self.moves = inner, []
         self.name = inner.name
 
-    def on_preemption(self, job, region, now, available, load):
-        dest = self.inner.on_preemption(job, region, now, available, load)
+    def on_preemption(self, job, region, now, available, load, free=None):
+        dest = self.inner.on_preemption(job, region, now, available, load, free)
         self.moves.append((job.job_id, region, dest, now))
         return dest
 
@@ -198,15 +199,29 @@ def test_simulation_with_spot_outages_is_deterministic():
 
 
 def test_placement_router_and_least_loaded_baseline_agree_on_identical_regions():
-    # On identical regions the engine's overload rule prefers the least loaded region, so the
-    # engine reproduces the old heuristic's decisions (and the old results).
+    # On identical regions the engine's overload rule prefers the least loaded region, so where a
+    # job queues (``route``) the engine reproduces the baseline heuristic's decision.
+    table = load_packaged()
+    regions = [Region(f"r{i}", {"V100": 8, "A100": 8, "K80": 8}) for i in range(3)]
+    engine = PlacementRouter(SimPlacement(regions, table))
+    baseline = make_router("least_loaded", engine.sim)
+    rng = np.random.default_rng(2)
+    for job in generate_jobs(200, 25.0, table, seed=2):
+        load = rng.uniform(0.0, 3.0, size=3).round(3).tolist()
+        assert engine.route(job, [True] * 3, load) == baseline.route(job, [True] * 3, load)
+
+
+def test_the_least_loaded_baseline_binds_jobs_at_arrival():
+    # The baseline has no ``start_now``: no job moves to free GPUs, only the engine's router does.
     table = load_packaged()
     jobs = generate_jobs(200, 25.0, table, seed=2)
     regions = [Region(f"r{i}", {"V100": 8, "A100": 8, "K80": 8}) for i in range(3)]
     engine = simulate(jobs, regions, table, SimConfig(seed=2))
     baseline = simulate(jobs, regions, table, SimConfig(seed=2, router="least_loaded"))
     assert engine.router == "placement" and baseline.router == "least_loaded"
-    assert engine.jct_s == baseline.jct_s
+    assert engine.completed == baseline.completed == 200
+    assert baseline.waiting_moves == baseline.faster_moves == 0
+    assert engine.waiting_moves + engine.faster_moves > 0
 
 
 def test_unknown_router_and_recovery_names_list_the_valid_ones():

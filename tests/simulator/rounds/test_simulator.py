@@ -125,7 +125,7 @@ def test_recovery_strategy_can_move_preempted_jobs():
             return 0 if region.name == "spot" and t >= 600 else int(region.gpus.get(gpu_type, 0))
 
     class NextRegion:
-        def on_preemption(self, job, region, now, available, load):
+        def on_preemption(self, job, region, now, available, load, free=None):
             return next(r for r, gpus in enumerate(available) if sum(gpus.values()) > 0)
 
     key = ("ResNet-50 (batch size 64)", 1)
