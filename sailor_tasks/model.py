@@ -16,6 +16,8 @@ MarketChoice = Literal["spot", "on_demand", "auto"]
 MARKETS: tuple[str, ...] = ("spot", "on_demand")
 MARKET_CHOICES: tuple[str, ...] = ("spot", "on_demand", "auto")
 ANY_GPU = "any"
+DEFAULT_MAX_QUEUE_HOURS = 24.0
+"""Hours a run may wait in SAILOR's queue unless its ``max_queue_hours`` param says otherwise."""
 RUN_STATUSES = (
     "validated",
     "rejected",
@@ -106,7 +108,7 @@ class JobRequest:
     and, when the run waits in the queue, its latest start."""
     priority: str = "normal"
     """Queue priority (low, normal, high): a waiting run of higher priority is admitted first."""
-    max_queue_hours: float = 24.0
+    max_queue_hours: float = DEFAULT_MAX_QUEUE_HOURS
     """Hours the run may wait in SAILOR's queue for capacity before it fails."""
     data_residency: tuple[str, ...] = ()
     """Continents (``NA``, ``EU``, ``ASIA``, ...) the dataset may be copied to; empty: anywhere."""

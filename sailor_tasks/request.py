@@ -22,7 +22,7 @@ from sailor_tasks import paths, storage
 from sailor_tasks.backends.local_command import check_local_env, resolve_local_command
 from sailor_tasks.catalog import Catalog, packaged_choices
 from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
-from sailor_tasks.model import ANY_GPU, MARKET_CHOICES, JobRequest
+from sailor_tasks.model import ANY_GPU, DEFAULT_MAX_QUEUE_HOURS, MARKET_CHOICES, JobRequest
 from sailor_tasks.settings import BACKENDS, SOURCE_BUCKET, Settings
 from sailor_tasks.strategies import MARKET_STRATEGIES, RECOVERY_STRATEGIES
 from sailor_tasks.train.specs import MODEL_NAMES, MODEL_SPECS
@@ -272,7 +272,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "any of lower priority (as Kueue's priorities); within one priority the queue policy decides.",
         },
         "max_queue_hours": {
-            "default": 24.0,
+            "default": DEFAULT_MAX_QUEUE_HOURS,
             "type": "number",
             **FINITE,
             "minimum": 0,

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sailor_tasks.catalog.throughput import JobKey, ThroughputTable
+from sailor_tasks.model import DEFAULT_MAX_QUEUE_HOURS
 from sailor_tasks.queue.admission import PRIORITIES
 from sailor_tasks.simulator.rounds.workload import SimJob
 
@@ -44,7 +45,7 @@ class QueueJob:
     """Hours from arrival by which it should finish (the ``deadline_hours`` param)."""
     priority: str = "normal"
     market: str = "auto"
-    max_queue_hours: float = 24.0
+    max_queue_hours: float = DEFAULT_MAX_QUEUE_HOURS
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
