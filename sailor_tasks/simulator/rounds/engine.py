@@ -378,13 +378,16 @@ def simulate(
                     demand[ri] -= scale[j]
                     active[ri] -= 1
                     free[ri][g] += gpus
-            if starts:
-                offer_free_gpus([rr for out in planned for rr in out[0][3]], round_len)
             t += round_len
-            # Workers run the round and grant the next one while this process routes.
+            # Workers run the round and grant the next one while this process offers free GPUs
+            # and routes the next arrivals: what that changes reaches the shards as the next
+            # ``plan``'s events (a job moved now runs this round where it is, as ``progress``
+            # runs it), and ``plan`` does not use a grant made ahead in a region they change.
             for shard in shards:
                 shard.submit([("progress", (round_len,)), ("prepare", (float(t),))])
             ran = True
+            if starts:
+                offer_free_gpus([rr for out in planned for rr in out[0][3]], round_len)
         if ran:
             call([[] for _ in shards])
     finally:

@@ -317,9 +317,10 @@ class RegionShard:
     def prepare(self, t: float) -> None:
         """Grant GPUs ahead for the round starting at ``t`` in regions nothing has changed yet.
 
-        Called right after ``progress`` while the loop routes the next arrivals; ``plan(t, ...)``
-        uses these grants for every region its events leave unchanged, so they are what ``plan``
-        would compute itself (the grants depend only on the region's state and ``t``).
+        Called right after ``progress`` while the loop offers free GPUs and routes the next
+        arrivals; ``plan(t, ...)`` uses these grants for every region its events leave unchanged,
+        so they are what ``plan`` would compute itself (the grants depend only on the region's
+        state and ``t``).
         """
         for r in self.sims.values():
             r.ahead = (t, self._grant(r, t)) if r.active and not r.dirty else None

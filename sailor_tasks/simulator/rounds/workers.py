@@ -2,8 +2,9 @@
 
 The loop (``engine.simulate``) drives every shard in lock step: as soon as a round's length is
 known it submits ``progress`` and ``prepare`` (the next round's grants, computed ahead) to every
-shard, routes the next arrivals meanwhile, then submits ``plan`` and collects every answer with
-``result``. Workers thus run their part of the round while this process routes. The first shard runs in the calling
+shard, then offers free GPUs elsewhere to waiting and running jobs and routes the next arrivals
+meanwhile, then submits ``plan`` and collects every answer with ``result``. Workers thus run their
+part of the round while this process routes. The first shard runs in the calling
 process, while the others run in worker processes started with ``spawn`` (no state is inherited:
 HiGHS and thread pools start clean in each). Results do not depend on the split: each region is
 simulated by the same code in the same order, and the loop merges the answers in region order.
