@@ -19,9 +19,11 @@ from sailor_tasks.model import to_dict
 class SailorProvisionOperator(BaseOperator):
     """Create (or reuse) the run's capacity: ``stages.provision`` inline on the local backend; on
     GKE one ``stages.provision_step`` at a time, deferring on the Google provider's
-    ``GKEOperationTrigger`` while a cluster or node-pool operation runs (minutes for a cluster), so
-    no worker slot is held. ``resume_provision`` checks the finished operation (the trigger reports
-    an operation that ended in error as done too) and takes the next step."""
+    ``GKEOperationTrigger`` (``triggers.LeasedOperationTrigger``, which renews the run's lease
+    every poll) while a cluster or node-pool operation runs (minutes for a cluster), so no worker
+    slot is held. ``resume_provision`` checks the finished operation (the trigger reports an
+    operation that ended in error as done too) and takes the next step; a lease reclaimed while it
+    waited fails the task (``LeaseReclaimedError``, no retry)."""
 
     template_fields: Sequence[str] = ("request", "placement")
     ui_color = "#fce5cd"
@@ -42,7 +44,7 @@ class SailorProvisionOperator(BaseOperator):
     ) -> Any:
         """Re-entry from ``GKEOperationTrigger``: go on when the operation is done, else fail with
         what the trigger said (Airflow's retry provisions again: what exists is reused)."""
-        _check_operation_event(event, pending)
+        _check_operation_event(self, context, event, pending)
         return self._step(context, pending)
 
     def _step(self, context: Any, finished: Mapping[str, Any] | None) -> Any:
@@ -59,11 +61,11 @@ def _capacity_or_defer(
     **kwargs: Any,
 ) -> Any:
     """One ``stages.provision_step``: its result once the capacity is there, else defer ``task``
-    on the Google provider's ``GKEOperationTrigger`` for the running operation, resuming in
-    ``method`` with ``pending`` (and ``kwargs``)."""
-    from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
-
+    on ``LeasedOperationTrigger`` (the Google provider's ``GKEOperationTrigger``, renewing the
+    run's lease every poll) for the running operation, resuming in ``method`` with ``pending``
+    (and ``kwargs``)."""
     from sailor_tasks import stages
+    from sailor_tasks.airflow_glue.triggers import LeasedOperationTrigger
 
     out = run_stage(
         stages.provision_step,
@@ -77,22 +79,33 @@ def _capacity_or_defer(
         return out
     task.log.info("waiting in the triggerer for GKE operation %s (%s)", pending["name"], pending["what"])
     task.defer(
-        trigger=GKEOperationTrigger(
+        trigger=LeasedOperationTrigger(
             operation_name=pending["name"],
             project_id=pending["project"],
             location=pending["location"],
             gcp_conn_id=pending["gcp_conn_id"],
             poll_interval=int(pending["poll_s"]),
+            run_id=context["run_id"],
         ),
         method_name=method,
         kwargs={"pending": pending, **kwargs},
     )
 
 
-def _check_operation_event(event: Mapping[str, Any] | None, pending: Mapping[str, Any] | None) -> None:
-    """Raise unless ``GKEOperationTrigger`` reported the operation done (Airflow's retry then
-    provisions again: what exists is reused, a running operation is waited for)."""
+def _check_operation_event(
+    task: BaseOperator, context: Any, event: Mapping[str, Any] | None, pending: Mapping[str, Any] | None
+) -> None:
+    """Raise unless the operation trigger reported the operation done (Airflow's retry then
+    provisions again: what exists is reused, a running operation is waited for). A lease reclaimed
+    while the task waited fails it for good: the reconciler released the capacity and removed
+    what the run had created."""
+    from sailor_tasks import stages
+    from sailor_tasks.airflow_glue.triggers import LEASE_RECLAIMED
+
     event = event or {}
+    if event.get("status") == LEASE_RECLAIMED:
+        task.log.error("run %s: %s", context["run_id"], event.get("message"))
+        run_stage(stages.stop_reclaimed, context["run_id"])
     if pending is None or event.get("status") != "success":
         raise RuntimeError(
             f"GKE operation {(pending or {}).get('name')} ({(pending or {}).get('what')}) did not "
@@ -225,7 +238,7 @@ class SailorTrainOperator(BaseOperator):
         from sailor_tasks.stages import attempts
 
         self._run_id = context["run_id"]
-        _check_operation_event(event, pending)
+        _check_operation_event(self, context, event, pending)
         gcp.install()
         ctx = stages.StageContext.from_env()
         att = attempts.resume_attempt(ctx, self.request, context["run_id"], int(attempt or 0))

@@ -14,23 +14,31 @@ the triggerer's own settings and ledger, in a thread (the event loop never waits
 database). A lease the reconciler reclaimed (the trigger could not renew it in time) fires
 ``lease_reclaimed``: ``resume_train`` stops the attempt's pods and fails. A renewal that fails
 (the ledger briefly unreachable) is logged and retried at the next poll: the lease lasts many polls.
+
+``LeasedOperationTrigger``: the Google provider's ``GKEOperationTrigger`` (a cluster or node-pool
+operation, minutes for GPU nodes) that renews the run's lease the same way every poll while the
+operation runs, and fires ``lease_reclaimed`` when the lease was reclaimed meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 CLASSPATH = "sailor_tasks.airflow_glue.triggers.AttemptPodsTrigger"
+OPERATION_CLASSPATH = "sailor_tasks.airflow_glue.triggers.LeasedOperationTrigger"
 PENDING_PHASES = ("Pending", "")
 LEASE_RECLAIMED = "lease_reclaimed"
 """Event status: the run's reservation lease was reclaimed while the attempt was deferred."""
 LEASE_HOLDER = "train (deferred)"
+OPERATION_LEASE_HOLDER = "gke operation (deferred)"
 
 
 @functools.lru_cache(maxsize=4)
@@ -42,7 +50,7 @@ def _context(settings: Any) -> Any:
     return StageContext(settings)
 
 
-def renew_lease(run_id: str) -> None:
+def renew_lease(run_id: str, holder: str = LEASE_HOLDER) -> None:
     """Renew the run's reservation lease for ``lease_s`` from the triggerer's settings (the ledger's
     URL never rides in the trigger's kwargs: they are stored and shown by Airflow).
 
@@ -52,7 +60,70 @@ def renew_lease(run_id: str) -> None:
     from sailor_tasks.settings import Settings
     from sailor_tasks.stages.queueing import hold_lease
 
-    hold_lease(_context(Settings.from_env()), run_id, LEASE_HOLDER)
+    hold_lease(_context(Settings.from_env()), run_id, holder)
+
+
+async def renew_or_reclaimed(run_id: str | None, log: Any, holder: str = LEASE_HOLDER) -> str | None:
+    """Renew the run's lease (in a thread: the event loop never waits on the database); the
+    reclaim's message when the reconciler reclaimed it, else None (also when ``run_id`` is None, or
+    when the renewal failed: logged, retried at the next poll, the lease lasts many polls)."""
+    from sailor_tasks.errors import LeaseReclaimedError
+
+    if run_id is None:
+        return None
+    try:
+        await asyncio.to_thread(renew_lease, run_id, holder)
+    except LeaseReclaimedError as exc:
+        return str(exc)
+    except Exception as exc:
+        log.warning("renewing the lease of run %s failed (%s); retrying at the next poll", run_id, exc)
+    return None
+
+
+class LeasedOperationTrigger(GKEOperationTrigger):
+    """``GKEOperationTrigger`` that renews the lease of ``run_id`` every ``poll_interval`` while
+    the operation runs (no task renews it while the provisioning task is deferred).
+
+    Events: the provider's (``success``, ``failed``, ``error``), or ``lease_reclaimed`` (with
+    ``message``) as soon as a renewal finds the lease reclaimed; the operation is then no longer
+    polled.
+    """
+
+    def __init__(self, *, run_id: str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.run_id = run_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        _, kwargs = super().serialize()
+        return OPERATION_CLASSPATH, {**kwargs, "run_id": self.run_id}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        reclaimed = await renew_or_reclaimed(self.run_id, self.log, OPERATION_LEASE_HOLDER)
+        if reclaimed is not None:
+            yield TriggerEvent({"status": LEASE_RECLAIMED, "message": reclaimed})
+            return
+        events = super().run()
+        pending = asyncio.ensure_future(anext(events))
+        try:
+            while not pending.done():
+                await asyncio.wait({pending}, timeout=self.poll_interval)
+                if pending.done():
+                    break
+                reclaimed = await renew_or_reclaimed(self.run_id, self.log, OPERATION_LEASE_HOLDER)
+                if reclaimed is not None:
+                    yield TriggerEvent({"status": LEASE_RECLAIMED, "message": reclaimed})
+                    return
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            yield event
+        finally:
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pending
+            await events.aclose()
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -174,25 +245,11 @@ class AttemptPodsTrigger(BaseTrigger):
             {"status": status, "pods": pods, "message": message, "sailor_train": self.state}
         )
 
-    async def _renew(self) -> str | None:
-        """Renew the run's lease (in a thread); the reclaim's message when it was reclaimed."""
-        from sailor_tasks.errors import LeaseReclaimedError
-
-        if self.run_id is None:
-            return None
-        try:
-            await asyncio.to_thread(renew_lease, self.run_id)
-        except LeaseReclaimedError as exc:
-            return str(exc)
-        except Exception as exc:  # the ledger may be briefly unreachable; the lease has margin
-            self.log.warning("renewing the lease of run %s failed (%s); retrying at the next poll", self.run_id, exc)
-        return None
-
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self.hook()
         errors = 0
         while True:
-            reclaimed = await self._renew()
+            reclaimed = await renew_or_reclaimed(self.run_id, self.log)
             if reclaimed is not None:
                 yield self._event(LEASE_RECLAIMED, {}, reclaimed)
                 return

@@ -18,7 +18,7 @@ from sailor_tasks.data.copier import copy_dataset
 from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors, RunQueuedError
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
-from sailor_tasks.stages.queueing import hold_lease
+from sailor_tasks.stages.queueing import heartbeat, hold_lease
 
 logger = logging.getLogger(__name__)
 
@@ -165,11 +165,12 @@ def plan(
 
 
 def place_data(request: JSON, placement: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
-    """Copy the dataset into the placement's region bucket (skipped when a verified replica exists)."""
+    """Copy the dataset into the placement's region bucket (skipped when a verified replica exists).
+    The run's lease is renewed while the copy runs (a large dataset can take longer than it)."""
     ctx = resolve_ctx(ctx)
     req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
     hold_lease(ctx, run_id, "place_data")
-    with timed(ctx, run_id, "place_data"):
+    with timed(ctx, run_id, "place_data"), heartbeat(ctx, run_id, "place_data"):
         src = storage.resolve(req.dataset_uri, ctx.settings)
         dst = paths.replica_uri(pl.region, req.dataset_uri, ctx.settings)
         logger.info("placing %s into %s", src, dst)
@@ -195,11 +196,12 @@ def place_data(request: JSON, placement: JSON, run_id: str, ctx: StageContext | 
 
 
 def provision(request: JSON, placement: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
-    """Create (or reuse) the capacity of the placement on the request's backend."""
+    """Create (or reuse) the capacity of the placement on the request's backend, renewing the
+    run's lease while it waits (a GPU node pool can take longer than the lease)."""
     ctx = resolve_ctx(ctx)
     req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
     hold_lease(ctx, run_id, "provision")
-    with timed(ctx, run_id, "provision"):
+    with timed(ctx, run_id, "provision"), heartbeat(ctx, run_id, "provision"):
         record = get_backend(req.backend, ctx.settings).provision(run_key(run_id), pl)
         ctx.ledger.upsert_run(run_id, status="provisioned")
     return {"backend": req.backend, "run_key": run_key(run_id), "status": record.get("status", "ready")}

@@ -508,8 +508,9 @@ def hold_lease(ctx: StageContext, run_id: str, holder: str, lease_s: float | Non
 
 @contextlib.contextmanager
 def heartbeat(ctx: StageContext, run_id: str, holder: str = "train heartbeat") -> Iterator[None]:
-    """Renew the run's lease every third of ``lease_s`` while the block runs (the training task's
-    heartbeat); a lost renewal is logged and retried at the next beat."""
+    """Renew the run's lease every third of ``lease_s`` while the block runs (the heartbeat of the
+    stages that hold a task while they work: train, place_data, provision); a lost renewal is
+    logged and retried at the next beat."""
     stop = threading.Event()
     every = max(1.0, ctx.settings.lease_s / 3.0)
 

@@ -608,7 +608,8 @@ def test_a_recoverys_new_pool_is_waited_for_in_the_triggerer(gke_env):
     with pytest.raises(TaskDeferred) as waiting:
         op.resume_train(context, event=_trigger_event(gke_env, deferred.value, timeout_s=30))
     classpath, kwargs = waiting.value.trigger.serialize()
-    assert classpath.endswith("GKEOperationTrigger") and kwargs["operation_name"] == "operation-1"
+    assert classpath.endswith("LeasedOperationTrigger") and kwargs["operation_name"] == "operation-1"
+    assert kwargs["run_id"] == run_id  # the run's lease is renewed while its new pool is created
     assert waiting.value.method_name == "resume_capacity" and waiting.value.kwargs["attempt"] == 2
     assert not any("-a2-" in name for name in gke_env.core.pods)  # no pod before its pool exists
     (_, second) = gke_env.ctx.ledger.attempts(run_id)
@@ -690,7 +691,7 @@ def test_the_pods_trigger_renews_the_runs_lease_at_every_poll(gke_env, monkeypat
     before = _lease(gke_env, run_id)["expires_at"]
     renewals, polls = [], []
     real = triggers.renew_lease
-    monkeypatch.setattr(triggers, "renew_lease", lambda rid: (renewals.append(rid), real(rid))[1])
+    monkeypatch.setattr(triggers, "renew_lease", lambda rid, holder: (renewals.append(rid), real(rid, holder))[1])
 
     def pods_end_after_a_few_polls():
         polls.append(1)
@@ -719,14 +720,14 @@ def test_a_transient_ledger_error_while_renewing_is_retried_at_the_next_poll(gke
     calls = []
     real = triggers.renew_lease
 
-    def flaky(rid):
+    def flaky(rid, holder):
         calls.append(rid)
         if len(calls) <= 2:
             raise ConnectionError("ledger unreachable")
         if len(calls) == 4:
             for name in deferred.value.trigger.pod_names:
                 gke_env.core.pods[name]["exit"] = 0
-        return real(rid)
+        return real(rid, holder)
 
     monkeypatch.setattr(triggers, "renew_lease", flaky)
     event = _trigger_event(gke_env, deferred.value, timeout_s=30)
@@ -770,7 +771,7 @@ def test_a_trigger_serialised_before_it_renewed_leases_still_runs_without_renewi
     old = {k: v for k, v in kwargs.items() if k != "run_id"}  # a row of a triggerer's table before
     trigger = triggers.AttemptPodsTrigger(**old)
     assert trigger.run_id is None
-    monkeypatch.setattr(triggers, "renew_lease", lambda rid: pytest.fail("nothing to renew"))
+    monkeypatch.setattr(triggers, "renew_lease", lambda rid, holder: pytest.fail("nothing to renew"))
     for name in trigger.pod_names:
         gke_env.core.pods[name]["exit"] = 0
     deferred.value.trigger = trigger

@@ -94,7 +94,8 @@ def test_provision_defers_on_each_gke_operation_and_ends_with_the_pool(gke_run):
     with pytest.raises(TaskDeferred) as cluster:
         op.execute(context)
     classpath, kwargs = cluster.value.trigger.serialize()
-    assert classpath == "airflow.providers.google.cloud.triggers.kubernetes_engine.GKEOperationTrigger"
+    assert classpath == "sailor_tasks.airflow_glue.triggers.LeasedOperationTrigger"
+    assert kwargs["run_id"] == gke_run.run_id  # renews the run's lease while the operation runs
     assert kwargs["operation_name"] == "operation-1" and kwargs["project_id"] == "acme-ml"
     assert kwargs["location"] == REGION and kwargs["gcp_conn_id"] == "google_cloud_default"
     assert cluster.value.method_name == "resume_provision"
@@ -173,6 +174,90 @@ def test_the_operation_trigger_polls_until_done_against_the_client_librarys_oper
     payload = asyncio.run(first_event())
     assert payload["status"] == "success" and payload["operation_name"] == "operation-9"
     assert asked == [("operation-9", "acme-ml")] * 3
+
+
+def _operation_hook(statuses, asked):
+    """A fake of the provider's async GKE hook answering ``statuses`` one poll after another."""
+    from google.cloud.container_v1 import types
+
+    class FakeAsyncHook:
+        async def get_operation(self, operation_name, project_id):
+            asked.append(operation_name)
+            return types.Operation(name=operation_name, status=statuses[min(len(asked), len(statuses)) - 1])
+
+    return FakeAsyncHook()
+
+
+def _first_event(trigger):
+    async def first():
+        async for event in trigger.run():
+            return event.payload
+
+    return asyncio.run(first())
+
+
+def test_the_operation_trigger_renews_the_runs_lease_while_the_operation_runs(gke_run, monkeypatch):
+    """A node pool that takes longer than the lease: the triggerer renews it every poll, so the
+    reconciler does not reclaim the run while GKE works (a reconcile at the old expiry finds a
+    renewed lease)."""
+    from airflow.sdk.exceptions import TaskDeferred
+    from google.cloud.container_v1 import types
+
+    from sailor_tasks.airflow_glue import triggers
+
+    op, context = _operator(gke_run), _context(gke_run.run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    before = gke_run.ctx.ledger.reservation_leases()[gke_run.run_id]
+    classpath, kwargs = deferred.value.trigger.serialize()
+    trigger = triggers.LeasedOperationTrigger(**{**kwargs, "poll_interval": 0.02})  # as the triggerer rebuilds it
+    running = [types.Operation.Status.RUNNING] * 10 + [types.Operation.Status.DONE]
+    asked: list[str] = []
+    monkeypatch.setattr(triggers.LeasedOperationTrigger, "_get_hook", lambda self: _operation_hook(running, asked))
+    renewals: list[str] = []
+    real = triggers.renew_lease
+    monkeypatch.setattr(triggers, "renew_lease", lambda run_id, holder: (renewals.append(holder), real(run_id, holder)))
+
+    payload = _first_event(trigger)
+    assert payload["status"] == "success" and len(asked) == 11
+    assert len(renewals) >= 3 and set(renewals) == {triggers.OPERATION_LEASE_HOLDER}
+    after = gke_run.ctx.ledger.reservation_leases()[gke_run.run_id]
+    assert after["holder"] == triggers.OPERATION_LEASE_HOLDER and after["expires_at"] >= before["expires_at"]
+    assert after["renewed_at"] > before["renewed_at"]
+    assert stages.reconcile(gke_run.ctx, now=before["expires_at"])["reclaimed"] == []
+
+
+def test_a_lease_reclaimed_while_the_operation_runs_fails_the_task_for_good(gke_run, monkeypatch):
+    """The reconciler reclaimed the run while GKE created its capacity (the triggerer was down past
+    the lease): the trigger stops polling and fires ``lease_reclaimed``; the task fails without a
+    retry, naming the reclaim."""
+    import datetime as dt
+
+    from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+    from google.cloud.container_v1 import types
+
+    from sailor_tasks.airflow_glue import triggers
+
+    op, context = _operator(gke_run), _context(gke_run.run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    lease = gke_run.ctx.ledger.reservation_leases()[gke_run.run_id]
+    assert stages.reconcile(gke_run.ctx, now=lease["expires_at"] + dt.timedelta(seconds=1))["reclaimed"] == [
+        gke_run.run_id
+    ]
+    _, kwargs = deferred.value.trigger.serialize()
+    trigger = triggers.LeasedOperationTrigger(**{**kwargs, "poll_interval": 0.02})
+    asked: list[str] = []
+    monkeypatch.setattr(
+        triggers.LeasedOperationTrigger,
+        "_get_hook",
+        lambda self: _operation_hook([types.Operation.Status.RUNNING], asked),
+    )
+    payload = _first_event(trigger)
+    assert payload["status"] == triggers.LEASE_RECLAIMED and "reclaimed at" in payload["message"]
+    assert asked == []  # the operation is no longer followed
+    with pytest.raises(AirflowFailException, match="LeaseReclaimedError"):
+        op.resume_provision(context, event=payload, pending=deferred.value.kwargs["pending"])
 
 
 def test_blocking_provision_waits_through_the_same_steps(gke_run, monkeypatch):

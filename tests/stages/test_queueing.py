@@ -191,6 +191,36 @@ def test_an_expired_lease_is_reclaimed_and_the_queue_moves_on(tight, demo_datase
         stages.train(request, placement, {"data_uri": "x"}, "run-1", ctx)
 
 
+def test_a_data_copy_longer_than_the_lease_keeps_the_run_leased(tight, demo_dataset, monkeypatch):
+    """place_data holds its task while it copies: it renews the lease every third of ``lease_s``
+    (as train does), so a copy longer than the lease is not reclaimed under it."""
+    import time
+
+    from sailor_tasks.stages import StageContext, prepare
+
+    monkeypatch.setenv("SAILOR_LEASE_S", "1.5")  # a beat every second
+    ctx = StageContext(Settings.from_env())
+    ctx.__dict__["catalog"] = tight.catalog
+    assert ctx.settings.lease_s == 1.5
+    request = submit(ctx, "run-1", demo_dataset)
+    placement = stages.plan(request, "run-1", ctx)
+    planned = ctx.ledger.reservation_leases()["run-1"]
+    real_copy = prepare.copy_dataset
+    seen = {}
+
+    def slow_copy(*args, **kwargs):
+        time.sleep(3.5)  # more than twice the lease
+        seen["lease"] = ctx.ledger.reservation_leases()["run-1"]
+        seen["reconcile"] = stages.reconcile(ctx)  # the real clock: nothing expired
+        return real_copy(*args, **kwargs)
+
+    monkeypatch.setattr(prepare, "copy_dataset", slow_copy)
+    stages.place_data(request, placement, "run-1", ctx)
+    assert seen["reconcile"]["reclaimed"] == []
+    assert seen["lease"]["renewed_at"] > planned["renewed_at"] + dt.timedelta(seconds=2)
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-1"]
+
+
 def test_teardown_of_a_queued_run_takes_it_out_of_the_queue(tight, demo_dataset):
     ctx = tight
     stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
