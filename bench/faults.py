@@ -202,7 +202,10 @@ def ledger_down_at(stage: str) -> Callable[[Harness], Outcome]:
 # --- training processes ---------------------------------------------------------------------------
 def preemption(kind: str) -> Callable[[Harness], Outcome]:
     """A noticed preemption at a checkpoint step (the notice lands during the save), or a kill
-    without notice between checkpoints: the run resumes from a verified checkpoint and completes."""
+    without notice between checkpoints: the run resumes from a verified checkpoint and completes.
+    A notice is a signal: it lands during the step-10 save or the step after it, and the trainer
+    saves the step it stops at, so the run must resume exactly where its first attempt stopped
+    (at step 10 or later) with no step lost; a kill at step 15 resumes from the step-10 checkpoint."""
 
     def scenario(h: Harness) -> Outcome:
         from sailor_tasks.testing.run_inline import run_inline
@@ -213,11 +216,20 @@ def preemption(kind: str) -> Callable[[Harness], Outcome]:
         ok, detail = _run_ok(h, run_id, result)
         preempted = h.ctx.ledger.preemptions(run_id)
         pools, reservations = h.leaks(run_id)
-        resumed = [a["resumed_from_step"] for a in h.ctx.ledger.attempts(run_id)]
-        good = ok and len(preempted) == 1 and resumed[-1] == 10
+        attempts = h.ctx.ledger.attempts(run_id)
+        resumed = [a["resumed_from_step"] for a in attempts]
+        stopped = attempts[0]["step"]
+        if kind == "notice_during_save":
+            lost = [p["steps_lost"] for p in preempted]
+            expected = stopped if stopped is not None and stopped >= 10 else "the first attempt's step (>= 10)"
+            good = ok and len(preempted) == 1 and lost == [0] and resumed[-1] == expected
+        else:
+            lost, expected = [p["steps_lost"] for p in preempted], 10
+            good = ok and len(preempted) == 1 and resumed[-1] == expected
         return Outcome(
             good,
-            f"{detail}; preemptions {len(preempted)}, resumed from {resumed}",
+            f"{detail}; preemptions {len(preempted)}, first attempt stopped at step {stopped}, "
+            f"resumed from {resumed} (expected {expected}), steps lost {lost}",
             data_lost=0 if ok else 1,
             leaked_pools=pools,
             leaked_reservations=reservations,
