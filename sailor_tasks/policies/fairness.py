@@ -36,6 +36,13 @@ SPARE_FLOOR = 1e-9
 """Relative slack on the fair share t* when the spare capacity is handed out (solver round-off)."""
 
 
+FILL_TOL = 1e-5
+"""Relative tolerance of the progressive filling of spare capacity (``las_agnostic``): a level
+that rises less is the solver's round-off; floors that fill a type to within HiGHS's feasibility
+tolerance can read as infeasible, and are then held this much below their levels (under 4 ms of a
+6-minute round)."""
+
+
 def spare_weight(units: Units) -> np.ndarray:
     """w_j² per job: the spare stage's objective weights job j's normalised throughput (coef_j ∝
     1/w_j) by w_j², i.e. by w_j overall, so spare capacity goes to the higher priority weights
@@ -181,7 +188,8 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
         as ``las`` with T[j, m] = 1 wherever the job can run (S_j: those types); x_j the job's
         total time fraction; G(S) = Σ_{m ∈ S} G_m.
     Objective:
-        as ``las`` (max-min, then the spare capacity), over x_j.
+        as ``las``, over x_j: max-min, then the spare capacity by progressive filling
+        (``_fill_spare``: the spare stage's objective is flat when every type is equally fast).
     Constraints:
         X[j, m] = x_j · G_m / G(S_j) for m ∈ S_j: a scheduler that cannot tell the types apart
         spreads a job's time over them in proportion to their GPU counts (any other split would
@@ -228,12 +236,92 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
             maximize=True,
         )
         vec = solve(lp, self.name)
-        if len(live) and vec[n] > 0:
-            lp.lb[n] = float(vec[n]) * (1.0 - SPARE_FLOOR)
-            lp.c = np.concatenate([units.count * coef * spare_weight(units), [0.0]])
-            vec = solve(lp, self.name)
+        t_star = float(vec[n])
+        if len(live) and t_star > 0:
+            spare_c = np.concatenate([units.count * coef * spare_weight(units), [0.0]])
+            vec = self._fill_spare(lp, vec, live, coef, cap, ub[:n], spare_c)
         x = vec[:n, None] * share
-        return np.concatenate([x.ravel(), [vec[n]]])
+        return np.concatenate([x.ravel(), [t_star]])
+
+    def _fill_spare(self, lp, first, live, coef, cap, x_ub, spare_c) -> np.ndarray:
+        """Hand out the capacity the max-min share ``t_star`` leaves over by progressive filling:
+        every job keeps at least ``t_star``; the jobs whose share can still grow raise it together
+        (max-min again over them) until one reaches its bound (x_j = 1), which then keeps that
+        share, and so on until the capacity binds; what a job's types still have free after that
+        goes out by ``spare_c``. The spare stage's objective alone is flat here (every GPU-second
+        counts the same whatever job gets it): the split would be whatever vertex the solver
+        stops at (all of it to one multi-GPU job, say). ``first``: the max-min solution (the last
+        step's solution is kept when the solver finds a step's floors, a hair under the capacity,
+        infeasible within its tolerances)."""
+        from scipy.sparse import csr_matrix, hstack, vstack
+
+        n, m = len(x_ub), cap.shape[0]
+        tol = FILL_TOL
+        t_star = float(first[n])
+        best = first
+        most = coef * x_ub  # the largest share each job can reach
+        floor = np.zeros(n)
+        floor[live] = t_star
+        level = t_star
+        growing = [j for j in live if most[j] > level * (1.0 + tol)]
+        capacity = hstack([csr_matrix(cap), csr_matrix((m, 1))])
+
+        def x_floor(slack: float) -> np.ndarray:
+            x = np.divide(floor, coef, out=np.zeros(n), where=coef > 0) * (1.0 - slack)
+            return np.minimum(x, x_ub)
+
+        def floored(build) -> np.ndarray | None:
+            """Solve ``build(slack)``, the floors ``slack`` below their levels: the solver's
+            round-off first, then ``FILL_TOL``; None when neither solves."""
+            for slack in (SPARE_FLOOR, tol):
+                try:
+                    return solve(build(slack), self.name)
+                except InfeasibleAllocationError:
+                    continue
+            return None
+
+        while growing:
+            g = np.array(growing)
+            k = np.arange(len(g))
+            fair = csr_matrix(
+                (
+                    np.concatenate([-coef[g], np.ones(len(g))]),
+                    (np.tile(k, 2), np.concatenate([g, np.full(len(g), n)])),
+                ),
+                shape=(len(g), n + 1),
+            )
+            a = vstack([capacity, fair]).tocsr()
+            b = np.concatenate([np.ones(m), np.zeros(len(g))])
+            vec = floored(
+                lambda slack, a=a, b=b, level=level: LinearProgram(
+                    c=lp.c,
+                    a_ub=a,
+                    b_ub=b,
+                    lb=np.concatenate([x_floor(slack), [level * (1.0 - slack)]]),
+                    ub=np.concatenate([x_ub, [np.inf]]),
+                    maximize=True,
+                )
+            )
+            if vec is None:
+                break
+            best = vec
+            reached = min(float(vec[n]), float(most[g].max()))
+            if reached <= level * (1.0 + tol):
+                break  # the capacity binds
+            level = reached
+            floor[g] = np.minimum(level, most[g])
+            growing = [j for j in growing if most[j] > level * (1.0 + tol)]
+        final = floored(
+            lambda slack: LinearProgram(
+                c=spare_c,
+                a_ub=lp.a_ub,
+                b_ub=lp.b_ub,
+                lb=np.concatenate([x_floor(slack), [0.0]]),
+                ub=lp.ub,
+                maximize=True,
+            )
+        )
+        return best if final is None else final
 
     def session(self, gpus) -> None:
         """No kept model: the proportional split is its own LP (see ``_solve_units``)."""

@@ -106,6 +106,23 @@ def test_las_with_equal_throughputs_gives_what_las_agnostic_gives():
     np.testing.assert_allclose(split, np.tile([2 / 9, 3 / 9, 4 / 9], (len(jobs), 1)), atol=1e-9)
 
 
+def test_las_agnostic_fills_the_spare_capacity_progressively():
+    """Two 1-GPU jobs cap the fair share at one GPU each; the 8 GPUs leave 6 to the 2-, 4- and
+    8-GPU jobs. Every GPU-second counts the same to the spare objective, so it alone would let the
+    solver's vertex give them all to one job; filled progressively, the three raise their GPU
+    shares together: the 2-GPU job stops at its bound (2 GPUs, all the time), the others share
+    the rest equally."""
+    scales = (1, 1, 2, 4, 8)
+    gpus = {"V100": 4, "P100": 4}
+    jobs = tuple(PolicyJob(f"j{i}", {g: float(s) for g in gpus}, scale_factor=s) for i, s in enumerate(scales))
+    alloc = get_policy("las_agnostic").allocate(PolicyState(jobs=jobs, gpus=gpus))
+    gpu_share = alloc.matrix.sum(axis=1) * np.array(scales)
+    np.testing.assert_allclose(gpu_share, [1.0, 1.0, 2.0, 2.0, 2.0], atol=1e-5)
+    wider = get_policy("las_agnostic").allocate(PolicyState(jobs=jobs[:1] + jobs[2:], gpus={"V100": 11}))
+    # 1 + 2 (at its bound) + 4 (at its bound) + 4 of the 8-GPU job's 8.
+    np.testing.assert_allclose(wider.matrix.sum(axis=1) * np.array((1, 2, 4, 8)), [1.0, 2.0, 4.0, 4.0], atol=1e-5)
+
+
 def test_las_gives_multi_gpu_jobs_an_equal_share_per_gpu():
     # Same model and speeds, 1 and 4 workers: equal GPU-seconds, so the 4-GPU job gets 1/4 the time.
     thr = {"K80": 1.0, "P100": 2.0, "V100": 3.0}
