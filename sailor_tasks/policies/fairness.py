@@ -180,6 +180,24 @@ class LeastAttainedService(_MaxMinPolicy):
         return np.divide(units.scale[:n], w * norm, out=np.zeros_like(norm), where=norm > 0)
 
 
+def _agnostic_rows(cap: np.ndarray, coef: np.ndarray, jobs: np.ndarray):
+    """``las_agnostic``'s rows over x_0..x_{n-1}, t: capacity per type (``cap`` · x ≤ 1), then
+    t − coef_j · x_j ≤ 0 for each of ``jobs``; returns (A_ub, b_ub)."""
+    from scipy.sparse import csr_matrix, hstack, vstack
+
+    m, n = cap.shape
+    k = np.arange(len(jobs))
+    fair = csr_matrix(
+        (
+            np.concatenate([-coef[jobs], np.ones(len(jobs))]),
+            (np.tile(k, 2), np.concatenate([jobs, np.full(len(jobs), n)])),
+        ),
+        shape=(len(jobs), n + 1),
+    )
+    a = vstack([hstack([csr_matrix(cap), csr_matrix((m, 1))]), fair]).tocsr()
+    return a, np.concatenate([np.ones(m), np.zeros(len(jobs))])
+
+
 @register("las_agnostic")
 class LeastAttainedServiceAgnostic(LeastAttainedService):
     """``las`` solved as if every GPU type were equally fast (the heterogeneity-agnostic baseline).
@@ -203,8 +221,6 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
     def _solve_units(self, units: Units, state: PolicyState) -> np.ndarray:
         if units.thr.shape[2] > 1:  # space-sharing units: the general LP
             return super()._solve_units(units, state)
-        from scipy.sparse import csr_matrix, hstack, vstack
-
         solved = self.as_solved(units)
         n, m = units.shape
         can = solved.thr[:, :, 0] > 0
@@ -213,24 +229,15 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
         share = np.divide(can * pool, size[:, None], out=np.zeros((n, m)), where=size[:, None] > 0)
         coef = self.coefficients(solved, state)
         live = np.nonzero((coef > 0) & (size > 0))[0]
-        # Variables: x_0..x_{n-1}, t. Rows: capacity per type, then t − coef_j · x_j ≤ 0.
         cap = (can * (units.count * units.scale / np.where(size > 0, size, 1.0))[:, None]).T
-        k = np.arange(len(live))
-        fair = csr_matrix(
-            (
-                np.concatenate([-coef[live], np.ones(len(live))]),
-                (np.tile(k, 2), np.concatenate([live, np.full(len(live), n)])),
-            ),
-            shape=(len(live), n + 1),
-        )
-        a = vstack([hstack([csr_matrix(cap), csr_matrix((m, 1))]), fair]).tocsr()
+        a, b = _agnostic_rows(cap, coef, live)
         c = np.zeros(n + 1)
         c[n] = 1.0
         ub = np.concatenate([np.where(size > 0, 1.0, 0.0), [np.inf if len(live) else 0.0]])
         lp = LinearProgram(
             c=c,
             a_ub=a,
-            b_ub=np.concatenate([np.ones(m), np.zeros(len(live))]),
+            b_ub=b,
             lb=np.zeros(n + 1),
             ub=ub,
             maximize=True,
@@ -253,9 +260,7 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
         stops at (all of it to one multi-GPU job, say). ``first``: the max-min solution (the last
         step's solution is kept when the solver finds a step's floors, a hair under the capacity,
         infeasible within its tolerances)."""
-        from scipy.sparse import csr_matrix, hstack, vstack
-
-        n, m = len(x_ub), cap.shape[0]
+        n = len(x_ub)
         tol = FILL_TOL
         t_star = float(first[n])
         best = first
@@ -264,7 +269,6 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
         floor[live] = t_star
         level = t_star
         growing = [j for j in live if most[j] > level * (1.0 + tol)]
-        capacity = hstack([csr_matrix(cap), csr_matrix((m, 1))])
 
         def x_floor(slack: float) -> np.ndarray:
             x = np.divide(floor, coef, out=np.zeros(n), where=coef > 0) * (1.0 - slack)
@@ -282,30 +286,21 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
 
         while growing:
             g = np.array(growing)
-            k = np.arange(len(g))
-            fair = csr_matrix(
-                (
-                    np.concatenate([-coef[g], np.ones(len(g))]),
-                    (np.tile(k, 2), np.concatenate([g, np.full(len(g), n)])),
-                ),
-                shape=(len(g), n + 1),
-            )
-            a = vstack([capacity, fair]).tocsr()
-            b = np.concatenate([np.ones(m), np.zeros(len(g))])
+            a, b = _agnostic_rows(cap, coef, g)
             vec = floored(
                 lambda slack, a=a, b=b, level=level: LinearProgram(
                     c=lp.c,
                     a_ub=a,
                     b_ub=b,
                     lb=np.concatenate([x_floor(slack), [level * (1.0 - slack)]]),
-                    ub=np.concatenate([x_ub, [np.inf]]),
+                    ub=lp.ub,
                     maximize=True,
                 )
             )
             if vec is None:
                 break
             best = vec
-            reached = min(float(vec[n]), float(most[g].max()))
+            reached = float(vec[n])  # at most every growing job's bound (t ≤ coef_j · x_j)
             if reached <= level * (1.0 + tol):
                 break  # the capacity binds
             level = reached
