@@ -219,13 +219,14 @@ def preemption(kind: str) -> Callable[[Harness], Outcome]:
         attempts = h.ctx.ledger.attempts(run_id)
         resumed = [a["resumed_from_step"] for a in attempts]
         stopped = attempts[0]["step"]
+        lost = [p["steps_lost"] for p in preempted]
+        good = ok and len(preempted) == 1
         if kind == "notice_during_save":
-            lost = [p["steps_lost"] for p in preempted]
             expected = stopped if stopped is not None and stopped >= 10 else "the first attempt's step (>= 10)"
-            good = ok and len(preempted) == 1 and lost == [0] and resumed[-1] == expected
+            good = good and lost == [0] and resumed[-1] == expected
         else:
-            lost, expected = [p["steps_lost"] for p in preempted], 10
-            good = ok and len(preempted) == 1 and resumed[-1] == expected
+            expected = 10
+            good = good and resumed[-1] == expected
         return Outcome(
             good,
             f"{detail}; preemptions {len(preempted)}, first attempt stopped at step {stopped}, "

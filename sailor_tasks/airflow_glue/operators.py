@@ -92,6 +92,17 @@ def _capacity_or_defer(
     )
 
 
+def _fail_if_reclaimed(task: BaseOperator, context: Any, event: Mapping[str, Any]) -> None:
+    """A trigger found the run's lease reclaimed while the task was deferred: stop what the run
+    still runs and fail without a retry (``stages.stop_reclaimed``)."""
+    from sailor_tasks import stages
+    from sailor_tasks.airflow_glue.triggers import LEASE_RECLAIMED
+
+    if event.get("status") == LEASE_RECLAIMED:
+        task.log.error("run %s: %s", context["run_id"], event.get("message"))
+        run_stage(stages.stop_reclaimed, context["run_id"])
+
+
 def _check_operation_event(
     task: BaseOperator, context: Any, event: Mapping[str, Any] | None, pending: Mapping[str, Any] | None
 ) -> None:
@@ -99,13 +110,8 @@ def _check_operation_event(
     provisions again: what exists is reused, a running operation is waited for). A lease reclaimed
     while the task waited fails it for good: the reconciler released the capacity and removed
     what the run had created."""
-    from sailor_tasks import stages
-    from sailor_tasks.airflow_glue.triggers import LEASE_RECLAIMED
-
     event = event or {}
-    if event.get("status") == LEASE_RECLAIMED:
-        task.log.error("run %s: %s", context["run_id"], event.get("message"))
-        run_stage(stages.stop_reclaimed, context["run_id"])
+    _fail_if_reclaimed(task, context, event)
     if pending is None or event.get("status") != "success":
         raise RuntimeError(
             f"GKE operation {(pending or {}).get('name')} ({(pending or {}).get('what')}) did not "
@@ -265,15 +271,12 @@ class SailorTrainOperator(BaseOperator):
         """Re-entry from ``AttemptPodsTrigger``: judge the pods, stop the rest, end the attempt."""
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue import gcp
-        from sailor_tasks.airflow_glue.triggers import LEASE_RECLAIMED
         from sailor_tasks.stages import attempts
 
         self._run_id = context["run_id"]
         event = event or {}
-        if event.get("status") == LEASE_RECLAIMED:
-            # The reconciler took the run's GPUs: its pods may not go on (it stopped them too).
-            self.log.error("run %s: %s", context["run_id"], event.get("message"))
-            run_stage(stages.stop_reclaimed, context["run_id"])
+        # The reconciler took the run's GPUs: its pods may not go on (it stopped them too).
+        _fail_if_reclaimed(self, context, event)
         state = event.get(gcp.TRIGGER_STATE_KEY)
         if not isinstance(state, Mapping) or "attempt" not in state:
             raise AirflowFailException(
