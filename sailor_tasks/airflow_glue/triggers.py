@@ -98,28 +98,25 @@ class LeasedOperationTrigger(GKEOperationTrigger):
         return OPERATION_CLASSPATH, {**kwargs, "run_id": self.run_id}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        reclaimed = await renew_or_reclaimed(self.run_id, self.log, OPERATION_LEASE_HOLDER)
-        if reclaimed is not None:
-            yield TriggerEvent({"status": LEASE_RECLAIMED, "message": reclaimed})
-            return
         events = super().run()
-        pending = asyncio.ensure_future(anext(events))
+        pending: asyncio.Future | None = None
         try:
-            while not pending.done():
-                await asyncio.wait({pending}, timeout=self.poll_interval)
-                if pending.done():
-                    break
+            while True:  # renew, then poll the operation until it ends or a poll interval passes
                 reclaimed = await renew_or_reclaimed(self.run_id, self.log, OPERATION_LEASE_HOLDER)
                 if reclaimed is not None:
                     yield TriggerEvent({"status": LEASE_RECLAIMED, "message": reclaimed})
                     return
+                pending = pending or asyncio.ensure_future(anext(events))
+                done, _ = await asyncio.wait({pending}, timeout=self.poll_interval)
+                if done:
+                    break
             try:
                 event = pending.result()
             except StopAsyncIteration:
                 return
             yield event
         finally:
-            if not pending.done():
+            if pending is not None and not pending.done():
                 pending.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pending
