@@ -4,10 +4,15 @@ ledger (``plan`` at each arrival, ``teardown`` at each end) admits the same runs
 
 Same inputs: 4 T4 GPUs (one zone live; the simulator's spot zone, no on-demand), the same runs
 (``tiny_gpt`` is Gavel's ``LM (batch size 20)``, its GPUs the scale factor), teams, priorities and
-steps, arriving in the same order.
+steps, arriving in the same order at the same times: the live stages read the simulator's clock
+(``ftf`` weighs each run's time since its arrival, so the wall clock of a slow test run could
+tip a close decision).
 """
 
 from __future__ import annotations
+
+import datetime as dt
+import importlib
 
 import pytest
 
@@ -79,8 +84,13 @@ def test_the_live_pass_and_the_simulator_admit_the_same_runs_in_the_same_order(
     events = sorted(
         [(r.arrival_s, 1, r.run_id) for r in sim.runs] + [(r.end_s, 0, r.run_id) for r in sim.runs]
     )
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    clock = [start]
+    for module in ("ledger.store", "stages.queueing", "stages.context"):
+        monkeypatch.setattr(importlib.import_module(f"sailor_tasks.{module}"), "utcnow", lambda: clock[0])
     live = []
-    for _, kind, run_id in events:
+    for at, kind, run_id in events:
+        clock[0] = start + dt.timedelta(seconds=at)
         if kind == 1:
             try:
                 stages.plan(requests[run_id], run_id, ctx)
