@@ -55,11 +55,14 @@ logger = logging.getLogger(__name__)
 if DEFAULT_SUFFIX != DATA_SUFFIX:  # the store recycles data files by this suffix
     raise ImportError(f"DCP's data file suffix is {DEFAULT_SUFFIX!r}, the store expects {DATA_SUFFIX!r}")
 
-_WRITE_CHUNK = 1024 * 1024
-"""Write size of the checkpoint writer: each chunk's crc32c is computed right after the chunk is
-written, while the copy into the page cache has left it in cache (L2 512 KiB per core, L3 32 MiB
-here). With 2 writer threads, 20-30% faster and steadier than 8 MiB chunks in interleaved runs on
-this VM (2026-11-22, median 52-61 ms vs 67-79 ms for 306 MB); no difference with one thread."""
+_WRITE_CHUNK = 2 * 1024 * 1024
+"""Write size of the checkpoint writer, the page cache's largest folio on x86-64 (a PMD, 2 MiB):
+the page cache sizes a new file's folios by the length of each write, so 2 MiB writes get the
+2 MiB folios a single large write gets. 1 MiB writes get 1 MiB folios, and on the dev VM most
+such saves take 4-10x their usual kernel CPU (2026-11-25, interleaved, 306 MB with 2 threads:
+1 MiB writes median 214 ms, 9 of 10 saves slow; 2 MiB 65 ms, 1 of 10; 8 MiB 70 ms, 2 of 10). Each
+chunk's crc32c is computed right after the chunk is written, while it is still in cache (L3 32
+MiB here)."""
 _METADATA = ".metadata"
 """DCP's metadata file (``filesystem._metadata_fn``)."""
 RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
