@@ -30,16 +30,20 @@ SAILOR's writer is faster), new files, with and without fsync.
 Untimed, before each timed write: the background retirement of old checkpoints is waited for and
 ``os.sync()`` runs, so that no write pays for dirty pages or deletions the bench itself left behind
 (other processes' I/O can still slow any of them), and the raw bytes are read once (as hot in
-memory as the model the checkpoints write from).
+memory as the model the checkpoints write from). Then the checkpoint's bytes are written to a
+ballast folder and deleted, so that every write takes its page-cache pages from memory freed just
+before it. Without this the order of the writes decides who pays for cold memory: a VM whose
+guest reports free memory to the hypervisor (Linux free page reporting, as on the dev VM) gets
+memory left free for a few seconds taken back, and a write whose pages land there costs several
+times its usual kernel CPU; in a fixed rotation each write always follows the same other one,
+which frees more or less memory just before it.
 
 ``seconds`` is each write's median wall time and ``cpu_seconds`` its median CPU time (all threads
 of this process, user + system, so the kernel's copy into the page cache counts): on a shared
 machine the wall figures move with other processes' load, the CPU figures much less.
 ``load_average`` is the 1-, 5- and 15-minute load average when the timed writes began and ended.
 ``min_seconds``, ``min_cpu_seconds`` and ``min_fraction_of_raw`` (fastest raw repeat / fastest
-sailor repeat) are the least disturbed repeats: on this VM a write into new files now and then
-takes several times its usual CPU (the hypervisor backing pages the guest had freed), whichever
-side it falls on.
+sailor repeat) are the least disturbed repeats.
 
 ``sailor`` saves the trainer's state as the trainer does: one ``_ModelOptimState`` for the run
 (which learns ``get_state_dict``'s renaming once), so from the second save on the state dicts are
@@ -62,10 +66,12 @@ Prints one JSON object as its last line.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
 import resource
+import shutil
 import statistics
 import tempfile
 import time
@@ -136,7 +142,12 @@ def main() -> None:
     forward_backward()
     optimizer.step()  # materialises the AdamW moments: state = 3x the weights
 
-    root = args.uri or f"file://{tempfile.mkdtemp(prefix='sailor-bench-ckpt-')}"
+    if args.uri:
+        root = args.uri
+    else:  # the bench's own folder (GBs of checkpoints): removed when it ends
+        folder = tempfile.mkdtemp(prefix="sailor-bench-ckpt-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        root = f"file://{folder}"
     if storage.scheme_of(root) not in ("", "file"):
         parser.error(f"--uri {root}: the raw and public baselines write local files; give a file:// root")
     fs, base = storage.filesystem(root)
@@ -163,10 +174,21 @@ def main() -> None:
     def state() -> dict:
         return {"app": app_state, "trainer": {"step": step}}
 
+    ballast: dict[str, bytes] = {}
+    """The checkpoint's files (once known): written and deleted before every timed write."""
+
     def settle() -> None:
         for mgr in managers.values():
             mgr.wait()
         os.sync()
+        if ballast:  # the same memory state before every write: see the module docstring
+            folder = f"{base}/ballast"
+            fs.makedirs(folder, exist_ok=True)
+            for name, blob in ballast.items():
+                with fs.open(f"{folder}/{name}", "wb") as f:
+                    f.write(blob)
+            fs.rm(folder, recursive=True)
+            os.sync()
 
     def sailor_save(name: str) -> tuple[float, float, int, int]:
         """(seconds, CPU seconds, bytes, data files written into recycled files) of one sync save."""
@@ -270,6 +292,7 @@ def main() -> None:
     newest = new.step_uri(new.committed_steps()[-1])
     marker = storage.read_json(storage.join(newest, MARKER))
     blobs = {n: storage.read_bytes(storage.join(newest, n)) for n in marker["files"]}
+    ballast.update(blobs)
     step += 1
     managers["sailor_recycled"].save(step, state())  # retires one more: files to recycle
 
