@@ -30,9 +30,11 @@ Run: .venv/bin/python bench/byo_train.py [--steps 60] [--preempt-at 25] [--round
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -199,6 +201,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     state = tempfile.mkdtemp(prefix="sailor-bench-byo-")
+    atexit.register(shutil.rmtree, state, ignore_errors=True)
     os.environ["SAILOR_STATE_DIR"] = state
     os.environ.pop("SAILOR_LEDGER_URL", None)
     os.environ.pop("SAILOR_BUCKET_TEMPLATE", None)

@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -890,8 +891,10 @@ def run_scenario(name: str, bound_s: int, fn: Callable[[Harness], Outcome], gcs_
     hung = False
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(bound_s)
+    harness: Harness | None = None
     try:
-        out = fn(Harness(gcs_url))
+        harness = Harness(gcs_url)
+        out = fn(harness)
     except _Overrun:
         hung = True
         out = Outcome(False, f"did not end within {bound_s} s")
@@ -901,6 +904,8 @@ def run_scenario(name: str, bound_s: int, fn: Callable[[Harness], Outcome], gcs_
         )
     finally:
         signal.alarm(0)
+        if harness is not None:
+            shutil.rmtree(harness.dir, ignore_errors=True)
     seconds = round(time.monotonic() - started, 2)
     row = {"scenario": name, **dataclasses.asdict(out), "hung": hung, "seconds": seconds, "bound_s": bound_s}
     print(json.dumps(row), file=sys.stderr, flush=True)

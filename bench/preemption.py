@@ -16,10 +16,12 @@ Run: .venv/bin/python bench/preemption.py [--steps 200] [--every 20] [--seed 0]
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -42,6 +44,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     state = tempfile.mkdtemp(prefix="sailor-bench-preemption-")
+    atexit.register(shutil.rmtree, state, ignore_errors=True)
     os.environ["SAILOR_STATE_DIR"] = state
     os.environ.pop("SAILOR_LEDGER_URL", None)
     os.environ.pop("SAILOR_BUCKET_TEMPLATE", None)

@@ -72,7 +72,7 @@ def _matches(labels: dict, selector: str) -> bool:
 class FakeCoreV1:
     """In-memory pods and services with the CoreV1Api methods the pod operators call."""
 
-    def __init__(self, mode: str = "scripted"):
+    def __init__(self, folder: str, mode: str = "scripted"):
         from kubernetes.client import ApiClient
 
         self.api_client = ApiClient()
@@ -82,7 +82,8 @@ class FakeCoreV1:
         self.deleted: list[str] = []
         self.deleted_services: list[str] = []
         self.port = free_port()
-        self.progress = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"progress-{uuid.uuid4().hex}.json")
+        self.progress = os.path.join(folder, "progress.json")
+        """Rank 0's progress file; every pod's output goes to ``<pod name>.log`` beside it."""
 
     # pods
     def create_namespaced_pod(self, body, namespace, **_):
@@ -208,7 +209,7 @@ class FakeTI:
 
 
 @pytest.fixture
-def gke_env(gcs, settings, monkeypatch):
+def gke_env(gcs, settings, monkeypatch, tmp_path):
     """gs:// buckets on the emulator, an in-memory GKE (ClusterManager + Kubernetes API), a demo
     dataset; returns a function preparing a run up to ``provision`` (as the DAG does)."""
     prefix = f"t-{uuid.uuid4().hex[:10]}"
@@ -222,7 +223,7 @@ def gke_env(gcs, settings, monkeypatch):
     clusters = FakeClusterManager()
     monkeypatch.setattr(gke.GkeBackend, "_client", lambda self: clusters)
     monkeypatch.setattr(gke.GkeBackend, "wait", lambda self, pending: None)
-    core = FakeCoreV1()
+    core = FakeCoreV1(str(tmp_path))
     hooks: list[dict] = []
 
     def hook_factory(**kwargs):
