@@ -174,17 +174,18 @@ def main() -> None:
     def state() -> dict:
         return {"app": app_state, "trainer": {"step": step}}
 
-    ballast: dict[str, bytes] = {}
-    """The checkpoint's files (once known): written and deleted before every timed write."""
+    blobs: dict[str, bytes] = {}
+    """The checkpoint's files (once known): the raw writes' data, and the ballast ``settle`` writes
+    and deletes before every timed write."""
 
     def settle() -> None:
         for mgr in managers.values():
             mgr.wait()
         os.sync()
-        if ballast:  # the same memory state before every write: see the module docstring
+        if blobs:  # the same memory state before every write: see the module docstring
             folder = f"{base}/ballast"
             fs.makedirs(folder, exist_ok=True)
-            for name, blob in ballast.items():
+            for name, blob in blobs.items():
                 with fs.open(f"{folder}/{name}", "wb") as f:
                     f.write(blob)
             fs.rm(folder, recursive=True)
@@ -292,7 +293,6 @@ def main() -> None:
     newest = new.step_uri(new.committed_steps()[-1])
     marker = storage.read_json(storage.join(newest, MARKER))
     blobs = {n: storage.read_bytes(storage.join(newest, n)) for n in marker["files"]}
-    ballast.update(blobs)
     step += 1
     managers["sailor_recycled"].save(step, state())  # retires one more: files to recycle
 
