@@ -209,21 +209,23 @@ def stored_crc32c(uri: str) -> str | None:
     return base64.b64decode(value).hex() if value else None
 
 
-def crc32c(uri: str, chunk_bytes: int = 8 * 1024 * 1024) -> tuple[str, int]:
-    """(hex crc32c, size) of a file: from GCS metadata where available, else computed by reading."""
-    import google_crc32c
+def crc32c(uri: str, chunk_bytes: int = 1024 * 1024) -> tuple[str, int]:
+    """(hex crc32c, size) of a file: from GCS metadata where available, else computed by reading
+    it into one reused buffer of ``chunk_bytes``, each chunk checksummed while still in cache."""
+    import crc32c as crc32c_lib
 
     if scheme_of(uri) == "gs":
         meta = info(uri)
         if meta.get("crc32c"):
             return base64.b64decode(meta["crc32c"]).hex(), int(meta["size"])
     fs, path = filesystem(uri)
-    crc, size = google_crc32c.Checksum(), 0
+    view = memoryview(bytearray(chunk_bytes))
+    crc, size = 0, 0
     with fs.open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            crc.update(chunk)
-            size += len(chunk)
-    return crc.hexdigest().decode(), size
+        while n := f.readinto(view):
+            crc = crc32c_lib.crc32c(view[:n], crc)
+            size += n
+    return f"{crc:08x}", size
 
 
 def ensure_bucket(uri: str, location: str | None = None) -> bool:

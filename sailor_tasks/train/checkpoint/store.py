@@ -53,7 +53,7 @@ def step_dir_name(step: int) -> str:
 def crc32c_of(uri: str) -> tuple[str, int]:
     """(hex crc32c, size) of a file; crc32c is what GCS itself reports for objects, so on ``gs://``
     it comes from the object's metadata instead of reading the checkpoint back."""
-    return storage.crc32c(uri, _CHUNK)
+    return storage.crc32c(uri)
 
 
 class CheckpointStore:
