@@ -214,6 +214,8 @@ def crc32c(uri: str, chunk_bytes: int = 1024 * 1024) -> tuple[str, int]:
     it into one reused buffer of ``chunk_bytes``, each chunk checksummed while still in cache."""
     import crc32c as crc32c_lib
 
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes {chunk_bytes}: need >= 1")
     if scheme_of(uri) == "gs":
         meta = info(uri)
         if meta.get("crc32c"):

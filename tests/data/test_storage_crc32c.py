@@ -21,3 +21,10 @@ def test_crc32c_of_a_local_file_matches_google_crc32c(tmp_path, size):
 def test_crc32c_of_a_missing_file_raises(tmp_path):
     with pytest.raises(FileNotFoundError):
         storage.crc32c(str(tmp_path / "missing.bin"))
+
+
+def test_crc32c_refuses_an_empty_chunk(tmp_path):
+    path = tmp_path / "blob.bin"
+    path.write_bytes(b"data")
+    with pytest.raises(ValueError, match="chunk_bytes 0"):
+        storage.crc32c(str(path), chunk_bytes=0)
