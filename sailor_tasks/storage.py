@@ -221,9 +221,12 @@ def crc32c(uri: str, chunk_bytes: int = 1024 * 1024) -> tuple[str, int]:
         if meta.get("crc32c"):
             return base64.b64decode(meta["crc32c"]).hex(), int(meta["size"])
     fs, path = filesystem(uri)
-    view = memoryview(bytearray(chunk_bytes))
     crc, size = 0, 0
     with fs.open(path, "rb") as f:
+        length = f.seek(0, os.SEEK_END)
+        f.seek(0)
+        # No larger than the file: a small file's check does not zero a whole chunk.
+        view = memoryview(bytearray(max(1, min(chunk_bytes, length))))
         while n := f.readinto(view):
             crc = crc32c_lib.crc32c(view[:n], crc)
             size += n
