@@ -211,7 +211,7 @@ def stored_crc32c(uri: str) -> str | None:
 
 def crc32c(uri: str, chunk_bytes: int = 1024 * 1024) -> tuple[str, int]:
     """(hex crc32c, size) of a file: from GCS metadata where available, else computed by reading
-    it into one reused buffer of ``chunk_bytes``, each chunk checksummed while still in cache."""
+    it into one reused buffer of ``chunk_bytes`` (no new bytes object per chunk)."""
     import crc32c as crc32c_lib
 
     if chunk_bytes < 1:
