@@ -4,12 +4,14 @@ For each built-in model (``sailor_tasks.train.specs.MODEL_SPECS``) a ``Trainer``
 device plan the workers use (``train.device.detect_device_plan``: cuda:0, bf16 autocast where the
 GPU supports it, pinned-memory batch copies) runs ``--warmup`` steps, then ``--steps`` timed steps
 of ``Trainer.train_step`` (forward, backward, clipping, AdamW, LR schedule; no checkpoints) over the
-demo corpus. A thread samples the GPU's utilisation every 0.1 s during the timed steps
+demo corpus, then as many of ``Trainer.run_step`` (the step as ``Trainer.train`` runs it: the same
+plus the periodic log line, which reads the loss back, and the preemption check; no checkpoint
+falls due). A thread samples the GPU's utilisation every 0.1 s during the timed steps
 (``torch.cuda.utilization``, which needs pynvml, else ``nvidia-smi``).
 
 Prints one JSON object as its last line: ``{"gpu": {"name", "bf16", "models": {model: {"samples_per_s",
-"gpu_util_pct_mean", "batch_size", "steps", "params_m"}}, "util_source"}}``, or on a machine without
-a usable GPU ``{"gpu": null, "reason": "..."}``.
+"gpu_util_pct_mean", "loop_samples_per_s", "loop_gpu_util_pct_mean", "batch_size", "steps",
+"params_m"}}, "util_source"}}``, or on a machine without a usable GPU ``{"gpu": null, "reason": "..."}``.
 
 Run: .venv/bin/python bench/gpu_train.py [--steps 200] [--warmup 20] [--batch-size 64]
 """
@@ -90,7 +92,7 @@ def bench_model(model: str, data_uri: str, out: str, args: argparse.Namespace, r
 
     plan = detect_device_plan(0, 1)
     select_device(plan)
-    total = args.warmup + args.steps
+    total = args.warmup + 2 * args.steps + 1  # never the last step: no final save while timed
     config = TrainConfig(
         run_id=f"gpu-{model}",
         model=model,
@@ -114,11 +116,26 @@ def bench_model(model: str, data_uri: str, out: str, args: argparse.Namespace, r
     wall = time.perf_counter() - start
     sampler.done.set()
     sampler.join()
-    assert torch.isfinite(loss), f"{model}: loss {loss.item()} after {total} steps"
+    assert torch.isfinite(loss), f"{model}: loss {loss.item()} after {trainer.step} steps"
+    # The same number of steps as a run takes them (progress, log line, checkpoint and
+    # preemption checks around each step; no checkpoint falls due).
+    loop_sampler = Sampler(read)
+    loop_sampler.start()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        assert not trainer.run_step()
+    torch.cuda.synchronize()
+    loop_wall = time.perf_counter() - start
+    loop_sampler.done.set()
+    loop_sampler.join()
     return {
         "samples_per_s": round(args.steps * args.batch_size / wall, 1),
         "gpu_util_pct_mean": round(statistics.fmean(sampler.samples), 1) if sampler.samples else None,
         "util_samples": len(sampler.samples),
+        "loop_samples_per_s": round(args.steps * args.batch_size / loop_wall, 1),
+        "loop_gpu_util_pct_mean": round(statistics.fmean(loop_sampler.samples), 1)
+        if loop_sampler.samples
+        else None,
         "batch_size": args.batch_size,
         "seq_len": MODEL_SPECS[model].seq_len,
         "steps": args.steps,
@@ -157,7 +174,10 @@ def main() -> None:
         write_demo_dataset(data_uri)
         results = {m: bench_model(m, data_uri, f"file://{root}/runs", args, read) for m in models}
         for m, r in results.items():
-            print(f"{m}: {r['samples_per_s']} samples/s, GPU {r['gpu_util_pct_mean']}%")
+            print(
+                f"{m}: {r['samples_per_s']} samples/s, GPU {r['gpu_util_pct_mean']}% (train_step); "
+                f"{r['loop_samples_per_s']} samples/s, GPU {r['loop_gpu_util_pct_mean']}% (run_step)"
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(

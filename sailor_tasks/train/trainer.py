@@ -189,6 +189,8 @@ class Trainer:
         self.progress_path = progress_path if rank == 0 else None
         self._resumed_from: int | None = None
         self._first_step_at: float | None = None
+        self._loop_start: float | None = None
+        self._loop_first_step = 0
         spec = MODEL_SPECS[config.model]
         torch.manual_seed(config.seed)  # identical init on every rank
         model = build_model(spec).to(device_plan.device)
@@ -197,13 +199,22 @@ class Trainer:
                 model, device_ids=[torch.device(device_plan.device).index] if device_plan.is_cuda else None
             )
         self.model = model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
+        # On a GPU, AdamW's fused kernels update every parameter in a few launches (the default
+        # multi-tensor path launches several kernels per group of tensors per step).
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.learning_rate, weight_decay=0.01, fused=device_plan.is_cuda or None
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self._app_state = _ModelOptimState(self.model, self.optimizer)
         torch.manual_seed(config.seed * 7_919 + rank)  # per-rank dropout stream
         self.corpus = ByteCorpus.load(config.data_uri, spec.seq_len, config.seed)
         # Async saves run their collectives in a background thread: give them their own group.
         ckpt_group = dist.new_group(backend="gloo") if config.async_checkpoint and self.distributed else None
+        # The per-step preemption vote runs on the CPU: over NCCL it would be a device tensor read
+        # back every step, which makes the host wait for the GPU to drain its queue.
+        self._vote_group = (
+            dist.new_group(backend="gloo") if self.distributed and device_plan.is_cuda else None
+        )
         self.checkpoints = CheckpointManager(
             config.checkpoint_uri,
             rank=rank,
@@ -282,9 +293,11 @@ class Trainer:
         return sum(losses) / len(losses)
 
     def _stop_requested(self) -> bool:
-        flag = torch.tensor([1 if self.stop_event.is_set() else 0], device=self.plan.device)
-        if self.distributed:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        """Whether any rank got a preemption notice (every rank gets the same answer)."""
+        if not self.distributed:
+            return self.stop_event.is_set()
+        flag = torch.tensor([1 if self.stop_event.is_set() else 0])  # CPU: gloo group or default
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._vote_group)
         return bool(flag.item())
 
     def save(self, *, blocking: bool = True) -> None:
@@ -330,6 +343,45 @@ class Trainer:
         self.tokens_seen += x.numel() * self.world_size
         return loss.detach()
 
+    def run_step(self) -> bool:
+        """One step as ``train`` runs it: ``train_step``, the progress file, the periodic log line,
+        the checkpoint when one is due and the preemption vote. Returns True when a notice stops
+        the run (after its step is saved)."""
+        cfg = self.config
+        if self._loop_start is None:
+            self._loop_start, self._loop_first_step = time.monotonic(), self.step
+        loss_t = self.train_step()
+        if self._first_step_at is None:
+            self._first_step_at = time.time()  # end of recovery: the first step of this attempt
+        self._report_progress()
+        if self.rank == 0 and (self.step % cfg.log_every_steps == 0 or self.step == cfg.total_steps):
+            now = time.monotonic()
+            done = self.step - self._loop_first_step
+            rate = done * cfg.batch_size * self.world_size / max(now - self._loop_start, 1e-9)
+            eta = (cfg.total_steps - self.step) * (now - self._loop_start) / max(done, 1)
+            logger.info(
+                "step %d/%d loss %.4f samples/s %.1f lr %.2e eta %.0fs",
+                self.step,
+                cfg.total_steps,
+                loss_t.item(),
+                rate,
+                self.scheduler.get_last_lr()[0],
+                eta,
+            )
+        self._collect_async()
+        if self.step == cfg.total_steps:
+            self.save()
+        elif self.step % cfg.checkpoint_every_steps == 0:
+            self.save(blocking=False)
+        if self.step < cfg.total_steps and self._stop_requested():
+            self._collect_async(wait=True)
+            if self.last_checkpoint_step != self.step:
+                self.save()
+            if self.rank == 0:
+                logger.warning("preemption notice: saved step %d, stopping", self.step)
+            return True
+        return False
+
     def train(self) -> TrainResult:
         cfg = self.config
         start = time.monotonic()
@@ -343,44 +395,16 @@ class Trainer:
                 )
         elif self.rank == 0:
             logger.info("resumed from step %d of %d", resumed, cfg.total_steps)
-        first_step = self.step
+        self._loop_start, self._loop_first_step = start, self.step
         status = "completed"
         while self.step < cfg.total_steps:
-            loss_t = self.train_step()
-            if self._first_step_at is None:
-                self._first_step_at = time.time()  # end of recovery: the first step of this attempt
-            self._report_progress()
-            if self.rank == 0 and (self.step % cfg.log_every_steps == 0 or self.step == cfg.total_steps):
-                now = time.monotonic()
-                done = self.step - first_step
-                rate = done * cfg.batch_size * self.world_size / max(now - start, 1e-9)
-                eta = (cfg.total_steps - self.step) * (now - start) / max(done, 1)
-                logger.info(
-                    "step %d/%d loss %.4f samples/s %.1f lr %.2e eta %.0fs",
-                    self.step,
-                    cfg.total_steps,
-                    loss_t.item(),
-                    rate,
-                    self.scheduler.get_last_lr()[0],
-                    eta,
-                )
-            self._collect_async()
-            if self.step == cfg.total_steps:
-                self.save()
-            elif self.step % cfg.checkpoint_every_steps == 0:
-                self.save(blocking=False)
-            if self.step < cfg.total_steps and self._stop_requested():
-                self._collect_async(wait=True)
-                if self.last_checkpoint_step != self.step:
-                    self.save()
+            if self.run_step():
                 status = "preempted"
-                if self.rank == 0:
-                    logger.warning("preemption notice: saved step %d, stopping", self.step)
                 break
         self.checkpoints.wait()  # old checkpoints beyond keep_latest_k are deleted in the background
         final_loss = self.evaluate() if status == "completed" else None
         wall = time.monotonic() - start
-        done = self.step - first_step
+        done = self.step - self._loop_first_step
         result = TrainResult(
             run_id=cfg.run_id,
             status=status,
