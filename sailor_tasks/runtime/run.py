@@ -68,6 +68,7 @@ class Run:
     _first_step_at: float | None = field(default=None, repr=False)
     _checkpoint_step: int | None = field(default=None, repr=False)
     _plan: DevicePlan | None = field(default=None, repr=False)
+    _vote: Any = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, handle_sigterm: bool = True) -> Run:
@@ -131,15 +132,22 @@ class Run:
         With several ranks this is a collective: call it on every rank at the same point of each
         step (after the optimizer step), as the ranks must agree on the step they save.
         """
-        flag = torch.tensor([1 if self.noticed else 0], device=self._collective_device())
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.noticed
+        flag = torch.tensor([1 if self.noticed else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._vote_group())
         return bool(flag.item())
 
-    def _collective_device(self) -> torch.device:
-        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-            return torch.device("cuda", self.local_rank)
-        return torch.device("cpu")
+    def _vote_group(self) -> Any:
+        """The group the per-step vote runs on, always on the CPU: the default group when it is
+        gloo; over NCCL a gloo group made once, on the first vote (which every rank takes at the
+        same point), as a vote on a GPU tensor read back every step would make the host wait for
+        the GPU to drain its queue."""
+        if dist.get_backend() != "nccl":
+            return None
+        if self._vote is None:
+            self._vote = dist.new_group(backend="gloo")
+        return self._vote
 
     # --- the device -------------------------------------------------------------------------
     @property
