@@ -138,3 +138,19 @@ def test_a_cpu_checkpoint_names_its_entries_and_holds_no_gpu_generator(data_uri,
     trainer.train()
     keys = trainer.checkpoints.saved_keys(3)
     assert {"app", "scheduler", "trainer", "rng_rank0"} <= keys and "cuda_rng_rank0" not in keys
+
+
+def test_a_resumed_run_uses_its_own_devices_optimizer_kernels(data_uri, tmp_path):
+    # A checkpoint saved on a GPU records AdamW's fused kernels in its param groups; resumed on
+    # the CPU the run keeps the CPU's choice, and the next save records that.
+    out = f"file://{tmp_path}/o"
+    first = Trainer(config(data_uri, out, total_steps=4, checkpoint_every_steps=2))
+    for _ in range(2):
+        first.train_step()
+    for group in first.optimizer.param_groups:
+        group["fused"] = True  # as the GPU trainer saves it
+    first.save()
+    second = Trainer(config(data_uri, out, total_steps=4, checkpoint_every_steps=2))
+    assert second.resume() == 2
+    assert [g["fused"] for g in second.optimizer.param_groups] == [None] * len(second.optimizer.param_groups)
+    assert second.train().step == 4
