@@ -142,7 +142,7 @@ def test_a_cpu_checkpoint_names_its_entries_and_holds_no_gpu_generator(data_uri,
 
 def test_a_resumed_run_uses_its_own_devices_optimizer_kernels(data_uri, tmp_path):
     # A checkpoint saved on a GPU records AdamW's fused kernels in its param groups; resumed on
-    # the CPU the run keeps the CPU's choice, and the next save records that.
+    # the CPU the run uses the CPU's choice.
     out = f"file://{tmp_path}/o"
     first = Trainer(config(data_uri, out, total_steps=4, checkpoint_every_steps=2))
     for _ in range(2):
