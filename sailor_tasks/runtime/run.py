@@ -134,9 +134,7 @@ class Run:
         """
         if not (dist.is_available() and dist.is_initialized()):
             return self.noticed
-        flag = torch.tensor([1 if self.noticed else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._vote_group())
-        return bool(flag.item())
+        return devices.any_rank(self.noticed, self._vote_group())
 
     def _vote_group(self) -> Any:
         """The group the per-step vote runs on, always on the CPU: the default group when it is

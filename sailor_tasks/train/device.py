@@ -127,3 +127,13 @@ def autocast(plan: DevicePlan) -> Any:
     if plan.autocast_dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=plan.device_type, dtype=getattr(torch, plan.autocast_dtype))
+
+
+def any_rank(flag: bool, group: Any = None) -> bool:
+    """True on every rank of ``group`` when ``flag`` is true on any: an all-reduce of a CPU tensor,
+    so it never waits for a GPU (``group`` a gloo group, or None for a gloo default group)."""
+    import torch.distributed as dist
+
+    vote = torch.tensor([1 if flag else 0])
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
+    return bool(vote.item())

@@ -24,7 +24,7 @@ from sailor_tasks import storage
 from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.data import ByteCorpus
-from sailor_tasks.train.device import CPU_PLAN, DevicePlan, autocast, to_device
+from sailor_tasks.train.device import CPU_PLAN, DevicePlan, any_rank, autocast, to_device
 from sailor_tasks.train.models import build_model
 from sailor_tasks.train.progress import write_progress
 from sailor_tasks.train.specs import MODEL_SPECS
@@ -300,9 +300,7 @@ class Trainer:
         """Whether any rank got a preemption notice (every rank gets the same answer)."""
         if not self.distributed:
             return self.stop_event.is_set()
-        flag = torch.tensor([1 if self.stop_event.is_set() else 0])  # CPU: gloo group or default
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._vote_group)
-        return bool(flag.item())
+        return any_rank(self.stop_event.is_set(), self._vote_group)
 
     def save(self, *, blocking: bool = True) -> None:
         """Checkpoint the current step; in the background when configured and not ``blocking``."""
