@@ -137,14 +137,10 @@ class Run:
         return devices.any_rank(self.noticed, self._vote_group())
 
     def _vote_group(self) -> Any:
-        """The group the per-step vote runs on, always on the CPU: the default group when it is
-        gloo; over NCCL a gloo group made once, on the first vote (which every rank takes at the
-        same point), as a vote on a GPU tensor read back every step would make the host wait for
-        the GPU to drain its queue."""
-        if dist.get_backend() != "nccl":
-            return None
+        """The group the per-step vote runs on (``devices.vote_group``), made on the first vote,
+        which every rank takes at the same point."""
         if self._vote is None:
-            self._vote = dist.new_group(backend="gloo")
+            self._vote = devices.vote_group()
         return self._vote
 
     # --- the device -------------------------------------------------------------------------

@@ -129,9 +129,19 @@ def autocast(plan: DevicePlan) -> Any:
     return torch.autocast(device_type=plan.device_type, dtype=getattr(torch, plan.autocast_dtype))
 
 
+def vote_group() -> Any:
+    """The group ``any_rank`` votes on: None (the default group) when that is gloo; over NCCL a new
+    gloo group of every rank (creating it is a collective: every rank calls this at the same point),
+    as a vote on a GPU tensor read back every step would make the host wait for the GPU to drain
+    its queue."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
+
+
 def any_rank(flag: bool, group: Any = None) -> bool:
     """True on every rank of ``group`` when ``flag`` is true on any: an all-reduce of a CPU tensor,
-    so it never waits for a GPU (``group`` a gloo group, or None for a gloo default group)."""
+    so it never waits for a GPU (``group`` from ``vote_group``)."""
     import torch.distributed as dist
 
     vote = torch.tensor([1 if flag else 0])

@@ -24,7 +24,7 @@ from sailor_tasks import storage
 from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.data import ByteCorpus
-from sailor_tasks.train.device import CPU_PLAN, DevicePlan, any_rank, autocast, to_device
+from sailor_tasks.train.device import CPU_PLAN, DevicePlan, any_rank, autocast, to_device, vote_group
 from sailor_tasks.train.models import build_model
 from sailor_tasks.train.progress import write_progress
 from sailor_tasks.train.specs import MODEL_SPECS
@@ -211,11 +211,8 @@ class Trainer:
         self.corpus = ByteCorpus.load(config.data_uri, spec.seq_len, config.seed)
         # Async saves run their collectives in a background thread: give them their own group.
         ckpt_group = dist.new_group(backend="gloo") if config.async_checkpoint and self.distributed else None
-        # The per-step preemption vote runs on the CPU: over NCCL it would be a device tensor read
-        # back every step, which makes the host wait for the GPU to drain its queue.
-        self._vote_group = (
-            dist.new_group(backend="gloo") if self.distributed and device_plan.is_cuda else None
-        )
+        # The per-step preemption vote runs on the CPU (over NCCL, a gloo group of its own).
+        self._vote_group = vote_group() if self.distributed else None
         self.checkpoints = CheckpointManager(
             config.checkpoint_uri,
             rank=rank,
