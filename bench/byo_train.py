@@ -20,6 +20,8 @@ what the stages add around them, and what a gke run of one's own image and comma
   torchrun, in every container; false with ``gke_pod_image_reason`` when the render refuses or
   differs. ``gke_grace_s``: the ``terminationGracePeriodSeconds`` those pods carry (from a render of
   the built-in trainer when the own-command render is refused; ``gke_grace_from`` says which).
+  Both null, with the reason, where Airflow and its providers are not installed (a GPU host that
+  has only torch: the render is theirs).
 - ``gpu``: ``bench/gpu_train.py``'s figures, or null with ``gpu_reason`` on a machine without a GPU.
 
 Prints one JSON object as its last line.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import importlib.util
 import json
 import logging
 import os
@@ -142,6 +145,9 @@ def runs_command(argv: list[str], command: list[str]) -> bool:
 
 def gke_render() -> dict:
     """Render gke pods for a run with ``image`` and ``command``; check them."""
+    if importlib.util.find_spec("airflow") is None:  # the render is the Google/Kubernetes providers'
+        reason = "not rendered: Airflow is not installed here"
+        return {"gke_pod_image_matches": None, "gke_pod_image_reason": reason, "gke_grace_s": None}
     from sailor_tasks.airflow_glue.gcp import render_run
     from sailor_tasks.settings import Settings
 
