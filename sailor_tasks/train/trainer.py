@@ -201,9 +201,8 @@ class Trainer:
         self.model = model
         # On a GPU, AdamW's fused kernels update every parameter in a few launches (the default
         # multi-tensor path launches several kernels per group of tensors per step).
-        self._fused = device_plan.is_cuda or None
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.learning_rate, weight_decay=0.01, fused=self._fused
+            model.parameters(), lr=config.learning_rate, weight_decay=0.01, fused=self.plan.is_cuda or None
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self._app_state = _ModelOptimState(self.model, self.optimizer)
@@ -252,7 +251,7 @@ class Trainer:
     def _apply(self, state: dict[str, Any]) -> None:
         # The optimizer's loaded groups carry the saving attempt's kernel choice: use this one's.
         for group in self.optimizer.param_groups:
-            group["fused"] = self._fused
+            group["fused"] = self.plan.is_cuda or None
         self.scheduler.load_state_dict(state["scheduler"])
         meta = state["trainer"]
         self.step, self.tokens_seen = int(meta["step"]), int(meta["tokens_seen"])
