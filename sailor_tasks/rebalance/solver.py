@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -40,6 +40,8 @@ T_TOLERANCE = 1e-6
 MIP_REL_GAP = 0.01
 CHEAP_CANDIDATES = 4
 LP_BOUND_TIME_SHARE = 0.3
+LEVEL_TOLERANCE = 0.005
+"""Bisection step at which ``_enable_pairs`` stops: a demand/supply ratio."""
 
 
 @dataclass
@@ -356,17 +358,25 @@ def _greedy_enable(
     problem: Problem,
     cand: list[dict[str, tuple[str, ...]]],
     cells: Mapping[tuple[str, str], float],
-    mean_ratio: Mapping[str, float],
+    goals: Sequence[Mapping[str, float]],
     budget: float,
     storage_free: Mapping[str, float],
     quotas: bool = True,
-) -> set[tuple[int, str]]:
+    probe: bool = False,
+) -> tuple[set[tuple[int, str]], float, bool]:
     """(team, region) pairs to enable among those missing data, over all teams at once (one
-    budget, one set of replicas). First the regions a team's quota_min requires; then worst cell
-    first (the min-max objective): repeatedly take the cell with the highest projected ratio above
-    its GPU type's mean, and enable the pair of one of its teams that sheds the most GPUs per byte
-    still missing (replicas already chosen count as present), within the team's quota_max there
-    (``quotas`` False: quotas ignored)."""
+    budget, one set of replicas). First the regions a team's quota_min requires; then, for each
+    goal in turn (a target ratio per GPU type), worst cell first (the min-max objective):
+    repeatedly take the cell with the highest projected ratio above its goal, and enable the pair
+    of one of its teams that sheds the most GPUs per byte still missing (replicas already chosen
+    count as present) into a cell below its goal, within the team's quota_max there (``quotas``
+    False: quotas ignored). A later goal spends what the earlier ones left of the budget.
+
+    Returns the pairs, the excess of the worst cell over the first goal once it is reached (≤ 0:
+    every cell projected at or below it), and whether that cell is held above it by the budget or
+    the storage caps (a move was there but not affordable). ``probe``: only whether the first
+    goal is reached: stop at the first cell stuck above it (its excess is returned; a stuck cell
+    never gets lower, since moves only go into cells below their goal)."""
     pairs: dict[int, list[str]] = {}
     load: dict[tuple[str, str], float] = defaultdict(float)
     in_cell: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
@@ -380,13 +390,16 @@ def _greedy_enable(
                     load[(r, g)] += n
                     in_cell[(r, g)][k] = n
 
+    target: Mapping[str, float] = goals[0]
+
     def excess(c: tuple[str, str]) -> float:
-        return load.get(c, 0.0) - mean_ratio[c[1]] * cells[c] if c in cells else load.get(c, 0.0)
+        return load.get(c, 0.0) - target[c[1]] * cells[c] if c in cells else load.get(c, 0.0)
 
     have: set[tuple[str, str]] = set()
     spent, stored = 0.0, defaultdict(float)
     chosen: set[tuple[int, str]] = set()
-    stuck: set[tuple[str, str]] = set()
+    stuck: dict[tuple[str, str], bool] = {}
+    """Cells no move can take further down → whether a move was there but not affordable."""
     readers: dict[str, list[int]] = defaultdict(list)
     for k in pairs:
         for d in problem.teams[k].datasets:
@@ -441,55 +454,111 @@ def _greedy_enable(
             for r, lo in sorted(problem.teams[k].quota_min.items()):
                 if lo > 0 and regions.get(r) and (k, r) not in chosen and affordable(r, cost_of(k, r)):
                     enable(k, r, cost_of(k, r))
-    while True:
-        over = [
-            (load[c] / cells[c] if c in cells else math.inf, c)
-            for c in in_cell
-            if excess(c) > 1e-6 and c not in stuck
-        ]
-        if not over:
-            break
-        _, cell = max(over)
-        g = cell[1]
-        best = None
-        cell_excess = excess(cell)
-        room_of: dict[str, float] = {}
-        for k, n in in_cell[cell].items():
-            for r in pairs.get(k, ()):
-                room = room_of.get(r)
-                if room is None:
-                    room = room_of[r] = -excess((r, g)) if (r, g) in cells and (r, g) != cell else 0.0
-                quota = quota_room(k, r) if k in capped else math.inf
-                if room <= 1e-9 or quota <= 1e-9:
-                    continue
-                cost = float(cost_of(k, r))
-                if not affordable(r, cost):
-                    continue
-                moved = min(n, room, cell_excess, quota)
-                key = (moved / max(cost, 1.0), moved)
-                if best is None or key > best[0]:
-                    best = (key, k, r, cost, moved)
-        if best is None:
-            stuck.add(cell)
-            logger.debug(
-                "greedy: cell %s stuck at %.3f (spent %.3g of %.3g)",
-                cell,
-                load[cell] / cells[cell] if cell in cells else math.inf,
-                spent,
-                budget,
+    worst_over_first, budget_bound = 0.0, False
+    for phase in range(len(goals)):
+        target = goals[phase]  # what ``excess`` measures against
+        stuck.clear()
+        while True:
+            over = [
+                (load[c] / cells[c] if c in cells else math.inf, c)
+                for c in in_cell
+                if excess(c) > 1e-6 and c not in stuck
+            ]
+            if not over:
+                break
+            _, cell = max(over)
+            g = cell[1]
+            best = None
+            blocked = False
+            cell_excess = excess(cell)
+            room_of: dict[str, float] = {}
+            # The hot loop of the rounding (every team of the cell × its regions): lookups inlined.
+            for k, n in in_cell[cell].items():
+                limit = min(n, cell_excess)
+                quotas_k = k in capped
+                for r in pairs.get(k, ()):
+                    room = room_of.get(r)
+                    if room is None:
+                        room = room_of[r] = -excess((r, g)) if (r, g) in cells and (r, g) != cell else 0.0
+                    if room <= 1e-9:
+                        continue
+                    moved = limit if limit < room else room
+                    if quotas_k:
+                        quota = quota_room(k, r)
+                        if quota <= 1e-9:
+                            continue
+                        moved = min(moved, quota)
+                    cost = missing_bytes.get((k, r))
+                    if cost is None:
+                        cost = cost_of(k, r)
+                    if not affordable(r, cost):
+                        blocked = True
+                        continue
+                    key = (moved / (cost if cost > 1 else 1.0), moved)
+                    if best is None or key > best[0]:
+                        best = (key, k, r, float(cost), moved)
+            if best is None:
+                if probe:
+                    return chosen, cell_excess / cells[cell] if cell in cells else math.inf, blocked
+                stuck[cell] = blocked
+                logger.debug(
+                    "greedy: cell %s stuck at %.3f (spent %.3g of %.3g)",
+                    cell,
+                    load[cell] / cells[cell] if cell in cells else math.inf,
+                    spent,
+                    budget,
+                )
+                continue
+            _, k, r, cost, moved = best
+            enable(k, r, cost)
+            load[cell] -= moved
+            load[(r, g)] += moved
+            if k in capped:
+                quota_left[(k, r)] = quota_room(k, r) - moved
+                quota_left[(k, cell[0])] = quota_room(k, cell[0]) + moved
+            in_cell[cell][k] -= moved
+            if in_cell[cell][k] <= 1e-9:
+                del in_cell[cell][k]
+        if phase == 0 and load:
+            worst_over_first, worst = max(
+                ((excess(c) / cells[c], c) for c in load if c in cells), default=(0.0, None)
             )
-            continue
-        _, k, r, cost, moved = best
-        enable(k, r, cost)
-        load[cell] -= moved
-        load[(r, g)] += moved
-        if k in capped:
-            quota_left[(k, r)] = quota_room(k, r) - moved
-            quota_left[(k, cell[0])] = quota_room(k, cell[0]) + moved
-        in_cell[cell][k] -= moved
-        if in_cell[cell][k] <= 1e-9:
-            del in_cell[cell][k]
-    return chosen
+            budget_bound = stuck.get(worst, False)
+    return chosen, worst_over_first, budget_bound
+
+
+def _enable_pairs(
+    problem: Problem,
+    cand: list[dict[str, tuple[str, ...]]],
+    cells: Mapping[tuple[str, str], float],
+    goal: Mapping[str, float],
+    budget: float,
+    storage_free: Mapping[str, float],
+    quotas: bool = True,
+) -> set[tuple[int, str]]:
+    """The (team, region) pairs to enable (``_greedy_enable``) toward ``goal``.
+
+    When the budget or the storage caps hold the worst cell above the goal, worst cell first
+    toward the goal itself has spent bytes taking cells well below the ratio the worst one is left
+    at, where the min-max objective needs them spent on the worst. Then the cells are first
+    brought to the lowest common level a greedy pass reaches (bisection over the level, to within
+    ``LEVEL_TOLERANCE``), and what is left of the budget is spent toward the goal."""
+    chosen, over, budget_bound = _greedy_enable(problem, cand, cells, [goal], budget, storage_free, quotas)
+    if over <= 1e-6 or not budget_bound:
+        return chosen
+    lo, hi = min(goal.values()), max(goal.values()) + over
+    best: dict[str, float] | None = None
+    while hi - lo > LEVEL_TOLERANCE:
+        mid = (lo + hi) / 2
+        level = {g: max(v, mid) for g, v in goal.items()}
+        if _greedy_enable(problem, cand, cells, [level], budget, storage_free, quotas, probe=True)[1] <= 1e-6:
+            hi, best = mid, level
+        else:
+            lo = mid
+    if best is None:
+        return chosen
+    logger.debug("greedy: every cell brought to %.4f first, then toward the goal", hi)
+    return _greedy_enable(problem, cand, cells, [best, goal], budget, storage_free, quotas)[0]
 
 
 # --- one partition's model -------------------------------------------------------------------------
@@ -851,7 +920,7 @@ def solve(
     else:
         # rounding: the pairs are enabled over all teams at once (one budget, one set of
         # replicas); the stages are then LPs, solved per partition
-        enabled = _greedy_enable(problem, cand, cells, goal, float(problem.budget_bytes), storage_free_total)
+        enabled = _enable_pairs(problem, cand, cells, goal, float(problem.budget_bytes), storage_free_total)
         stage_status.append(f"rounded: {len(enabled)} of {binaries} pairs enabled")
         parts = partition_teams(problem, team_block)
 
@@ -877,7 +946,7 @@ def solve(
         ) -> _PartResult:
             pairs = enabled
             if enabled is not None and skip:
-                pairs = _greedy_enable(
+                pairs = _enable_pairs(
                     problem,
                     cand,
                     cells,

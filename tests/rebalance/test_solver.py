@@ -89,6 +89,30 @@ def test_budget_binds_and_the_cheaper_useful_copy_wins():
     assert loose.bytes_moved <= 5000
 
 
+def test_rounding_under_a_binding_budget_brings_every_region_down_before_any_to_the_mean():
+    """Rounding path (``mip_max_binaries=0``), budget for 70 bytes. Region a (12 GPUs on 10) holds
+    "big" (9 GPUs, its data 40 bytes) and "small" (3 GPUs, 20 bytes); region b (11 on 10) holds
+    "other" (11 GPUs, 50 bytes); c (30 GPUs) is empty. Taking a to the mean ratio (0.46) worst
+    first would copy big's data (most GPUs per byte) and leave too little for other's: b stays at
+    1.1. Bringing every region to a common level first copies small's and other's data (70
+    bytes): a keeps big at 0.9, the optimum within the budget."""
+    datasets = [Dataset("d-big", 40, ("a",)), Dataset("d-small", 20, ("a",)), Dataset("d-other", 50, ("b",))]
+    teams = [
+        Team("big", {"a": {"T4": 9.0}}, datasets=("d-big",)),
+        Team("small", {"a": {"T4": 3.0}}, datasets=("d-small",)),
+        Team("other", {"b": {"T4": 11.0}}, datasets=("d-other",)),
+    ]
+    supply = {"a": {"T4": 10.0}, "b": {"T4": 10.0}, "c": {"T4": 30.0}}
+    problem = _problem(teams, datasets, budget=70, supply=supply)
+    s = solve(problem, mip_max_binaries=0)
+    assert s.stage_status[0].startswith("rounded")
+    assert sorted(c["dataset_uri"] for c in s.replicate) == ["d-other", "d-small"]
+    assert s.bytes_moved == 70 <= s.budget_bytes
+    assert s.max_ratio_after == pytest.approx(0.9, abs=1e-5)
+    exact = solve(problem)  # the exact MIP agrees
+    assert s.max_ratio_after == pytest.approx(exact.max_ratio_after, abs=1e-5)
+
+
 def test_storage_cap_limits_where_replicas_go():
     d = Dataset("d", 100, ("a",))
     p = _problem([Team("t", {"a": {"T4": 12.0}}, datasets=("d",))], [d], budget=1000, storage={"b": 50.0})
