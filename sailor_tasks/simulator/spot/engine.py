@@ -493,17 +493,18 @@ class _JobSim:
         self._transfers[key] = (hours, usd)
         return hours, usd
 
-    def fastest_on_demand_h(self, from_region: str | None = None) -> float:
-        """Hours until on-demand training, now or (``from_region``) after an attempt there is lost."""
-        data = self.data_regions | {from_region} if from_region else self.data_regions
-        ckpt = from_region or self.ckpt_region
+    def fastest_on_demand_h(self, lost: SpotZone | None = None) -> float:
+        """Hours until on-demand training, now or (``lost``) after a spot attempt in that zone is
+        preempted. The relaunch after that loss plans with the zone blocked (``on_demand_choice``
+        blocks at least the last preempted zone while any other zone is left), so the zone itself
+        counts only when no other zone sells on-demand."""
+        data = self.data_regions | {lost.region} if lost else self.data_regions
+        ckpt = lost.region if lost else self.ckpt_region
+        sellers = [z for z in self.zones if math.isfinite(z.usd_per_hour("on_demand", self.job.num_gpus))]
+        if lost is not None and any(z.zone != lost.zone for z in sellers):
+            sellers = [z for z in sellers if z.zone != lost.zone]
         return min(
-            (
-                self.p.restart_h + self._transfer(z.region, data, ckpt)[0]
-                for z in self.zones
-                if math.isfinite(z.usd_per_hour("on_demand", self.job.num_gpus))
-            ),
-            default=math.inf,
+            (self.p.restart_h + self._transfer(z.region, data, ckpt)[0] for z in sellers), default=math.inf
         )
 
     def best(
@@ -632,7 +633,7 @@ class _JobSim:
             current_market=running,
             spot_launch_h=spot_launch,
             on_demand_launch_h=0.0 if running == "on_demand" else (od.launch_h if od else math.inf),
-            on_demand_fallback_h=self.fastest_on_demand_h(spot_ref.zone.region if spot_ref else None),
+            on_demand_fallback_h=self.fastest_on_demand_h(spot_ref.zone if spot_ref else None),
             spot_usd_per_hour=spot_ref.usd_per_hour
             if spot_ref
             else (min((z.usd_per_hour("spot", job.num_gpus) for z in self.zones), default=0.0)),

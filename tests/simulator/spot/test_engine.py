@@ -180,6 +180,24 @@ def test_long_stock_out_sailor_goes_on_demand_in_time_and_spot_restart_misses(tr
     assert not simulate_spot([j], market, "on_demand").outcomes[0].missed_deadline
 
 
+def test_sailor_reserve_counts_the_transfer_of_the_on_demand_fallback_outside_the_lost_zone(transfer):
+    """The dataset (3 TB) is in australia-southeast1, whose only zone sells spot and on-demand;
+    us-central1-a sells on-demand only. Spot in the Australian zone is lost after 1 h. A relaunch
+    after that loss plans with that zone blocked, so the on-demand fallback is in us-central1,
+    behind the dataset's transfer: the reserve counts it, and at 20% slack sailor runs on-demand
+    where the data is rather than take spot it could not leave in time."""
+    home = "australia-southeast1"
+    far = zone("us-central1-a", None)
+    market = SpotMarket((zone(f"{home}-a", [0, 1] + [1] * 20), far), transfer)
+    link = transfer.bucket_link(home, "us-central1")
+    data_gb = 3000.0
+    assert data_gb * 8 / link.gbps / HOUR > 0.5  # the fallback's transfer alone exceeds the slack
+    [j] = with_deadlines([job(work_h=2.0, home=home, data_gb=data_gb)], market, 0.2)
+    out = simulate_spot([j], market, "sailor").outcomes[0]
+    assert not out.missed_deadline
+    assert [(a.zone, a.market) for a in out.attempts] == [(f"{home}-a", "on_demand")]
+
+
 def test_slack_exhausted_at_arrival_sailor_runs_on_demand_from_the_start(transfer):
     market = SpotMarket((zone("us-central1-a", [0] * 30),), transfer)
     [j] = with_deadlines([job(work_h=4.0)], market, 0.0)
