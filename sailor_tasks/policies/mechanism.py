@@ -3,8 +3,9 @@
 Each round, every (unit, GPU type) gets priority X[u, m] / f[u, m], where f[u, m] is the fraction
 of its time so far that the unit spent on type m (never scheduled there: infinite priority); the
 simulator counts that time from the last re-solve (``RoundMechanism.restart_s``). Units
-are granted in priority order while their job(s) are not yet placed this round and ``scale`` GPUs of
-the type are free; leftover GPUs go to runnable units with zero priority (work conservation), and
+are granted in priority order (equal priorities by a tie-break, then by type in an order that
+starts one type further every round) while their job(s) are not yet placed this round and
+``scale`` GPUs of the type are free; leftover GPUs go to runnable units with zero priority (work conservation), and
 a unit left out only because each type's free GPUs were too few for it gets a type once a granted
 unit can move to another type of its allocation (``_fill_fragments``). A unit that keeps its GPU
 type keeps its GPUs (lease extension). Placement on servers is consolidated
@@ -50,6 +51,7 @@ def pick_units(
     free: np.ndarray,
     tiebreak: np.ndarray | None = None,
     singles: bool | None = None,
+    first_type: int = 0,
 ) -> list[tuple[int, int]]:
     """Greedy grant in priority order: [(unit, GPU type)], each job at most once, capacity respected.
 
@@ -59,16 +61,26 @@ def pick_units(
         scale: GPUs each unit needs; ``free``: free GPUs per type (not modified).
         tiebreak: (units × types) secondary key, larger first (e.g. throughput) for equal priority.
         singles: every unit is one job (None: look).
+        first_type: where entries equal on both keys start among the types (then in index order,
+            wrapping around); within a type, lower unit indices first.
     """
     n_units, m = prio.shape
     if n_units == 0:
         return []
-    flat = np.where(runnable, prio, -1.0).ravel()
+    masked = np.where(runnable, prio, -1.0)
+    # Equal keys sort in column order: the columns start at ``first_type``.
+    cols = np.roll(np.arange(m), -first_type) if first_type % m else None
+    if cols is not None:
+        masked = masked[:, cols]
+        tiebreak = None if tiebreak is None else tiebreak[:, cols]
+    flat = masked.ravel()
     keys = (-flat,) if tiebreak is None else (-tiebreak.ravel(), -flat)
     # Priorities are >= 0, so the entries that are not runnable (-1) sort last.
     order = np.lexsort(keys)[: np.count_nonzero(runnable)]
     # Plain Python lists: this loop runs every round for every cluster, on small arrays.
     units_o, types_o = np.divmod(order, m)
+    if cols is not None:
+        types_o = cols[types_o]
     free_l = np.asarray(free, dtype=float).tolist()
     scale_l = scale.tolist()
     min_scale = min(scale_l)
@@ -329,6 +341,12 @@ class RoundMechanism:
         self.gpus = {g: int(c) for g, c in enumerate(gpus)}
         self.keys: list[object] = []
         self.rows = np.zeros(0, dtype=np.int64)
+        self.rounds = 0
+        """Rounds recorded. Units equal in priority and tie-break take types in an order that
+        starts one type further each round: a fixed order (type 0 first) fills the same type first
+        and leaves the idle GPUs of every round that cannot fill the cluster on the same other
+        type; when X spreads jobs evenly over types (``las_agnostic``), that is always the same
+        type, and the jobs that must run every round land on type 0 for most of their time."""
         self.leases: dict[int, Grant] = {}
         """Unit → its last grant as an extension (``extended`` True) the next round may repeat."""
         # History of every unit ever seen, one row per key (rows are never reused).
@@ -399,7 +417,10 @@ class RoundMechanism:
         prio = priorities(x, self._recv_now, now - self._since_now)
         cap = self._cap
         ok = runnable if fits else self.fits(runnable, scale)
-        picked = pick_units(prio, ok, unit_jobs, scale, cap, tiebreak, singles)
+        # Ties start one type further every round: a fixed order would always fill the same
+        # type first and leave the same one with the idle GPUs (``rounds``).
+        first = self.rounds % len(cap) if len(cap) else 0
+        picked = pick_units(prio, ok, unit_jobs, scale, cap, tiebreak, singles, first)
         return assign_round(picked, scale, self._gpus, self.leases, self.gpus_per_server, self._empty_pool)
 
     def fits(self, runnable: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -408,6 +429,7 @@ class RoundMechanism:
 
     def record(self, grants: Sequence[Grant], seconds: float) -> None:
         """Account a finished round: time received, and the leases the next round may extend."""
+        self.rounds += 1
         self.leases = {
             gr.unit: gr if gr.extended else Grant(gr.unit, gr.gpu_type, gr.servers, True, gr.consolidated)
             for gr in grants

@@ -125,6 +125,42 @@ def test_restart_makes_priorities_follow_the_new_allocation():
             assert prio[0, 0] == pytest.approx(0.5) and np.isinf(prio[1, 0])
 
 
+def test_ties_take_a_different_type_first_every_round():
+    # Nine 1-GPU jobs whose X spreads them evenly over three types of 4 GPUs (as las_agnostic
+    # does), re-solved every round: each round starts with every priority equal to X, a tie.
+    # A fixed type order would put eight of them on types 0 and 1 every round and leave three
+    # GPUs of type 2 idle every round; rotating where ties start spreads them (and the idle
+    # GPUs) evenly over the types.
+    keys = [(j,) for j in range(9)]
+    x = np.full((9, 3), 1 / 3)
+    scale = np.ones(9)
+    runnable = np.ones((9, 3), bool)
+    mech = RoundMechanism([4, 4, 4], restart_s=180.0)
+    used = np.zeros(3)
+    t = 0.0
+    for _ in range(30):
+        mech.set_units(keys, t)
+        grants = mech.schedule(t, x, keys, scale, runnable, x)
+        assert len(grants) == 9
+        for gr in grants:
+            used[gr.gpu_type] += 1
+        mech.record(grants, 360.0)
+        t += 360.0
+    np.testing.assert_array_equal(used, [90, 90, 90])
+
+
+def test_pick_units_starts_ties_at_first_type():
+    prio = np.ones((2, 3))
+    runnable = np.ones((2, 3), bool)
+    free = np.array([1.0, 1.0, 1.0])
+    jobs = [(0,), (1,)]
+    assert pick_units(prio, runnable, jobs, np.ones(2), free) == [(0, 0), (1, 1)]
+    assert pick_units(prio, runnable, jobs, np.ones(2), free, first_type=2) == [(0, 2), (1, 0)]
+    # Priority still comes first: unit 1 prefers type 1 whatever the rotation.
+    prio[1, 1] = 2.0
+    assert pick_units(prio, runnable, jobs, np.ones(2), free, first_type=2) == [(1, 1), (0, 2)]
+
+
 def test_a_unit_left_out_by_fragments_gets_gpus_when_another_can_move():
     # Two types of 2 GPUs; a and b take one GPU of each type, leaving no room for the 2-GPU job c.
     prio = np.array([[5.0, 1.0], [0.0, 4.0], [3.0, 3.0]])
