@@ -237,12 +237,21 @@ class Units:
         return e
 
 
-def singles(jobs: Sequence[PolicyJob], gpu_types: Sequence[GpuType]) -> Units:
-    """One unit per job, jobs sorted by id (the sorted-keys convention)."""
+def singles(jobs: Sequence[PolicyJob], gpus: Mapping[GpuType, float] | Sequence[GpuType]) -> Units:
+    """One unit per job, jobs sorted by id (the sorted-keys convention).
+
+    ``gpus``: the cluster's GPUs per type, or only its types. With the counts, a job has zero
+    throughput on a type with fewer GPUs than its scale factor: it can never run there, so no
+    policy may give it time there (the capacity row alone would let an 8-GPU job hold half of
+    4 GPUs' time, which no round can grant)."""
     order = sorted(range(len(jobs)), key=lambda j: jobs[j].job_id)
     jobs = tuple(jobs[j] for j in order)
-    gpu_types = tuple(sorted(gpu_types))
+    gpu_types = tuple(sorted(gpus))
     thr = np.array([[job.throughput.get(g, 0.0) for g in gpu_types] for job in jobs], dtype=float)
+    if isinstance(gpus, Mapping) and len(jobs):
+        counts = np.array([float(gpus[g]) for g in gpu_types])
+        scale = np.array([float(job.scale_factor) for job in jobs])
+        thr[scale[:, None] > counts[None, :]] = 0.0
     return Units(
         jobs=jobs,
         gpu_types=gpu_types,

@@ -488,7 +488,7 @@ class MaxMinSession:
 
     def _add_class(self, job: PolicyJob, state: PolicyState) -> int:
         c = len(self.counts)
-        one = singles((job,), self.gpu_types)
+        one = singles((job,), self.gpus)
         solved = self.policy.as_solved(one)
         coef = float(self.policy.coefficients(solved, state)[0])
         thr = one.thr[0, :, 0]

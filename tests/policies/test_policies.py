@@ -88,7 +88,8 @@ def test_las_with_equal_throughputs_gives_what_las_agnostic_gives():
         PolicyJob(f"j{i}", {"K80": 2.0, "P100": 2.0, "V100": 2.0}, scale_factor=s, priority_weight=w)
         for i, (s, w) in enumerate([(1, 1.0), (2, 1.0), (1, 2.0), (4, 1.0), (1, 1.0), (2, 3.0)])
     )
-    state = PolicyState(jobs=jobs, gpus={"K80": 2, "P100": 3, "V100": 4})
+    # Every job fits on every type (4 GPUs or more of each); 9 GPUs for 11 GPUs of demand.
+    state = PolicyState(jobs=jobs, gpus={"P100": 4, "V100": 5})
     las, agnostic = get_policy("las").allocate(state), get_policy("las_agnostic").allocate(state)
     assert las.units == agnostic.units
     coef = get_policy("las").coefficients(singles(state.jobs, state.gpus), state)
@@ -103,7 +104,21 @@ def test_las_with_equal_throughputs_gives_what_las_agnostic_gives():
     assert sum(las.gpus_used().values()) == pytest.approx(9.0, rel=1e-6)  # spare capacity handed out
     # The agnostic policy cannot tell the types apart: each job's time follows the GPU counts.
     split = agnostic.matrix / agnostic.matrix.sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(split, np.tile([2 / 9, 3 / 9, 4 / 9], (len(jobs), 1)), atol=1e-9)
+    np.testing.assert_allclose(split, np.tile([4 / 9, 5 / 9], (len(jobs), 1)), atol=1e-9)
+
+
+@pytest.mark.parametrize("policy", ["las", "las_agnostic", "makespan", "ftf", "max_throughput"])
+def test_no_time_on_a_type_with_fewer_gpus_than_the_job_needs(policy):
+    # 4 V100s cannot hold an 8-GPU job in any round: the capacity row alone (8 · x ≤ 4) would let
+    # the LP give it half the V100s' time, which the mechanism could never grant.
+    jobs = (
+        PolicyJob("big", {"K80": 1.0, "V100": 4.0}, scale_factor=8, steps_remaining=1e5, steps_total=1e5),
+        PolicyJob("small", {"K80": 1.0, "V100": 3.0}, scale_factor=1, steps_remaining=1e4, steps_total=1e4),
+    )
+    alloc = get_policy(policy).allocate(PolicyState(jobs=jobs, gpus={"K80": 12, "V100": 4}))
+    share = alloc.shares()["big"]
+    assert share["V100"] == 0.0
+    assert share["K80"] > 0.0
 
 
 def test_las_agnostic_fills_the_spare_capacity_progressively():
@@ -113,7 +128,7 @@ def test_las_agnostic_fills_the_spare_capacity_progressively():
     shares together: the 2-GPU job stops at its bound (2 GPUs, all the time), the others share
     the rest equally."""
     scales = (1, 1, 2, 4, 8)
-    gpus = {"V100": 4, "P100": 4}
+    gpus = {"V100": 8}
     jobs = tuple(PolicyJob(f"j{i}", {g: float(s) for g in gpus}, scale_factor=s) for i, s in enumerate(scales))
     alloc = get_policy("las_agnostic").allocate(PolicyState(jobs=jobs, gpus=gpus))
     gpu_share = alloc.matrix.sum(axis=1) * np.array(scales)
@@ -155,7 +170,7 @@ def test_las_hands_out_the_capacity_the_fair_share_leaves():
 
 
 def test_las_fair_share_is_at_least_what_the_agnostic_allocation_delivers(table):
-    state = random_state(table, n=20, gpus={"K80": 3, "P100": 3, "V100": 3}, seed=6)
+    state = random_state(table, n=20, gpus={"K80": 4, "P100": 4, "V100": 4}, seed=6)
     units = singles(state.jobs, state.gpus)
     coef = get_policy("las").coefficients(units, state)
 
