@@ -309,7 +309,9 @@ def base_constraints(units: Units, gpus: Mapping[GpuType, float], extra_vars: in
     Constraints:
         0 ≤ X[u, m] ≤ 1, and X[u, m] = 0 where a job of u cannot run on m (zero throughput);
         Σ_{u ∋ j, m} X[u, m] ≤ 1 for every job j (a job is in one place at a time);
-        Σ_u count_u · scale_u · X[u, m] ≤ GPUs_m for every GPU type m (capacity).
+        Σ_u count_u · scale_u · X[u, m] ≤ GPUs_m for every GPU type m (capacity);
+        the time fractions of jobs that can never share type m in one round add up to ≤ 1
+        (``conflict_rows``).
     """
     from scipy.sparse import csr_matrix, hstack, vstack
 
@@ -331,13 +333,88 @@ def base_constraints(units: Units, gpus: Mapping[GpuType, float], extra_vars: in
         (np.repeat(units.count * units.scale, m), (np.tile(np.arange(m), n_units), cap_cols)),
         shape=(m, nv),
     )
-    a = vstack([job_rows, cap]).tocsr()
+    blocks = [job_rows, cap]
+    conflict = conflict_rows(units, gpus, runnable)
+    if conflict is not None:
+        blocks.append(conflict)
+    a = vstack(blocks).tocsr()
     if extra_vars:
         a = hstack([a, csr_matrix((a.shape[0], extra_vars))]).tocsr()
-    b = np.concatenate([np.ones(len(units.jobs)), np.array([float(gpus[g]) for g in units.gpu_types])])
+    b = np.concatenate(
+        [
+            np.ones(len(units.jobs)),
+            np.array([float(gpus[g]) for g in units.gpu_types]),
+            np.ones(0 if conflict is None else conflict.shape[0]),
+        ]
+    )
     lb = np.zeros(nv + extra_vars)
     ubs = np.concatenate([ub, np.full(extra_vars, np.inf)])
     return LinearProgram(c=np.zeros(nv + extra_vars), a_ub=a, b_ub=b, lb=lb, ub=ubs)
+
+
+def conflict_rows(units: Units, gpus: Mapping[GpuType, float], runnable: np.ndarray) -> spmatrix | None:
+    """Rows (≤ 1) over X's variables for jobs that can never share a GPU type in the same round.
+
+    The capacity row of a type m (Σ scale · X ≤ G_m) is only what an average round holds: a job
+    of more than G_m / 2 GPUs ("big" on m) leaves fewer GPUs than any other big job needs, and a
+    job of s_u GPUs leaves none for a job of more than G_m − s_u. Two such jobs run on m in
+    different rounds, so their time fractions there add up to at most 1; without these rows an
+    LP may give a 4-GPU job 3/4 of 4 GPUs and a 1-GPU job all of the fourth, which no round can
+    grant (the mechanism then lets one of them wait, and both miss their share).
+
+    Rows, for every type m with big jobs: Σ_{u big} count_u · X[u, m] ≤ 1 (big jobs pairwise
+    exclude each other, copies of a merged unit included); X[u, m] + X[v, m] ≤ 1 for every big u
+    and every other v too large to run beside it (a merged v's copies each exclude u). None when
+    no type has a pair of such jobs, or for space-sharing units.
+    """
+    from scipy.sparse import csr_matrix
+
+    if units.thr.shape[2] > 1:
+        return None
+    n, m = units.shape
+    scale, count = units.scale, units.count
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    k = 0
+    for i, g in enumerate(units.gpu_types):
+        cap = float(gpus[g])
+        on = runnable[:, i]
+        big = np.nonzero(on & (scale > cap / 2))[0]
+        if not len(big):
+            continue
+        if count[big].sum() > 1:
+            rows += [k] * len(big)
+            cols += (big * m + i).tolist()
+            vals += count[big].tolist()
+            k += 1
+        small = on & (scale <= cap / 2)
+        for u in big.tolist():
+            partners = np.nonzero(small & (scale + scale[u] > cap))[0]
+            for v in partners.tolist():
+                rows += [k, k]
+                cols += [u * m + i, v * m + i]
+                vals += [1.0, 1.0]
+                k += 1
+    if not k:
+        return None
+    return csr_matrix((vals, (rows, cols)), shape=(k, n * m))
+
+
+def has_conflicts(jobs: Sequence[PolicyJob], gpus: Mapping[GpuType, float]) -> bool:
+    """``conflict_rows`` would add rows for these jobs (a cheaper check, on the jobs)."""
+    for g, cap in gpus.items():
+        cap = float(cap)
+        on = [j for j in jobs if j.scale_factor <= cap and j.throughput.get(g, 0.0) > 0]
+        big = [j for j in on if j.scale_factor > cap / 2]
+        if not big:
+            continue
+        if sum(j.count for j in big) > 1:
+            return True
+        s = big[0].scale_factor
+        if any(j.scale_factor + s > cap for j in on if j is not big[0]):
+            return True
+    return False
 
 
 def add_rows(lp: LinearProgram, rows: spmatrix, rhs: np.ndarray) -> LinearProgram:

@@ -22,6 +22,7 @@ from sailor_tasks.policies.base import (
     add_rows,
     base_constraints,
     empty_allocation,
+    has_conflicts,
     make_allocation,
     merge_identical,
     register,
@@ -439,7 +440,8 @@ class MaxMinSession:
     classes have jobs, so once more than ``COMPACT_ABOVE`` (and more than half) of the slots are
     idle, their columns and rows are deleted; a class that gets jobs again is appended.
     ``allocate`` returns what the policy's own ``allocate`` returns (same LP, same optimum); states
-    with space sharing or other GPU counts are passed to the policy unchanged. ``max_min``'s second
+    with space sharing, other GPU counts or jobs that exclude each other on a type
+    (``base.conflict_rows``) are passed to the policy unchanged. ``max_min``'s second
     stage (the spare capacity) is a second model with the same rows and columns, its objective the
     classes' normalised throughput and t bounded below by the first model's optimum: each model
     keeps the basis of its own objective.
@@ -570,7 +572,8 @@ class MaxMinSession:
 
     def allocate(self, state: PolicyState) -> Allocation:
         gpus = {g: float(c) for g, c in state.gpus.items()}
-        if state.space_sharing or gpus != self.gpus:
+        if state.space_sharing or gpus != self.gpus or has_conflicts(state.jobs, gpus):
+            # The kept model has no rows for jobs that exclude each other (``conflict_rows``).
             return self.policy.allocate(state)
         if not state.jobs:
             return empty_allocation(self.policy.name, state.gpus)
