@@ -403,6 +403,9 @@ def conflict_rows(units: Units, gpus: Mapping[GpuType, float], runnable: np.ndar
 
 def has_conflicts(jobs: Sequence[PolicyJob], gpus: Mapping[GpuType, float]) -> bool:
     """``conflict_rows`` would add rows for these jobs (a cheaper check, on the jobs)."""
+    smallest = min((float(c) for c in gpus.values() if c > 0), default=0.0)
+    if not jobs or 2 * max(j.scale_factor for j in jobs) <= smallest:
+        return False  # no job is big on any type
     for g, cap in gpus.items():
         cap = float(cap)
         on = [j for j in jobs if j.scale_factor <= cap and j.throughput.get(g, 0.0) > 0]
