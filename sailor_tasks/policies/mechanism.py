@@ -2,13 +2,13 @@
 
 Each round, every (unit, GPU type) gets priority X[u, m] / f[u, m], where f[u, m] is the fraction
 of its time so far that the unit spent on type m (never scheduled there: infinite priority); the
-simulator counts that time from the last re-solve (``RoundMechanism.restart_s``). Units
-are granted in priority order (equal priorities by a tie-break, then by type in an order that
-starts one type further every round) while their job(s) are not yet placed this round and
-``scale`` GPUs of the type are free; leftover GPUs go to runnable units with zero priority (work conservation), and
-a unit left out only because each type's free GPUs were too few for it gets a type once a granted
-unit can move to another type of its allocation (``_fill_fragments``). A unit that keeps its GPU
-type keeps its GPUs (lease extension). Placement on servers is consolidated
+simulator counts that time from the last re-solve (``RoundMechanism.restart_s``). Units are
+granted in priority order (equal priorities by a tie-break, then by type in an order that starts
+one type further every round) while their job(s) are not yet placed this round and ``scale``
+GPUs of the type are free; leftover GPUs go to runnable units with zero priority (work
+conservation), and a unit left out only because each type's free GPUs were too few for it gets a
+type once a granted unit can move to another type of its allocation (``_fill_fragments``). A unit
+that keeps its GPU type keeps its GPUs (lease extension). Placement on servers is consolidated
 (all GPUs on one server, best fit) when possible, spread otherwise. Over rounds the realised time
 fractions converge to X (Gavel, OSDI'20, §5).
 """
@@ -69,7 +69,7 @@ def pick_units(
         return []
     masked = np.where(runnable, prio, -1.0)
     # Equal keys sort in column order: the columns start at ``first_type``.
-    cols = np.roll(np.arange(m), -first_type) if first_type % m else None
+    cols = np.roll(np.arange(m), -first_type) if m and first_type % m else None
     if cols is not None:
         masked = masked[:, cols]
         tiebreak = None if tiebreak is None else tiebreak[:, cols]
