@@ -61,8 +61,8 @@ def pick_units(
         scale: GPUs each unit needs; ``free``: free GPUs per type (not modified).
         tiebreak: (units × types) secondary key, larger first (e.g. throughput) for equal priority.
         singles: every unit is one job (None: look).
-        first_type: where entries equal on both keys start among the types (then in index order,
-            wrapping around); within a type, lower unit indices first.
+        first_type: where entries equal on both keys start among the types (modulo their number,
+            then in index order, wrapping around); within a type, lower unit indices first.
     """
     n_units, m = prio.shape
     if n_units == 0:
@@ -419,8 +419,7 @@ class RoundMechanism:
         ok = runnable if fits else self.fits(runnable, scale)
         # Ties start one type further every round: a fixed order would always fill the same
         # type first and leave the same one with the idle GPUs (``rounds``).
-        first = self.rounds % len(cap) if len(cap) else 0
-        picked = pick_units(prio, ok, unit_jobs, scale, cap, tiebreak, singles, first)
+        picked = pick_units(prio, ok, unit_jobs, scale, cap, tiebreak, singles, self.rounds)
         return assign_round(picked, scale, self._gpus, self.leases, self.gpus_per_server, self._empty_pool)
 
     def fits(self, runnable: np.ndarray, scale: np.ndarray) -> np.ndarray:

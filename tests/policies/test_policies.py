@@ -127,28 +127,16 @@ def test_jobs_that_cannot_share_a_type_in_one_round_split_its_time(policy):
     # only in the other rounds: their V100 time fractions add up to at most 1. The capacity row
     # alone (1 · x_small + 4 · x_big ≤ 4) allows x_small = 1 and x_big = 3/4, which no round
     # grants.
-    jobs = (
-        PolicyJob(
-            "small",
-            {"K80": 0.2, "P100": 0.5, "V100": 1.0},
-            scale_factor=1,
-            steps_remaining=1e6,
-            steps_total=1e6,
-            elapsed_s=100.0,
-        ),
-        PolicyJob(
-            "big",
-            {"K80": 0.8, "P100": 2.0, "V100": 4.0},
-            scale_factor=4,
-            steps_remaining=1e6,
-            steps_total=1e6,
-            elapsed_s=100.0,
-        ),
+    speeds = {"small": (1, {"K80": 0.2, "P100": 0.5, "V100": 1.0}), "big": (4, {"K80": 0.8, "P100": 2.0, "V100": 4.0})}
+    jobs = tuple(
+        PolicyJob(name, thr, scale_factor=s, steps_remaining=1e6, steps_total=1e6, elapsed_s=100.0)
+        for name, (s, thr) in speeds.items()
     )
     state = PolicyState(jobs=jobs, gpus={"K80": 12, "P100": 8, "V100": 4})
-    shares = get_policy(policy).allocate(state).shares()
+    solver = get_policy(policy)
+    shares = solver.allocate(state).shares()
     assert shares["small"]["V100"] + shares["big"]["V100"] <= 1.0 + 1e-6
-    session = get_policy(policy).session(state.gpus) if hasattr(get_policy(policy), "session") else None
+    session = solver.session(state.gpus) if hasattr(solver, "session") else None
     if session is not None:  # the kept model has no such rows: it hands the state to the policy
         again = session.allocate(state).shares()
         assert again["small"]["V100"] + again["big"]["V100"] <= 1.0 + 1e-6
