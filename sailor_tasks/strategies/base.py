@@ -58,6 +58,10 @@ class PlacementConstraint:
     reason: str = ""
     wait_zone: str | None = None
     """Relaunch only in this zone, waiting for its capacity to come back (``spot_restart``)."""
+    until_capacity: bool = False
+    """The blocked zones are blocked for want of spot capacity: a caller that sees each zone's
+    capacity over time (the spot simulator) lifts a zone's block for spot once the zone has
+    capacity again. A live relaunch, planned at once, keeps them blocked."""
 
     def all_blocked_zones(self, zones_by_region: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
         """Blocked zones plus every zone of a blocked region; with ``wait_zone``, every other zone
@@ -68,6 +72,19 @@ class PlacementConstraint:
         if self.wait_zone is not None:
             zones.update(z for zs in zones_by_region.values() for z in zs if z != self.wait_zone)
         return frozenset(zones)
+
+
+@dataclass(frozen=True, slots=True)
+class SpotMove:
+    """Another spot zone with capacity now, for a run training on spot elsewhere."""
+
+    usd_per_hour: float
+    launch_h: float
+    """Hours until training there (restart plus data and checkpoint transfer)."""
+    transfer_usd: float
+    preemption_rate_per_hour: float
+    on_demand_fallback_h: float
+    """Hours to get on-demand training once this zone's spot capacity is lost in turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +117,9 @@ class MarketContext:
     lost_h_per_preemption: float = 0.0
     """Work lost by one preemption (the notice window when the notice is used to checkpoint, else
     half a checkpoint interval), restart excluded."""
+    spot_move: SpotMove | None = None
+    """Training on spot: the placement engine's spot launch now, when it is another zone (None:
+    the same zone, none, or the caller does not re-plan a running attempt, as live runs)."""
 
     @property
     def time_left_h(self) -> float:
@@ -118,6 +138,8 @@ class MarketDecision:
     reason: str
     slack_h: float | None = None
     """Slack left if the run went on-demand now (None: no deadline)."""
+    move: bool = False
+    """Training on spot: checkpoint and relaunch spot in ``spot_move``'s zone."""
 
 
 @runtime_checkable

@@ -21,8 +21,13 @@ preempted the run and relaunches spot in the cheapest zone of another region.
 re-decides the market at each decision point from the slack left::
 
     launch: slack after the spot launch covers the expected preemption loss → spot in the cheapest zone
-    notice in z1 → checkpoint (no work lost) → z1 blocked → slack still covers → spot in the cheapest
-        other zone with capacity (same region preferred when cheaper: no transfer)
+    notice in z1 → checkpoint (no work lost) → z1 blocked until it has capacity again → slack still
+        covers → spot in the cheapest other zone with capacity (same region preferred when cheaper:
+        no transfer)
+    on spot in z2, a cheaper zone (z1 again, say) has capacity again, finishing there is expected to
+        cost less (its launch and transfers included) and the slack after its launch still keeps
+        the reserve → checkpoint, move there (asked at each decision tick; live runs decide only
+        at launches)
     long stock-out: no zone has capacity → wait, re-checking each tick → slack no longer covers one
         changeover to on-demand plus the expected loss → on-demand
     on on-demand, the remaining work shrinks, so does its expected loss → slack covers a spot launch
@@ -84,12 +89,45 @@ def expected_overhead_h(ctx: MarketContext) -> float:
     return ctx.preemption_rate_per_hour * ctx.remaining_h * (ctx.lost_h_per_preemption + RESTART_HOURS)
 
 
+def _move_to_cheaper(ctx: MarketContext, overhead: float) -> str | None:
+    """Why the run, training on spot, moves to another spot zone now, or None to stay.
+
+    It moves when finishing there is expected to cost less than finishing here, each side with its
+    zone's expected preemption loss and the move with its launch billed and its transfers paid, and
+    (with a deadline) when the slack after the move's launch still keeps the on-demand reserve from
+    that zone and passes the slack test. The move checkpoints first and loses no work."""
+    from sailor_tasks.placement.context import RESTART_HOURS
+    from sailor_tasks.placement.slack import slack_allows_spot
+
+    m = ctx.spot_move
+    if ctx.current_market != "spot" or m is None:
+        return None
+    loss = ctx.lost_h_per_preemption + RESTART_HOURS
+    there_overhead = m.preemption_rate_per_hour * ctx.remaining_h * loss
+    stay = ctx.spot_usd_per_hour * (ctx.remaining_h + overhead)
+    move = m.usd_per_hour * (ctx.remaining_h + there_overhead + m.launch_h) + m.transfer_usd
+    if not move < stay:
+        return None
+    why = (
+        f"sailor: moving to a spot zone at ${m.usd_per_hour:.2f}/h (${ctx.spot_usd_per_hour:.2f}/h here): "
+        f"${move:.2f} expected to finish there vs ${stay:.2f} here"
+    )
+    if ctx.deadline_h is None:
+        return why + " (no deadline)"
+    reserve = max(m.on_demand_fallback_h, RESTART_HOURS) + ctx.lost_h_per_preemption
+    slack = ctx.time_left_h - ctx.remaining_h - m.launch_h
+    if slack < reserve or not bool(slack_allows_spot(slack, ctx.remaining_h, there_overhead)):
+        return None
+    return why + f"; {slack:.2f} h slack after the move keeps a {reserve:.2f} h on-demand reserve"
+
+
 @register("sailor")
 class Sailor:
     """Deadline-aware spot: the placement's ``market=auto`` slack rule applied at every decision point.
 
     Events: launch (slack covers the loss → spot in the cheapest zone) → notice in z1 → checkpoint,
-    z1 blocked → spot in the cheapest other zone with capacity, or wait while the reserve holds →
+    z1 blocked until it has capacity again → spot in the cheapest other zone with capacity, or wait
+    while the reserve holds → a cheaper zone has capacity and finishing there costs less → move →
     slack short → on-demand → remaining work small enough, slack covers a spot launch → spot again.
 
     Spot is chosen when the slack left after the spot launch passes
@@ -98,6 +136,8 @@ class Sailor:
     loses), and spot stays cheaper once that loss is paid for. While no spot zone has capacity the
     caller passes the next decision plus a launch as the spot launch, so waiting also keeps the
     reserve: the run can always still finish on-demand by the deadline (Can't Be Late's rule).
+    Training on spot, it moves to the spot zone the placement engine would launch in now when that
+    is another zone and finishing there is expected to cost less (``_move_to_cheaper``).
     """
 
     checkpoint_on_notice = True
@@ -126,6 +166,9 @@ class Sailor:
                     slack,
                 )
         if ctx.deadline_h is None:
+            move = _move_to_cheaper(ctx, overhead)
+            if move is not None:
+                return MarketDecision("spot", move, None, move=True)
             return MarketDecision("spot", "sailor: no deadline (slack unbounded) → spot", None)
         # One changeover to on-demand (and the work a preemption loses) must always fit: whatever
         # happens on spot, the run can still finish on-demand by the deadline.
@@ -133,6 +176,9 @@ class Sailor:
         reserve = max(fallback, RESTART_HOURS) + ctx.lost_h_per_preemption
         spot_slack = ctx.time_left_h - ctx.remaining_h - launch
         if spot_slack >= reserve and bool(slack_allows_spot(spot_slack, ctx.remaining_h, overhead)):
+            move = _move_to_cheaper(ctx, overhead)
+            if move is not None:
+                return MarketDecision("spot", move, slack, move=True)
             return MarketDecision(
                 "spot",
                 f"sailor: {spot_slack:.2f} h slack after the spot launch keeps a {reserve:.2f} h "
@@ -153,5 +199,6 @@ class Sailor:
         zone = ctx.current.zone
         return PlacementConstraint(
             blocked_zones=frozenset({zone}),
-            reason=f"sailor: {zone} just lost its spot capacity: blocked; cheapest other zone next",
+            until_capacity=True,
+            reason=f"sailor: {zone} just lost its spot capacity: blocked until it has capacity again",
         )

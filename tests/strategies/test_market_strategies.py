@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from sailor_tasks.strategies import (
     MarketContext,
     PreemptionRecord,
     RecoveryContext,
+    SpotMove,
     Strategy,
     get_strategy,
     strategy_names,
@@ -125,6 +127,7 @@ def test_sailor_preemption_with_notice_blocks_the_zone_and_stays_on_spot_while_s
     # t=3 h: notice in us-central1-a, checkpoint saved (no work lost): zone blocked, spot elsewhere
     c = s.next_constraint(recovery("us-central1-a"))
     assert c.blocked_zones == {"us-central1-a"} and c.wait_zone is None
+    assert c.until_capacity  # a caller that sees capacity may use the zone again once it has some
     after = s.choose_market(market_ctx(now_h=3.0, remaining_h=5.0))
     assert after.market == "spot"
     assert "covers" in after.reason
@@ -187,3 +190,29 @@ def test_sailor_uses_the_placement_slack_rule():
             slack_allows_spot(spot_slack, ctx.remaining_h, expected_overhead_h(ctx))
         )
         assert (s.choose_market(ctx).market == "spot") == expected
+
+
+def test_sailor_on_spot_moves_to_a_cheaper_zone_only_when_finishing_there_costs_less_in_time():
+    """On spot at $2/h with 8 h left; another zone sells spot at $1/h. The move pays its launch
+    (0.1 h there) and transfers, and needs the slack after its launch to keep the reserve."""
+    s = get_strategy("sailor")
+    on_spot = dict(current_market="spot", spot_launch_h=0.0, spot_usd_per_hour=2.0)
+    cheap = SpotMove(1.0, RESTART_HOURS, 0.0, 0.1, RESTART_HOURS)
+    d = s.choose_market(market_ctx(spot_move=cheap, **on_spot))
+    assert d.market == "spot" and d.move and "moving" in d.reason
+    # without a move on offer, or not running on spot, it stays
+    assert not s.choose_market(market_ctx(**on_spot)).move
+    assert not s.choose_market(market_ctx(spot_move=cheap, spot_usd_per_hour=2.0)).move
+    # transfers that eat the saving: stay (8 h x $1/h saved, $9 to move)
+    pricey = SpotMove(1.0, RESTART_HOURS, 9.0, 0.1, RESTART_HOURS)
+    assert not s.choose_market(market_ctx(spot_move=pricey, **on_spot)).move
+    # the move's launch (1.5 h of transfer) would eat the slack: stay
+    far = SpotMove(1.0, 1.5, 0.0, 0.1, RESTART_HOURS)
+    d = s.choose_market(market_ctx(spot_move=far, **on_spot))
+    assert d.market == "spot" and not d.move
+    # the reserve counts the on-demand fallback from the new zone: 1.7 h away > 1.62 h slack
+    stranded = SpotMove(1.0, RESTART_HOURS, 0.0, 0.1, 1.7)
+    assert not s.choose_market(market_ctx(spot_move=stranded, **on_spot)).move
+    assert s.choose_market(market_ctx(spot_move=replace(stranded, on_demand_fallback_h=1.4), **on_spot)).move
+    # no deadline: cheaper is enough
+    assert s.choose_market(market_ctx(deadline_h=None, spot_move=far, **on_spot)).move

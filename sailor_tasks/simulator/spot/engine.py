@@ -26,9 +26,11 @@ training (1 work-hour per hour, periodic checkpoints every ``checkpoint_every_h`
 trace slot where the zone loses capacity: preemption. A strategy that ``checkpoint_on_notice``
 saves at the notice (``notice_s`` before the loss) and loses only the notice window; the others
 lose the work since their last periodic checkpoint. The strategy's ``next_constraint`` says where
-the run may relaunch (blocked zones/regions, or a zone to wait for), then ``choose_market`` picks
-the market again. Every ``tick_s`` the strategy is asked again (``on_tick``): it may switch market
-(a voluntary switch checkpoints first and loses nothing). Cost = billed hours (provisioning and
+the run may relaunch (blocked zones/regions, or a zone to wait for; a block ``until_capacity``
+holds for spot only while the zone has no capacity), then ``choose_market`` picks the market
+again. Every ``tick_s`` the strategy is asked again: it may switch market, or, training on spot,
+move to the zone the engine would launch spot in now (``MarketContext.spot_move``); a voluntary
+switch or move checkpoints first, loses nothing, and brings that checkpoint from where the run was. Cost = billed hours (provisioning and
 training, per second) × the zone's price for the VM on that market, plus transfer USD.
 
 Deterministic: the only randomness is the job generator's and the trace offsets', both seeded.
@@ -55,6 +57,7 @@ from sailor_tasks.strategies import (
     PlacementConstraint,
     PreemptionRecord,
     RecoveryContext,
+    SpotMove,
     get_strategy,
 )
 from sailor_tasks.traces.availability import AvailabilityTrace
@@ -469,12 +472,18 @@ class _JobSim:
 
     # --- where a launch would go -------------------------------------------------------------
     def _transfer(
-        self, region: str, data_regions: set[str] | None = None, ckpt_region: str | None = None
+        self,
+        region: str,
+        data_regions: set[str] | None = None,
+        ckpt_region: str | None = None,
+        checkpoint: bool | None = None,
     ) -> tuple[float, float]:
-        """(hours, USD) to bring the dataset and the checkpoint to ``region``."""
+        """(hours, USD) to bring the dataset and the checkpoint to ``region`` (``checkpoint``:
+        whether there is one to bring; None: whether the run has saved one)."""
         data_regions = self.data_regions if data_regions is None else data_regions
         ckpt_region = self.ckpt_region if ckpt_region is None else ckpt_region
-        key = (region, frozenset(data_regions), ckpt_region, self.saved_h > 0)
+        checkpoint = self.saved_h > 0 if checkpoint is None else checkpoint
+        key = (region, frozenset(data_regions), ckpt_region, checkpoint)
         hit = self._transfers.get(key)
         if hit is not None:
             return hit
@@ -486,7 +495,7 @@ class _JobSim:
             )
             hours += self.job.data_gb * BITS_PER_BYTE / link.gbps / SECONDS_PER_HOUR
             usd += self.job.data_gb * link.usd_per_gb
-        if ckpt_region and ckpt_region != region and self.saved_h > 0 and self.job.checkpoint_gb > 0:
+        if ckpt_region and ckpt_region != region and checkpoint and self.job.checkpoint_gb > 0:
             link = self.market.transfer.bucket_link(ckpt_region, region)
             hours += self.job.checkpoint_gb * BITS_PER_BYTE / link.gbps / SECONDS_PER_HOUR
             usd += self.job.checkpoint_gb * link.usd_per_gb
@@ -500,11 +509,14 @@ class _JobSim:
         counts only when no other zone sells on-demand."""
         data = self.data_regions | {lost.region} if lost else self.data_regions
         ckpt = lost.region if lost else self.ckpt_region
+        # Losing the zone it trains in, the run saves there (at the notice) first.
+        checkpoint = self.saved_h > 0 or (lost is not None and self.progress_h > 0)
         sellers = [z for z in self.zones if math.isfinite(z.usd_per_hour("on_demand", self.job.num_gpus))]
         if lost is not None and any(z.zone != lost.zone for z in sellers):
             sellers = [z for z in sellers if z.zone != lost.zone]
         return min(
-            (self.p.restart_h + self._transfer(z.region, data, ckpt)[0] for z in sellers), default=math.inf
+            (self.p.restart_h + self._transfer(z.region, data, ckpt, checkpoint)[0] for z in sellers),
+            default=math.inf,
         )
 
     def best(
@@ -521,7 +533,7 @@ class _JobSim:
         is set, as live recovery plans), and for spot every zone the trace gives no capacity now.
         ``exact=False``: an estimate for the strategy's inputs, planned once per ``ESTIMATE_SLOT_S``."""
         k = self.job.num_gpus
-        blocked = set(c.all_blocked_zones(self.zbr))
+        blocked = set(self._blocked(c, market))
         if market == "spot":
             blocked.update(z.zone for z in self.zones if not self.spot_free(z, t))
         blocked &= self._zone_names
@@ -554,6 +566,14 @@ class _JobSim:
         hours, usd = self._transfer(z.region)
         return Option(z, market, self.p.restart_h + hours, usd, z.usd_per_hour(market, k))
 
+    def _blocked(self, c: PlacementConstraint, market: str) -> frozenset[str]:
+        """Zones ``c`` blocks for ``market``: a block ``until_capacity`` holds for spot only while
+        the zone has no capacity, which the spot planning checks anyway (so it is lifted there)."""
+        blocked = c.all_blocked_zones(self.zbr)
+        if market == "spot" and c.until_capacity:
+            blocked = replace(c, blocked_zones=frozenset(), until_capacity=False).all_blocked_zones(self.zbr)
+        return blocked
+
     def spot_free(self, z: SpotZone, t: float) -> bool:
         """Whether ``z`` has spot GPUs for this job at ``t``: the trace's capacity less what the
         jobs simulated before this one hold there (with a ledger)."""
@@ -564,7 +584,7 @@ class _JobSim:
 
     def _spot_zone_exists(self, c: PlacementConstraint) -> bool:
         """Whether any zone sells spot to this job under the constraint (capacity or not)."""
-        blocked = c.all_blocked_zones(self.zbr)
+        blocked = self._blocked(c, "spot")
         return any(
             z.trace is not None and self.job.num_gpus in z.spot_usd and z.zone not in blocked
             for z in self.zones
@@ -623,6 +643,21 @@ class _JobSim:
         else:
             spot_launch, spot_ref = math.inf, None
         ref_zone = spot_ref.zone if spot_ref else (self.zones[0] if self.zones else None)
+        move = None
+        if running == "spot" and current is not None:
+            there = self.spot_choice(t, remaining, time_left_h)[0]
+            if there is not None and there.zone.zone != current.zone.zone:
+                # The move checkpoints here first: the checkpoint comes from this zone's region.
+                hours, usd = self._transfer(
+                    there.zone.region, self.data_regions | {current.zone.region}, current.zone.region, True
+                )
+                move = SpotMove(
+                    there.usd_per_hour,
+                    self.p.restart_h + hours,
+                    usd,
+                    there.zone.preemption_rate_per_hour,
+                    self.fastest_on_demand_h(there.zone),
+                )
         ctx = MarketContext(
             now_h=(t - job.arrival_s) / SECONDS_PER_HOUR,
             remaining_h=remaining,
@@ -644,11 +679,16 @@ class _JobSim:
                 if self.strategy.checkpoint_on_notice
                 else self.p.checkpoint_every_h / 2
             ),
+            spot_move=move,
         )
         d = self.strategy.choose_market(ctx)
         # A launch (or a switch) goes where the engine places it now, planned afresh.
         if d.market == "spot":
             if running == "spot":
+                if d.move:
+                    there = self.spot_choice(t, remaining, time_left_h, exact=True)[0]
+                    if there is not None and current is not None and there.zone.zone != current.zone.zone:
+                        return "spot", d.reason, d.slack_h, there
                 return "spot", d.reason, d.slack_h, current
             launch = self.spot_choice(t, remaining, time_left_h, exact=True)[0] if spot else None
             return "spot", d.reason, d.slack_h, launch
@@ -699,11 +739,14 @@ class _JobSim:
                     if opt is not None:
                         why, slack = reason, s
                         launch(opt, t)
-                elif market != cur.market and opt is not None:
+                elif opt is not None and opt is not cur:
                     # voluntary switch: checkpoint what training reached, then relaunch
                     if t >= ready_at:
                         self.saved_h = self.progress_h
                     stop(t, "switched")
+                    # The checkpoint just saved is where the run was: price the move from there.
+                    hours, usd = self._transfer(opt.zone.region)
+                    opt = replace(opt, launch_h=p.restart_h + hours, transfer_usd=usd)
                     why, slack = reason, s
                     launch(opt, t)
             # the next event

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -163,6 +164,48 @@ def test_sailor_checkpoints_at_the_notice_and_moves_to_the_cheapest_zone_with_ca
     # spot_restart on the same market waits for a and loses the work since the periodic checkpoint
     slow = simulate_spot([j], market, "spot_restart").outcomes[0]
     assert slow.end_s > out.end_s and slow.lost_gpu_h > out.lost_gpu_h
+
+
+def test_sailor_moves_back_to_the_cheaper_zone_once_it_has_capacity_again(transfer):
+    """Zone a ($1/h) loses its capacity from 1 h to 2 h; zone b in the same region sells spot at
+    $2/h throughout. sailor saves at the notice and moves to b, then, at the first decision tick
+    with a's capacity back, checkpoints and moves back to a (no transfer: same region)."""
+    a = zone("us-central1-a", [0, 1] + [0] * 20)
+    b = replace(zone("us-central1-b", [0] * 22), spot_usd={1: 2 * SPOT})
+    market = SpotMarket((a, b), transfer)
+    [j] = with_deadlines([job(work_h=4.0)], market, 0.5)
+    out = simulate_spot([j], market, "sailor").outcomes[0]
+    assert [(x.zone, x.outcome) for x in out.attempts] == [
+        ("us-central1-a", "preempted"),
+        ("us-central1-b", "switched"),
+        ("us-central1-a", "completed"),
+    ]
+    back = out.attempts[2]
+    assert 2 * HOUR <= back.start_s <= 2 * HOUR + SpotParams().tick_s
+    assert "moving" in back.why
+    assert not out.missed_deadline
+    # no work is lost at the move: a kept 0.9 h less the notice, b all it trained
+    notice_h = SpotParams().notice_s / HOUR
+    on_b_h = (out.attempts[1].end_s - out.attempts[1].start_s) / HOUR - 0.1
+    assert out.end_s == pytest.approx(back.start_s + (0.1 + 4.0 - (0.9 - notice_h) - on_b_h) * HOUR)
+    # paying b's price only while a was out
+    assert out.usd < simulate_spot([j], SpotMarket((b,), transfer), "sailor").outcomes[0].usd
+
+
+def test_a_move_brings_the_checkpoint_it_saves_where_the_run_was(transfer):
+    """As above with b in another region and a 20 GB checkpoint: the relaunch in b brings the
+    checkpoint saved at the notice in a, and the move back brings the one saved in b."""
+    a = zone("us-central1-a", [0, 1] + [0] * 20)
+    b = replace(zone("us-east1-b", [0] * 22), spot_usd={1: 2 * SPOT})
+    market = SpotMarket((a, b), transfer)
+    [j] = with_deadlines([job(work_h=4.0, checkpoint_gb=20.0)], market, 0.5)
+    out = simulate_spot([j], market, "sailor").outcomes[0]
+    assert [x.zone for x in out.attempts] == ["us-central1-a", "us-east1-b", "us-central1-a"]
+    there, back = transfer.bucket_link("us-central1", "us-east1"), transfer.bucket_link("us-east1", "us-central1")
+    assert out.transfer_usd == pytest.approx(20.0 * (there.usd_per_gb + back.usd_per_gb))
+    assert out.attempts[2].usd == pytest.approx(
+        (out.attempts[2].end_s - out.attempts[2].start_s) / HOUR * SPOT + 20.0 * back.usd_per_gb
+    )
 
 
 def test_long_stock_out_sailor_goes_on_demand_in_time_and_spot_restart_misses(transfer):
