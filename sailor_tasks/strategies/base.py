@@ -119,7 +119,8 @@ class MarketContext:
     half a checkpoint interval), restart excluded."""
     spot_move: SpotMove | None = None
     """Training on spot: the placement engine's spot launch now, when it is another zone (None:
-    the same zone, none, or the caller does not re-plan a running attempt, as live runs)."""
+    the same zone, none, or the caller does not re-plan a running attempt, as live runs). Callers
+    pass it only to strategies whose ``moves_on_spot`` class attribute is true."""
 
     @property
     def time_left_h(self) -> float:

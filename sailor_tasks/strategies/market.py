@@ -141,6 +141,8 @@ class Sailor:
     """
 
     checkpoint_on_notice = True
+    moves_on_spot = True
+    """Training on spot, it may move to a cheaper spot zone (callers pass ``spot_move``)."""
 
     def choose_market(self, ctx: MarketContext) -> MarketDecision:
         # Imported here: the DAG file imports this registry (params' enum), and the placement

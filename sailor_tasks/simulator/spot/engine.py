@@ -629,7 +629,8 @@ class _JobSim:
         remaining = job.work_h - (self.progress_h if current else self.saved_h)
         time_left_h = None if job.deadline_s is None else (job.deadline_s - t) / SECONDS_PER_HOUR
         running = current.market if current else None
-        # Only the market the run is not on needs a placement (the running one stays where it is).
+        # The market the run is not on needs a placement (the running one stays where it is, but
+        # for a strategy that moves between spot zones: see ``move`` below).
         spot, spot_exists = (None, True) if running == "spot" else self.spot_choice(t, remaining, time_left_h)
         od = current if running == "on_demand" else self.on_demand_choice(t, remaining, time_left_h)
         tick_h = self.p.tick_s / SECONDS_PER_HOUR
@@ -644,7 +645,7 @@ class _JobSim:
             spot_launch, spot_ref = math.inf, None
         ref_zone = spot_ref.zone if spot_ref else (self.zones[0] if self.zones else None)
         move = None
-        if running == "spot" and current is not None:
+        if running == "spot" and current is not None and getattr(self.strategy, "moves_on_spot", False):
             there = self.spot_choice(t, remaining, time_left_h)[0]
             if there is not None and there.zone.zone != current.zone.zone:
                 # The move checkpoints here first: the checkpoint comes from this zone's region.
