@@ -463,6 +463,8 @@ class _JobSim:
         self.out = JobOutcome(job)
         self.zbr = market.zones_by_region()
         self._transfers: dict[tuple, tuple[float, float]] = {}
+        self._fallbacks: dict[tuple, float] = {}
+        """``fastest_on_demand_h`` by (lost zone, data regions, checkpoint region, checkpoint)."""
         self.request = launch_request(job, "spot", job.work_h, None, params.checkpoint_every_h)
         self._zone_by_name = {z.zone: z for z in self.zones}
         self._zone_names = frozenset(self._zone_by_name)
@@ -511,13 +513,19 @@ class _JobSim:
         ckpt = lost.region if lost else self.ckpt_region
         # Losing the zone it trains in, the run saves there (at the notice) first.
         checkpoint = self.saved_h > 0 or (lost is not None and self.progress_h > 0)
+        key = (lost.zone if lost else None, frozenset(data), ckpt, checkpoint)
+        hit = self._fallbacks.get(key)
+        if hit is not None:
+            return hit
         sellers = [z for z in self.zones if math.isfinite(z.usd_per_hour("on_demand", self.job.num_gpus))]
         if lost is not None and any(z.zone != lost.zone for z in sellers):
             sellers = [z for z in sellers if z.zone != lost.zone]
-        return min(
+        hours = min(
             (self.p.restart_h + self._transfer(z.region, data, ckpt, checkpoint)[0] for z in sellers),
             default=math.inf,
         )
+        self._fallbacks[key] = hours
+        return hours
 
     def best(
         self,
@@ -537,11 +545,19 @@ class _JobSim:
         if market == "spot":
             blocked.update(z.zone for z in self.zones if not self.spot_free(z, t))
         blocked &= self._zone_names
+        late = time_left_h is not None and time_left_h <= 0
+        # Past the deadline no candidate fits it, and ``place`` plans without it: so do that now.
         request = launch_request(
-            self.job, market, remaining_h, time_left_h, self.p.checkpoint_every_h, self.strategy.name
+            self.job,
+            market,
+            remaining_h,
+            None if late else time_left_h,
+            self.p.checkpoint_every_h,
+            self.strategy.name,
         )
         state_key = (frozenset(blocked), frozenset(self.data_regions))
-        if exact:
+        if exact or late:
+            # late: the request no longer moves with time (a waiting run's remaining work is fixed)
             key: tuple = (request, *state_key)
         else:
             key = (market, int((t - self.job.arrival_s) // ESTIMATE_SLOT_S), *state_key)
