@@ -463,6 +463,8 @@ class _JobSim:
         self.out = JobOutcome(job)
         self.zbr = market.zones_by_region()
         self._transfers: dict[tuple, tuple[float, float]] = {}
+        self.running_region: str | None = None
+        """Region of the attempt in progress (None: none): a switch or move saves its checkpoint there."""
         self._fallbacks: dict[tuple, float] = {}
         """``fastest_on_demand_h`` by (lost zone, data regions, checkpoint region, checkpoint)."""
         self.request = launch_request(job, "spot", job.work_h, None, params.checkpoint_every_h)
@@ -481,7 +483,10 @@ class _JobSim:
         checkpoint: bool | None = None,
     ) -> tuple[float, float]:
         """(hours, USD) to bring the dataset and the checkpoint to ``region`` (``checkpoint``:
-        whether there is one to bring; None: whether the run has saved one)."""
+        whether there is one to bring; None: whether the run has saved one, or, while an attempt
+        trains, has trained at all: leaving it saves the checkpoint where it runs)."""
+        if ckpt_region is None and checkpoint is None and self.running_region and self.progress_h > 0:
+            ckpt_region, checkpoint = self.running_region, True
         data_regions = self.data_regions if data_regions is None else data_regions
         ckpt_region = self.ckpt_region if ckpt_region is None else ckpt_region
         checkpoint = self.saved_h > 0 if checkpoint is None else checkpoint
@@ -511,8 +516,8 @@ class _JobSim:
         counts only when no other zone sells on-demand."""
         data = self.data_regions | {lost.region} if lost else self.data_regions
         ckpt = lost.region if lost else self.ckpt_region
-        # Losing the zone it trains in, the run saves there (at the notice) first.
-        checkpoint = self.saved_h > 0 or (lost is not None and self.progress_h > 0)
+        # Losing the zone it trains in, the run has saved there (at the notice, or periodically).
+        checkpoint = self.saved_h > 0 or lost is not None
         key = (lost.zone if lost else None, frozenset(data), ckpt, checkpoint)
         hit = self._fallbacks.get(key)
         if hit is not None:
@@ -740,6 +745,7 @@ class _JobSim:
                 self.ledger.record(cur.zone, attempt_start, at, job.num_gpus)
             self.ckpt_region = cur.zone.region if self.saved_h > 0 else self.ckpt_region
             cur = None
+            self.running_region = None
 
         def launch(opt: Option, at: float) -> None:
             nonlocal cur, attempt_start, ready_at
@@ -747,6 +753,7 @@ class _JobSim:
             ready_at = at + opt.launch_h * SECONDS_PER_HOUR
             self.data_regions.add(opt.zone.region)
             self.progress_h = self.saved_h
+            self.running_region = opt.zone.region
 
         while t < end_of_world:
             if t >= next_tick - 1e-9:

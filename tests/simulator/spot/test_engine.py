@@ -201,11 +201,35 @@ def test_a_move_brings_the_checkpoint_it_saves_where_the_run_was(transfer):
     [j] = with_deadlines([job(work_h=4.0, checkpoint_gb=20.0)], market, 0.5)
     out = simulate_spot([j], market, "sailor").outcomes[0]
     assert [x.zone for x in out.attempts] == ["us-central1-a", "us-east1-b", "us-central1-a"]
-    there, back = transfer.bucket_link("us-central1", "us-east1"), transfer.bucket_link("us-east1", "us-central1")
+    there, back = (
+        transfer.bucket_link("us-central1", "us-east1"),
+        transfer.bucket_link("us-east1", "us-central1"),
+    )
     assert out.transfer_usd == pytest.approx(20.0 * (there.usd_per_gb + back.usd_per_gb))
     assert out.attempts[2].usd == pytest.approx(
         (out.attempts[2].end_s - out.attempts[2].start_s) / HOUR * SPOT + 20.0 * back.usd_per_gb
     )
+
+
+def test_estimates_bring_the_checkpoint_from_where_the_run_trains_or_was_lost(transfer):
+    """The reserve after losing a zone counts bringing the checkpoint saved there, even before the
+    first save; while an attempt trains, a launch elsewhere brings the checkpoint from its region."""
+    from sailor_tasks.simulator.spot.engine import _JobSim
+    from sailor_tasks.strategies import get_strategy
+
+    a, b = zone("us-central1-a", [0] * 22), zone("us-east1-b", [0] * 22)
+    sim = _JobSim(
+        job(work_h=4.0, checkpoint_gb=20.0),
+        SpotMarket((a, b), transfer),
+        get_strategy("sailor"),
+        SpotParams(),
+    )
+    link = transfer.bucket_link("us-central1", "us-east1")
+    ckpt_h = 20.0 * 8 / link.gbps / HOUR
+    assert sim._transfer("us-east1") == (0.0, 0.0)  # nothing saved, nothing running
+    assert sim.fastest_on_demand_h(a) == pytest.approx(0.1 + ckpt_h)  # b is the only other zone
+    sim.running_region, sim.progress_h = "us-central1", 1.0
+    assert sim._transfer("us-east1") == pytest.approx((ckpt_h, 20.0 * link.usd_per_gb))
 
 
 def test_long_stock_out_sailor_goes_on_demand_in_time_and_spot_restart_misses(transfer):
