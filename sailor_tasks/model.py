@@ -200,6 +200,10 @@ class ClusterState:
     """Zones the planner must not use (e.g. just preempted there)."""
     dataset_bytes: Mapping[str, int] = field(default_factory=dict)
     """dataset URI → size in bytes (from its manifest or replicas), for the data transfer rule."""
+    checkpoint: tuple[str, int] | None = None
+    """(region whose bucket holds the run's newest checkpoint, its bytes) when a relaunch resumes
+    from it: a placement in another region copies it there first, so the copy's hours and USD
+    count as the dataset's do. None: nothing to bring (a first launch)."""
 
 
 @dataclass(frozen=True, slots=True)

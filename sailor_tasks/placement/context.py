@@ -111,8 +111,11 @@ class RequestContext:
     sources: tuple[str, ...]
     r_data_usd_per_gb: np.ndarray
     r_data_hours: np.ndarray
+    """Per region: hours to copy the dataset there, and the run's checkpoint (``ClusterState.checkpoint``)."""
     r_data_source: np.ndarray
     """Per region: index of the nearest source region (-1: no known source)."""
+    r_checkpoint_usd: np.ndarray
+    """Per region: USD of copying the run's checkpoint there (0 without one, or in its region)."""
 
     @property
     def n(self) -> int:
@@ -162,6 +165,16 @@ def build_context(
         r_usd = np.zeros(n_r)
         r_hours = np.zeros(n_r)
         r_source = np.full(n_r, -1)
+    r_ckpt_usd = np.zeros(n_r)
+    if state.checkpoint is not None and state.checkpoint[0] in index.region_idx and state.checkpoint[1] > 0:
+        # A relaunch in another region copies the checkpoint from its region's bucket first.
+        src_c = index.region_idx[state.checkpoint[0]]
+        gb_c = state.checkpoint[1] / 1e9
+        away = np.arange(n_r) != src_c
+        r_ckpt_usd = np.where(away, gb_c * index.bucket_usd_per_gb[src_c], 0.0)
+        r_hours = r_hours + np.where(
+            away, gb_c * BITS_PER_BYTE / index.bucket_gbps[src_c] / SECONDS_PER_HOUR, 0.0
+        )
     return RequestContext(
         index=index,
         request=request,
@@ -184,4 +197,5 @@ def build_context(
         r_data_usd_per_gb=r_usd,
         r_data_hours=r_hours,
         r_data_source=r_source,
+        r_checkpoint_usd=r_ckpt_usd,
     )

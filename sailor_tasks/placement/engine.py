@@ -243,6 +243,11 @@ def _placement(
                 if not ctx.sources
                 else "; dataset size unknown (no transfer charged)"
             )
+        )
+        + (
+            f"; checkpoint {state.checkpoint[1] / 1e9:.3g} GB from {state.checkpoint[0]}"
+            if state.checkpoint is not None and state.checkpoint[1] > 0
+            else ""
         ),
         "regions ranked: " + ", ".join(f"{r} {s:.4g}" for r, s in regions[:4]),
     ]

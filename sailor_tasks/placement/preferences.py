@@ -42,9 +42,10 @@ def compute_cost(ctx: RequestContext) -> np.ndarray:
 
 
 def data_transfer(ctx: RequestContext) -> np.ndarray:
-    """USD of copying the dataset from its nearest replica, plus the copy time valued at the
-    placement's hourly price (the run waits for its data)."""
-    usd = ctx.dataset_gb * ctx.r_data_usd_per_gb[ctx.c.region]
+    """USD of copying the dataset from its nearest replica (and, on a relaunch, the checkpoint from
+    its region), plus the copy time valued at the placement's hourly price (the run waits for them)."""
+    region = ctx.c.region
+    usd = ctx.dataset_gb * ctx.r_data_usd_per_gb[region] + ctx.r_checkpoint_usd[region]
     return usd + ctx.data_hours * ctx.usd_per_hour
 
 

@@ -30,10 +30,12 @@ def ledger_state(
     run_id: str,
     dataset_bytes: int | None = None,
     blocked_zones: frozenset[str] = frozenset(),
+    checkpoint: tuple[str, int] | None = None,
 ) -> ClusterState:
     """A fresh snapshot from the ledger: live reservations of other runs, the latest assignment,
     the dataset's replicas and its size (``dataset_bytes`` when the caller read the manifest,
-    otherwise the largest recorded replica)."""
+    otherwise the largest recorded replica), and the checkpoint a relaunch resumes from
+    (``ClusterState.checkpoint``)."""
     sizes = ledger.dataset_bytes([request.dataset_uri])
     if dataset_bytes is not None:
         sizes[request.dataset_uri] = dataset_bytes
@@ -43,6 +45,7 @@ def ledger_state(
         replicas=ledger.replicas([request.dataset_uri]),
         blocked_zones=blocked_zones,
         dataset_bytes=sizes,
+        checkpoint=checkpoint,
     )
 
 

@@ -6,8 +6,9 @@ attempt and the preemption (zone, notice or not, step reached, steps lost) go to
 try in the Airflow UI). The next call finds the preempted attempt in the ledger and recovers before
 launching: the run's recovery strategy turns the preemption history into a placement constraint,
 and the same ``prepare.plan`` / ``prepare.place_data`` / ``prepare.provision`` code as the first
-attempt re-plans with the blocked zones, places the data in the new region (copier, skipped when a
-replica exists), copies the newest verified checkpoint to the new region's bucket and provisions.
+attempt re-plans with the blocked zones and the checkpoint it resumes from (another region's copy
+of it priced and timed like the dataset's), places the data in the new region (copier, skipped when
+a replica exists), copies the newest verified checkpoint to the new region's bucket and provisions.
 
 Event sequence (``eager_next_region``, one noticed preemption)::
 
@@ -86,6 +87,10 @@ def recover(
     constraint = strategy.next_constraint(RecoveryContext(req, lost, history(ctx, run_id), zones_by_region))
     blocked = constraint.all_blocked_zones(zones_by_region)
     progress = _progress(ctx, run_id)
+    src = CheckpointStore(paths.checkpoint_uri(ctx.run_uri(lost.region, run_id)))
+    # Where the run resumes from: another region copies this checkpoint first (planned like data).
+    ckpt_bytes = src.committed_bytes()
+    checkpoint = (lost.region, ckpt_bytes) if ckpt_bytes else None
     plan_req = replace(req, market=constraint.market) if constraint.market else req
     logger.info(
         "recovery attempt %d (%s): %s; blocked zones: %s",
@@ -96,19 +101,30 @@ def recover(
     )
     try:
         placed = prepare.plan(
-            to_dict(plan_req), run_id, ctx, blocked_zones=blocked, attempt=attempt, **progress
+            to_dict(plan_req),
+            run_id,
+            ctx,
+            blocked_zones=blocked,
+            attempt=attempt,
+            checkpoint=checkpoint,
+            **progress,
         )
     except NoFeasibleOfferError:
         if blocked <= {lost.zone}:
             raise
         logger.warning("no offer outside %d blocked zones; blocking only %s", len(blocked), lost.zone)
         placed = prepare.plan(
-            to_dict(plan_req), run_id, ctx, blocked_zones=frozenset({lost.zone}), attempt=attempt, **progress
+            to_dict(plan_req),
+            run_id,
+            ctx,
+            blocked_zones=frozenset({lost.zone}),
+            attempt=attempt,
+            checkpoint=checkpoint,
+            **progress,
         )
     pl = from_dict(Placement, placed)
     if pl.region != lost.region:
         data = prepare.place_data(to_dict(req), placed, run_id, ctx)
-        src = CheckpointStore(paths.checkpoint_uri(ctx.run_uri(lost.region, run_id)))
         dst = paths.checkpoint_uri(ctx.run_uri(pl.region, run_id))
         step = src.copy_latest_to(dst)
         logger.info(

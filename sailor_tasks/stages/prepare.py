@@ -121,6 +121,7 @@ def plan(
     attempt: int = 1,
     elapsed_h: float = 0.0,
     steps_done: int = 0,
+    checkpoint: tuple[str, int] | None = None,
 ) -> JSON:
     """Place the run and reserve its capacity (keyed by run_id, so a retry replaces, never doubles).
 
@@ -133,8 +134,9 @@ def plan(
     The first placement goes through SAILOR's queue when nothing fits now or runs are already
     waiting (``stages.queueing.plan_or_queue``): it raises ``RunQueuedError`` while the run waits, and
     a later call returns the placement its admission reserved. ``blocked_zones``, ``attempt``,
-    ``elapsed_h`` and ``steps_done`` are set by preemption recovery (``stages.attempts``), which
-    re-plans through this same function and retries (``CapacityUnavailableError``) when nothing fits.
+    ``elapsed_h``, ``steps_done`` and ``checkpoint`` (region and bytes of the checkpoint it resumes
+    from) are set by preemption recovery (``stages.attempts``), which re-plans through this same
+    function and retries (``CapacityUnavailableError``) when nothing fits.
     """
     ctx = resolve_ctx(ctx)
     from sailor_tasks.stages.queueing import plan_or_queue, reserve_placement
@@ -156,6 +158,7 @@ def plan(
                 blocked_zones=frozenset(blocked_zones),
                 elapsed_h=elapsed_h,
                 steps_done=steps_done,
+                checkpoint=checkpoint,
             )
     if queued is not None:
         raise queued

@@ -67,10 +67,12 @@ def reserve_placement(
     steps_done: int = 0,
     admit: bool = False,
     market: str | None = None,
+    checkpoint: tuple[str, int] | None = None,
 ) -> Placement:
     """Pick the market (the run's strategy, or ``market`` when admission forces one), plan on a
     fresh snapshot, reserve (and with ``admit`` admit the queued run in the same transaction), and
-    record the placement, the market decision and the run's status.
+    record the placement, the market decision and the run's status. ``checkpoint``: (region, bytes)
+    of the checkpoint a relaunch resumes from (another region copies it first).
 
     Raises:
         CapacityUnavailableError: nothing fits now (retryable, or queued).
@@ -94,7 +96,7 @@ def reserve_placement(
         decision = decide_market(
             req,
             catalog,
-            ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
+            ledger_state(ctx.ledger, req, run_id, nbytes, blocked, checkpoint),
             elapsed_h=elapsed_h,
             steps_done=steps_done,
             index=index,
@@ -108,7 +110,7 @@ def reserve_placement(
         catalog,
         ctx.ledger,
         run_id,
-        snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, blocked),
+        snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, blocked, checkpoint),
         index=index,
         lease_s=ctx.settings.lease_s,
         admit=admit,

@@ -195,6 +195,30 @@ def test_data_egress_flips_the_choice_to_the_region_holding_the_data():
     assert result["winner"]["contributions"]["data_transfer"] < 0.1  # no egress; copy time only
 
 
+def test_a_relaunch_counts_copying_its_checkpoint_from_where_it_was_saved():
+    """Two regions equal but for price; the run resumes from 200 GB of checkpoint in the dearer
+    one: the copy's egress and time keep it there, and a deadline the copy does not fit rules the
+    cheaper region out."""
+    cat = Catalog((offer("us-east1-b", spot=0.60), offer("europe-west4-a", spot=0.62)))
+    r = req(market="spot")
+    assert plan(r, cat, ClusterState(), "r").region == "us-east1"
+    state = ClusterState(checkpoint=("europe-west4", 200 * GB))
+    p = plan(r, cat, state, "r")
+    assert p.region == "europe-west4"
+    assert any("checkpoint 200 GB from europe-west4" in line for line in p.explanation)
+    result = explain(r, cat, state)
+    away = result["runners_up"][0]
+    assert away["region"] == "us-east1" and away["contributions"]["data_transfer"] > 9.0
+    assert result["winner"]["contributions"]["data_transfer"] == 0.0  # the checkpoint is there
+    # the copy's hours count toward the deadline: give just the time of training where it is
+    hours = result["winner"]["expected_hours"]
+    copy_h = away["data_hours"]
+    assert copy_h > 0.01
+    tight = dataclasses.replace(r, deadline_hours=hours + RESTART_HOURS + copy_h / 2)
+    assert "deadline" in rejected_by(explain(tight, cat, state), "us-east1-b")
+    assert "deadline" not in rejected_by(explain(tight, cat, state), "europe-west4-a")
+
+
 def test_overload_penalty_moves_a_run_away_from_an_overloaded_region():
     cat = Catalog((offer("us-east1-b", spot=0.60), offer("europe-west4-a", spot=0.63)))
     assert plan(req(), cat, ClusterState(), "r").region == "us-east1"

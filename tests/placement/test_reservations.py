@@ -87,6 +87,8 @@ def test_ledger_state_carries_dataset_size_and_assignment_load(ledger):
     assert state.dataset_bytes == {"sailor://source/d": 5_000_000}
     assert state.replicas == {"sailor://source/d": ("us-east1",)}
     assert state.assignment.region_load == {"us-east1": 1.5}
+    assert state.checkpoint is None
+    assert ledger_state(ledger, req(), "run-1", checkpoint=("us-east1", 7)).checkpoint == ("us-east1", 7)
 
 
 def _race(i, url, barrier, results):

@@ -57,6 +57,11 @@ def test_noticed_and_unnoticed_preemptions_end_bit_identical_to_an_uninterrupted
     assert attempts[2]["region"] not in (attempts[0]["region"], attempts[1]["region"])
     assert attempts[1]["resumed_from_step"] == noticed["step"]
     assert len(summary["attempts"]) == 3 and summary["region"] == attempts[2]["region"]
+    # each recovery was planned knowing the checkpoint it resumes from and where it was saved
+    plans = {p["attempt"]: p for p in ledger.placements("preempted")}
+    for attempt in (2, 3):
+        lost_region = attempts[attempt - 2]["region"]
+        assert any(f"GB from {lost_region}" in line and "checkpoint" in line for line in plans[attempt]["explanation"])
 
 
 def test_exhausted_attempts_fail_with_a_message_listing_every_attempt(settings, ctx, demo_dataset):

@@ -379,17 +379,25 @@ def launch_request(
     )
 
 
-def launch_state(job: SpotJob, data_regions: Sequence[str], blocked_zones: frozenset[str]) -> ClusterState:
-    """The snapshot a (re)launch plans against: the dataset's replicas and size, the blocked zones.
+def launch_state(
+    job: SpotJob,
+    data_regions: Sequence[str],
+    blocked_zones: frozenset[str],
+    checkpoint_region: str | None = None,
+) -> ClusterState:
+    """The snapshot a (re)launch plans against: the dataset's replicas and size, the blocked zones,
+    and the checkpoint it resumes from (``checkpoint_region``: where it is; None: none).
 
     The engine knows a copy only in a region of its catalog (the job's simulated zones): a home
     region without a zone for the job is invisible to it, so no transfer is priced there (the
     simulator still charges it). Generated jobs live in a region of their own zones."""
     uri = dataset_uri(job)
+    ckpt_bytes = int(round(job.checkpoint_gb * 1e9))
     return ClusterState(
         replicas={uri: tuple(sorted(data_regions))},
         blocked_zones=frozenset(blocked_zones),
         dataset_bytes={uri: int(round(job.data_gb * 1e9))},
+        checkpoint=(checkpoint_region, ckpt_bytes) if checkpoint_region and ckpt_bytes > 0 else None,
     )
 
 
@@ -485,8 +493,9 @@ class _JobSim:
         """(hours, USD) to bring the dataset and the checkpoint to ``region`` (``checkpoint``:
         whether there is one to bring; None: whether the run has saved one, or, while an attempt
         trains, has trained at all: leaving it saves the checkpoint where it runs)."""
-        if ckpt_region is None and checkpoint is None and self.running_region and self.progress_h > 0:
-            ckpt_region, checkpoint = self.running_region, True
+        if ckpt_region is None and checkpoint is None:
+            ckpt_region = self._checkpoint_region()
+            checkpoint = ckpt_region is not None
         data_regions = self.data_regions if data_regions is None else data_regions
         ckpt_region = self.ckpt_region if ckpt_region is None else ckpt_region
         checkpoint = self.saved_h > 0 if checkpoint is None else checkpoint
@@ -560,7 +569,8 @@ class _JobSim:
             self.p.checkpoint_every_h,
             self.strategy.name,
         )
-        state_key = (frozenset(blocked), frozenset(self.data_regions))
+        ckpt = self._checkpoint_region()
+        state_key = (frozenset(blocked), frozenset(self.data_regions), ckpt)
         if exact or late:
             # late: the request no longer moves with time (a waiting run's remaining work is fixed)
             key: tuple = (request, *state_key)
@@ -576,7 +586,7 @@ class _JobSim:
                     self.job,
                     self.market,
                     request,
-                    launch_state(self.job, self.data_regions, frozenset(blocked)),
+                    launch_state(self.job, self.data_regions, frozenset(blocked), ckpt),
                 )
             if len(self._placed) >= 4096:
                 self._placed.clear()
@@ -586,6 +596,13 @@ class _JobSim:
         z = self._zone_by_name[placed.zone]
         hours, usd = self._transfer(z.region)
         return Option(z, market, self.p.restart_h + hours, usd, z.usd_per_hour(market, k))
+
+    def _checkpoint_region(self) -> str | None:
+        """Where the checkpoint a launch now would resume from is (None: none): the region of the
+        attempt that trains (leaving it saves there), else of the last save."""
+        if self.running_region and self.progress_h > 0:
+            return self.running_region
+        return self.ckpt_region if self.saved_h > 0 else None
 
     def _blocked(self, c: PlacementConstraint, market: str) -> frozenset[str]:
         """Zones ``c`` blocks for ``market``: a block ``until_capacity`` holds for spot only while

@@ -201,6 +201,17 @@ class CheckpointStore:
             return False
         return True
 
+    def committed_bytes(self) -> int | None:
+        """Bytes of the newest committed checkpoint as its marker lists them (not verified: what a
+        move would copy, for planning), or None when there is none."""
+        for step in reversed(self.committed_steps()):
+            try:
+                marker = storage.read_json(storage.join(self.step_uri(step), MARKER))
+                return sum(int(meta["size"]) for meta in marker["files"].values())
+            except (OSError, KeyError, TypeError, ValueError):
+                continue
+        return None
+
     def latest_valid_step(self) -> int | None:
         """The newest committed step that verifies, or None when there is none."""
         for step in reversed(self.committed_steps()):

@@ -99,6 +99,17 @@ def test_uncommitted_or_corrupt_steps_fall_back_to_the_previous_one(tmp_path):
     assert not store.verify(1) and store.latest_valid_step() is None
 
 
+def test_committed_bytes_is_the_newest_marker_total(tmp_path):
+    store = CheckpointStore(f"file://{tmp_path}/r1")
+    assert store.committed_bytes() is None
+    _write_step(store, 3, {"__0_0.distcp": b"x" * 10, ".metadata": b"m"})
+    _write_step(store, 5, {"__0_0.distcp": b"x" * 40, "__1_0.distcp": b"y" * 2, ".metadata": b"mm"})
+    _write_step(store, 7, {"__0_0.distcp": b"half"}, commit=False)  # not committed: not counted
+    assert store.committed_bytes() == 44
+    (tmp_path / "r1" / "step-00000005" / MARKER).write_text("{not json")
+    assert store.committed_bytes() == 11  # an unreadable marker: the next newest
+
+
 def test_copy_latest_moves_a_verified_checkpoint(tmp_path):
     src = CheckpointStore(f"file://{tmp_path}/r1")
     assert src.copy_latest_to(f"file://{tmp_path}/r2") is None  # nothing to copy
