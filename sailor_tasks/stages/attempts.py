@@ -89,7 +89,11 @@ def recover(
     progress = _progress(ctx, run_id)
     src = CheckpointStore(paths.checkpoint_uri(ctx.run_uri(lost.region, run_id)))
     # Where the run resumes from: another region copies this checkpoint first (planned like data).
-    ckpt_bytes = src.committed_bytes()
+    try:
+        ckpt_bytes = src.committed_bytes()
+    except OSError as exc:  # the copy after planning reads (and verifies) it again
+        logger.warning("checkpoint size in %s unreadable (%s); planning without it", lost.region, exc)
+        ckpt_bytes = None
     checkpoint = (lost.region, ckpt_bytes) if ckpt_bytes else None
     plan_req = replace(req, market=constraint.market) if constraint.market else req
     logger.info(

@@ -30,8 +30,10 @@ the run may relaunch (blocked zones/regions, or a zone to wait for; a block ``un
 holds for spot only while the zone has no capacity), then ``choose_market`` picks the market
 again. Every ``tick_s`` the strategy is asked again: it may switch market, or, training on spot,
 move to the zone the engine would launch spot in now (``MarketContext.spot_move``); a voluntary
-switch or move checkpoints first, loses nothing, and brings that checkpoint from where the run was. Cost = billed hours (provisioning and
-training, per second) × the zone's price for the VM on that market, plus transfer USD.
+switch or move checkpoints first, loses nothing, and brings that checkpoint from where the run
+was. Every launch plans with the checkpoint it resumes from (``ClusterState.checkpoint``). Cost =
+billed hours (provisioning and training, per second) × the zone's price for the VM on that
+market, plus transfer USD.
 
 Deterministic: the only randomness is the job generator's and the trace offsets', both seeded.
 """
