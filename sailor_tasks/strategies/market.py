@@ -82,11 +82,27 @@ class SpotRestart:
         )
 
 
-def expected_overhead_h(ctx: MarketContext) -> float:
-    """Hours spot preemptions are expected to cost over the remaining work (loss + restart each)."""
+def expected_overhead_h(ctx: MarketContext, rate_per_hour: float | None = None) -> float:
+    """Hours spot preemptions are expected to cost over the remaining work (loss + restart each),
+    at the spot candidate's rate or ``rate_per_hour``."""
     from sailor_tasks.placement.context import RESTART_HOURS
 
-    return ctx.preemption_rate_per_hour * ctx.remaining_h * (ctx.lost_h_per_preemption + RESTART_HOURS)
+    rate = ctx.preemption_rate_per_hour if rate_per_hour is None else rate_per_hour
+    return rate * ctx.remaining_h * (ctx.lost_h_per_preemption + RESTART_HOURS)
+
+
+def _keeps_reserve(ctx: MarketContext, slack_h: float, fallback_h: float, overhead: float) -> tuple[bool, float]:
+    """(whether ``slack_h`` left after a spot launch keeps the on-demand reserve and passes the
+    placement's slack test, the reserve). The reserve is one changeover to on-demand from the spot
+    zone (``fallback_h``, at least a restart) plus the work a preemption loses: whatever happens on
+    spot, the run can still finish on-demand by the deadline."""
+    # Imported here: the DAG file imports this registry (params' enum), and the placement
+    # package pulls in numpy and the engine, which would triple sailor_train's parse time.
+    from sailor_tasks.placement.context import RESTART_HOURS
+    from sailor_tasks.placement.slack import slack_allows_spot
+
+    reserve = max(fallback_h, RESTART_HOURS) + ctx.lost_h_per_preemption
+    return slack_h >= reserve and bool(slack_allows_spot(slack_h, ctx.remaining_h, overhead)), reserve
 
 
 def _move_to_cheaper(ctx: MarketContext, overhead: float) -> str | None:
@@ -96,14 +112,10 @@ def _move_to_cheaper(ctx: MarketContext, overhead: float) -> str | None:
     zone's expected preemption loss and the move with its launch billed and its transfers paid, and
     (with a deadline) when the slack after the move's launch still keeps the on-demand reserve from
     that zone and passes the slack test. The move checkpoints first and loses no work."""
-    from sailor_tasks.placement.context import RESTART_HOURS
-    from sailor_tasks.placement.slack import slack_allows_spot
-
     m = ctx.spot_move
     if ctx.current_market != "spot" or m is None:
         return None
-    loss = ctx.lost_h_per_preemption + RESTART_HOURS
-    there_overhead = m.preemption_rate_per_hour * ctx.remaining_h * loss
+    there_overhead = expected_overhead_h(ctx, m.preemption_rate_per_hour)
     stay = ctx.spot_usd_per_hour * (ctx.remaining_h + overhead)
     move = m.usd_per_hour * (ctx.remaining_h + there_overhead + m.launch_h) + m.transfer_usd
     if not move < stay:
@@ -114,9 +126,9 @@ def _move_to_cheaper(ctx: MarketContext, overhead: float) -> str | None:
     )
     if ctx.deadline_h is None:
         return why + " (no deadline)"
-    reserve = max(m.on_demand_fallback_h, RESTART_HOURS) + ctx.lost_h_per_preemption
     slack = ctx.time_left_h - ctx.remaining_h - m.launch_h
-    if slack < reserve or not bool(slack_allows_spot(slack, ctx.remaining_h, there_overhead)):
+    ok, reserve = _keeps_reserve(ctx, slack, m.on_demand_fallback_h, there_overhead)
+    if not ok:
         return None
     return why + f"; {slack:.2f} h slack after the move keeps a {reserve:.2f} h on-demand reserve"
 
@@ -145,11 +157,6 @@ class Sailor:
     """Training on spot, it may move to a cheaper spot zone (callers pass ``spot_move``)."""
 
     def choose_market(self, ctx: MarketContext) -> MarketDecision:
-        # Imported here: the DAG file imports this registry (params' enum), and the placement
-        # package pulls in numpy and the engine, which would triple sailor_train's parse time.
-        from sailor_tasks.placement.context import RESTART_HOURS
-        from sailor_tasks.placement.slack import slack_allows_spot
-
         slack = slack_of(ctx)
         if ctx.requested_market in ("spot", "on_demand"):
             return MarketDecision(
@@ -172,12 +179,10 @@ class Sailor:
             if move is not None:
                 return MarketDecision("spot", move, None, move=True)
             return MarketDecision("spot", "sailor: no deadline (slack unbounded) → spot", None)
-        # One changeover to on-demand (and the work a preemption loses) must always fit: whatever
-        # happens on spot, the run can still finish on-demand by the deadline.
         fallback = ctx.on_demand_launch_h if ctx.on_demand_fallback_h is None else ctx.on_demand_fallback_h
-        reserve = max(fallback, RESTART_HOURS) + ctx.lost_h_per_preemption
         spot_slack = ctx.time_left_h - ctx.remaining_h - launch
-        if spot_slack >= reserve and bool(slack_allows_spot(spot_slack, ctx.remaining_h, overhead)):
+        ok, reserve = _keeps_reserve(ctx, spot_slack, fallback, overhead)
+        if ok:
             move = _move_to_cheaper(ctx, overhead)
             if move is not None:
                 return MarketDecision("spot", move, slack, move=True)

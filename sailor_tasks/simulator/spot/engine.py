@@ -450,6 +450,10 @@ def with_deadlines(
     ]
 
 
+_RESUMED = object()
+"""``_JobSim._transfer``'s default: the checkpoint a launch now would resume from."""
+
+
 class _JobSim:
     """One job's event loop under one strategy."""
 
@@ -476,7 +480,7 @@ class _JobSim:
         self.running_region: str | None = None
         """Region of the attempt in progress (None: none): a switch or move saves its checkpoint there."""
         self._fallbacks: dict[tuple, float] = {}
-        """``fastest_on_demand_h`` by (lost zone, data regions, checkpoint region, checkpoint)."""
+        """``fastest_on_demand_h`` by (lost zone, data regions, checkpoint region)."""
         self.request = launch_request(job, "spot", job.work_h, None, params.checkpoint_every_h)
         self._zone_by_name = {z.zone: z for z in self.zones}
         self._zone_names = frozenset(self._zone_by_name)
@@ -486,22 +490,14 @@ class _JobSim:
 
     # --- where a launch would go -------------------------------------------------------------
     def _transfer(
-        self,
-        region: str,
-        data_regions: set[str] | None = None,
-        ckpt_region: str | None = None,
-        checkpoint: bool | None = None,
+        self, region: str, ckpt_from: str | None | object = _RESUMED, data_regions: set[str] | None = None
     ) -> tuple[float, float]:
-        """(hours, USD) to bring the dataset and the checkpoint to ``region`` (``checkpoint``:
-        whether there is one to bring; None: whether the run has saved one, or, while an attempt
-        trains, has trained at all: leaving it saves the checkpoint where it runs)."""
-        if ckpt_region is None and checkpoint is None:
-            ckpt_region = self._checkpoint_region()
-            checkpoint = ckpt_region is not None
+        """(hours, USD) to bring the dataset and the checkpoint (from ``ckpt_from``; None: there
+        is none; by default the one a launch now resumes from) to ``region``."""
+        if ckpt_from is _RESUMED:
+            ckpt_from = self._checkpoint_region()
         data_regions = self.data_regions if data_regions is None else data_regions
-        ckpt_region = self.ckpt_region if ckpt_region is None else ckpt_region
-        checkpoint = self.saved_h > 0 if checkpoint is None else checkpoint
-        key = (region, frozenset(data_regions), ckpt_region, checkpoint)
+        key = (region, frozenset(data_regions), ckpt_from)
         hit = self._transfers.get(key)
         if hit is not None:
             return hit
@@ -513,8 +509,8 @@ class _JobSim:
             )
             hours += self.job.data_gb * BITS_PER_BYTE / link.gbps / SECONDS_PER_HOUR
             usd += self.job.data_gb * link.usd_per_gb
-        if ckpt_region and ckpt_region != region and checkpoint and self.job.checkpoint_gb > 0:
-            link = self.market.transfer.bucket_link(ckpt_region, region)
+        if ckpt_from and ckpt_from != region and self.job.checkpoint_gb > 0:
+            link = self.market.transfer.bucket_link(ckpt_from, region)
             hours += self.job.checkpoint_gb * BITS_PER_BYTE / link.gbps / SECONDS_PER_HOUR
             usd += self.job.checkpoint_gb * link.usd_per_gb
         self._transfers[key] = (hours, usd)
@@ -526,10 +522,9 @@ class _JobSim:
         blocks at least the last preempted zone while any other zone is left), so the zone itself
         counts only when no other zone sells on-demand."""
         data = self.data_regions | {lost.region} if lost else self.data_regions
-        ckpt = lost.region if lost else self.ckpt_region
         # Losing the zone it trains in, the run has saved there (at the notice, or periodically).
-        checkpoint = self.saved_h > 0 or lost is not None
-        key = (lost.zone if lost else None, frozenset(data), ckpt, checkpoint)
+        ckpt = lost.region if lost else (self.ckpt_region if self.saved_h > 0 else None)
+        key = (lost.zone if lost else None, frozenset(data), ckpt)
         hit = self._fallbacks.get(key)
         if hit is not None:
             return hit
@@ -537,7 +532,7 @@ class _JobSim:
         if lost is not None and any(z.zone != lost.zone for z in sellers):
             sellers = [z for z in sellers if z.zone != lost.zone]
         hours = min(
-            (self.p.restart_h + self._transfer(z.region, data, ckpt, checkpoint)[0] for z in sellers),
+            (self.p.restart_h + self._transfer(z.region, ckpt, data)[0] for z in sellers),
             default=math.inf,
         )
         self._fallbacks[key] = hours
@@ -596,7 +591,7 @@ class _JobSim:
         if placed is None:
             return None
         z = self._zone_by_name[placed.zone]
-        hours, usd = self._transfer(z.region)
+        hours, usd = self._transfer(z.region, ckpt)
         return Option(z, market, self.p.restart_h + hours, usd, z.usd_per_hour(market, k))
 
     def _checkpoint_region(self) -> str | None:
@@ -689,9 +684,7 @@ class _JobSim:
             there = self.spot_choice(t, remaining, time_left_h)[0]
             if there is not None and there.zone.zone != current.zone.zone:
                 # The move checkpoints here first: the checkpoint comes from this zone's region.
-                hours, usd = self._transfer(
-                    there.zone.region, self.data_regions | {current.zone.region}, current.zone.region, True
-                )
+                hours, usd = self._transfer(there.zone.region, current.zone.region)
                 move = SpotMove(
                     there.usd_per_hour,
                     self.p.restart_h + hours,
