@@ -115,7 +115,7 @@ def main() -> None:
     logging.getLogger("bench").setLevel(logging.INFO)
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
-    import crc32c
+    import crc32c_rs
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
@@ -221,7 +221,7 @@ def main() -> None:
         folder = f"{base}/raw-{step}"
         fs.makedirs(folder, exist_ok=True)
         for blob in blobs.values():  # untimed read of every byte: as hot as the model's tensors
-            crc32c.crc32c(blob)
+            crc32c_rs.crc32c(blob)
         settle()
 
         def one(name: str) -> None:

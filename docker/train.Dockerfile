@@ -21,7 +21,7 @@ COPY requirements.txt /opt/sailor/requirements.txt
 RUN grep -E '^(torch)==' requirements.txt > torch-requirements.txt \
  && pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" -r torch-requirements.txt \
  && python -c "import sys, torch; sys.exit(None if torch.version.cuda else 'torch ' + torch.__version__ + ' has no CUDA')"
-RUN grep -E '^(numpy|fsspec|gcsfs|google-crc32c|crc32c|PyYAML)==' requirements.txt > train-requirements.txt \
+RUN grep -E '^(numpy|fsspec|gcsfs|google-crc32c|crc32c-rs|PyYAML)==' requirements.txt > train-requirements.txt \
  && pip install -r train-requirements.txt
 
 COPY pyproject.toml README.md /opt/sailor/

@@ -212,7 +212,7 @@ def stored_crc32c(uri: str) -> str | None:
 def crc32c(uri: str, chunk_bytes: int = 1024 * 1024) -> tuple[str, int]:
     """(hex crc32c, size) of a file: from GCS metadata where available, else computed by reading
     it into one reused buffer of ``chunk_bytes`` (no new bytes object per chunk)."""
-    import crc32c as crc32c_lib
+    import crc32c_rs
 
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes {chunk_bytes}: need >= 1")
@@ -228,7 +228,7 @@ def crc32c(uri: str, chunk_bytes: int = 1024 * 1024) -> tuple[str, int]:
         # No larger than the file: a small file's check does not zero a whole chunk.
         view = memoryview(bytearray(max(1, min(chunk_bytes, length))))
         while n := f.readinto(view):
-            crc = crc32c_lib.crc32c(view[:n], crc)
+            crc = crc32c_rs.crc32c(view[:n], crc)
             size += n
     return f"{crc:08x}", size
 

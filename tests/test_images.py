@@ -40,7 +40,7 @@ def _imported_distributions() -> set[str]:
     code = (
         "import sys, json, fsspec; import sailor_tasks.train.__main__, sailor_tasks.train.trainer; "
         # what the entrypoint imports lazily: gcsfs for gs:// URIs, crc32c for checksums
-        "fsspec.get_filesystem_class('gs'); import crc32c; "
+        "fsspec.get_filesystem_class('gs'); import crc32c_rs; "
         "print(json.dumps(sorted({getattr(m, '__file__', None) or '' for m in list(sys.modules.values())})))"
     )
     out = subprocess.run(
