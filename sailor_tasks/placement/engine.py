@@ -71,10 +71,11 @@ def check_request(
             raise InvalidRequestError(field_name, bad, "not in the catalog", catalog.regions)
     if request.model not in job_types:
         raise InvalidRequestError("model", request.model, "no throughput entry", sorted(job_types))
-    continents = sorted(set(catalog.transfer.continent_of_prefix.values()))
-    bad = [c for c in request.data_residency if c not in continents]
-    if bad:
-        raise InvalidRequestError("data_residency", bad, "unknown continent", continents)
+    if request.data_residency:
+        continents = sorted(set(catalog.transfer.continent_of_prefix.values()))
+        bad = [c for c in request.data_residency if c not in continents]
+        if bad:
+            raise InvalidRequestError("data_residency", bad, "unknown continent", continents)
 
 
 @dataclass
