@@ -71,10 +71,11 @@ def check_request(
             raise InvalidRequestError(field_name, bad, "not in the catalog", catalog.regions)
     if request.model not in job_types:
         raise InvalidRequestError("model", request.model, "no throughput entry", sorted(job_types))
-    continents = sorted(set(catalog.transfer.continent_of_prefix.values()))
-    bad = [c for c in request.data_residency if c not in continents]
-    if bad:
-        raise InvalidRequestError("data_residency", bad, "unknown continent", continents)
+    if request.data_residency:
+        continents = sorted(set(catalog.transfer.continent_of_prefix.values()))
+        bad = [c for c in request.data_residency if c not in continents]
+        if bad:
+            raise InvalidRequestError("data_residency", bad, "unknown continent", continents)
 
 
 @dataclass
@@ -214,11 +215,14 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
 
 
 def _placement(
-    ev: Evaluation, run_id: str, request: JobRequest, state: ClusterState, full: bool = True
+    ev: Evaluation, run_id: str, request: JobRequest, state: ClusterState, full: bool | None = True
 ) -> Placement:
-    """The winner as a ``Placement``; ``full=False`` keeps only the winner's lines (batch planning)."""
+    """The winner as a ``Placement``; ``full=False`` keeps only the winner's lines (batch planning),
+    ``None`` no explanation at all."""
     idx, ctx = ev.index, ev.ctx
     w = int(ev.order[0])
+    if full is None:
+        return _as_placement(ev, w, run_id, request, state, [])
     o = idx.offers[ctx.c.offer[w]]
     source = ctx.r_data_source[ctx.c.region[w]]
     n_feasible = int(np.count_nonzero(ev.feasible))
@@ -349,7 +353,7 @@ def _plan_on_view(
     view: PlanningView,
     run_id: str,
     weights: Mapping[str, float] | None,
-    full: bool = True,
+    full: bool | None = True,
 ) -> Placement:
     ev = evaluate(request, index, state, view, weights)
     if ev.order.size == 0:
@@ -497,13 +501,15 @@ def plan_many(
     weights: Mapping[str, float] | None = None,
     full_explanations: bool = False,
     index: CatalogIndex | None = None,
+    explain: bool = True,
 ) -> list[PlanOutcome]:
     """Plan a queue in priority order (then arrival, then queue position) against one snapshot.
 
     Each placement's GPUs are held in the view before the next request is planned, so the batch
     never overcommits a (zone, GPU type). Requests that cannot be placed get an ``error`` (the
     batch goes on). Returns outcomes in planning order. Nothing is written to the ledger.
-    Explanations keep the winner's lines only unless ``full_explanations``. ``index`` as in ``plan``.
+    Explanations keep the winner's lines only unless ``full_explanations``; with ``explain=False``
+    placements carry none (callers that only read the choice). ``index`` as in ``plan``.
     """
     index = _index(catalog, index)
     view = view_for(index, state).copy()
@@ -513,7 +519,8 @@ def plan_many(
         q = queue[i]
         try:
             check_request(q.request, catalog, index.job_types)
-            p = _plan_on_view(q.request, index, state, view, q.run_id, weights, full_explanations)
+            full = full_explanations if explain else None
+            p = _plan_on_view(q.request, index, state, view, q.run_id, weights, full)
         except (InvalidRequestError, NoFeasibleOfferError, CapacityUnavailableError) as exc:
             outcomes.append(PlanOutcome(q.run_id, None, f"{type(exc).__name__}: {exc}"))
             continue

@@ -310,3 +310,14 @@ def test_plan_many_goes_by_priority_then_arrival_and_never_overcommits():
     assert outcomes[0].placement.zone == "us-east1-b"
     assert outcomes[1].placement.zone == "us-east1-c"
     assert outcomes[2].placement is None and "CapacityUnavailableError" in outcomes[2].error
+
+
+def test_plan_many_without_explanations_makes_the_same_choices():
+    cat = Catalog((offer("us-east1-b", spot=0.5, cap=4), offer("us-east1-c", spot=0.9, cap=8)))
+    queue = [QueuedRequest(f"r{i}", req(num_workers=4)) for i in range(3)]
+    explained = plan_many(queue, cat, ClusterState())
+    bare = plan_many(queue, cat, ClusterState(), explain=False)
+    assert [o.error for o in bare] == [o.error for o in explained]
+    for e, b in zip(explained, bare, strict=True):
+        assert e.placement is not None and e.placement.explanation
+        assert b.placement == dataclasses.replace(e.placement, explanation=())

@@ -122,7 +122,7 @@ class SimPlacement:
         )
         self.zones_by_region: dict[str, tuple[str, ...]] = {r.name: (f"{r.name}-a",) for r in regions}
         self.placements: dict[str, Placement] = {}
-        """Each job's current placement (its explanation dropped to keep 100k jobs small)."""
+        """Each job's current placement (planned without explanation, to keep 100k jobs small)."""
         self.constraints: dict[str, tuple[frozenset[str], str | None]] = {}
         """Blocked zones and market of each job's last recovery, applied to its later placements
         (a job waiting for GPUs is re-planned under the constraint its strategy set)."""
@@ -134,6 +134,13 @@ class SimPlacement:
         self._starts_view: tuple = ()
         self._length_free = not any(o.preemption_rate_per_hour > 0 for o in offers)
         """No offer has a preemption rate: the engine's choice does not depend on a job's length."""
+        self._nominal = [
+            [(gpu, int(n), f"{r.name}-a") for gpu, n in r.gpus.items() if int(n) > 0] for r in regions
+        ]
+        """Per region: (GPU type, GPUs, zone) of every type it has."""
+        self._held: dict[tuple[str, str, int], Reservation] = {}
+        """The reservation holding ``lost`` GPUs of a type in a region, by (region, type, lost):
+        routing asks for the same few thousand at every call."""
 
     def request(self, job: SimJob, market: str | None = None) -> JobRequest:
         """The job as the fast path's request: its job type as the model, its scale factor as workers."""
@@ -158,13 +165,16 @@ class SimPlacement:
         GPUs unavailable now as reservations, and the blocked zones."""
         held = []
         if available is not None:
-            for region, usable in zip(self.regions, available, strict=True):
-                for gpu, nominal in region.gpus.items():
-                    lost = int(nominal) - int(usable.get(gpu, 0))
+            cache = self._held
+            for region, nominal, usable in zip(self.regions, self._nominal, available, strict=True):
+                for gpu, n, zone in nominal:
+                    lost = n - int(usable.get(gpu, 0))
                     if lost > 0:
-                        held.append(
-                            Reservation(UNAVAILABLE_RUN, region.name, f"{region.name}-a", gpu, lost, "spot")
-                        )
+                        key = (region.name, gpu, lost)
+                        r = cache.get(key)
+                        if r is None:
+                            r = cache[key] = Reservation(UNAVAILABLE_RUN, region.name, zone, gpu, lost, "spot")
+                        held.append(r)
         loads = {r.name: float(v) for r, v in zip(self.regions, load, strict=True)}
         return ClusterState(
             reservations=tuple(held),
@@ -189,12 +199,13 @@ class SimPlacement:
             self.catalog,
             self.state(load, available, blocked_zones),
             index=self.index,
+            explain=False,
         )[0]
         if outcome.placement is None:
             self.errors += int(count_error)
             self.last_error = outcome.error or ""
             return None
-        placement = dataclasses.replace(outcome.placement, explanation=())
+        placement = outcome.placement
         self.placements[job.job_id] = placement
         return placement
 
@@ -263,10 +274,11 @@ class SimPlacement:
             self.catalog,
             self.state([0.0] * len(self.regions)),
             index=self.index,
+            explain=False,
         )[0]
         if outcome.placement is None:
             raise ValueError(f"job {job.job_id} cannot run in region {name}: {outcome.error}")
-        p = dataclasses.replace(outcome.placement, explanation=())
+        p = outcome.placement
         self.placements[job.job_id] = p
         return p
 
