@@ -514,12 +514,12 @@ def plan_many(
     index = _index(catalog, index)
     view = view_for(index, state).copy()
     order = sorted(range(len(queue)), key=lambda i: (-queue[i].priority, queue[i].arrival, i))
+    full = full_explanations if explain else None
     outcomes: list[PlanOutcome] = []
     for i in order:
         q = queue[i]
         try:
             check_request(q.request, catalog, index.job_types)
-            full = full_explanations if explain else None
             p = _plan_on_view(q.request, index, state, view, q.run_id, weights, full)
         except (InvalidRequestError, NoFeasibleOfferError, CapacityUnavailableError) as exc:
             outcomes.append(PlanOutcome(q.run_id, None, f"{type(exc).__name__}: {exc}"))

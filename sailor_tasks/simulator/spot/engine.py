@@ -523,7 +523,7 @@ class _JobSim:
         counts only when no other zone sells on-demand."""
         data = self.data_regions | {lost.region} if lost else self.data_regions
         # Losing the zone it trains in, the run has saved there (at the notice, or periodically).
-        ckpt = lost.region if lost else (self.ckpt_region if self.saved_h > 0 else None)
+        ckpt = lost.region if lost else self._saved_region()
         key = (lost.zone if lost else None, frozenset(data), ckpt)
         hit = self._fallbacks.get(key)
         if hit is not None:
@@ -599,6 +599,10 @@ class _JobSim:
         attempt that trains (leaving it saves there), else of the last save."""
         if self.running_region and self.progress_h > 0:
             return self.running_region
+        return self._saved_region()
+
+    def _saved_region(self) -> str | None:
+        """Region of the run's last save (None: it has saved nothing)."""
         return self.ckpt_region if self.saved_h > 0 else None
 
     def _blocked(self, c: PlacementConstraint, market: str) -> frozenset[str]:

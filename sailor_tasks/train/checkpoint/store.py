@@ -90,7 +90,16 @@ class CheckpointStore:
     def step_uri(self, step: int) -> str:
         return storage.join(self.root_uri, step_dir_name(step))
 
+    def marker(self, step: int) -> dict[str, Any]:
+        """The step's commit marker (``MARKER``) as written.
+
+        Raises:
+            OSError: no marker (uncommitted or gone); ValueError: not JSON.
+        """
+        return storage.read_json(storage.join(self.step_uri(step), MARKER))
+
     # --- fencing ---------------------------------------------------------------------------
+
     def fence(self) -> dict[str, Any] | None:
         """The root's claim (``{"attempt": N, "inherited": [...]}``), or None when unclaimed."""
         uri = storage.join(self.root_uri, FENCE)
@@ -135,7 +144,7 @@ class CheckpointStore:
             return False
         if marker is None:
             try:
-                marker = storage.read_json(storage.join(self.step_uri(step), MARKER))
+                marker = self.marker(step)
             except (OSError, ValueError):
                 return False
         written_by = marker.get("attempt")
@@ -181,7 +190,7 @@ class CheckpointStore:
         """True when every file listed in the step's marker exists with the recorded crc32c and size."""
         uri = self.step_uri(step)
         try:
-            marker = storage.read_json(storage.join(uri, MARKER))
+            marker = self.marker(step)
             if self._stale(step, self.fence(), marker):
                 logger.warning(
                     "checkpoint %s: committed by attempt %s after a newer attempt claimed the root; skipping it",
@@ -206,7 +215,7 @@ class CheckpointStore:
         move would copy, for planning), or None when there is none."""
         for step in reversed(self.committed_steps()):
             try:
-                marker = storage.read_json(storage.join(self.step_uri(step), MARKER))
+                marker = self.marker(step)
                 return sum(int(meta["size"]) for meta in marker["files"].values())
             except (OSError, KeyError, TypeError, ValueError):
                 continue
@@ -369,7 +378,7 @@ class CheckpointStore:
         if step in self._durable:
             return
         folder = storage.filesystem(self.step_uri(step))[1]
-        names = [*storage.read_json(storage.join(self.step_uri(step), MARKER))["files"], MARKER]
+        names = [*self.marker(step)["files"], MARKER]
         for path, flags in (
             *((posixpath.join(folder, n), os.O_RDONLY) for n in names),
             (folder, os.O_RDONLY | os.O_DIRECTORY),
@@ -412,7 +421,7 @@ class CheckpointStore:
         except FileNotFoundError:
             return
         try:
-            files = storage.read_json(storage.join(self.step_uri(newest), MARKER))["files"]
+            files = self.marker(newest)["files"]
             limit = sum(1 for n in files if n.endswith(DATA_SUFFIX))
         except (OSError, KeyError, ValueError):
             limit = 0  # no committed checkpoint to size the folder by
