@@ -1,7 +1,7 @@
 """Checkpoint save/restore speed for a model of >= 100 MB of state (gpt_25m + AdamW moments).
 
 Every write below stores the same state (the same bytes) to the same filesystem, and every figure
-is the median over repeats. Each repeat times, in rotating order:
+is the median over repeats. Each repeat times, in an order shuffled per repeat (seeded):
 
 - ``sailor``: ``CheckpointManager.save`` (SAILOR's writer: raw tensor bytes with crc32c computed on
   the fly, the first save's DCP plan reused, commit marker) into **new files** (``recycle=False``),
@@ -38,8 +38,10 @@ ballast folder and deleted, so that every write takes its page-cache pages from 
 before it. Without this the order of the writes decides who pays for cold memory: a VM whose
 guest reports free memory to the hypervisor (Linux free page reporting, as on the dev VM) gets
 memory left free for a few seconds taken back, and a write whose pages land there costs several
-times its usual kernel CPU; in a fixed rotation each write always follows the same other one,
-which frees more or less memory just before it.
+times its usual kernel CPU. The ballast does not undo everything a write leaves behind (a
+``public`` save allocates and frees far more memory than the bytes it writes, and the write right
+after it is slower), so the order is shuffled in every repeat: in a fixed rotation each write
+would always follow the same other one.
 
 ``seconds`` is each write's median wall time and ``cpu_seconds`` its median CPU time (all threads
 of this process, user + system, so the kernel's copy into the page cache counts): on a shared
@@ -73,6 +75,7 @@ import atexit
 import json
 import logging
 import os
+import random
 import resource
 import shutil
 import statistics
@@ -310,7 +313,7 @@ def main() -> None:
     stall, loop, plain, restore = [], [], [], []
     nbytes = 0
     for i in range(args.repeat):
-        order = WRITES[i % len(WRITES) :] + WRITES[: i % len(WRITES)]
+        order = random.Random(i).sample(WRITES, len(WRITES))
         for what in order:
             if what.startswith("sailor"):
                 seconds, cpu, nbytes, reused = sailor_save(what)

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import crc32c_rs
@@ -112,14 +112,14 @@ def _reader(uri: str) -> RawTensorFsspecReader:
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes as a flat buffer over its own storage (a copy only when not contiguous or
     not in host memory). The buffer keeps the tensor alive."""
-    t = tensor.detach()
+    t = tensor
     if not (
         t.is_cpu and t.layout == torch.strided and t.is_contiguous() and not t.is_conj() and not t.is_neg()
     ):
-        t = t.cpu().contiguous().resolve_conj().resolve_neg()
+        t = t.detach().cpu().contiguous().resolve_conj().resolve_neg()
     # A view of the storage from its address: a quarter of the CPU of ``view(uint8).numpy()``,
     # which matters at hundreds of tensors per save.
-    array = (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
+    array = (ctypes.c_char * t.nbytes).from_address(t.data_ptr())
     array._owner = t  # type: ignore[attr-defined]
     return memoryview(array).cast("B")
 
@@ -253,9 +253,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
             obj = nodes[plan.node_of[id(item)]]
             if item.type != WriteItemType.BYTE_IO:
                 return obj
-            buf = io.BytesIO()  # what DefaultSavePlanner.transform_object writes
-            torch.save(obj, buf)
-            return buf
+            return io.BytesIO(plan.torch_saved(obj))
 
         results = self._write_files(resolve)
         key = _pickle_key(results)
@@ -530,6 +528,24 @@ class _SavePlan:
     metadata: Metadata
     pickled: tuple[Any, bytes] | None
     """(``_pickle_key``, ``.metadata`` bytes) of the latest save with this plan."""
+    saved_values: dict[bytes, bytes] = field(default_factory=dict)
+    """``torch.save`` bytes of plain values (``_plain_value``) by their pickle: the optimizer's
+    hyperparameters and the trainer's counters, pickled once per distinct value, not every save."""
+
+    def torch_saved(self, obj: Any) -> bytes:
+        """What ``DefaultSavePlanner.transform_object`` writes for the non-tensor value ``obj``
+        (``torch.save`` bytes), from ``saved_values`` when ``obj`` is a plain value seen before."""
+        key = pickle.dumps(obj, protocol=2) if _plain_value(obj) else None
+        data = self.saved_values.get(key) if key is not None else None
+        if data is None:
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            data = buf.getvalue()
+            if key is not None:
+                if len(self.saved_values) >= _MAX_SAVED_VALUES:  # a value that changes every save
+                    self.saved_values.clear()
+                self.saved_values[key] = data
+        return data
 
     @classmethod
     def record(
@@ -558,6 +574,18 @@ class _SavePlan:
                     return None
                 node_of[id(item)] = position[path]
         return cls(layout, writer.files, node_of, writer.metadata, writer.pickled)
+
+
+_MAX_SAVED_VALUES = 1024
+_PLAIN_SCALARS = (int, float, bool, str, type(None))
+
+
+def _plain_value(obj: Any) -> bool:
+    """``obj`` is a built-in scalar, string or None, or a tuple of them: its pickle tells it apart
+    from every other value (1, 1.0, True; 0.0 and -0.0), and ``torch.save`` writes equal bytes
+    for equal pickles."""
+    kind = type(obj)
+    return kind in _PLAIN_SCALARS or (kind is tuple and all(_plain_value(v) for v in obj))
 
 
 def _layout(obj: Any) -> Any:

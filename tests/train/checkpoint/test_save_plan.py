@@ -3,6 +3,7 @@ model + optimizer state dicts renamed as get_state_dict does."""
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 
@@ -79,6 +80,19 @@ def test_a_pickled_value_that_changes_size_moves_only_its_own_entry(tmp_path, pl
     meta = [pickle.loads(_files(mgr, s)[".metadata"]) for s in (1, 2)]
     moved = {i.fqn for i in meta[0].storage_data if meta[0].storage_data[i] != meta[1].storage_data[i]}
     assert moved and all(not isinstance(_lookup(small, fqn), torch.Tensor) for fqn in moved)
+
+
+def test_plain_values_pickled_once_come_back_exactly(tmp_path, planned):
+    """Values equal in Python but pickled differently (0.0 and -0.0) keep their own bytes."""
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
+    values = [0.0, -0.0, 0.0, float("nan"), -0.0, 1e300]
+    for step, value in enumerate(values, 1):
+        mgr.save(step, {"w": torch.ones(2), "v": value, "betas": (0.9, -0.0), "n": 2**70})
+    assert planned == ["step-00000001"]
+    for step, value in enumerate(values, 1):
+        got = mgr.load_all(step)
+        assert repr(got["v"]) == repr(value) and math.copysign(1, got["v"]) == math.copysign(1, value), step
+        assert repr(got["betas"]) == "(0.9, -0.0)" and got["n"] == 2**70
 
 
 def _lookup(state: dict, fqn: str):
