@@ -39,6 +39,26 @@ def test_marker_checksums_computed_while_writing_match_the_files(tmp_path):
         assert crc32c_of(storage.join(mgr.step_uri(1), name)) == (meta["crc32c"], meta["size"]), name
 
 
+def test_retention_reads_back_nothing_a_local_process_wrote_itself(tmp_path, monkeypatch):
+    """The marker's checksums were computed from the bytes written; a new process still verifies."""
+    import sailor_tasks.train.checkpoint.store as store_mod
+
+    read_back: list[str] = []
+    real = store_mod.crc32c_of
+    monkeypatch.setattr(store_mod, "crc32c_of", lambda uri: read_back.append(uri) or real(uri))
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=2)
+    for step in (1, 2, 3):
+        mgr.save(step, _state(10_000, float(step)))
+    mgr.save_async(4, _state(10_000, 4.0))
+    mgr.wait()
+    assert mgr.step_dirs() == [3, 4] and read_back == []
+    folder = storage.filesystem(mgr.step_uri(4))[1]
+    with open(os.path.join(folder, "__0_0.distcp"), "r+b") as f:  # corrupted behind its back
+        f.write(b"\xff")
+    restarted = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=2)
+    assert restarted.latest_valid_step() == 3 and read_back
+
+
 @pytest.mark.parametrize("recycle", [False, True])
 def test_sync_files_fsyncs_every_data_file_and_the_metadata_before_the_marker(tmp_path, monkeypatch, recycle):
     import sailor_tasks.train.checkpoint.dcp as dcp_mod
