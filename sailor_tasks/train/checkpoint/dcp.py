@@ -536,6 +536,8 @@ class _SavePlan:
         """What ``DefaultSavePlanner.transform_object`` writes for the non-tensor value ``obj``
         (``torch.save`` bytes), from ``saved_values`` when ``obj`` is a plain value seen before."""
         key = pickle.dumps(obj, protocol=2) if _plain_value(obj) else None
+        if key is not None and len(key) > _MAX_SAVED_VALUE_BYTES:
+            key = None  # a long string: not worth holding twice
         data = self.saved_values.get(key) if key is not None else None
         if data is None:
             buf = io.BytesIO()
@@ -577,6 +579,7 @@ class _SavePlan:
 
 
 _MAX_SAVED_VALUES = 1024
+_MAX_SAVED_VALUE_BYTES = 4096
 _PLAIN_SCALARS = (int, float, bool, str, type(None))
 
 
