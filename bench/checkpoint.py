@@ -57,8 +57,9 @@ the plain ones renamed and DCP's plan of the first save is reused.
 Then, per repeat:
 
 - async_stall_s: what a training step loses to ``save_async(pipelined=True)`` (the trainer's mode,
-  recycled files as in training, a manager of its own), timed inside real gpt_25m training steps: the ``save_async``
-  call + ``wait_staged`` before the optimizer step + the ``poll`` that collects the result.
+  recycled files as in training, a manager of its own), timed inside real gpt_25m training steps:
+  the ``save_async`` call + ``wait_staged`` before the optimizer step + the ``poll`` that collects
+  the result.
 - async_loop_overhead_s: the same loss as wall time: the steps from the save until it is
   committed, minus as many plain steps (median); it counts the background copy and write competing
   with training for CPU and memory bandwidth, so it is noisy on a loaded machine.

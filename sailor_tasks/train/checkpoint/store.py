@@ -99,7 +99,6 @@ class CheckpointStore:
         return storage.read_json(storage.join(self.step_uri(step), MARKER))
 
     # --- fencing ---------------------------------------------------------------------------
-
     def fence(self) -> dict[str, Any] | None:
         """The root's claim (``{"attempt": N, "inherited": [...]}``), or None when unclaimed."""
         uri = storage.join(self.root_uri, FENCE)
@@ -399,7 +398,7 @@ class CheckpointStore:
         uri = self.step_uri(step)
         marker_uri = storage.join(uri, MARKER)
         try:
-            names = [n for n in storage.read_json(marker_uri)["files"] if n.endswith(DATA_SUFFIX)]
+            names = [n for n in self.marker(step)["files"] if n.endswith(DATA_SUFFIX)]
         except (OSError, KeyError, ValueError):
             names = []
         storage.remove(marker_uri)
