@@ -136,6 +136,77 @@ def test_raw_tensor_entries_round_trip_every_dtype_and_layout(tmp_path):
     assert diff_states(mgr.load_all(1), saved) == []  # no template: shapes from the metadata
 
 
+def test_small_entries_written_together_land_at_their_own_offsets(tmp_path):
+    # Hundreds of small entries (more than the 2 MiB after which they are flushed), entries at the
+    # size limit, large ones; in the planned save and in the one reusing its plan.
+    g = torch.Generator().manual_seed(0)
+    state = {
+        "tiny": {f"t{i}": torch.randn(3, generator=g) for i in range(300)},
+        "small": {f"s{i}": torch.randn(2500, generator=g) for i in range(400)},  # 10 KB each: 4 MB
+        "big": torch.randn(700_000, generator=g),
+        "edge": {
+            "below": torch.randn(16 * 1024 - 1, generator=g),
+            "at": torch.randn(16 * 1024, generator=g),  # 64 KiB: written on its own
+            "bf16": torch.randn(33, generator=g).to(torch.bfloat16),
+        },
+        "big2": torch.randn(300_000, generator=g),
+        "meta": {"step": 1, "note": "x" * 100},
+    }
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
+    mgr.save(1, state)
+    mgr.save(2, state)  # the first save's plan reused
+    flat = {}
+
+    def collect(obj, prefix):
+        for k, v in obj.items():
+            if isinstance(v, dict):
+                collect(v, f"{prefix}{k}.")
+            elif isinstance(v, torch.Tensor):
+                flat[f"{prefix}{k}"] = v
+
+    collect(state, "")
+    for step in (1, 2):
+        assert mgr.verify(step)
+        assert diff_states(mgr.load_all(step), state) == []
+        folder = storage.filesystem(mgr.step_uri(step))[1]
+        infos = RawTensorFsspecReader(mgr.step_uri(step)).read_metadata().storage_data
+        for index, info in infos.items():
+            if index.fqn in flat:
+                with open(os.path.join(folder, info.relative_path), "rb") as f:
+                    f.seek(info.offset)
+                    data = f.read(info.length)
+                expected = flat[index.fqn].contiguous().view(torch.uint8).numpy().tobytes()
+                assert data == expected, (step, index.fqn)
+
+
+def test_non_tensor_entries_are_pickled_alike_in_every_writer_thread(tmp_path):
+    import io
+
+    import torch.utils.serialization.config as serialization_config
+
+    values = {f"v{i}": {"lr": 0.1 * i, "name": f"group {i}", "betas": (0.9, 0.99)} for i in range(8)}
+    state = {"a": torch.randn(1000), "b": torch.randn(1000), **values}
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10, thread_count=2)
+    for step in (1, 2):  # planned, then the plan reused
+        mgr.save(step, state)
+        folder = storage.filesystem(mgr.step_uri(step))[1]
+        infos = RawTensorFsspecReader(mgr.step_uri(step)).read_metadata().storage_data
+        files = set()
+        for index, info in infos.items():
+            if info.transform_descriptors is not None:
+                continue
+            files.add(info.relative_path)
+            group, key = index.fqn.split(".")
+            with open(os.path.join(folder, info.relative_path), "rb") as f:
+                f.seek(info.offset)
+                data = f.read(info.length)
+            expected = io.BytesIO()
+            with serialization_config.patch({"save.compute_crc32": False}):  # the crc32c covers them
+                torch.save(values[group][key], expected)
+            assert data == expected.getvalue(), (step, index.fqn, info.relative_path)
+        assert len(files) == 2, files  # in the files of both writer threads
+
+
 def test_checkpoint_in_dcp_torch_save_format_still_loads(tmp_path):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
