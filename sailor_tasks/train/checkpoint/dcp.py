@@ -12,11 +12,9 @@ planning and pickling cost more CPU than the crc32c of 300 MB.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import ctypes
 import io
-import itertools
 import json
 import logging
 import math
@@ -66,9 +64,6 @@ such saves take 4-10x their usual kernel CPU (2026-11-25, interleaved, 306 MB wi
 chunk's crc32c is computed right after the chunk is written, from cache (before it costs the same:
 2026-11-27, 153 MB into a new file from each of 2 threads, 31.6 ms vs 31.9 ms; 28.1 ms without a
 checksum)."""
-_MIN_SPLIT = 2 * _WRITE_CHUNK
-"""Bytes a file must have left unstarted for an idle writer thread to take over half of them:
-less is not worth the second file descriptor and the crc32c combination."""
 _SMALL_ENTRY = 64 * 1024
 """Entries smaller than this are copied together and written in one go (see ``_write_file``)."""
 _METADATA = ".metadata"
@@ -181,8 +176,6 @@ class ChecksummingFsspecWriter(FsspecWriter):
     dozens of small writes per tensor): 4-5x slower than writing the same bytes. Here each file is
     written by one thread in ``_WRITE_CHUNK`` writes taken straight from the tensors' buffers, and each
     chunk's crc32c is computed right after it is written (one pass over the bytes, no read-back).
-    In a plan-reusing save of local files, a thread done with its own file takes over the end of
-    another's (``_FileJob``).
     Tensor entries are tagged ``RAW_TENSOR_FORMAT`` (dtype and shape are in DCP's metadata already);
     non-tensor entries stay DCP's ``torch.save`` bytes, written after the tensors of their file
     (so tensor offsets do not move when a pickled value changes size). With ``sidecar`` each rank
@@ -287,81 +280,39 @@ class ChecksummingFsspecWriter(FsspecWriter):
                 return io.BytesIO(saved[id(item)])
             return nodes[plan.node_of[id(item)]]
 
-        jobs = None
-        if self._local_dir is not None:
-            jobs = [
-                _FileJob(
-                    name, items, [len(saved[id(i)]) if id(i) in saved else _tensor_nbytes(i) for i in items]
-                )
-                for name, items in plan.files
-            ]
-        self._write_files(resolve, results=False, then=lambda: self._write_metadata(pickled[1]), jobs=jobs)
+        self._write_files(resolve, results=False, then=lambda: self._write_metadata(pickled[1]))
         written = {name: self.fs.sums[name]["size"] for name in sizes}
         if written != sizes:  # the layout check let through a state dict of other sizes
             raise RuntimeError(f"{self.path}: data files of {written} bytes, the plan's are {sizes}")
         self.pickled = pickled
 
     def _write_files(
-        self,
-        resolve: Any,
-        *,
-        results: bool = True,
-        then: Callable[[], None] | None = None,
-        jobs: list[_FileJob] | None = None,
+        self, resolve: Any, *, results: bool = True, then: Callable[[], None] | None = None
     ) -> list[WriteResult]:
         """Write ``self.files`` (the first in this thread, the others in the pool), each item's data
         from ``resolve``; returns every item's ``WriteResult`` (none when not ``results``).
-        ``then`` runs in this thread once its own file is written, while the others may not be.
-        With ``jobs`` (local files whose every item's size is known, one per file), a thread done
-        with its own file takes over the end of the file with the most left to write."""
+        ``then`` runs in this thread once its own file is written, while the others may not be."""
         recycled = self._take_recycled([n for n, _ in self.files])
-
-        def run(i: int, name: str, items: list[WriteItem]) -> list[WriteResult]:
-            out = self._write_file(name, items, resolve, name in recycled, results, jobs[i] if jobs else None)
-            if i == 0 and then is not None:
-                then()
-            if jobs:
-                self._help(jobs, resolve)
-            return out
-
         with contextlib.ExitStack() as stack:
             pool = self._pool
             if pool is None and len(self.files) > 1:
                 pool = stack.enter_context(
                     ThreadPoolExecutor(len(self.files) - 1, thread_name_prefix="sailor-ckpt-write")
                 )
-            others = [pool.submit(run, i, n, b) for i, (n, b) in enumerate(self.files) if i > 0]
+            others = [
+                pool.submit(self._write_file, n, b, resolve, n in recycled, results)
+                for n, b in self.files[1:]
+            ]
             try:
-                per_file = [run(0, *self.files[0])] if self.files else []
+                per_file = [
+                    self._write_file(n, b, resolve, n in recycled, results) for n, b in self.files[:1]
+                ]
+                if then is not None:
+                    then()
             finally:
                 done = [f.result() for f in others]  # never leave a thread writing into the folder
             per_file += done
-        for job in jobs or ():
-            self.fs.sums[job.name] = {"crc32c": f"{job.crc():08x}", "size": job.offsets[-1]}
         return [r for file_results in per_file for r in file_results]
-
-    def _help(self, jobs: list[_FileJob], resolve: Any) -> None:
-        """Take over the end of other threads' files (``_FileJob.split``) until none has enough
-        left to share; each part is written, checksummed and, with ``sync_files``, fsynced here."""
-        while True:
-            for job in sorted(jobs, key=_FileJob.unstarted_bytes, reverse=True):
-                part = job.split()
-                if part is not None:
-                    break
-            else:
-                return
-            first, end = part
-            fd = os.open(posixpath.join(self._local_dir, job.name), os.O_WRONLY)
-            try:
-                f = _PositionalFile(fd, job.offsets[first])
-                writer = _ChunkWriter(job.offsets[first])
-                with _torch_save_config():
-                    self._write_items(f, job.items[first:end], resolve, writer, job.name, None, None, first)
-                if self.sync_files:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            job.add_tail(first, writer.crc, job.offsets[end] - job.offsets[first])
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write ``.metadata`` as DCP does, but straight to its name (no temporary file and rename,
@@ -425,10 +376,12 @@ class ChecksummingFsspecWriter(FsspecWriter):
         resolve: Any,
         recycled: bool = False,
         want_results: bool = True,
-        job: _FileJob | None = None,
     ) -> list[WriteResult]:
-        results: list[WriteResult] | None = [] if want_results else None
+        results, offset = [], 0
         writer = _ChunkWriter()
+        small: list[Any] = []
+        """Buffers of consecutive small entries not yet written, written together in one go."""
+        small_bytes = 0
         # A local file is written with unbuffered ``write(2)`` calls; a recycled one is overwritten
         # in place: its blocks and (still cached) pages are reused.
         if recycled:
@@ -443,200 +396,48 @@ class ChecksummingFsspecWriter(FsspecWriter):
             if not recycled:
                 reserved = sum(_tensor_nbytes(item) for item in items)
                 preallocate(f, reserved)
-            if job is not None:
-                job.opened()
-            self._write_items(f, items, resolve, writer, name, results, job, 0)
-            size = writer.offset if job is None else job.offsets[-1]  # other threads may write the end
-            if recycled or reserved > size:
-                f.truncate(size)  # the recycled file may have been longer
+            for item in items:
+                data = resolve(item)
+                if item.type == WriteItemType.BYTE_IO:
+                    buf, descriptors = data.getbuffer(), None
+                else:
+                    buf, descriptors = _tensor_bytes(data), [RAW_TENSOR_FORMAT]
+                size = buf.nbytes
+                if want_results:
+                    results.append(_write_result(item, name, offset, size, descriptors))
+                offset += size
+                if size < _SMALL_ENTRY:
+                    # Hundreds of small entries per save (AdamW's step counters, biases, norms):
+                    # copied together and written at once, not one write and checksum each.
+                    small.append(buf)
+                    small_bytes += size
+                    if small_bytes >= _WRITE_CHUNK:
+                        writer.write(f, memoryview(b"".join(small)))
+                        small, small_bytes = [], 0
+                else:
+                    if small:
+                        writer.write(f, memoryview(b"".join(small)))
+                        small, small_bytes = [], 0
+                    writer.write(f, buf)
+                del buf, data
+            if small:
+                writer.write(f, memoryview(b"".join(small)))
+            if recycled or reserved > offset:
+                f.truncate(offset)  # the recycled file may have been longer
             if self.sync_files:
                 _fsync(f)
-        if job is None:
-            self.fs.sums[name] = {"crc32c": f"{writer.crc:08x}", "size": writer.offset}
-        else:
-            job.head = writer.crc
-        return results or []
-
-    @staticmethod
-    def _write_items(
-        f: Any,
-        items: list[WriteItem],
-        resolve: Any,
-        writer: _ChunkWriter,
-        name: str,
-        results: list[WriteResult] | None,
-        job: _FileJob | None,
-        first: int,
-    ) -> None:
-        """Write ``items`` (the file's from index ``first`` on) one after the other through
-        ``writer``; with ``job``, only as long as ``job.take`` lets this thread have the next one.
-        Appends each item's ``WriteResult`` to ``results`` when given."""
-        small: list[Any] = []
-        """Buffers of consecutive small entries not yet written, written together in one go."""
-        small_bytes = 0
-        for i, item in enumerate(items, first):
-            if job is not None and not job.take(i):
-                break
-            data = resolve(item)
-            if item.type == WriteItemType.BYTE_IO:
-                buf, descriptors = data.getbuffer(), None
-            else:
-                buf, descriptors = _tensor_bytes(data), [RAW_TENSOR_FORMAT]
-            size = buf.nbytes
-            if job is not None and size != job.offsets[i + 1] - job.offsets[i]:
-                raise RuntimeError(
-                    f"{name}: entry {item.index.fqn} has {size} bytes, the plan's {job.offsets[i + 1] - job.offsets[i]}"
-                )
-            if results is not None:
-                results.append(_write_result(item, name, writer.offset + small_bytes, size, descriptors))
-            if size < _SMALL_ENTRY:
-                # Hundreds of small entries per save (AdamW's step counters, biases, norms):
-                # copied together and written at once, not one write and checksum each.
-                small.append(buf)
-                small_bytes += size
-                if small_bytes >= _WRITE_CHUNK:
-                    writer.write(f, memoryview(b"".join(small)))
-                    small, small_bytes = [], 0
-            else:
-                if small:
-                    writer.write(f, memoryview(b"".join(small)))
-                    small, small_bytes = [], 0
-                writer.write(f, buf)
-            del buf, data
-        if small:
-            writer.write(f, memoryview(b"".join(small)))
-
-
-class _FileJob:
-    """A local data file of a plan-reusing save (every item's size known before writing), shared
-    by the thread writing it and any writer thread that runs out of work of its own: that thread
-    takes over the items at the end of the file the writer has not started yet (``split``), so a
-    save is not held up by one slow thread. The file's crc32c is combined from the parts'."""
-
-    __slots__ = ("name", "items", "offsets", "_lock", "_limit", "_started", "head", "_tails")
-
-    def __init__(self, name: str, items: list[WriteItem], sizes: list[int]):
-        self.name, self.items = name, items
-        self.offsets = list(itertools.accumulate(sizes, initial=0))
-        """Each item's offset in the file, and the file's size last."""
-        self._lock = threading.Lock()
-        self._limit = len(items)
-        """The file's writer stops before this item: later ones are other threads'."""
-        self._started = -1
-        """Items the writer has taken (-1: the file is not created yet)."""
-        self.head: int | None = None
-        """crc32c of the writer's part, from the file's start."""
-        self._tails: list[tuple[int, int, int]] = []
-        """(first item, crc32c, bytes) of each part other threads wrote."""
-
-    def opened(self) -> None:
-        with self._lock:
-            self._started = 0
-
-    def take(self, i: int) -> bool:
-        """For the file's writer, before item ``i``: whether it is still the writer's to write."""
-        with self._lock:
-            if i >= self._limit:
-                return False
-            self._started = i + 1
-            return True
-
-    def unstarted_bytes(self) -> int:
-        with self._lock:
-            return 0 if self._started < 0 else self.offsets[self._limit] - self.offsets[self._started]
-
-    def split(self) -> tuple[int, int] | None:
-        """For an idle thread: the items ``[first, end)`` it takes over, about the later half of
-        the bytes the writer has not started, or None when that is under ``_MIN_SPLIT``."""
-        with self._lock:
-            if self._started < 0:
-                return None
-            lo, end = self._started, self._limit
-            if self.offsets[end] - self.offsets[lo] < _MIN_SPLIT:
-                return None
-            middle = (self.offsets[lo] + self.offsets[end]) / 2
-            first = bisect.bisect_left(self.offsets, middle, lo, end)
-            if first > lo and middle - self.offsets[first - 1] < self.offsets[first] - middle:
-                first -= 1  # the boundary nearest the middle
-            first = min(first, end - 1)
-            self._limit = first
-            return first, end
-
-    def add_tail(self, first: int, crc: int, size: int) -> None:
-        with self._lock:
-            self._tails.append((first, crc, size))
-
-    def crc(self) -> int:
-        """The whole file's crc32c, once every part is written."""
-        if self.head is None:
-            raise RuntimeError(f"{self.name}: its writer did not finish")
-        crc = self.head
-        for _, part, size in sorted(self._tails):
-            crc = crc32c_combine(crc, part, size)
-        return crc
-
-
-class _PositionalFile:
-    """Writes at a position of an open file (``pwrite(2)``), for a part of a file another thread
-    writes too."""
-
-    __slots__ = ("_fd", "_position")
-
-    def __init__(self, fd: int, position: int):
-        self._fd, self._position = fd, position
-
-    def write(self, data: Any) -> int:
-        n = os.pwrite(self._fd, data, self._position)
-        self._position += n
-        return n
-
-
-_CRC32C_POLY = 0x82F63B78
-"""The Castagnoli polynomial, bit-reflected (as the crc32c is computed)."""
-
-
-def _multmodp(a: int, b: int) -> int:
-    """a * b modulo the crc32c polynomial, both bit-reflected (zlib's ``multmodp``)."""
-    m, p = 1 << 31, 0
-    while True:
-        if a & m:
-            p ^= b
-            if not a & (m - 1):
-                return p
-        m >>= 1
-        b = (b >> 1) ^ _CRC32C_POLY if b & 1 else b >> 1
-
-
-def _x2n_table() -> list[int]:
-    table = [1 << 30]  # x^1
-    for _ in range(31):
-        table.append(_multmodp(table[-1], table[-1]))  # x^(2^k)
-    return table
-
-
-_X2N = _x2n_table()
-
-
-def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
-    """The crc32c of ``a + b`` from ``crc1`` (``a``'s), ``crc2`` (``b``'s) and ``len2`` (``b``'s
-    length in bytes), as zlib's ``crc32_combine`` does for its CRC: ``crc1`` times x^(8 len2)."""
-    p, k, n = 1 << 31, 3, len2  # x^0; x^(8 * len2) = x^(len2 * 2^3)
-    while n:
-        if n & 1:
-            p = _multmodp(_X2N[k & 31], p)
-        n >>= 1
-        k += 1
-    return _multmodp(p, crc1) ^ crc2
+        self.fs.sums[name] = {"crc32c": f"{writer.crc:08x}", "size": offset}
+        return results
 
 
 class _ChunkWriter:
-    """Writes buffers one after the other into a file, from its position ``offset``, in
-    ``_WRITE_CHUNK`` writes, and keeps the crc32c of everything written."""
+    """Writes buffers one after the other into a file in ``_WRITE_CHUNK`` writes and keeps the
+    crc32c of everything written."""
 
     __slots__ = ("crc", "offset")
 
-    def __init__(self, offset: int = 0) -> None:
-        self.crc, self.offset = 0, offset
+    def __init__(self) -> None:
+        self.crc, self.offset = 0, 0
 
     def write(self, f: Any, buf: memoryview) -> None:
         size, start = buf.nbytes, 0

@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 import os
 import pickle
-import threading
-import time
 
 import pytest
 import torch
@@ -244,48 +242,3 @@ def test_model_optimizer_state_keeps_calling_get_state_dict_when_renames_do_not_
     for _ in range(2):
         assert list(app.state_dict()["model"]) == ["module.weight", "module.bias"]
     assert len(get_state_dict_calls) == 2
-
-
-def test_crc32c_combine_matches_the_crc32c_of_the_concatenation():
-    import random
-
-    import crc32c_rs
-
-    rng = random.Random(0)
-    for _ in range(200):
-        a = rng.randbytes(rng.choice([0, 1, 7, rng.randrange(5000)]))
-        b = rng.randbytes(rng.choice([0, 1, 3, rng.randrange(5000)]))
-        combined = dcp_mod.crc32c_combine(crc32c_rs.crc32c(a), crc32c_rs.crc32c(b), len(b))
-        assert combined == crc32c_rs.crc32c(a + b), (len(a), len(b))
-
-
-@pytest.mark.parametrize("sync_files", [False, True])
-def test_an_idle_writer_thread_takes_over_the_end_of_a_slow_threads_file(tmp_path, monkeypatch, sync_files):
-    # The pool thread writes slowly: the saving thread, done with its own file, writes the end of
-    # the pool thread's. The files are still the ones DCP's planning writes, byte for byte.
-    g = torch.Generator().manual_seed(0)
-    state = {"w": {f"t{i}": torch.randn(256 * 1024, generator=g) for i in range(24)}, "step": 3}  # 1 MiB each
-    parts: list[tuple[str, int, int]] = []
-    real_add_tail, real_write = dcp_mod._FileJob.add_tail, dcp_mod._ChunkWriter.write
-
-    def add_tail(job, first, crc, size):
-        parts.append((job.name, first, size))
-        real_add_tail(job, first, crc, size)
-
-    def write(writer, f, buf):
-        if threading.current_thread().name.startswith("sailor-ckpt-write"):
-            time.sleep(0.01)
-        real_write(writer, f, buf)
-
-    monkeypatch.setattr(dcp_mod._FileJob, "add_tail", add_tail)
-    monkeypatch.setattr(dcp_mod._ChunkWriter, "write", write)
-    reused = CheckpointManager(f"file://{tmp_path}/reused", keep_latest_k=10, sync_files=sync_files)
-    reused.save(1, state)  # planned by DCP: no work shared
-    assert parts == []
-    reused.save(2, state)
-    assert parts and all(name == "__0_1.distcp" for name, _, _ in parts)  # the pool thread's file
-    fresh = CheckpointManager(f"file://{tmp_path}/fresh", keep_latest_k=10)
-    fresh.save(2, state)
-    assert _files(reused, 2) == _files(fresh, 2)
-    assert reused.verify(2)  # the combined crc32c is the file's
-    assert diff_states(reused.load_all(2), state) == []
