@@ -199,6 +199,28 @@ def _agnostic_rows(cap: np.ndarray, coef: np.ndarray, jobs: np.ndarray):
     return a, np.concatenate([np.ones(m), np.zeros(len(jobs))])
 
 
+def _evened(
+    share: np.ndarray, can: np.ndarray, x: np.ndarray, gpus: np.ndarray, pool: np.ndarray
+) -> np.ndarray:
+    """Each job's split of its time ``x_j`` over the types it can run on (rows of ``share``, the
+    split in proportion to the types' GPU counts), moved towards the even split as far as every
+    type's capacity allows: split_j = (1 − λ) · share_j + λ · even_j with the largest λ in [0, 1]
+    that keeps Σ_j gpus_j · x_j · split_jm ≤ pool_m on every type m (``gpus``: GPUs per job row,
+    its scale factor times its count). The proportional split fits whenever the LP's solution
+    does (λ = 0), so this never overfills a type; with capacity to spare it gives every type the
+    same share of a job's time (λ = 1)."""
+    runnable = can.sum(axis=1)[:, None]
+    even = np.divide(can, runnable, out=np.zeros(can.shape), where=runnable > 0)
+    weight = (gpus * x)[:, None]
+    room = pool - (weight * share).sum(axis=0)
+    growth = (weight * (even - share)).sum(axis=0)
+    lam = 1.0
+    for free, more in zip(room.tolist(), growth.tolist(), strict=True):
+        if more > 0:
+            lam = min(lam, max(free, 0.0) / more)
+    return (1.0 - lam) * share + lam * even
+
+
 @register("las_agnostic")
 class LeastAttainedServiceAgnostic(LeastAttainedService):
     """``las`` solved as if every GPU type were equally fast (the heterogeneity-agnostic baseline).
@@ -210,10 +232,16 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
         as ``las``, over x_j: max-min, then the spare capacity by progressive filling
         (``_fill_spare``: the spare stage's objective is flat when every type is equally fast).
     Constraints:
-        X[j, m] = x_j · G_m / G(S_j) for m ∈ S_j: a scheduler that cannot tell the types apart
-        spreads a job's time over them in proportion to their GPU counts (any other split would
-        be an arbitrary tie-break of an LP whose types all look the same); x_j ≤ 1;
+        solved with X[j, m] = x_j · G_m / G(S_j) for m ∈ S_j (a job's time spread over its
+        types in proportion to their GPU counts, the split that fits whenever any does); x_j ≤ 1;
         Σ_j c_j s_j x_j / G(S_j) ≤ 1 for every type m (over the jobs with m ∈ S_j: capacity).
+    Split:
+        every x_j is then spread over S_j as evenly as the types' capacity allows (``_evened``):
+        a scheduler that cannot tell the types apart gives each the same share of a job's time
+        unless a type is full. Any split of x_j solves the LP alike (its types all look the same);
+        Gavel's solver returns a central one (for 6 one-GPU jobs on 4 V100, 8 P100 and 12 K80
+        GPUs: 0.23, 0.34 and 0.43 of each job's time, where GPU counts give 0.17, 0.33 and 0.5
+        and the even split 1/3 each).
     The resulting X is then executed at the real throughputs.
     """
 
@@ -248,7 +276,7 @@ class LeastAttainedServiceAgnostic(LeastAttainedService):
         if len(live) and t_star > 0:
             spare_c = np.concatenate([units.count * coef * spare_weight(units), [0.0]])
             vec = self._fill_spare(lp, vec, live, coef, cap, ub[:n], spare_c)
-        x = vec[:n, None] * share
+        x = vec[:n, None] * _evened(share, can, vec[:n], units.count * units.scale, pool)
         return np.concatenate([x.ravel(), [t_star]])
 
     def _fill_spare(self, lp, first, live, coef, cap, x_ub, spare_c) -> np.ndarray:

@@ -167,6 +167,33 @@ def test_las_agnostic_fills_the_spare_capacity_progressively():
     np.testing.assert_allclose(wider.matrix.sum(axis=1) * np.array((1, 2, 4, 8)), [1.0, 2.0, 4.0, 4.0], atol=1e-5)
 
 
+def test_las_agnostic_spreads_a_job_evenly_over_its_types_as_far_as_capacity_allows():
+    gpus = {"V100": 4, "P100": 8, "K80": 12}
+    thr = {"V100": 3.0, "P100": 2.0, "K80": 1.0}  # not seen by the agnostic policy
+    few = tuple(PolicyJob(f"j{i}", thr) for i in range(6))
+    alloc = get_policy("las_agnostic").allocate(PolicyState(jobs=few, gpus=gpus))
+    split = {g: alloc.matrix[:, i] for i, g in enumerate(alloc.gpu_types)}
+    # Room on every type: each job a third of its time on each (GPU counts would give 1/6 V100).
+    for g in gpus:
+        np.testing.assert_allclose(split[g], 1 / 3, atol=1e-6)
+    # 24 one-GPU jobs fill the cluster: only the split by GPU counts fits.
+    full = tuple(PolicyJob(f"j{i}", thr) for i in range(24))
+    state = PolicyState(jobs=full, gpus=gpus)
+    alloc = get_policy("las_agnostic").allocate(state)
+    check_feasible(alloc, state)
+    for i, g in enumerate(alloc.gpu_types):
+        np.testing.assert_allclose(alloc.matrix[:, i], gpus[g] / 24, atol=1e-6)
+    # In between (16 jobs): as even as the 4 V100s allow, and no type overfilled.
+    mid = tuple(PolicyJob(f"j{i}", thr) for i in range(16))
+    state = PolicyState(jobs=mid, gpus=gpus)
+    alloc = get_policy("las_agnostic").allocate(state)
+    check_feasible(alloc, state)
+    used = alloc.gpus_used()
+    assert used["V100"] == pytest.approx(4.0, abs=1e-6)  # the type that binds
+    v100 = alloc.matrix[:, alloc.gpu_types.index("V100")]
+    assert 4 / 24 < v100[0] <= 4 / 16 + 1e-9
+
+
 def test_las_gives_multi_gpu_jobs_an_equal_share_per_gpu():
     # Same model and speeds, 1 and 4 workers: equal GPU-seconds, so the 4-GPU job gets 1/4 the time.
     thr = {"K80": 1.0, "P100": 2.0, "V100": 3.0}
