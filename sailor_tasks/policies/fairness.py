@@ -214,10 +214,8 @@ def _evened(
     weight = (gpus * x)[:, None]
     room = pool - (weight * share).sum(axis=0)
     growth = (weight * (even - share)).sum(axis=0)
-    lam = 1.0
-    for free, more in zip(room.tolist(), growth.tolist(), strict=True):
-        if more > 0:
-            lam = min(lam, max(free, 0.0) / more)
+    grows = growth > 0
+    lam = float(np.min(np.maximum(room[grows], 0.0) / growth[grows], initial=1.0))
     return (1.0 - lam) * share + lam * even
 
 
