@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -60,10 +61,14 @@ _WRITE_CHUNK = 2 * 1024 * 1024
 the page cache sizes a new file's folios by the length of each write, so 2 MiB writes get the
 2 MiB folios a single large write gets. 1 MiB writes get 1 MiB folios, and on the dev VM most
 such saves take 4-10x their usual kernel CPU (2026-11-25, interleaved, 306 MB with 2 threads:
-1 MiB writes median 214 ms, 9 of 10 saves slow; 2 MiB 65 ms, 1 of 10; 8 MiB 70 ms, 2 of 10). Each
-chunk's crc32c is computed right after the chunk is written, from cache (before it costs the same:
-2026-11-27, 153 MB into a new file from each of 2 threads, 31.6 ms vs 31.9 ms; 28.1 ms without a
-checksum)."""
+1 MiB writes median 214 ms, 9 of 10 saves slow; 2 MiB 65 ms, 1 of 10; 8 MiB 70 ms, 2 of 10).
+
+Each chunk's crc32c is computed over its first half just before the chunk is written and over its
+second half just after: the first read of the first half (from memory) leaves it in cache for the
+kernel's copy, and the second half is read back from cache right after the copy read it. On an
+Intel Xeon VM (2 MiB of L2 per core), 153 MB into a new file from each of 2 threads, 11
+interleaved runs each (2026-11-27): no checksum 35.4 ms, halves 40.1 ms, the whole chunk after
+its write 47.5 ms, before it 43.8 ms."""
 _SMALL_ENTRY = 64 * 1024
 """Entries smaller than this are copied together and written in one go (``_ChunkWriter.add``)."""
 _METADATA = ".metadata"
@@ -175,7 +180,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
     DCP's own writer serialises every tensor as a ``torch.save`` archive (pickler, zip records,
     dozens of small writes per tensor): 4-5x slower than writing the same bytes. Here each file is
     written by one thread in ``_WRITE_CHUNK`` writes taken straight from the tensors' buffers, and each
-    chunk's crc32c is computed right after it is written (one pass over the bytes, no read-back).
+    chunk's crc32c is computed around its write, from cache (``_WRITE_CHUNK``; no read-back).
     Tensor entries are tagged ``RAW_TENSOR_FORMAT`` (dtype and shape are in DCP's metadata already);
     non-tensor entries stay DCP's ``torch.save`` bytes, written after the tensors of their file
     (so tensor offsets do not move when a pickled value changes size). With ``sidecar`` each rank
@@ -250,49 +255,75 @@ class ChecksummingFsspecWriter(FsspecWriter):
     def write_cached(self, plan: _SavePlan, nodes: list[Any]) -> None:
         """Write this checkpoint with ``plan``, a previous save's, for a state dict of the same
         layout: ``nodes`` are its nodes in ``_walk`` order. The files are the ones ``dcp.save``
-        would write (same items, files and offsets). Every entry's size is known before any is
-        written (the tensors' from the plan, the non-tensor values' once pickled), so
+        would write (same items, files and offsets). Every file's tensors are written first; the
+        first thread done with its tensors pickles the non-tensor entries (written last in each
+        file) while the others still write. With their sizes every entry's offset is known, so
         ``.metadata`` (re-pickled only when a non-tensor entry's size moved an offset) is written
-        by the calling thread as soon as its own data file is, while the others are written."""
+        by this thread as soon as its own data file is, while the others may not be."""
         self.fs.mkdir(self.path)
         self.files = plan.files
         saved: dict[int, bytes] = {}
-        key = []
-        sizes = {}
-        with _torch_save_config():
-            for name, items in plan.files:
-                offset = 0
-                for item in items:
-                    if item.type == WriteItemType.BYTE_IO:
-                        data = saved[id(item)] = plan.torch_saved(nodes[plan.node_of[id(item)]])
-                        key.append((name, offset, len(data)))
-                        offset += len(data)
-                    else:
-                        offset += _tensor_nbytes(item)
-                sizes[name] = offset
-        if plan.pickled is None or plan.pickled[0] != tuple(key):
-            results = _planned_results(plan.files, saved)
-            plan.pickled = (tuple(key), self._pickle_metadata(plan.metadata, results))
-        pickled = plan.pickled
+        sizes = dict(plan.tensor_bytes)
+        pickled: tuple[Any, bytes] | None = None
+        lock = threading.Lock()
+        failed: list[BaseException] = []
+
+        def prepare() -> tuple[Any, bytes]:
+            """The non-tensor entries' bytes (into ``saved``), once, in whichever thread asks first."""
+            nonlocal pickled
+            with lock:
+                if failed:
+                    raise RuntimeError(f"{self.path}: the non-tensor entries were not pickled") from failed[0]
+                if pickled is None:
+                    try:
+                        key = []
+                        with _torch_save_config():
+                            for name, item, tensors_before in plan.byte_items:
+                                data = plan.torch_saved(nodes[plan.node_of[id(item)]])
+                                saved[id(item)] = data
+                                pickles_before = sizes[name] - plan.tensor_bytes[name]
+                                key.append((name, tensors_before + pickles_before, len(data)))
+                                sizes[name] += len(data)
+                        if plan.pickled is None or plan.pickled[0] != tuple(key):
+                            results = _planned_results(plan.files, saved)
+                            plan.pickled = (tuple(key), self._pickle_metadata(plan.metadata, results))
+                        pickled = plan.pickled
+                    except BaseException as e:
+                        failed.append(e)
+                        raise
+                return pickled
 
         def resolve(item: WriteItem) -> Any:
             if item.type == WriteItemType.BYTE_IO:
+                prepare()
                 return io.BytesIO(saved[id(item)])
             return nodes[plan.node_of[id(item)]]
 
-        self._write_files(resolve, results=False, then=lambda: self._write_metadata(pickled[1]))
+        self._write_files(
+            resolve,
+            results=False,
+            then=lambda: self._write_metadata(prepare()[1]),
+            reserved=plan.tensor_bytes,
+        )
         written = {name: self.fs.sums[name]["size"] for name in sizes}
         if written != sizes:  # the layout check let through a state dict of other sizes
             raise RuntimeError(f"{self.path}: data files of {written} bytes, the plan's are {sizes}")
         self.pickled = pickled
 
     def _write_files(
-        self, resolve: Any, *, results: bool = True, then: Callable[[], None] | None = None
+        self,
+        resolve: Any,
+        *,
+        results: bool = True,
+        then: Callable[[], None] | None = None,
+        reserved: Mapping[str, int] | None = None,
     ) -> list[WriteResult]:
         """Write ``self.files`` (the first in this thread, the others in the pool), each item's data
         from ``resolve``; returns every item's ``WriteResult`` (none when not ``results``).
-        ``then`` runs in this thread once its own file is written, while the others may not be."""
+        ``then`` runs in this thread once its own file is written, while the others may not be.
+        ``reserved``: the tensor bytes of each file, when known (else summed from its items)."""
         recycled = self._take_recycled([n for n, _ in self.files])
+        reserved = reserved or {}
         with contextlib.ExitStack() as stack:
             pool = self._pool
             if pool is None and len(self.files) > 1:
@@ -300,18 +331,20 @@ class ChecksummingFsspecWriter(FsspecWriter):
                     ThreadPoolExecutor(len(self.files) - 1, thread_name_prefix="sailor-ckpt-write")
                 )
             others = [
-                pool.submit(self._write_file, n, b, resolve, n in recycled, results)
+                pool.submit(self._write_file, n, b, resolve, n in recycled, results, reserved.get(n))
                 for n, b in self.files[1:]
             ]
             try:
                 per_file = [
-                    self._write_file(n, b, resolve, n in recycled, results) for n, b in self.files[:1]
+                    self._write_file(n, b, resolve, n in recycled, results, reserved.get(n))
+                    for n, b in self.files[:1]
                 ]
                 if then is not None:
                     then()
-            finally:
-                done = [f.result() for f in others]  # never leave a thread writing into the folder
-            per_file += done
+            except BaseException:
+                wait_for(others)  # never leave a thread writing into the folder
+                raise
+            per_file += [f.result() for f in others]
         return [r for file_results in per_file for r in file_results]
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
@@ -376,7 +409,9 @@ class ChecksummingFsspecWriter(FsspecWriter):
         resolve: Any,
         recycled: bool = False,
         want_results: bool = True,
+        reserved: int | None = None,
     ) -> list[WriteResult]:
+        """Write ``items`` into the data file ``name``; ``reserved``: their tensors' bytes, when known."""
         results, offset = [], 0
         writer = _ChunkWriter()
         # A local file is written with unbuffered ``write(2)`` calls; a recycled one is overwritten
@@ -389,9 +424,11 @@ class ChecksummingFsspecWriter(FsspecWriter):
             f = self.fs.fs.open(posixpath.join(str(self.path), name), "wb")
         # The torch.save settings are per thread: set here, in the thread writing the file.
         with f, _torch_save_config():
-            reserved = 0
-            if not recycled:
-                reserved = sum(_tensor_nbytes(item) for item in items)
+            if recycled:
+                reserved = 0
+            else:
+                if reserved is None:
+                    reserved = sum(_tensor_nbytes(item) for item in items)
                 preallocate(f, reserved)
             for item in items:
                 data = resolve(item)
@@ -450,10 +487,12 @@ class _ChunkWriter:
             # chunk into whole large folios rather than two partial ones.
             end = min(size, start + _WRITE_CHUNK - (self.offset + start) % _WRITE_CHUNK)
             chunk = buf[start:end]
+            half = (end - start) // 2  # checksummed half before, half after the write
+            self.crc = crc32c_rs.crc32c(chunk[:half], self.crc)
             written = f.write(chunk)
             while written is not None and written < len(chunk):  # an unbuffered write may be short
                 written += f.write(chunk[written:])
-            self.crc = crc32c_rs.crc32c(chunk, self.crc)
+            self.crc = crc32c_rs.crc32c(chunk[half:], self.crc)
             start = end
         self.offset += size
 
@@ -638,6 +677,21 @@ class _SavePlan:
     saved_values: dict[bytes, bytes] = field(default_factory=dict)
     """``torch.save`` bytes of plain values (``_plain_value``) by their pickle: the optimizer's
     hyperparameters and the trainer's counters, pickled once per distinct value, not every save."""
+    tensor_bytes: dict[str, int] = field(init=False)
+    """Bytes of the tensor entries of each data file."""
+    byte_items: list[tuple[str, WriteItem, int]] = field(init=False)
+    """The non-tensor items in file and item order: (file, item, tensor bytes before it in the file)."""
+
+    def __post_init__(self) -> None:
+        self.tensor_bytes, self.byte_items = {}, []
+        for name, items in self.files:
+            offset = 0
+            for item in items:
+                if item.type == WriteItemType.BYTE_IO:
+                    self.byte_items.append((name, item, offset))
+                else:
+                    offset += _tensor_nbytes(item)
+            self.tensor_bytes[name] = offset
 
     def torch_saved(self, obj: Any) -> bytes:
         """What ``DefaultSavePlanner.transform_object`` writes for the non-tensor value ``obj``
@@ -691,11 +745,14 @@ _PLAIN_SCALARS = (int, float, bool, str, type(None))
 
 
 def _plain_value(obj: Any) -> bool:
-    """``obj`` is a built-in scalar, string or None, or a tuple of them: its pickle tells it apart
-    from every other value (1, 1.0, True; 0.0 and -0.0), and ``torch.save`` writes equal bytes
-    for equal pickles."""
+    """``obj`` is a built-in scalar, string or None, a tuple of plain values or a list of scalars
+    (a param group's parameter names): its pickle tells it apart from every other value (1, 1.0,
+    True; 0.0 and -0.0; a list and a tuple), and ``torch.save`` writes equal bytes for equal
+    pickles."""
     kind = type(obj)
-    return kind in _PLAIN_SCALARS or (kind is tuple and all(_plain_value(v) for v in obj))
+    if kind is list:
+        return all(type(v) in _PLAIN_SCALARS for v in obj)
+    return kind in _PLAIN_SCALARS or (kind is tuple and all(map(_plain_value, obj)))
 
 
 def _layout(obj: Any) -> Any:

@@ -95,6 +95,53 @@ def test_plain_values_pickled_once_come_back_exactly(tmp_path, planned):
         assert repr(got["betas"]) == "(0.9, -0.0)" and got["n"] == 2**70
 
 
+def test_lists_of_plain_values_pickled_once_come_back_exactly(tmp_path, planned):
+    """A list of scalars (a param group's parameter names) is pickled once per distinct pickle:
+    lists equal in Python (0.0 and -0.0) keep their own bytes."""
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
+    values = [[0.0, "a"], [-0.0, "a"], [0.0, "b"], [-0.0, "a"], [float("nan"), "a"]]
+    for step, value in enumerate(values, 1):
+        mgr.save(step, {"w": torch.ones(2), "params": value})
+    assert planned == ["step-00000001"]
+    for step, value in enumerate(values, 1):
+        got = mgr.load_all(step)["params"]
+        assert type(got) is list and repr(got) == repr(value), step
+        assert math.copysign(1, got[0]) == math.copysign(1, value[0]), step
+
+
+class _Flaky:
+    """A value whose pickling fails while ``fail`` is set."""
+
+    fail = False
+
+    def __reduce__(self):
+        if _Flaky.fail:
+            raise ValueError("this value cannot be pickled now")
+        return (_Flaky, ())
+
+
+def test_a_value_failing_to_pickle_fails_a_save_with_a_reused_plan_and_keeps_the_last_one(
+    tmp_path, planned, monkeypatch
+):
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10, thread_count=2)
+    state = {"a": torch.randn(100_000), "b": torch.randn(100_000), "odd": _Flaky(), "n": 1}
+    mgr.save(1, state)
+    monkeypatch.setattr(_Flaky, "fail", True)
+    with pytest.raises(Exception) as failed:
+        mgr.save(2, state)
+    chain, error = [], failed.value
+    while error is not None:
+        chain.append(str(error))
+        error = error.__cause__ or error.__context__
+    assert any("this value cannot be pickled now" in m for m in chain), chain
+    assert planned == ["step-00000001"]  # the failed save reused the plan
+    assert mgr.latest_valid_step() == 1
+    monkeypatch.setattr(_Flaky, "fail", False)
+    mgr.save(2, state)  # the step's partial folder is replaced
+    assert mgr.latest_valid_step() == 2 and mgr.verify(2)
+    assert torch.equal(mgr.load_all(2)["b"], state["b"])
+
+
 def _lookup(state: dict, fqn: str):
     for part in fqn.split("."):
         state = state[part] if isinstance(state, dict) else state[int(part)]
