@@ -35,17 +35,18 @@ Untimed, before each timed write: the background retirement of old checkpoints i
 (other processes' I/O can still slow any of them), and the raw bytes are read once (resident in
 memory as the model the checkpoints write from is). Then the checkpoint's bytes are written to a
 ballast folder and deleted, so that every write takes its page-cache pages from memory freed just
-before it. Last, a buffer of twice the CPU's largest cache (at least 256 MiB) is read, so that
-every write reads its source from memory, none from cache: without it the raw writes, whose bytes
-the ballast was just written from, found part of them in the last-level cache, and the
-checkpoint writes, whose tensors were last read before the ballast, found none (on a VM with
-260 MiB of L3 and this 306 MB checkpoint, 3 ms of a 33 ms raw write, 2026-11-27). Without this the order of the writes decides who pays for cold memory: a VM whose
+before it. Without this the order of the writes decides who pays for cold memory: a VM whose
 guest reports free memory to the hypervisor (Linux free page reporting, as on the dev VM) gets
 memory left free for a few seconds taken back, and a write whose pages land there costs several
 times its usual kernel CPU. The ballast does not undo everything a write leaves behind (a
 ``public`` save allocates and frees far more memory than the bytes it writes, and the write right
 after it is slower), so the order is shuffled in every repeat: in a fixed rotation each write
-would always follow the same other one.
+would always follow the same other one. Last, a buffer of twice the CPU's largest cache (at least
+256 MiB) is read, so that every write reads its source from memory, none from cache: without it
+the raw writes, whose bytes the ballast was just written from, found part of them in the
+last-level cache, and the checkpoint writes, whose tensors were last read before the ballast,
+found none (on a VM with 260 MiB of L3 and this 306 MB checkpoint, 3 ms of a 33 ms raw write,
+2026-11-27).
 
 ``seconds`` is each write's median wall time and ``cpu_seconds`` its median CPU time (all threads
 of this process, user + system, so the kernel's copy into the page cache counts): on a shared
