@@ -20,9 +20,8 @@ is the median over repeats. Each repeat times, in an order shuffled per repeat (
 - ``sailor_recycled``: the trainer's steady state on a local root, reported separately: saves into
   the data files of the checkpoint retired by the previous save (``recycle=True``), overwritten in
   place; its manager makes only these sync saves, as a trainer without async saves does (the async
-  saves below have a manager of their own: a sync save into files that an async save's retention
-  just recycled measured 45 ms against 31 ms). Compared with ``raw`` it is not like for like (the
-  raw writes create new files).
+  saves below have a manager of their own, so that each figure measures one mode). Compared with
+  ``raw`` it is not like for like (the raw writes create new files).
 
 The headline ``write_fraction_of_raw`` = raw seconds / sailor seconds (``raw_way``: the fastest
 raw way), new files and the same threads on both sides, no fsync (target ≥ 0.8);

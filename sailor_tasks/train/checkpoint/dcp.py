@@ -23,6 +23,7 @@ import pickle
 import posixpath
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
@@ -625,7 +626,9 @@ def _walk(obj: Any, layout: list[Any], nodes: list[Any]) -> None:
     nodes.append(obj)
     kind = type(obj)
     if isinstance(obj, dict):
-        layout.append((kind, tuple(obj)))
+        # DCP reads a mapping's items alone: an OrderedDict (``module.state_dict()``) and the plain
+        # dict of the same items (its staging copy in an async save) are planned alike.
+        layout.append((dict if kind is OrderedDict else kind, tuple(obj)))
         for value in obj.values():
             _walk(value, layout, nodes)
     elif kind is list or kind is tuple:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -65,6 +66,25 @@ def test_saves_of_an_unchanged_layout_write_what_dcp_would_plan_without_planning
     for step in (1, 2, 3):
         assert diff_states(reused.load_all(step), _state(step)) == [], step
         assert reused.verify(step)
+
+
+def _ordered(d: dict) -> OrderedDict:
+    return OrderedDict((k, _ordered(v) if isinstance(v, dict) else v) for k, v in d.items())
+
+
+def test_ordered_and_plain_dicts_of_the_same_items_share_a_plan(tmp_path, planned):
+    """``module.state_dict()`` is an OrderedDict, an async save's staging copy a plain dict: DCP
+    plans both alike, so one's plan is reused for the other, and the files are DCP's own."""
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
+    mgr.save(1, _ordered(_state(1)))
+    mgr.save(2, _state(2))
+    mgr.save(3, _ordered(_state(3)))
+    assert planned == ["step-00000001"]
+    fresh = CheckpointManager(f"file://{tmp_path}/fresh", keep_latest_k=10)
+    fresh.save(2, _state(2))  # planned by DCP
+    assert _files(mgr, 2) == _files(fresh, 2)
+    for step in (1, 2, 3):
+        assert diff_states(mgr.load_all(step), _state(step)) == [], step
 
 
 def test_a_pickled_value_that_changes_size_moves_only_its_own_entry(tmp_path, planned):
@@ -289,3 +309,19 @@ def test_model_optimizer_state_keeps_calling_get_state_dict_when_renames_do_not_
     for _ in range(2):
         assert list(app.state_dict()["model"]) == ["module.weight", "module.bias"]
     assert len(get_state_dict_calls) == 2
+
+
+def test_sync_and_async_saves_of_a_model_share_one_plan(tmp_path, planned):
+    """A trainer mixing sync saves (the module's OrderedDicts) and async saves (their staging
+    copies, plain dicts) plans once."""
+    model, optimizer = _model_and_optimizer()
+    app = _ModelOptimState(model, optimizer)
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
+    for step in range(1, 6):
+        if step % 2:
+            mgr.save_async(step, {"app": app, "step": step})
+            mgr.wait()
+        else:
+            mgr.save(step, {"app": app, "step": step})
+    assert planned == ["step-00000001"]
+    assert torch.equal(mgr.load_all(4)["app"]["model"]["0.weight"], model.state_dict()["0.weight"])
