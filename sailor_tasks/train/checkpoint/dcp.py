@@ -413,7 +413,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
         reserved: int | None = None,
     ) -> list[WriteResult]:
         """Write ``items`` into the data file ``name``; ``reserved``: their tensors' bytes, when known."""
-        results, offset = [], 0
+        results = []
         writer = _ChunkWriter()
         # A local file is written with unbuffered ``write(2)`` calls; a recycled one is overwritten
         # in place: its blocks and (still cached) pages are reused.
@@ -437,18 +437,16 @@ class ChecksummingFsspecWriter(FsspecWriter):
                     buf, descriptors = data.getbuffer(), None
                 else:
                     buf, descriptors = _tensor_bytes(data), [RAW_TENSOR_FORMAT]
-                size = buf.nbytes
                 if want_results:
-                    results.append(_write_result(item, name, offset, size, descriptors))
-                offset += size
+                    results.append(_write_result(item, name, writer.size, buf.nbytes, descriptors))
                 writer.add(f, buf)
                 del buf, data
             writer.flush(f)
-            if recycled or reserved > offset:
-                f.truncate(offset)  # the recycled file may have been longer
+            if recycled or reserved > writer.offset:
+                f.truncate(writer.offset)  # the recycled file may have been longer
             if self.sync_files:
                 _fsync(f)
-        self.fs.sums[name] = {"crc32c": f"{writer.crc:08x}", "size": offset}
+        self.fs.sums[name] = {"crc32c": f"{writer.crc:08x}", "size": writer.offset}
         return results
 
 
@@ -463,6 +461,11 @@ class _ChunkWriter:
         self.crc, self.offset = 0, 0
         self._small: list[Any] = []
         self._small_bytes = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes added so far, those still held included: where the next buffer lands."""
+        return self.offset + self._small_bytes
 
     def add(self, f: Any, buf: memoryview) -> None:
         """Write ``buf`` after everything added before (``flush`` writes what is still held)."""
