@@ -32,20 +32,26 @@ SAILOR's writer is faster), new files, with and without fsync.
 Untimed, before each timed write: the background retirement of old checkpoints is waited for and
 ``os.sync()`` runs, so that no write pays for dirty pages or deletions the bench itself left behind
 (other processes' I/O can still slow any of them), and the raw bytes are read once (resident in
-memory as the model the checkpoints write from is). Then the checkpoint's bytes are written to a
-ballast folder and deleted, so that every write takes its page-cache pages from memory freed just
-before it. Without this the order of the writes decides who pays for cold memory: a VM whose
+memory as the model the checkpoints write from is). Then, on every CPU this process may run on, a
+thread pinned to that CPU writes the checkpoint's bytes to a ballast folder and deletes them, so
+that every write, whichever CPUs its threads run on, takes its page-cache pages from memory freed
+just before it. Without this the order of the writes decides who pays for cold memory: a VM whose
 guest reports free memory to the hypervisor (Linux free page reporting, as on the dev VM) gets
 memory left free for a few seconds taken back, and a write whose pages land there costs several
-times its usual kernel CPU. The ballast does not undo everything a write leaves behind (a
-``public`` save allocates and frees far more memory than the bytes it writes, and the write right
-after it is slower), so the order is shuffled in every repeat: in a fixed rotation each write
-would always follow the same other one. Last, a buffer of twice the CPU's largest cache (at least
-256 MiB) is read, so that every write reads its source from memory, none from cache: without it
-the raw writes, whose bytes the ballast was just written from, found part of them in the
-last-level cache, and the checkpoint writes, whose tensors were last read before the ballast,
-found none (on a VM with 260 MiB of L3 and this 306 MB checkpoint, 3 ms of a 33 ms raw write,
-2026-11-27).
+times its usual kernel CPU. The ballast is freed on every CPU because freed pages stay on the
+freeing CPU's free lists (the kernel's per-CPU page lists, up to 616 MB per CPU on the dev VM):
+with the ballast written and deleted by one thread, a writer thread on another CPU took memory the
+hypervisor had taken back, at about 8x its usual kernel CPU for its whole file, in 8 of 21 raw
+writes and 3 of 21 SAILOR saves (2026-11-27, interleaved; none of either with the ballast on every
+CPU): the raw side paid for cold memory more often than SAILOR. The ballast does not undo
+everything a write leaves behind (a ``public`` save allocates and frees far more memory than the
+bytes it writes, and the write right after it is slower), so the order is shuffled in every repeat:
+in a fixed rotation each write would always follow the same other one. Last, a buffer of twice the
+CPU's largest cache (at least 256 MiB) is read, so that every write reads its source from memory,
+none from cache: without it the raw writes, whose bytes the ballast was just written from, found
+part of them in the last-level cache, and the checkpoint writes, whose tensors were last read
+before the ballast, found none (on a VM with 260 MiB of L3 and this 306 MB checkpoint, 3 ms of a 33
+ms raw write, 2026-11-27).
 
 ``seconds`` is each write's median wall time and ``cpu_seconds`` its median CPU time (all threads
 of this process, user + system, so the kernel's copy into the page cache counts): on a shared
@@ -210,17 +216,29 @@ def main() -> None:
     """The checkpoint's files (once known): the raw writes' data, and the ballast ``settle`` writes
     and deletes before every timed write."""
 
+    def ballast(folder: str, cpu: int | None) -> None:
+        """Write the checkpoint's files into ``folder`` and delete them, pinned to ``cpu`` (None:
+        wherever this thread runs): the pages come back on that CPU's free lists."""
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})  # this thread only (Linux)
+        fs.makedirs(folder, exist_ok=True)
+        for name, blob in blobs.items():
+            with fs.open(f"{folder}/{name}", "wb") as f:
+                f.write(blob)
+        fs.rm(folder, recursive=True)
+
+    ballast_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else [None]
+
     def settle() -> None:
         for mgr in managers.values():
             mgr.wait()
         os.sync()
         if blobs:  # the same memory state before every write: see the module docstring
-            folder = f"{base}/ballast"
-            fs.makedirs(folder, exist_ok=True)
-            for name, blob in blobs.items():
-                with fs.open(f"{folder}/{name}", "wb") as f:
-                    f.write(blob)
-            fs.rm(folder, recursive=True)
+            with ThreadPoolExecutor(len(ballast_cpus), thread_name_prefix="bench-ballast") as ballasts:
+                for fut in [
+                    ballasts.submit(ballast, f"{base}/ballast-{i}", c) for i, c in enumerate(ballast_cpus)
+                ]:
+                    fut.result()
             os.sync()
         crc32c_rs.crc32c(flush)
 

@@ -67,9 +67,9 @@ such saves take 4-10x their usual kernel CPU (2026-11-25, interleaved, 306 MB wi
 Each chunk's crc32c is computed over its first half just before the chunk is written and over its
 second half just after: the first read of the first half (from memory) leaves it in cache for the
 kernel's copy, and the second half is read back from cache right after the copy read it. On an
-Intel Xeon VM (2 MiB of L2 per core), 153 MB into a new file from each of 2 threads, 11
-interleaved runs each (2026-11-27): no checksum 35.4 ms, halves 40.1 ms, the whole chunk after
-its write 47.5 ms, before it 43.8 ms."""
+Intel Xeon VM (2 MiB of L2 per core), whole 306 MB saves with 2 threads into new files, 21
+interleaved saves each (2026-11-27, medians): no checksum 38.0 ms, halves 43.3 ms, the whole
+chunk before its write 44.3 ms, after it 46.7 ms."""
 _SMALL_ENTRY = 64 * 1024
 """Entries smaller than this are copied together and written in one go (``_ChunkWriter.add``)."""
 _METADATA = ".metadata"
