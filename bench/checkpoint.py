@@ -39,7 +39,7 @@ just before it. Without this the order of the writes decides who pays for cold m
 guest reports free memory to the hypervisor (Linux free page reporting, as on the dev VM) gets
 memory left free for a few seconds taken back, and a write whose pages land there costs several
 times its usual kernel CPU. The ballast is freed on every CPU because freed pages stay on the
-freeing CPU's free lists (the kernel's per-CPU page lists, up to 616 MB per CPU on the dev VM):
+freeing CPU's free lists (the kernel's per-CPU page lists, up to 616 MiB per CPU on the dev VM):
 with the ballast written and deleted by one thread, a writer thread on another CPU took memory the
 hypervisor had taken back, at about 8x its usual kernel CPU for its whole file, in 8 of 21 raw
 writes and 3 of 21 SAILOR saves (2026-11-27, interleaved; none of either with the ballast on every
