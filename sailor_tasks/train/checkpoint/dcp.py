@@ -324,7 +324,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
         ``then`` runs in this thread once its own file is written, while the others may not be.
         ``reserved``: the tensor bytes of each file, when known (else summed from its items)."""
         recycled = self._take_recycled([n for n, _ in self.files])
-        reserved = reserved or {}
+        if reserved is None:
+            reserved = {n: sum(_tensor_nbytes(item) for item in b) for n, b in self.files}
         with contextlib.ExitStack() as stack:
             pool = self._pool
             if pool is None and len(self.files) > 1:
@@ -332,12 +333,12 @@ class ChecksummingFsspecWriter(FsspecWriter):
                     ThreadPoolExecutor(len(self.files) - 1, thread_name_prefix="sailor-ckpt-write")
                 )
             others = [
-                pool.submit(self._write_file, n, b, resolve, n in recycled, results, reserved.get(n))
+                pool.submit(self._write_file, n, b, resolve, n in recycled, results, reserved[n])
                 for n, b in self.files[1:]
             ]
             try:
                 per_file = [
-                    self._write_file(n, b, resolve, n in recycled, results, reserved.get(n))
+                    self._write_file(n, b, resolve, n in recycled, results, reserved[n])
                     for n, b in self.files[:1]
                 ]
                 if then is not None:
@@ -408,11 +409,11 @@ class ChecksummingFsspecWriter(FsspecWriter):
         name: str,
         items: list[WriteItem],
         resolve: Any,
-        recycled: bool = False,
-        want_results: bool = True,
-        reserved: int | None = None,
+        recycled: bool,
+        want_results: bool,
+        reserved: int,
     ) -> list[WriteResult]:
-        """Write ``items`` into the data file ``name``; ``reserved``: their tensors' bytes, when known."""
+        """Write ``items`` into the data file ``name``; ``reserved``: their tensors' bytes."""
         results = []
         writer = _ChunkWriter()
         # A local file is written with unbuffered ``write(2)`` calls; a recycled one is overwritten
@@ -428,8 +429,6 @@ class ChecksummingFsspecWriter(FsspecWriter):
             if recycled:
                 reserved = 0
             else:
-                if reserved is None:
-                    reserved = sum(_tensor_nbytes(item) for item in items)
                 preallocate(f, reserved)
             for item in items:
                 data = resolve(item)
