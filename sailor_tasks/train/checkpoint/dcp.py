@@ -71,7 +71,8 @@ Intel Xeon VM (2 MiB of L2 per core), whole 306 MB saves with 2 threads into new
 interleaved saves each (2026-11-27, medians): no checksum 38.0 ms, halves 43.3 ms, the whole
 chunk before its write 44.3 ms, after it 46.7 ms."""
 _SMALL_ENTRY = 64 * 1024
-"""Entries smaller than this are copied together and written in one go (``_ChunkWriter.add``)."""
+"""Entries smaller than this are copied together and written in one go (``_ChunkWriter.add``,
+``_WriteProgram.add``)."""
 _METADATA = ".metadata"
 """DCP's metadata file (``filesystem._metadata_fn``)."""
 RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
@@ -120,16 +121,31 @@ def _reader(uri: str) -> RawTensorFsspecReader:
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes as a flat buffer over its own storage (a copy only when not contiguous or
     not in host memory). The buffer keeps the tensor alive."""
-    t = tensor
-    if not (
-        t.is_cpu and t.layout == torch.strided and t.is_contiguous() and not t.is_conj() and not t.is_neg()
-    ):
-        t = t.detach().cpu().contiguous().resolve_conj().resolve_neg()
-    # A view of the storage from its address: a quarter of the CPU of ``view(uint8).numpy()``,
-    # which matters at hundreds of tensors per save.
-    array = (ctypes.c_char * t.nbytes).from_address(t.data_ptr())
-    array._owner = t  # type: ignore[attr-defined]
-    return memoryview(array).cast("B")
+    t = tensor if _in_place(tensor) else _host_copy(tensor)
+    view = _address_view(t.data_ptr(), t.nbytes)
+    view.obj._owner = t  # type: ignore[union-attr]
+    return view
+
+
+def _in_place(t: torch.Tensor) -> bool:
+    """The tensor's bytes lie in host memory, in order, at ``data_ptr()``: written from there."""
+    return t.is_cpu and t.layout == torch.strided and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().resolve_conj().resolve_neg()
+
+
+def _address_view(address: int, nbytes: int) -> memoryview:
+    """The ``nbytes`` bytes at ``address`` as a flat buffer, which keeps nothing alive. A view of
+    a storage from its address: a quarter of the CPU of ``view(uint8).numpy()``, which matters at
+    hundreds of tensors per save."""
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+
+
+def _placement(t: torch.Tensor) -> tuple[int, bool, bool, bool]:
+    """What, besides the layout ``_walk`` records, decides where a tensor's bytes are read from."""
+    return t.data_ptr(), t.is_contiguous(), t.is_conj(), t.is_neg()
 
 
 class _ChecksumStream:
@@ -231,6 +247,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
         self.metadata: Metadata | None = None
         self.pickled: tuple[Any, bytes] | None = None
         """(``_pickle_key`` of this save's results, the ``.metadata`` bytes written)."""
+        self.programs: dict[str, _WriteProgram] = {}
+        """The ``_WriteProgram`` worked out for each data file this save (not those it was given)."""
 
     def _split(self, items: list[Any]) -> list[list[Any]]:
         """Items per file (DCP's split by size over the writer threads), tensors first."""
@@ -260,9 +278,13 @@ class ChecksummingFsspecWriter(FsspecWriter):
         first thread done with its tensors pickles the non-tensor entries (written last in each
         file) while the others still write. With their sizes every entry's offset is known, so
         ``.metadata`` (re-pickled only when a non-tensor entry's size moved an offset) is written
-        by this thread as soon as its own data file is, while the others may not be."""
+        by the first thread done with its data file, while the others may still write. Each file's
+        tensors are written by its ``_WriteProgram``: the plan's, when the tensors are where they
+        were (``_placement``), else one worked out anew and kept for the next save."""
         self.fs.mkdir(self.path)
         self.files = plan.files
+        placements = [_placement(nodes[i]) for i in plan.tensor_nodes]
+        programs = plan.programs if placements == plan.placements else {}
         saved: dict[int, bytes] = {}
         sizes = dict(plan.tensor_bytes)
         pickled: tuple[Any, bytes] | None = None
@@ -305,11 +327,18 @@ class ChecksummingFsspecWriter(FsspecWriter):
             results=False,
             then=lambda: self._write_metadata(prepare()[1]),
             reserved=plan.tensor_bytes,
+            programs=programs,
         )
         written = {name: self.fs.sums[name]["size"] for name in sizes}
         if written != sizes:  # the layout check let through a state dict of other sizes
             raise RuntimeError(f"{self.path}: data files of {written} bytes, the plan's are {sizes}")
         self.pickled = pickled
+        if self.programs:  # worked out anew: kept for the next save when they write every tensor
+            reusable = len(self.programs) == len(plan.files) and all(
+                p.reusable for p in self.programs.values()
+            )
+            plan.programs = self.programs if reusable else {}
+            plan.placements = placements if reusable else None
 
     def _write_files(
         self,
@@ -318,31 +347,36 @@ class ChecksummingFsspecWriter(FsspecWriter):
         results: bool = True,
         then: Callable[[], None] | None = None,
         reserved: Mapping[str, int] | None = None,
+        programs: Mapping[str, _WriteProgram] | None = None,
     ) -> list[WriteResult]:
         """Write ``self.files`` (the first in this thread, the others in the pool), each item's data
         from ``resolve``; returns every item's ``WriteResult`` (none when not ``results``).
-        ``then`` runs in this thread once its own file is written, while the others may not be.
-        ``reserved``: the tensor bytes of each file, when known (else summed from its items)."""
+        ``then`` runs once, in the first thread done with its own file, while the others may not be.
+        ``reserved``: the tensor bytes of each file, when known (else summed from its items).
+        ``programs``: the files' ``_WriteProgram`` to run, by name (the others are worked out)."""
         recycled = self._take_recycled([n for n, _ in self.files])
         if reserved is None:
             reserved = {n: sum(_tensor_nbytes(item) for item in b) for n, b in self.files}
+        programs = programs or {}
+        first_done = threading.Lock()
+
+        def write(name: str, items: list[WriteItem]) -> list[WriteResult]:
+            out = self._write_file(
+                name, items, resolve, name in recycled, results, reserved[name], programs.get(name)
+            )
+            if then is not None and first_done.acquire(blocking=False):
+                then()
+            return out
+
         with contextlib.ExitStack() as stack:
             pool = self._pool
             if pool is None and len(self.files) > 1:
                 pool = stack.enter_context(
                     ThreadPoolExecutor(len(self.files) - 1, thread_name_prefix="sailor-ckpt-write")
                 )
-            others = [
-                pool.submit(self._write_file, n, b, resolve, n in recycled, results, reserved[n])
-                for n, b in self.files[1:]
-            ]
+            others = [pool.submit(write, n, b) for n, b in self.files[1:]]
             try:
-                per_file = [
-                    self._write_file(n, b, resolve, n in recycled, results, reserved[n])
-                    for n, b in self.files[:1]
-                ]
-                if then is not None:
-                    then()
+                per_file = [write(n, b) for n, b in self.files[:1]]
             except BaseException:
                 wait_for(others)  # never leave a thread writing into the folder
                 raise
@@ -412,10 +446,14 @@ class ChecksummingFsspecWriter(FsspecWriter):
         recycled: bool,
         want_results: bool,
         reserved: int,
+        program: _WriteProgram | None = None,
     ) -> list[WriteResult]:
-        """Write ``items`` into the data file ``name``; ``reserved``: their tensors' bytes."""
+        """Write ``items`` into the data file ``name``; ``reserved``: their tensors' bytes.
+        ``program``: the writes of its tensor entries (which come first), from an earlier save of
+        tensors at the same addresses; else worked out here (into ``self.programs``)."""
         results = []
         writer = _ChunkWriter()
+        held = []  # the tensors a program worked out here views (it keeps none alive)
         # A local file is written with unbuffered ``write(2)`` calls; a recycled one is overwritten
         # in place: its blocks and (still cached) pages are reused.
         if recycled:
@@ -430,7 +468,25 @@ class ChecksummingFsspecWriter(FsspecWriter):
                 reserved = 0
             else:
                 preallocate(f, reserved)
-            for item in items:
+            if program is None:
+                program = _WriteProgram()
+                for item in items:
+                    if item.type == WriteItemType.BYTE_IO:
+                        break  # the tensors come first (``_split``); the rest is written below
+                    tensor = resolve(item)
+                    if not _in_place(tensor):
+                        # Copied to host memory one at a time, below, not all before the first write.
+                        program.reusable = False
+                        break
+                    offset = program.add(tensor)
+                    if want_results:
+                        results.append(_write_result(item, name, offset, tensor.nbytes, [RAW_TENSOR_FORMAT]))
+                    program.count += 1
+                    held.append(tensor)
+                program.close()
+                self.programs[name] = program
+            program.run(f, writer)
+            for item in items[program.count :]:
                 data = resolve(item)
                 if item.type == WriteItemType.BYTE_IO:
                     buf, descriptors = data.getbuffer(), None
@@ -447,6 +503,73 @@ class ChecksummingFsspecWriter(FsspecWriter):
                 _fsync(f)
         self.fs.sums[name] = {"crc32c": f"{writer.crc:08x}", "size": writer.offset}
         return results
+
+
+def _chunks(buf: memoryview, offset: int) -> list[tuple[memoryview, memoryview, memoryview]]:
+    """``buf``, to be written at ``offset`` in its file, as (first half, chunk, second half) per
+    write: chunks end at multiples of ``_WRITE_CHUNK`` in the file, so that the page cache takes
+    every chunk into whole large folios rather than two partial ones."""
+    out = []
+    size, start = buf.nbytes, 0
+    while start < size:
+        end = min(size, start + _WRITE_CHUNK - (offset + start) % _WRITE_CHUNK)
+        chunk = buf[start:end]
+        half = (end - start) // 2  # checksummed half before, half after the write
+        out.append((chunk[:half], chunk, chunk[half:]))
+        start = end
+    return out
+
+
+class _WriteProgram:
+    """The writes of a data file's tensor entries, worked out once: the tensors' buffers over
+    their addresses, chunked (``_chunks``), the small ones (under ``_SMALL_ENTRY``) grouped to be
+    copied together. A later save of the same plan whose tensors are at the same addresses
+    (``_SavePlan.placements``) runs the same program: no Python per tensor while the threads
+    write (they would take turns on the GIL). Its buffers view the tensors' storages without
+    keeping them alive: the caller holds the tensors while it runs. ``reusable``: it writes every
+    tensor entry of its file (none needed a copy into host memory)."""
+
+    __slots__ = ("steps", "size", "count", "reusable", "_group", "_group_bytes")
+
+    def __init__(self) -> None:
+        self.count = 0
+        """The file's items it writes (its first)."""
+        self.steps: list[tuple[bool, int, list[Any]]] = []
+        """(a group of small buffers?, bytes, the buffers, or the chunks of one buffer)."""
+        self.size = 0
+        self.reusable = True
+        self._group: list[memoryview] = []
+        self._group_bytes = 0
+
+    def add(self, tensor: torch.Tensor) -> int:
+        """Append the bytes of ``tensor`` (``_in_place``); returns their offset in the file."""
+        buf = _address_view(tensor.data_ptr(), tensor.nbytes)
+        offset = self.size + self._group_bytes
+        if buf.nbytes < _SMALL_ENTRY:
+            self._group.append(buf)
+            self._group_bytes += buf.nbytes
+            if self._group_bytes >= _WRITE_CHUNK:
+                self.close()
+            return offset
+        self.close()
+        self.steps.append((False, buf.nbytes, _chunks(buf, self.size)))
+        self.size += buf.nbytes
+        return offset
+
+    def close(self) -> None:
+        """End the current group of small buffers (before a large one, and after the last)."""
+        if self._group:
+            self.steps.append((True, self._group_bytes, self._group))
+            self.size += self._group_bytes
+            self._group, self._group_bytes = [], 0
+
+    def run(self, f: Any, writer: _ChunkWriter) -> None:
+        for group, nbytes, parts in self.steps:
+            if group:
+                data = memoryview(b"".join(parts))
+                writer.write_chunks(f, _chunks(data, writer.offset), nbytes)
+            else:
+                writer.write_chunks(f, parts, nbytes)
 
 
 class _ChunkWriter:
@@ -484,20 +607,21 @@ class _ChunkWriter:
             self.write(f, data)
 
     def write(self, f: Any, buf: memoryview) -> None:
-        size, start = buf.nbytes, 0
-        while start < size:
-            # Chunks end at multiples of _WRITE_CHUNK in the file: the page cache then takes every
-            # chunk into whole large folios rather than two partial ones.
-            end = min(size, start + _WRITE_CHUNK - (self.offset + start) % _WRITE_CHUNK)
-            chunk = buf[start:end]
-            half = (end - start) // 2  # checksummed half before, half after the write
-            self.crc = crc32c_rs.crc32c(chunk[:half], self.crc)
+        self.write_chunks(f, _chunks(buf, self.offset), buf.nbytes)
+
+    def write_chunks(
+        self, f: Any, chunks: list[tuple[memoryview, memoryview, memoryview]], nbytes: int
+    ) -> None:
+        """Write ``nbytes`` at ``offset`` as ``_chunks`` split them (for this offset)."""
+        crc = self.crc
+        for before, chunk, after in chunks:
+            crc = crc32c_rs.crc32c(before, crc)
             written = f.write(chunk)
             while written is not None and written < len(chunk):  # an unbuffered write may be short
                 written += f.write(chunk[written:])
-            self.crc = crc32c_rs.crc32c(chunk[half:], self.crc)
-            start = end
-        self.offset += size
+            crc = crc32c_rs.crc32c(after, crc)
+        self.crc = crc
+        self.offset += nbytes
 
 
 class RawTensorFsspecReader(FsspecReader):
@@ -679,6 +803,10 @@ class _SavePlan:
     metadata: Metadata
     pickled: tuple[Any, bytes] | None
     """(``_pickle_key``, ``.metadata`` bytes) of the latest save with this plan."""
+    programs: dict[str, _WriteProgram] = field(default_factory=dict)
+    """Each data file's ``_WriteProgram``, for tensors at ``placements``."""
+    placements: list[Any] | None = None
+    """``_placement`` of the tensors (``tensor_nodes``) the ``programs`` were worked out for."""
     saved_values: dict[bytes, bytes] = field(default_factory=dict)
     """``torch.save`` bytes of plain values (``_plain_value``) by their pickle: the optimizer's
     hyperparameters and the trainer's counters, pickled once per distinct value, not every save."""
@@ -686,9 +814,11 @@ class _SavePlan:
     """Bytes of the tensor entries of each data file."""
     byte_items: list[tuple[str, WriteItem, int]] = field(init=False)
     """The non-tensor items in file and item order: (file, item, tensor bytes before it in the file)."""
+    tensor_nodes: list[int] = field(init=False)
+    """The ``_walk`` position of every tensor item's value, in file and item order."""
 
     def __post_init__(self) -> None:
-        self.tensor_bytes, self.byte_items = {}, []
+        self.tensor_bytes, self.byte_items, self.tensor_nodes = {}, [], []
         for name, items in self.files:
             offset = 0
             for item in items:
@@ -696,6 +826,7 @@ class _SavePlan:
                     self.byte_items.append((name, item, offset))
                 else:
                     offset += _tensor_nbytes(item)
+                    self.tensor_nodes.append(self.node_of[id(item)])
             self.tensor_bytes[name] = offset
 
     def torch_saved(self, obj: Any) -> bytes:

@@ -325,3 +325,88 @@ def test_sync_and_async_saves_of_a_model_share_one_plan(tmp_path, planned):
             mgr.save(step, {"app": app, "step": step})
     assert planned == ["step-00000001"]
     assert torch.equal(mgr.load_all(4)["app"]["model"]["0.weight"], model.state_dict()["0.weight"])
+
+
+def _tensors() -> dict:
+    """Large entries (each written in chunks), small ones (written together) and a square one."""
+    g = torch.Generator().manual_seed(7)
+    return {
+        "big": torch.randn(700_000, generator=g),
+        "square": torch.randn(300, 300, generator=g),
+        "small": {f"s{i}": torch.randn(50, generator=g) for i in range(40)},
+        "step": 0,
+    }
+
+
+def _snapshot(state: dict) -> dict:
+    return {
+        k: _snapshot(v) if isinstance(v, dict) else (v.clone() if torch.is_tensor(v) else v)
+        for k, v in state.items()
+    }
+
+
+def test_tensors_updated_in_place_are_written_by_the_same_program_with_their_new_bytes(tmp_path):
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
+    state = _tensors()
+    saved = {}
+    programs = []
+    for step in range(1, 5):
+        state["step"] = step
+        mgr.save(step, state)
+        saved[step] = _snapshot(state)
+        programs.append(dict(mgr._plan.programs))
+        with torch.no_grad():  # an optimizer step: the same storages, new values
+            state["big"].mul_(1.5).add_(step)
+            state["square"].sub_(0.25)
+            for t in state["small"].values():
+                t.add_(step)
+    assert programs[0] == {}  # the first save is planned by DCP
+    assert programs[1] and all(p.reusable for p in programs[1].values())
+    assert programs[2] == programs[1] and programs[3] == programs[1]  # the same program objects
+    for step, expected in saved.items():
+        assert mgr.verify(step)
+        assert diff_states(mgr.load_all(step), expected) == [], step
+
+
+def test_tensors_moved_or_viewed_anew_are_written_from_where_they_are_now(tmp_path):
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
+    state = _tensors()
+    mgr.save(1, state)
+    mgr.save(2, state)  # the write programs worked out
+    first = dict(mgr._plan.programs)
+    saved = {}
+    # Step 3: a large and a small entry replaced by new tensors (new storages, same layout).
+    state["big"] = state["big"] * 2
+    state["small"]["s3"] = torch.full((50,), 3.0)
+    mgr.save(3, state)
+    saved[3] = _snapshot(state)
+    assert mgr._plan.programs and mgr._plan.programs != first
+    # Step 4: the square matrix transposed, a view at the same address and of the same shape:
+    # copied to be written in order, so no program is kept for it.
+    state["square"] = state["square"].t()
+    mgr.save(4, state)
+    saved[4] = _snapshot(state)
+    assert mgr._plan.programs == {} and mgr._plan.placements is None
+    # Step 5: contiguous again.
+    state["square"] = state["square"].contiguous()
+    mgr.save(5, state)
+    saved[5] = _snapshot(state)
+    assert mgr._plan.programs and all(p.reusable for p in mgr._plan.programs.values())
+    for step, expected in saved.items():
+        assert mgr.verify(step)
+        assert diff_states(mgr.load_all(step), expected) == [], step
+
+
+def test_a_kept_write_program_keeps_no_tensor_alive(tmp_path):
+    import gc
+    import weakref
+
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
+    state = _tensors()
+    for step in (1, 2):
+        mgr.save(step, state)
+    assert mgr._plan.programs
+    refs = [weakref.ref(state["big"]), weakref.ref(state["small"]["s0"])]
+    del state
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
