@@ -71,8 +71,8 @@ Intel Xeon VM (2 MiB of L2 per core), whole 306 MB saves with 2 threads into new
 interleaved saves each (2026-11-27, medians): no checksum 38.0 ms, halves 43.3 ms, the whole
 chunk before its write 44.3 ms, after it 46.7 ms."""
 _SMALL_ENTRY = 64 * 1024
-"""Entries smaller than this are copied together and written in one go (``_ChunkWriter.add``,
-``_WriteProgram.add``)."""
+"""Entries smaller than this are copied together and written in one go
+(``_WriteProgram.add_buffer``)."""
 _METADATA = ".metadata"
 """DCP's metadata file (``filesystem._metadata_fn``)."""
 RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
@@ -334,9 +334,7 @@ class ChecksummingFsspecWriter(FsspecWriter):
             raise RuntimeError(f"{self.path}: data files of {written} bytes, the plan's are {sizes}")
         self.pickled = pickled
         if self.programs:  # worked out anew: kept for the next save when they write every tensor
-            reusable = len(self.programs) == len(plan.files) and all(
-                p.reusable for p in self.programs.values()
-            )
+            reusable = all(p.reusable for p in self.programs.values())
             plan.programs = self.programs if reusable else {}
             plan.placements = placements if reusable else None
 
@@ -531,20 +529,29 @@ class _WriteProgram:
 
     __slots__ = ("steps", "size", "count", "reusable", "_group", "_group_bytes")
 
-    def __init__(self) -> None:
+    def __init__(self, offset: int = 0) -> None:
         self.count = 0
         """The file's items it writes (its first)."""
         self.steps: list[tuple[bool, int, list[Any]]] = []
         """(a group of small buffers?, bytes, the buffers, or the chunks of one buffer)."""
-        self.size = 0
+        self.size = offset
+        """Where the file's bytes written by ``steps`` end (they start at ``offset``)."""
         self.reusable = True
         self._group: list[memoryview] = []
         self._group_bytes = 0
 
+    @property
+    def end(self) -> int:
+        """Where the next buffer lands: after ``steps`` and the group still open."""
+        return self.size + self._group_bytes
+
     def add(self, tensor: torch.Tensor) -> int:
         """Append the bytes of ``tensor`` (``_in_place``); returns their offset in the file."""
-        buf = _address_view(tensor.data_ptr(), tensor.nbytes)
-        offset = self.size + self._group_bytes
+        return self.add_buffer(_address_view(tensor.data_ptr(), tensor.nbytes))
+
+    def add_buffer(self, buf: memoryview) -> int:
+        """Append ``buf``; returns its offset in the file."""
+        offset = self.end
         if buf.nbytes < _SMALL_ENTRY:
             self._group.append(buf)
             self._group_bytes += buf.nbytes
@@ -574,40 +581,39 @@ class _WriteProgram:
 
 class _ChunkWriter:
     """Writes buffers one after the other into a file in ``_WRITE_CHUNK`` writes and keeps the
-    crc32c of everything written. Buffers under ``_SMALL_ENTRY`` (hundreds per save: AdamW's step
-    counters, biases, norms) are held and written together, not one write and checksum each."""
+    crc32c of everything written: a ``_WriteProgram``'s (``_WriteProgram.run``), then buffers
+    added one at a time, grouped as a program groups them (buffers under ``_SMALL_ENTRY``,
+    hundreds per save, written together, not one write and checksum each) and written as soon as
+    their group is closed."""
 
-    __slots__ = ("crc", "offset", "_small", "_small_bytes")
+    __slots__ = ("crc", "offset", "_held")
 
     def __init__(self) -> None:
         self.crc, self.offset = 0, 0
-        self._small: list[Any] = []
-        self._small_bytes = 0
+        self._held: _WriteProgram | None = None
+        """The buffers added and not yet written."""
 
     @property
     def size(self) -> int:
         """Bytes added so far, those still held included: where the next buffer lands."""
-        return self.offset + self._small_bytes
+        return self._held.end if self._held is not None else self.offset
 
     def add(self, f: Any, buf: memoryview) -> None:
-        """Write ``buf`` after everything added before (``flush`` writes what is still held)."""
-        if buf.nbytes < _SMALL_ENTRY:
-            self._small.append(buf)
-            self._small_bytes += buf.nbytes
-            if self._small_bytes >= _WRITE_CHUNK:
-                self.flush(f)
-            return
-        self.flush(f)
-        self.write(f, buf)
+        """Write ``buf`` after everything written or added before (``flush`` writes what is held)."""
+        if self._held is None:
+            self._held = _WriteProgram(self.offset)
+        self._held.add_buffer(buf)
+        self._write_held(f)
 
     def flush(self, f: Any) -> None:
-        if self._small:
-            data = memoryview(b"".join(self._small))
-            self._small, self._small_bytes = [], 0
-            self.write(f, data)
+        if self._held is not None:
+            self._held.close()
+            self._write_held(f)
 
-    def write(self, f: Any, buf: memoryview) -> None:
-        self.write_chunks(f, _chunks(buf, self.offset), buf.nbytes)
+    def _write_held(self, f: Any) -> None:
+        if self._held is not None and self._held.steps:
+            self._held.run(f, self)
+            self._held.steps.clear()
 
     def write_chunks(
         self, f: Any, chunks: list[tuple[memoryview, memoryview, memoryview]], nbytes: int
