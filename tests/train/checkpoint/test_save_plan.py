@@ -345,6 +345,13 @@ def _snapshot(state: dict) -> dict:
     }
 
 
+def _assert_saved(mgr: CheckpointManager, saved: dict[int, dict]) -> None:
+    """Every step in ``saved`` verifies and loads back as its snapshot."""
+    for step, expected in saved.items():
+        assert mgr.verify(step)
+        assert diff_states(mgr.load_all(step), expected) == [], step
+
+
 def test_tensors_updated_in_place_are_written_by_the_same_program_with_their_new_bytes(tmp_path):
     mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=10)
     state = _tensors()
@@ -363,9 +370,7 @@ def test_tensors_updated_in_place_are_written_by_the_same_program_with_their_new
     assert programs[0] == {}  # the first save is planned by DCP
     assert programs[1] and all(p.reusable for p in programs[1].values())
     assert programs[2] == programs[1] and programs[3] == programs[1]  # the same program objects
-    for step, expected in saved.items():
-        assert mgr.verify(step)
-        assert diff_states(mgr.load_all(step), expected) == [], step
+    _assert_saved(mgr, saved)
 
 
 def test_tensors_moved_or_viewed_anew_are_written_from_where_they_are_now(tmp_path):
@@ -392,9 +397,7 @@ def test_tensors_moved_or_viewed_anew_are_written_from_where_they_are_now(tmp_pa
     mgr.save(5, state)
     saved[5] = _snapshot(state)
     assert mgr._plan.programs and all(p.reusable for p in mgr._plan.programs.values())
-    for step, expected in saved.items():
-        assert mgr.verify(step)
-        assert diff_states(mgr.load_all(step), expected) == [], step
+    _assert_saved(mgr, saved)
 
 
 def test_a_kept_write_program_keeps_no_tensor_alive(tmp_path):
