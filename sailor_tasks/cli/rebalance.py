@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any
 
+from sailor_tasks.cli.argtypes import nonnegative_float, positive_float, seed
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -25,11 +27,23 @@ def add_parser(sub: Any) -> None:
         "--datasets", type=int, default=10000, help="datasets of a generated scenario (default 10000)"
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of the generated scenario and the solver (default 0)"
+        "--seed", type=seed, default=0, help="seed of the generated scenario and the solver (default 0)"
     )
-    p.add_argument("--budget-fraction", type=float, default=0.1, help="byte budget / all dataset bytes")
-    p.add_argument("--time-limit", type=float, default=50.0, help="solver time budget in seconds")
-    p.add_argument("--comfort-ratio", type=float, default=0.0, help="ratios below it count as balanced")
+    p.add_argument(
+        "--budget-fraction",
+        type=nonnegative_float,
+        default=0.1,
+        help="byte budget / all dataset bytes of a generated scenario (default 0.1)",
+    )
+    p.add_argument(
+        "--time-limit", type=positive_float, default=50.0, help="solver time budget in seconds (default 50)"
+    )
+    p.add_argument(
+        "--comfort-ratio",
+        type=nonnegative_float,
+        default=0.0,
+        help="demand/supply ratios below it count as balanced (default 0: pure min-max)",
+    )
     p.add_argument("--write-scenario", metavar="PATH", help="also write the problem as JSON")
     p.add_argument("--full", action="store_true", help="print the whole solution (shares, replicas)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -57,8 +71,12 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     elif os.path.isfile(args.scenario):
-        with open(args.scenario) as f:
-            problem = Problem.from_json(json.load(f))
+        try:
+            with open(args.scenario) as f:
+                problem = Problem.from_json(json.load(f))
+        except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+            print(f"error: --scenario {args.scenario!r}: {exc}", file=sys.stderr)
+            return 2
     else:
         print(
             f"error: --scenario {args.scenario!r} is neither 'generated' nor a problem JSON file",

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from sailor_tasks.catalog.throughput import GAVEL_GPUS
+from sailor_tasks.cli.argtypes import seed
 from sailor_tasks.cli.output import print_table
 
 
@@ -70,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--policy", default="las", help=f"one of: {', '.join(policy_names())}")
     p.add_argument("--round-s", type=float, default=360.0, help="round length in seconds (default 360)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the simulation (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the workload and the simulation (default 0)")
     p.add_argument("--space-sharing", action="store_true", help="let two jobs share a GPU (las, makespan)")
     p.add_argument(
         "--market",

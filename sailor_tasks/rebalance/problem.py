@@ -101,29 +101,74 @@ class Problem:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Problem:
-        teams = tuple(
-            Team(
-                name=t["name"],
-                current=t["current"],
-                datasets=tuple(t.get("datasets", ())),
-                priority=float(t.get("priority", 1.0)),
-                quota_max=t.get("quota_max") or {},
-                quota_min=t.get("quota_min") or {},
-                peak_gpus=float(t.get("peak_gpus", 0.0)),
-            )
-            for t in doc["teams"]
-        )
-        datasets = {
-            d["uri"]: Dataset(d["uri"], int(d["bytes"]), tuple(d.get("replicas", ())))
-            for d in doc["datasets"]
-        }
+        """The problem from its JSON form (``to_json``'s).
+
+        Raises:
+            ValueError: a required key is missing or a value has the wrong type, naming which.
+        """
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"problem JSON: expected an object with {PROBLEM_KEYS}, got {type(doc).__name__}")
+        missing = [k for k in ("supply", "teams", "datasets", "budget_bytes") if k not in doc]
+        if missing:
+            raise ValueError(f"problem JSON: missing {', '.join(missing)}; expected {PROBLEM_KEYS}")
+        supply = _gpu_table(doc["supply"], "supply")
+        where = "teams"
+        try:
+            teams = []
+            for i, t in enumerate(doc["teams"]):
+                where = f"teams[{i}]"
+                teams.append(
+                    Team(
+                        name=t["name"],
+                        current=_gpu_table(t["current"], f"{where}.current"),
+                        datasets=tuple(t.get("datasets", ())),
+                        priority=float(t.get("priority", 1.0)),
+                        quota_max=t.get("quota_max") or {},
+                        quota_min=t.get("quota_min") or {},
+                        peak_gpus=float(t.get("peak_gpus", 0.0)),
+                    )
+                )
+            datasets = {}
+            for i, d in enumerate(doc["datasets"]):
+                where = f"datasets[{i}]"
+                datasets[d["uri"]] = Dataset(d["uri"], int(d["bytes"]), tuple(d.get("replicas", ())))
+            where = "budget_bytes"
+            budget = int(doc["budget_bytes"])
+        except KeyError as exc:
+            raise ValueError(f"problem JSON: {where} has no {exc.args[0]!r}; expected {PROBLEM_KEYS}") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"problem JSON: {where}: {exc}; expected {PROBLEM_KEYS}") from None
         return cls(
-            supply=doc["supply"],
-            teams=teams,
+            supply=supply,
+            teams=tuple(teams),
             datasets=datasets,
-            budget_bytes=int(doc["budget_bytes"]),
+            budget_bytes=budget,
             storage_cap_bytes=doc.get("storage_cap_bytes") or {},
         )
+
+
+def _gpu_table(value: Any, where: str) -> dict[str, dict[str, float]]:
+    """region → GPU type → GPUs from JSON, or a ValueError naming ``where`` and the bad entry."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"problem JSON: {where} must map region → GPU type → GPUs, got {value!r:.80}")
+    out: dict[str, dict[str, float]] = {}
+    for region, per_gpu in value.items():
+        if not isinstance(per_gpu, Mapping):
+            raise ValueError(f"problem JSON: {where}[{region!r}] must map GPU type → GPUs, got {per_gpu!r:.80}")
+        row = {}
+        for gpu, n in per_gpu.items():
+            if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+                raise ValueError(f"problem JSON: {where}[{region!r}][{gpu!r}]={n!r}: need a number of GPUs ≥ 0")
+            row[gpu] = n
+        out[region] = row
+    return out
+
+
+PROBLEM_KEYS = (
+    "supply (region → GPU type → GPUs), teams (each with name and current: region → GPU type → "
+    "GPUs), datasets (each with uri and bytes) and budget_bytes"
+)
+"""What ``Problem.from_json`` needs, for its error messages."""
 
 
 def cell_load(

@@ -866,7 +866,8 @@ def solve(
     mip_max_binaries: int = 200,
     comfort_ratio: float = 0.0,
 ) -> Solution:
-    """Solve the rebalance problem (see the module docstring); raises RebalanceInfeasibleError.
+    """Solve the rebalance problem (see the module docstring); raises RebalanceInfeasibleError, and
+    ValueError for a ``time_limit_s`` ≤ 0 or a negative ``comfort_ratio``.
 
     ``comfort_ratio``: stage A minimises ``max(worst ratio, comfort_ratio)``, so regions already
     below it are not spread further (no data is copied just to go from 0.3 to 0.2); 0 is the pure
@@ -883,6 +884,10 @@ def solve(
     partition takes the room another one needs. Few binaries (≤ ``mip_max_binaries``): one exact
     MIP, however many teams.
     """
+    if not time_limit_s > 0:
+        raise ValueError(f"time_limit_s={time_limit_s!r}: need a number of seconds > 0")
+    if not comfort_ratio >= 0:
+        raise ValueError(f"comfort_ratio={comfort_ratio!r}: need a demand/supply ratio ≥ 0 (0: pure min-max)")
     started = time.perf_counter()
     check_feasible(problem)
     cells = problem.cell_supply()

@@ -61,6 +61,16 @@ def test_bad_choice_is_bad_input_naming_the_value_and_the_choices(capsys):
     assert "'aws'" in err and "gke" in err
 
 
+def test_every_seed_option_refuses_a_negative_seed_before_running(capsys):
+    commands = [path for path, p in walk(build_parser()) for a in p._actions if "--seed" in a.option_strings]
+    assert len(commands) >= 2
+    for path in commands:
+        with pytest.raises(SystemExit) as done:
+            sailor([*path.split()[1:], "--seed", "-1"])
+        assert done.value.code == 2, path
+        assert "argument --seed: '-1': need an integer ≥ 0" in capsys.readouterr().err, path
+
+
 @pytest.mark.parametrize("command", ["plan", "render"])
 def test_unreadable_params_and_malformed_overrides_are_bad_input(command, tmp_path, settings, capsys):
     flag = [] if command == "plan" else ["--params"]

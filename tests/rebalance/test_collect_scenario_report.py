@@ -136,6 +136,48 @@ def test_problem_json_round_trip_and_cli(tmp_path, capsys):
     assert "neither 'generated' nor a problem JSON file" in capsys.readouterr().err
 
 
+def test_bad_problem_files_and_solver_options_are_refused_naming_the_value(tmp_path, capsys):
+    from sailor_tasks.cli.main import main
+    from sailor_tasks.rebalance.problem import Problem
+    from sailor_tasks.rebalance.solver import solve
+
+    cases = {
+        "not json": "Expecting value",
+        "[1]": "expected an object with supply",
+        '{"supply": {}, "teams": []}': "missing datasets, budget_bytes",
+        '{"supply": {}, "teams": [{"name": "a"}], "datasets": [], "budget_bytes": 1}': "teams[0] has no 'current'",
+        '{"supply": {"r": {"A100": "x"}}, "teams": [], "datasets": [], "budget_bytes": 1}': (
+            "supply['r']['A100']='x': need a number of GPUs"
+        ),
+        '{"supply": {}, "teams": [], "datasets": [{"uri": "gs://a"}], "budget_bytes": 1}': (
+            "datasets[0] has no 'bytes'"
+        ),
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        path = tmp_path / f"bad{i}.json"
+        path.write_text(text)
+        assert main(["rebalance", "--scenario", str(path)]) == 2, text
+        err = capsys.readouterr().err
+        assert message in err and str(path) in err and "Traceback" not in err, (text, err)
+
+    for argv, message in (
+        (["--seed", "-1"], "'-1': need an integer ≥ 0"),
+        (["--time-limit", "0"], "'0': need a number > 0"),
+        (["--comfort-ratio", "-3"], "'-3': need a number ≥ 0"),
+        (["--budget-fraction", "nan"], "'nan': need a number ≥ 0"),
+    ):
+        with pytest.raises(SystemExit) as done:
+            main(["rebalance", *argv])
+        assert done.value.code == 2
+        assert message in capsys.readouterr().err, argv
+
+    problem = Problem.from_json(generate(regions=3, gpu_types=1, teams=4, datasets=4, seed=0).to_json())
+    with pytest.raises(ValueError, match="time_limit_s=-1: need a number of seconds > 0"):
+        solve(problem, time_limit_s=-1)
+    with pytest.raises(ValueError, match="comfort_ratio=-0.5: need a demand/supply ratio ≥ 0"):
+        solve(problem, comfort_ratio=-0.5)
+
+
 def test_report_chart_and_markdown():
     from sailor_tasks.rebalance.report import render_chart, render_markdown, top_moves
     from sailor_tasks.rebalance.solver import solve
