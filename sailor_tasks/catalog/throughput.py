@@ -139,26 +139,51 @@ class ThroughputTable:
 
 
 def load_gavel(path: str, include_pairs: bool = True) -> ThroughputTable:
-    """Load Gavel's ``simulation_throughputs.json`` (K80/P100/V100, alone, unconsolidated, pairs)."""
+    """Load Gavel's ``simulation_throughputs.json`` (K80/P100/V100, alone, unconsolidated, pairs).
+
+    Raises:
+        ValueError: the file is not that JSON (naming the file and the first bad entry).
+    """
     with open(path) as f:
-        raw = json.load(f)
+        try:
+            raw = json.load(f)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(
+            f"{path}: expected Gavel's simulation_throughputs.json, an object keyed by GPU type "
+            f"({', '.join(GAVEL_GPUS)}, optionally with _unconsolidated); got {str(raw)[:80]!r}"
+        )
     alone: dict[JobKey, GpuThroughput] = {}
     unconsolidated: dict[JobKey, GpuThroughput] = {}
     pairs: dict[tuple[JobKey, JobKey], dict[str, tuple[float, float]]] = {}
     for gavel_gpu, jobs in raw.items():
         base, _, variant = gavel_gpu.partition("_")
+        if base not in GAVEL_GPUS or variant not in ("", "unconsolidated"):
+            raise ValueError(
+                f"{path}: GPU type key {gavel_gpu!r} is not one of Gavel's: "
+                + ", ".join(f"{g}, {g}_unconsolidated" for g in GAVEL_GPUS)
+            )
         gpu = GAVEL_GPUS[base]
         target = unconsolidated if variant == "unconsolidated" else alone
-        for job_text, entries in jobs.items():
-            job = parse_job_key(job_text)
-            for other_text, value in entries.items():
-                if other_text == "null":
-                    target.setdefault(job, {})[gpu] = float(value)
-                elif include_pairs and not variant:
-                    pairs.setdefault((job, parse_job_key(other_text)), {})[gpu] = (
-                        float(value[0]),
-                        float(value[1]),
-                    )
+        try:
+            for job_text, entries in jobs.items():
+                job = parse_job_key(job_text)
+                for other_text, value in entries.items():
+                    if other_text == "null":
+                        target.setdefault(job, {})[gpu] = float(value)
+                    elif include_pairs and not variant:
+                        pairs.setdefault((job, parse_job_key(other_text)), {})[gpu] = (
+                            float(value[0]),
+                            float(value[1]),
+                        )
+        except (AttributeError, TypeError, ValueError, SyntaxError, IndexError) as exc:
+            raise ValueError(
+                f"{path}: {gavel_gpu!r} is not job key → {{other job key or 'null': steps/s}} "
+                f"as in Gavel's file ({type(exc).__name__}: {exc})"
+            ) from None
+    if not alone:
+        raise ValueError(f"{path}: no job has a throughput alone on a GPU (no 'null' entries)")
     return ThroughputTable(alone=alone, unconsolidated=unconsolidated, pairs=pairs)
 
 

@@ -48,3 +48,21 @@ def test_full_gavel_file_has_space_sharing_pairs(shared_data):
     assert ta < t.throughput(a, "V100") + 1e-9 and tb > 0
     assert t.pair(b, a, "V100") == (tb, ta)
     assert t.throughput(JOB, "V100", consolidated=False) > 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("zz", "not JSON"),
+        ("{}", "an object keyed by GPU type (k80, p100, v100"),
+        ('{"tpu": {}}', "GPU type key 'tpu' is not one of Gavel's: k80, k80_unconsolidated"),
+        ('{"v100": {"x": 1}}', "'v100' is not job key"),
+        ('{"v100": {}}', "no job has a throughput alone"),
+    ],
+)
+def test_a_file_that_is_not_gavels_table_is_refused_naming_the_file_and_entry(tmp_path, text, message):
+    path = tmp_path / "throughputs.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=r"throughputs\.json: ") as err:
+        load_gavel(str(path))
+    assert message in str(err.value)
