@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
 
 from sailor_tasks.cli.airflow_api import add_connection_options, client_from_args, exit_code_of
+from sailor_tasks.cli.argtypes import positive_float
+from sailor_tasks.cli.output import load_params
 from sailor_tasks.errors import ExitCode
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "submit",
-        help="trigger sailor_train through Airflow's REST API with params from a JSON file; follow the run",
+        help="trigger sailor_train through Airflow's REST API with params from a JSON file and/or --set; "
+        "follow the run",
     )
-    p.add_argument("params", help="JSON file with sailor_train params (the run's conf)")
+    p.add_argument("params", nargs="?", help="JSON file with sailor_train params (the run's conf)")
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override one param (JSON value), after the file"
+    )
     add_connection_options(p)
     p.add_argument("--note", help="a note shown on the dag run in the UI")
     p.add_argument(
@@ -25,8 +30,10 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--no-wait", action="store_true", help="print the run id and return")
     p.add_argument("--no-check", action="store_true", help="skip the local params check")
-    p.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to follow the run")
-    p.add_argument("--poll", type=float, default=5.0, help="seconds between state checks")
+    p.add_argument(
+        "--timeout", type=positive_float, default=24 * 3600.0, help="seconds to follow the run (default 86400)"
+    )
+    p.add_argument("--poll", type=positive_float, default=5.0, help="seconds between state checks (default 5)")
     p.set_defaults(func=cmd_submit)
 
 
@@ -51,20 +58,20 @@ def paused_message(dag_id: str, url: str) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """Trigger ``sailor_train`` through Airflow's REST API with params from a JSON file; follow it."""
+    """Trigger ``sailor_train`` through Airflow's REST API with params from a JSON file and ``--set``
+    overrides; follow it."""
     from sailor_tasks.catalog import load_catalog
     from sailor_tasks.cli.airflow_api import AirflowAPIError
     from sailor_tasks.errors import InvalidRequestError
     from sailor_tasks.request import from_params
 
-    try:
-        with open(args.params) as f:
-            params = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"error: cannot read params from {args.params}: {exc}", file=sys.stderr)
+    if not args.params and not args.set:
+        print("error: give a params JSON file, --set KEY=VALUE overrides, or both", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    if not isinstance(params, dict):
-        print(f"error: {args.params} must hold a JSON object of sailor_train params", file=sys.stderr)
+    try:
+        params = load_params(args.params, args.set)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     if args.dag_id == "sailor_train" and not args.no_check:
         try:  # the same checks validate runs, minus the dataset lookup: fail here, before Airflow

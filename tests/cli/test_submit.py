@@ -27,6 +27,7 @@ class FakeAirflow:
 
     def trigger(self, dag_id, conf, note=None):
         self.calls.append(("trigger", dag_id, self.paused))
+        self.conf = conf
         if self.trigger_error:
             raise self.trigger_error
         return {"dag_run_id": "manual__2026-11-22T10:00:00+00:00"}
@@ -90,3 +91,26 @@ def test_airflow_errors_map_to_documented_exit_codes(params, airflow, capsys, er
     airflow.paused, airflow.trigger_error = False, error
     assert sailor(["submit", params, "--no-wait"]) == code
     assert str(error) in capsys.readouterr().err
+
+
+def test_set_overrides_the_file_and_bad_overrides_trigger_nothing(params, airflow, capsys):
+    airflow.paused = False
+    assert sailor(["submit", params, "--set", "num_workers=4", "--set", "job_name=lm2", "--no-wait"]) == 0
+    assert airflow.conf == {"job_name": "lm2", "team": "qa", "num_workers": 4, "total_steps": 300}
+    assert sailor(["submit", "--set", "job_name=only-set", "--no-wait"]) == 0  # no file: --set alone
+    assert airflow.conf == {"job_name": "only-set"}
+    capsys.readouterr()
+    triggers = [c for c in airflow.calls if c[0] == "trigger"]
+    for argv, message in (
+        ([params, "--set", "num_workers"], "--set 'num_workers' is not KEY=VALUE"),
+        ([params, "--set", "num_workers=0"], "num_workers=0: 0 is less than the minimum of 1"),
+        ([], "give a params JSON file, --set KEY=VALUE overrides, or both"),
+    ):
+        assert sailor(["submit", *argv, "--no-wait"]) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    for flag in ("--poll", "--timeout"):
+        with pytest.raises(SystemExit) as done:
+            sailor(["submit", params, flag, "0"])
+        assert done.value.code == 2
+        assert f"argument {flag}: '0': need a number > 0" in capsys.readouterr().err
+    assert [c for c in airflow.calls if c[0] == "trigger"] == triggers  # nothing more was triggered
