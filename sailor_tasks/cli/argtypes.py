@@ -37,3 +37,14 @@ def nonnegative_float(value: str) -> float:
     if not x >= 0 or x == float("inf"):
         raise argparse.ArgumentTypeError(f"{value!r}: need a number ≥ 0")
     return x
+
+
+def positive_int(value: str) -> int:
+    """An integer ≥ 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: need an integer ≥ 1") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: need an integer ≥ 1")
+    return n

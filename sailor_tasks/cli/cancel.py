@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from sailor_tasks.cli.airflow_api import add_connection_options, client_from_args, exit_code_of
+from sailor_tasks.cli.argtypes import positive_float
 from sailor_tasks.errors import ExitCode
 
 
@@ -21,9 +22,9 @@ def add_parser(sub: Any) -> None:
         "--no-wait", action="store_true", help="return once the run is marked, before teardown ends"
     )
     p.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds to wait for teardown to end (default 600)"
+        "--timeout", type=positive_float, default=600.0, help="seconds to wait for teardown to end (default 600)"
     )
-    p.add_argument("--poll", type=float, default=2.0, help="seconds between state checks (default 2)")
+    p.add_argument("--poll", type=positive_float, default=2.0, help="seconds between state checks (default 2)")
     p.set_defaults(func=cmd_cancel)
 
 

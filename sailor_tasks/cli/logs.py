@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sailor_tasks.cli.airflow_api import add_connection_options, client_from_args, exit_code_of
+from sailor_tasks.cli.argtypes import positive_float, positive_int
 from sailor_tasks.errors import ExitCode
 
 TRAIN_TASKS = ("validate", "plan", "place_data", "provision", "train", "finalize", "teardown")
@@ -27,12 +28,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("run_id", help="the run's id (the Airflow run id; `sailor runs` lists them)")
     p.add_argument("--task", help="only this task (e.g. train); default: every task, in pipeline order")
     p.add_argument(
-        "--try", dest="try_number", type=int, help="only this try of each task (default: every try)"
+        "--try", dest="try_number", type=positive_int, help="only this try of each task (default: every try)"
     )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the run ends")
-    p.add_argument("--poll", type=float, default=2.0, help="seconds between reads when following (default 2)")
+    p.add_argument("--poll", type=positive_float, default=2.0, help="seconds between reads when following (default 2)")
     p.add_argument(
-        "--timeout", type=float, help="stop following after this many seconds (exit status 1; default: never)"
+        "--timeout", type=positive_float, help="stop following after this many seconds (exit status 1; default: never)"
     )
     p.add_argument(
         "--log-folder",

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from sailor_tasks.cli.argtypes import positive_float
 from sailor_tasks.cli.output import print_table
 
 
@@ -18,7 +19,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--zone", help="write this zone's availability trace (JSON) instead of the stats")
     p.add_argument("--gpu", help="only instances of this GPU type (e.g. nvidia-tesla-v100)")
     p.add_argument(
-        "--gap", type=float, default=900.0, help="seconds per trace slot (logs pinged every 900 s)"
+        "--gap", type=positive_float, default=900.0, help="seconds per trace slot (logs pinged every 900 s)"
     )
     p.add_argument("--out", help="output file (default: stdout)")
     p.set_defaults(func=cmd_trace_gcp)

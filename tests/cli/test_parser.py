@@ -71,6 +71,21 @@ def test_every_seed_option_refuses_a_negative_seed_before_running(capsys):
         assert "argument --seed: '-1': need an integer ≥ 0" in capsys.readouterr().err, path
 
 
+def test_every_wait_and_poll_option_refuses_zero_and_negative_seconds(capsys):
+    flags = ("--poll", "--timeout", "--gap", "--time-limit")
+    found = []
+    for path, p in walk(build_parser()):
+        for action in p._actions:
+            for flag in set(flags) & set(action.option_strings):
+                found.append((path, flag))
+                for value in ("0", "-1", "nan"):
+                    with pytest.raises(SystemExit) as done:
+                        sailor([*path.split()[1:], flag, value])
+                    assert done.value.code == 2, (path, flag, value)
+                    assert f"argument {flag}: '{value}': need a number > 0" in capsys.readouterr().err
+    assert {path for path, _ in found} >= {"sailor submit", "sailor cancel", "sailor logs", "sailor trace-gcp"}
+
+
 @pytest.mark.parametrize("command", ["plan", "render"])
 def test_unreadable_params_and_malformed_overrides_are_bad_input(command, tmp_path, settings, capsys):
     flag = [] if command == "plan" else ["--params"]
