@@ -10,6 +10,7 @@ Everything is one numpy pass over arrays precomputed per catalog (``index.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,8 +28,11 @@ from sailor_tasks.placement.slack import describe_choice
 from sailor_tasks.placement.validators import (
     BLOCKED_ZONE,
     CAPACITY,
+    DEADLINE,
     PRICE_CAP,
+    PRICE_EPSILON_USD,
     VALIDATOR_NAMES,
+    expected_hours,
     first_failure,
 )
 
@@ -206,12 +210,25 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
             request.num_gpus,
             [f"best blocked offer {_describe(ev, int(i))}: {free} GPUs free in {idx.zones[ctx.c.zone[i]]}"],
         )
-    hint = ""
+    hints = []
     over_cap = np.flatnonzero(ev.fail == PRICE_CAP)
     if over_cap.size:
         i = int(over_cap[np.argmin(ctx.usd_per_hour[over_cap])])
-        hint = f"cheapest offer: {_describe(ev, i)}; raise max_usd_per_hour to at least {ctx.usd_per_hour[i]:.2f}"
-    raise NoFeasibleOfferError(request.summary(), counts, hint)
+        hints.append(
+            f"cheapest offer: {_describe(ev, i)}; raise max_usd_per_hour to at least {ctx.usd_per_hour[i]:.2f}"
+        )
+    too_slow = np.flatnonzero(ev.fail == DEADLINE)
+    if request.max_usd_per_hour is not None:  # raising the deadline alone must be enough
+        too_slow = too_slow[ctx.usd_per_hour[too_slow] <= request.max_usd_per_hour + PRICE_EPSILON_USD]
+    if too_slow.size:
+        need = expected_hours(ctx)[too_slow]
+        i = int(too_slow[np.argmin(need)])
+        hours = float(need.min())
+        hints.append(
+            f"fastest offer: {_describe(ev, i)}, expected to take {hours:.3f} h (launch, data transfer and "
+            f"expected preemptions included); raise deadline_hours to at least {math.ceil(hours * 100) / 100:.2f}"
+        )
+    raise NoFeasibleOfferError(request.summary(), counts, "; ".join(hints))
 
 
 def _placement(

@@ -79,12 +79,18 @@ def _throughput(ctx: RequestContext) -> np.ndarray | None:
     return ctx.speed > 0
 
 
+def expected_hours(ctx: RequestContext) -> np.ndarray:
+    """Per row: the hours the run is expected to take there, what ``deadline`` compares: one launch
+    (VM start, image and checkpoint pull) before training starts, the data transfer, the training
+    and its expected preemption overhead."""
+    return ctx.hours + ctx.overhead_hours + ctx.data_hours + RESTART_HOURS
+
+
 def _deadline(ctx: RequestContext) -> np.ndarray | None:
     deadline = ctx.request.deadline_hours
     if deadline is None:
         return None
-    # One launch (VM start, image and checkpoint pull) comes before training starts.
-    return ctx.hours + ctx.overhead_hours + ctx.data_hours + RESTART_HOURS <= deadline
+    return expected_hours(ctx) <= deadline
 
 
 def _price_cap(ctx: RequestContext) -> np.ndarray | None:
@@ -114,6 +120,7 @@ VALIDATORS: tuple[Validator, ...] = (
 VALIDATOR_NAMES: tuple[str, ...] = tuple(v.name for v in VALIDATORS)
 CAPACITY = VALIDATOR_NAMES.index("capacity")
 PRICE_CAP = VALIDATOR_NAMES.index("price_cap")
+DEADLINE = VALIDATOR_NAMES.index("deadline")
 BLOCKED_ZONE = VALIDATOR_NAMES.index("blocked_zone")
 
 

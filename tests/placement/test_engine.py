@@ -169,6 +169,31 @@ def test_deadline_that_no_offer_meets_is_rejected_by_the_deadline_rule():
         plan(req(total_steps=2_000_000, deadline_hours=0.5), cat, ClusterState(), "r")
 
 
+def test_a_missed_deadline_names_the_fastest_offer_and_the_deadline_that_fits():
+    import re
+
+    cat = Catalog((offer("us-east1-b", gpu="V100", od=2.0), offer("us-east1-c", gpu="H100", od=6.0)))
+    job = req(market="on_demand", total_steps=2_000_000, deadline_hours=0.5)
+    with pytest.raises(NoFeasibleOfferError, match="deadline: 2") as err:
+        plan(job, cat, ClusterState(), "r")
+    found = re.search(r"fastest offer: (\S+) .*raise deadline_hours to at least ([0-9.]+)", str(err.value))
+    assert found and found.group(1) == "us-east1-c", str(err.value)  # the H100 is the faster one
+    assert plan(
+        dataclasses.replace(job, deadline_hours=float(found.group(2))), cat, ClusterState(), "r"
+    ).zone == ("us-east1-c")
+    # Under a price cap the H100 cannot take, the hint is the fastest offer within the cap.
+    capped = dataclasses.replace(job, max_usd_per_hour=3.0)
+    with pytest.raises(NoFeasibleOfferError) as err:
+        plan(capped, cat, ClusterState(), "r")
+    found = re.search(r"fastest offer: (\S+) .*raise deadline_hours to at least ([0-9.]+)", str(err.value))
+    assert found and found.group(1) == "us-east1-b", str(err.value)
+    deadline = float(found.group(2))
+    assert (
+        plan(dataclasses.replace(capped, deadline_hours=deadline), cat, ClusterState(), "r").zone
+        == "us-east1-b"
+    )
+
+
 # --- preferences ---------------------------------------------------------------------------------
 
 
