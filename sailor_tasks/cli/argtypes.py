@@ -4,47 +4,32 @@ the value and what is valid, before anything runs."""
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
 
 
-def seed(value: str) -> int:
-    """A random seed: an integer ≥ 0."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: need an integer ≥ 0") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: need an integer ≥ 0")
-    return n
+def _checked(convert: Callable[[str], N], ok: Callable[[N], bool], need: str) -> Callable[[str], N]:
+    """An argparse type: ``convert(value)`` when it works and passes ``ok``, else an error saying
+    ``need``."""
+
+    def parse(value: str) -> N:
+        try:
+            x = convert(value)
+        except ValueError:
+            x = None
+        if x is None or not ok(x):
+            raise argparse.ArgumentTypeError(f"{value!r}: need {need}")
+        return x
+
+    parse.__name__ = need  # argparse names the type in some messages
+    return parse
 
 
-def positive_float(value: str) -> float:
-    """A number > 0."""
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: need a number > 0") from None
-    if not x > 0 or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r}: need a number > 0")
-    return x
-
-
-def nonnegative_float(value: str) -> float:
-    """A number ≥ 0."""
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: need a number ≥ 0") from None
-    if not x >= 0 or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r}: need a number ≥ 0")
-    return x
-
-
-def positive_int(value: str) -> int:
-    """An integer ≥ 1."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: need an integer ≥ 1") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: need an integer ≥ 1")
-    return n
+seed = _checked(int, lambda n: n >= 0, "an integer ≥ 0")
+"""A random seed: an integer ≥ 0."""
+positive_int = _checked(int, lambda n: n >= 1, "an integer ≥ 1")
+positive_float = _checked(float, lambda x: 0 < x < math.inf, "a number > 0")
+nonnegative_float = _checked(float, lambda x: 0 <= x < math.inf, "a number ≥ 0")
