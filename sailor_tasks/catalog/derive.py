@@ -132,16 +132,54 @@ def write_offers_csv(offers: Iterable[Offer], out: io.TextIOBase, provenance: st
     return n
 
 
+SOURCE_COLUMNS = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "SpotPrice", "Region", "AvailabilityZone")
+"""Columns of the SkyPilot-format source CSV that the derivation reads."""
+
+
 def derive_file(source: str, dest: str) -> int:
-    """Derive ``dest`` (the packaged offers CSV) from the SkyPilot-format ``source`` CSV."""
+    """Derive ``dest`` (the packaged offers CSV) from the SkyPilot-format ``source`` CSV; return
+    the offer count. ``dest`` is replaced in one step (a temporary file renamed over it), and only
+    once the source has given at least one offer.
+
+    Raises:
+        ValueError: the source lacks a column the derivation reads, has a malformed row, or gives
+            no offer; ``dest`` is then left as it was.
+    """
     import os
+    import tempfile
 
     with open(source, newline="") as f:
-        offers = list(derive_offers(csv.DictReader(f)))
+        reader = csv.DictReader(f)
+        missing = [c for c in SOURCE_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(
+                f"{source}: not a SkyPilot-format GCP catalog CSV: no column {', '.join(missing)} "
+                f"(it needs {', '.join(SOURCE_COLUMNS)})"
+            )
+        try:
+            offers = list(derive_offers(reader))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: line {reader.line_num}: {exc}") from None
+    if not offers:
+        raise ValueError(f"{source}: no GPU offer could be derived (no accelerator row with a host row and prices)")
     provenance = (
         f"provenance: derived by sailor_tasks/catalog/derive.py from {os.path.basename(source)} "
         "(daily mirror of SkyPilot's public GCP catalog v8); VM price = host row + accelerator row; "
         "700.0 placeholders and zero prices dropped; spot_above_ondemand flags dirty spot prices"
     )
-    with open(dest, "w", newline="") as out:
-        return write_offers_csv(offers, out, provenance)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(dest)), prefix=".derive-", suffix=".csv")
+    try:
+        with os.fdopen(fd, "w", newline="") as out:
+            n = write_offers_csv(offers, out, provenance)
+        try:  # the mode the file had, else what a plain open would give it (mkstemp's is 0600)
+            mode = os.stat(dest).st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        os.replace(tmp, dest)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return n

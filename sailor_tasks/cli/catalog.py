@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from sailor_tasks.cli.output import print_table
+from sailor_tasks.errors import ExitCode
 
 
 def add_parser(sub: Any) -> None:
@@ -139,6 +140,10 @@ def cmd_catalog_derive(args: argparse.Namespace) -> int:
     from sailor_tasks.catalog.offers import DEFAULT_OFFERS_FILE
 
     dest = args.dest or str(resources.files("sailor_tasks.catalog").joinpath("data", DEFAULT_OFFERS_FILE))
-    n = derive_file(args.source, dest)
+    try:
+        n = derive_file(args.source, dest)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}; {dest} is unchanged", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     print(f"wrote {n} offers to {dest}")
     return 0

@@ -71,3 +71,37 @@ def test_packaged_catalog_matches_a_fresh_derivation(shared_data, tmp_path):
     out = tmp_path / "offers.csv"
     derive_file(str(shared_data / "catalog" / "gcp_vms_2026-05-20.csv"), str(out))
     assert read_offers(str(out)) == read_offers()  # the packaged file, before supply is applied
+
+
+def test_derive_refuses_a_source_that_is_not_the_catalog_and_leaves_the_offers_file_as_it_was(tmp_path, capsys):
+    import os
+
+    from sailor_tasks.cli.main import main as sailor
+
+    dest = tmp_path / "offers.csv"
+    dest.write_text("# the offers before\n")
+    os.chmod(dest, 0o644)
+    header = "InstanceType,AcceleratorName,AcceleratorCount,Price,SpotPrice,Region,AvailabilityZone\n"
+    cases = {
+        "a,b\n1,2\n": "no column InstanceType",
+        header + ",V100,x,1.0,0.5,us-east1,us-east1-b\n": "line 2: could not convert string to float: 'x'",
+        header: "no GPU offer could be derived",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        source = tmp_path / f"source{i}.csv"
+        source.write_text(text)
+        assert sailor(["catalog", "derive", "--source", str(source), "--dest", str(dest)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and f"{dest} is unchanged" in err, err
+        assert dest.read_text() == "# the offers before\n"
+    assert sorted(os.listdir(tmp_path)) == ["offers.csv", "source0.csv", "source1.csv", "source2.csv"]
+
+    good = tmp_path / "vms.csv"
+    good.write_text(
+        header + "n1-standard-8,,,0.38,0.08,us-east1,us-east1-b\n,V100,1,2.48,0.74,us-east1,us-east1-b\n"
+    )
+    assert sailor(["catalog", "derive", "--source", str(good), "--dest", str(dest)]) == 0
+    assert "wrote 1 offers" in capsys.readouterr().out
+    assert "us-east1-b,V100,1,n1-standard-8,2.86000,0.82000" in dest.read_text()
+    assert os.stat(dest).st_mode & 0o777 == 0o644  # replaced in one step, with the mode it had
+    assert sorted(os.listdir(tmp_path)) == ["offers.csv", "source0.csv", "source1.csv", "source2.csv", "vms.csv"]
