@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
+from sailor_tasks.errors import ExitCode
 from sailor_tasks.settings import SOURCE_BUCKET, Settings
 
 DEMO_PARAMS = {
@@ -67,11 +68,27 @@ def _airflow(*argv: str) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.errors import InvalidRequestError
     from sailor_tasks.ledger import Ledger
+    from sailor_tasks.request import from_params
 
+    try:
+        conf = json.loads(args.conf) if args.conf else {}
+    except json.JSONDecodeError as exc:
+        print(f"error: --conf {args.conf!r} is not JSON: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    if not isinstance(conf, dict):
+        print(f"error: --conf {args.conf!r} must be a JSON object of sailor_train params", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    params = {**DEMO_PARAMS, **conf}
+    try:  # the checks validate runs (minus the dataset lookup): refuse bad params before any setup
+        from_params(params, load_catalog())
+    except InvalidRequestError as exc:
+        print(f"error: --conf: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     settings = Settings.from_env()
     ensure_demo_dataset(settings)
-    params = {**DEMO_PARAMS, **(json.loads(args.conf) if args.conf else {})}
     if _airflow("dags", "test", "sailor_train", "-c", json.dumps(params)) != 0:
         print("sailor_train failed; see the log above", file=sys.stderr)
         return 1

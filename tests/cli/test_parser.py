@@ -4,6 +4,7 @@ JSON everywhere, exit codes are documented, ``--version`` answers."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
 import pytest
@@ -84,6 +85,21 @@ def test_every_wait_and_poll_option_refuses_zero_and_negative_seconds(capsys):
                     assert done.value.code == 2, (path, flag, value)
                     assert f"argument {flag}: '{value}': need a number > 0" in capsys.readouterr().err
     assert {path for path, _ in found} >= {"sailor submit", "sailor cancel", "sailor logs", "sailor trace-gcp"}
+
+
+def test_demo_refuses_bad_conf_before_any_setup(settings, monkeypatch, capsys):
+    from sailor_tasks.cli import demo
+
+    started = []
+    monkeypatch.setattr(demo, "_airflow", lambda *argv: started.append(argv) or 0)
+    for conf, message in (
+        ("{bad", "--conf '{bad' is not JSON"),
+        ("[1]", "must be a JSON object of sailor_train params"),
+        ('{"num_workers": 0}', "--conf: num_workers=0: 0 is less than the minimum of 1"),
+    ):
+        assert sailor(["demo", "--conf", conf]) == 2, conf
+        assert message in capsys.readouterr().err, conf
+    assert started == [] and not os.path.exists(settings.state_dir)  # no Airflow run, no demo dataset
 
 
 @pytest.mark.parametrize("command", ["plan", "render"])
