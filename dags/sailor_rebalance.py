@@ -64,6 +64,14 @@ from sailor_tasks.airflow_glue.lineage import ASSIGNMENT as ASSIGNMENT_ASSET
         "quotas": Param(
             {},
             type="object",
+            additionalProperties={
+                "type": "object",
+                "properties": {
+                    kind: {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}}
+                    for kind in ("max", "min")
+                },
+                "additionalProperties": False,
+            },
             title="Hard quotas",
             description='team → {"max": {region: GPUs}, "min": {region: GPUs}}; "*" in max caps every other region.',
         ),

@@ -13,7 +13,43 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sailor_tasks.ledger.store import aware
-from sailor_tasks.rebalance.problem import Dataset, Problem, Team
+from sailor_tasks.rebalance.problem import ANY_REGION, Dataset, Problem, Team
+
+QUOTA_KINDS = ("max", "min")
+"""Keys of a team's quotas: at most / at least this many GPUs of the team per region."""
+
+
+def check_quotas(quotas: Mapping[str, Any], regions: Iterable[str]) -> None:
+    """Refuse quotas that are not team → {"max"/"min": {region: GPUs ≥ 0}} over ``regions`` (and
+    ``"*"`` in max), naming the bad entry and the valid choices: a misspelt key or region would
+    otherwise be ignored and the quota silently not applied.
+
+    Raises:
+        ValueError: the first bad entry.
+    """
+    known = sorted(regions)
+    shape = 'team → {"max": {region: GPUs}, "min": {region: GPUs}}'
+    if not isinstance(quotas, Mapping):
+        raise ValueError(f"quotas={quotas!r:.80}: need {shape}")
+    for team, q in quotas.items():
+        if not isinstance(q, Mapping):
+            raise ValueError(f"quotas[{team!r}]={q!r:.80}: need {shape}")
+        unknown = sorted(set(q) - set(QUOTA_KINDS))
+        if unknown:
+            raise ValueError(f"quotas[{team!r}]: unknown key {', '.join(map(repr, unknown))}; valid: max, min")
+        for kind in QUOTA_KINDS:
+            per = q.get(kind, {})
+            if not isinstance(per, Mapping):
+                raise ValueError(f"quotas[{team!r}][{kind!r}]={per!r:.80}: need {{region: GPUs}}")
+            for region, n in per.items():
+                if region not in known and not (kind == "max" and region == ANY_REGION):
+                    star = f" and {ANY_REGION!r} (every other region)" if kind == "max" else ""
+                    raise ValueError(
+                        f"quotas[{team!r}][{kind!r}]: {region!r} is not a region with GPU supply; "
+                        f"valid: {', '.join(known)}{star}"
+                    )
+                if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 <= n < float("inf"):
+                    raise ValueError(f"quotas[{team!r}][{kind!r}][{region!r}]={n!r}: need a number of GPUs ≥ 0")
 
 
 def _overlap_hours(start: dt.datetime, end: dt.datetime, since: dt.datetime, until: dt.datetime) -> float:
@@ -54,8 +90,11 @@ def build_problem(
         replica_rows: ledger replica rows (dataset_uri, region, bytes).
         supply: (region, GPU type) → GPUs from the catalog.
         size_of: bytes of a dataset that has no recorded replica (e.g. from its source manifest).
-        quotas: team → {"max": {region: GPUs}, "min": {region: GPUs}}.
+        quotas: team → {"max": {region: GPUs}, "min": {region: GPUs}}; ``"*"`` in max caps every
+            region not listed. A bad entry raises ValueError (``check_quotas``).
     """
+    quotas = quotas or {}
+    check_quotas(quotas, {r for (r, _g), n in supply.items() if n > 0})
     since, until = aware(since), aware(until)
     hours = max((until - since).total_seconds() / 3600.0, 1e-9)
     gpu_hours: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -87,7 +126,6 @@ def build_problem(
                 unknown.append(uri)
                 size = 0
         datasets[uri] = Dataset(uri, int(size), tuple(sorted(where.get(uri, ()))))
-    quotas = quotas or {}
     priorities = priorities or {}
     teams = []
     for team in sorted(gpu_hours):

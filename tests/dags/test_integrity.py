@@ -73,6 +73,21 @@ def test_dag_params_are_typed_and_described(dagbag):
         assert params.get_param(name).description, f"param {name} has no description"
 
 
+def test_rebalance_quotas_param_refuses_the_wrong_shape_at_trigger(dagbag):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    quotas = dagbag.dags["sailor_rebalance"].params.get_param("quotas")
+    assert quotas.resolve({"vision": {"max": {"*": 0, "us-east1": 10}, "min": {"us-east1": 2}}})
+    for bad, message in (
+        ({"vision": {"maxx": {"us-east1": 1}}}, "'maxx' was unexpected"),
+        ({"vision": {"max": {"us-east1": "ten"}}}, "'ten' is not of type 'number'"),
+        ({"vision": {"min": {"us-east1": -1}}}, "-1 is less than the minimum of 0"),
+        ({"vision": 5}, "5 is not of type 'object'"),
+    ):
+        with pytest.raises(ParamValidationError, match=message):
+            quotas.resolve(bad)
+
+
 PARSE_HEAVY_MODULES = (
     "torch",
     "numpy",

@@ -104,6 +104,34 @@ def test_scenario_with_given_supply_and_team_demand():
         generate(datasets=10, supply=supply, team_demand=[1.0, 0.0])
 
 
+def test_quotas_with_a_misspelt_key_unknown_region_or_bad_number_are_refused_by_name():
+    def collect(quotas):
+        return build_problem(
+            [_row("a", "r1", "T4", 4, 6, 30)],
+            [],
+            {("r1", "T4"): 10, ("r2", "L4"): 4, ("r3", "L4"): 0},
+            since=T0,
+            until=T0 + dt.timedelta(hours=24),
+            budget_bytes=1000,
+            quotas=quotas,
+        )
+
+    problem, _ = collect({"a": {"max": {"*": 0, "r1": 8}, "min": {"r2": 1}}, "idle-team": {"max": {"r2": 1}}})
+    assert {t.name: t.quota_max for t in problem.teams} == {"a": {"*": 0, "r1": 8}}
+    for quotas, message in (
+        ({"a": {"maxx": {"r1": 1}}}, "quotas['a']: unknown key 'maxx'; valid: max, min"),
+        ({"a": {"max": {"r9": 1}}}, "quotas['a']['max']: 'r9' is not a region with GPU supply; valid: r1, r2 and '*'"),
+        ({"a": {"min": {"*": 1}}}, "quotas['a']['min']: '*' is not a region with GPU supply; valid: r1, r2"),
+        ({"a": {"max": {"r3": 1}}}, "'r3' is not a region with GPU supply"),  # no GPUs there
+        ({"a": {"max": {"r1": "8"}}}, "quotas['a']['max']['r1']='8': need a number of GPUs ≥ 0"),
+        ({"a": {"min": {"r1": -2}}}, "quotas['a']['min']['r1']=-2: need a number of GPUs ≥ 0"),
+        ({"a": ["max"]}, "quotas['a']=['max']: need team → {"),
+    ):
+        with pytest.raises(ValueError) as err:
+            collect(quotas)
+        assert message in str(err.value), (quotas, str(err.value))
+
+
 def test_philly_team_demand_reads_plain_pairs_only(tmp_path):
     import pickle
 
