@@ -45,7 +45,7 @@ def check_quotas(quotas: Mapping[str, Any], regions: Iterable[str]) -> None:
                 if region not in known and not (kind == "max" and region == ANY_REGION):
                     star = f" and {ANY_REGION!r} (every other region)" if kind == "max" else ""
                     raise ValueError(
-                        f"quotas[{team!r}][{kind!r}]: {region!r} is not a region with GPU supply; "
+                        f"quotas[{team!r}][{kind!r}]: {region!r} is not a region of the supply; "
                         f"valid: {', '.join(known)}{star}"
                     )
                 if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 <= n < float("inf"):
@@ -94,7 +94,7 @@ def build_problem(
             region not listed. A bad entry raises ValueError (``check_quotas``).
     """
     quotas = quotas or {}
-    check_quotas(quotas, {r for (r, _g), n in supply.items() if n > 0})
+    check_quotas(quotas, {r for r, _g in supply})  # a region whose supply is 0 is no typo
     since, until = aware(since), aware(until)
     hours = max((until - since).total_seconds() / 3600.0, 1e-9)
     gpu_hours: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))

@@ -116,13 +116,14 @@ def test_quotas_with_a_misspelt_key_unknown_region_or_bad_number_are_refused_by_
             quotas=quotas,
         )
 
-    problem, _ = collect({"a": {"max": {"*": 0, "r1": 8}, "min": {"r2": 1}}, "idle-team": {"max": {"r2": 1}}})
-    assert {t.name: t.quota_max for t in problem.teams} == {"a": {"*": 0, "r1": 8}}
+    problem, _ = collect(
+        {"a": {"max": {"*": 0, "r1": 8, "r3": 0}, "min": {"r2": 1}}, "idle-team": {"max": {"r2": 1}}}
+    )
+    assert {t.name: t.quota_max for t in problem.teams} == {"a": {"*": 0, "r1": 8, "r3": 0}}
     for quotas, message in (
         ({"a": {"maxx": {"r1": 1}}}, "quotas['a']: unknown key 'maxx'; valid: max, min"),
-        ({"a": {"max": {"r9": 1}}}, "quotas['a']['max']: 'r9' is not a region with GPU supply; valid: r1, r2 and '*'"),
-        ({"a": {"min": {"*": 1}}}, "quotas['a']['min']: '*' is not a region with GPU supply; valid: r1, r2"),
-        ({"a": {"max": {"r3": 1}}}, "'r3' is not a region with GPU supply"),  # no GPUs there
+        ({"a": {"max": {"r9": 1}}}, "quotas['a']['max']: 'r9' is not a region of the supply; valid: r1, r2, r3 and '*'"),
+        ({"a": {"min": {"*": 1}}}, "quotas['a']['min']: '*' is not a region of the supply; valid: r1, r2, r3"),
         ({"a": {"max": {"r1": "8"}}}, "quotas['a']['max']['r1']='8': need a number of GPUs ≥ 0"),
         ({"a": {"min": {"r1": -2}}}, "quotas['a']['min']['r1']=-2: need a number of GPUs ≥ 0"),
         ({"a": ["max"]}, "quotas['a']=['max']: need team → {"),
