@@ -45,6 +45,14 @@ NAME_PATTERN = whole_string(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 DATASET_URI_PATTERN = whole_string(r"(sailor|gs|file)://[A-Za-z0-9._/-]+")
 TRACE_URI_PATTERN = whole_string(r"|(gs|file)://[A-Za-z0-9._/-]+")
 
+PATTERN_MEANING = {
+    NAME_PATTERN: "must be 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit",
+    DATASET_URI_PATTERN: "must be a sailor://, gs:// or file:// URI of letters, digits and . _ / -",
+    TRACE_URI_PATTERN: "must be empty, or a gs:// or file:// URI of letters, digits and . _ / -",
+}
+"""What a string pattern asks for, in words: the error for a value that does not match says this
+instead of the regular expression."""
+
 FINITE: dict[str, Any] = {"not": {"type": "number", "minimum": 1, "maximum": 0}}
 """JSON-schema clause that refuses NaN: no finite number is both >= 1 and <= 0, but every bound
 comparison with NaN is false, so NaN satisfies the inner schema. ±Infinity is refused by the
@@ -466,9 +474,10 @@ def _check_schema(name: str, value: Any, spec: Mapping[str, Any]) -> InvalidRequ
     except jsonschema.ValidationError as exc:
         valid = spec.get("enum") or spec.get("items", {}).get("enum")
         shown = _short(value)
-        return InvalidRequestError(
-            name, shown, exc.message if len(exc.message) < 300 else exc.message[:297] + "...", valid
-        )
+        message = exc.message
+        if exc.validator == "pattern" and exc.validator_value in PATTERN_MEANING:
+            message = PATTERN_MEANING[exc.validator_value]
+        return InvalidRequestError(name, shown, message if len(message) < 300 else message[:297] + "...", valid)
     return None
 
 
