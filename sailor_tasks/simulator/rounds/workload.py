@@ -79,8 +79,23 @@ def read_gavel_trace(path: str, table: ThroughputTable | None = None) -> list[Si
                 arrival = float(row["arrival_time_s"])
             except ValueError as exc:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
+            for field, value, ok, need in (
+                ("total_steps", steps, steps > 0, "> 0"),
+                ("scale_factor", scale, scale >= 1, "≥ 1"),
+                ("priority_weight", weight, weight > 0, "> 0"),
+                ("arrival_time_s", arrival, arrival >= 0, "≥ 0"),
+                ("SLO", slo, True, "(≤ 0: no SLO)"),
+            ):
+                if not (ok and math.isfinite(value)):
+                    raise ValueError(f"{path}:{lineno}: {field}={row[field]!r}: need a finite number {need}")
             key = (row["job_type"], scale)
             if table is not None and key not in table.alone:
+                scales = sorted(k[1] for k in table.alone if k[0] == row["job_type"])
+                if scales:
+                    raise ValueError(
+                        f"{path}:{lineno}: scale_factor={scale} of {row['job_type']!r}: the throughput "
+                        f"table has it at scale factors {', '.join(map(str, scales))}"
+                    )
                 raise ValueError(
                     f"{path}:{lineno}: job type {key!r} is not in the throughput table; "
                     f"known: {', '.join(sorted({k[0] for k in table.alone}))}"

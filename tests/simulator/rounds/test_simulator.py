@@ -155,6 +155,33 @@ def test_trace_errors_name_the_line_and_the_fields(tmp_path):
     unknown.write_text("Nope (batch size 1)\tcmd\tdir\t--n\t1\t100\t1\t1\t-1\t0\n")
     with pytest.raises(ValueError, match="not in the throughput table"):
         read_gavel_trace(str(unknown), load_packaged())
+    line = "ResNet-18 (batch size 16)\tcmd\tdir\t--n\t1\t{steps}\t{scale}\t{weight}\t{slo}\t{arrival}\n"
+    good = {"steps": 100, "scale": 1, "weight": 1, "slo": -1, "arrival": 0}
+    assert len(read_gavel_trace(str(_write(tmp_path, line.format(**good))), load_packaged())) == 1
+    for field, value, message in (
+        ("steps", -100, "total_steps='-100': need a finite number > 0"),
+        ("steps", "nan", "total_steps='nan': need a finite number > 0"),
+        ("scale", 0, "scale_factor='0': need a finite number ≥ 1"),
+        ("weight", 0, "priority_weight='0': need a finite number > 0"),
+        ("arrival", -5, "arrival_time_s='-5': need a finite number ≥ 0"),
+        ("slo", "inf", "SLO='inf': need a finite number (≤ 0: no SLO)"),
+        (
+            "scale",
+            3,
+            "scale_factor=3 of 'ResNet-18 (batch size 16)': the throughput table has it at scale "
+            "factors 1, 2, 4, 8",
+        ),
+    ):
+        path = _write(tmp_path, line.format(**{**good, field: value}))
+        with pytest.raises(ValueError) as err:
+            read_gavel_trace(str(path), load_packaged())
+        assert f"{path}:1: {message}" in str(err.value), str(err.value)
+
+
+def _write(folder, text):
+    path = folder / "one.trace"
+    path.write_text(text)
+    return path
 
 
 def test_unknown_policy_is_rejected_with_the_valid_names():
