@@ -6,6 +6,7 @@ sizes and budgets are bytes. A *cell* is one (region, GPU type).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -157,8 +158,8 @@ def _gpu_table(value: Any, where: str) -> dict[str, dict[str, float]]:
             raise ValueError(f"problem JSON: {where}[{region!r}] must map GPU type → GPUs, got {per_gpu!r:.80}")
         row = {}
         for gpu, n in per_gpu.items():
-            if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
-                raise ValueError(f"problem JSON: {where}[{region!r}][{gpu!r}]={n!r}: need a number of GPUs ≥ 0")
+            if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 <= n < math.inf:
+                raise ValueError(f"problem JSON: {where}[{region!r}][{gpu!r}]={n!r}: need a finite number of GPUs ≥ 0")
             row[gpu] = n
         out[region] = row
     return out

@@ -176,7 +176,10 @@ def test_bad_problem_files_and_solver_options_are_refused_naming_the_value(tmp_p
         '{"supply": {}, "teams": []}': "missing datasets, budget_bytes",
         '{"supply": {}, "teams": [{"name": "a"}], "datasets": [], "budget_bytes": 1}': "teams[0] has no 'current'",
         '{"supply": {"r": {"A100": "x"}}, "teams": [], "datasets": [], "budget_bytes": 1}': (
-            "supply['r']['A100']='x': need a number of GPUs"
+            "supply['r']['A100']='x': need a finite number of GPUs"
+        ),
+        '{"supply": {"r": {"A100": NaN}}, "teams": [], "datasets": [], "budget_bytes": 1}': (
+            "supply['r']['A100']=nan: need a finite number of GPUs"
         ),
         '{"supply": {}, "teams": [], "datasets": [{"uri": "gs://a"}], "budget_bytes": 1}': (
             "datasets[0] has no 'bytes'"
