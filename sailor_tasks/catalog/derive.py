@@ -138,15 +138,16 @@ SOURCE_COLUMNS = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price"
 
 def derive_file(source: str, dest: str) -> int:
     """Derive ``dest`` (the packaged offers CSV) from the SkyPilot-format ``source`` CSV; return
-    the offer count. ``dest`` is replaced in one step (a temporary file renamed over it), and only
-    once the source has given at least one offer.
+    the offer count. ``dest`` is replaced in one step (a temporary file renamed over it, with ``dest``'s
+    mode), and only once the source has given at least one offer.
 
     Raises:
         ValueError: the source lacks a column the derivation reads, has a malformed row, or gives
             no offer; ``dest`` is then left as it was.
     """
+    import contextlib
     import os
-    import tempfile
+    import shutil
 
     with open(source, newline="") as f:
         reader = csv.DictReader(f)
@@ -167,19 +168,15 @@ def derive_file(source: str, dest: str) -> int:
         "(daily mirror of SkyPilot's public GCP catalog v8); VM price = host row + accelerator row; "
         "700.0 placeholders and zero prices dropped; spot_above_ondemand flags dirty spot prices"
     )
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(dest)), prefix=".derive-", suffix=".csv")
+    tmp = f"{dest}.tmp-{os.getpid()}"
     try:
-        with os.fdopen(fd, "w", newline="") as out:
+        with open(tmp, "w", newline="") as out:
             n = write_offers_csv(offers, out, provenance)
-        try:  # the mode the file had, else what a plain open would give it (mkstemp's is 0600)
-            mode = os.stat(dest).st_mode & 0o7777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
+        if os.path.exists(dest):
+            shutil.copymode(dest, tmp)
         os.replace(tmp, dest)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
     return n

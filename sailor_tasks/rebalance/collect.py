@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sailor_tasks.ledger.store import aware
-from sailor_tasks.rebalance.problem import ANY_REGION, Dataset, Problem, Team
+from sailor_tasks.rebalance.problem import ANY_REGION, Dataset, Problem, Team, is_gpu_count
 
 QUOTA_KINDS = ("max", "min")
 """Keys of a team's quotas: at most / at least this many GPUs of the team per region."""
@@ -48,7 +48,7 @@ def check_quotas(quotas: Mapping[str, Any], regions: Iterable[str]) -> None:
                         f"quotas[{team!r}][{kind!r}]: {region!r} is not a region of the supply; "
                         f"valid: {', '.join(known)}{star}"
                     )
-                if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 <= n < float("inf"):
+                if not is_gpu_count(n):
                     raise ValueError(f"quotas[{team!r}][{kind!r}][{region!r}]={n!r}: need a number of GPUs ≥ 0")
 
 

@@ -148,6 +148,11 @@ class Problem:
         )
 
 
+def is_gpu_count(n: Any) -> bool:
+    """Whether ``n`` (from JSON) is a number of GPUs: a finite int or float ≥ 0, not a bool."""
+    return not isinstance(n, bool) and isinstance(n, (int, float)) and 0 <= n < math.inf
+
+
 def _gpu_table(value: Any, where: str) -> dict[str, dict[str, float]]:
     """region → GPU type → GPUs from JSON, or a ValueError naming ``where`` and the bad entry."""
     if not isinstance(value, Mapping):
@@ -158,7 +163,7 @@ def _gpu_table(value: Any, where: str) -> dict[str, dict[str, float]]:
             raise ValueError(f"problem JSON: {where}[{region!r}] must map GPU type → GPUs, got {per_gpu!r:.80}")
         row = {}
         for gpu, n in per_gpu.items():
-            if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 <= n < math.inf:
+            if not is_gpu_count(n):
                 raise ValueError(f"problem JSON: {where}[{region!r}][{gpu!r}]={n!r}: need a finite number of GPUs ≥ 0")
             row[gpu] = n
         out[region] = row
