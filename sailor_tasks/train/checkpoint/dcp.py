@@ -50,7 +50,12 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
 from sailor_tasks import storage
-from sailor_tasks.train.checkpoint.store import DATA_SUFFIX, SIDECAR_SUFFIX, CheckpointStore
+from sailor_tasks.train.checkpoint.store import (
+    DATA_SUFFIX,
+    RAW_TENSOR_FORMAT,
+    SIDECAR_SUFFIX,
+    CheckpointStore,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +80,6 @@ _SMALL_ENTRY = 64 * 1024
 (``_WriteProgram.add_buffer``)."""
 _METADATA = ".metadata"
 """DCP's metadata file (``filesystem._metadata_fn``)."""
-RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
-"""DCP storage tag of a tensor entry stored as its raw bytes (dtype and shape in the metadata)."""
 
 
 def _fsync(f: Any) -> None:

@@ -39,6 +39,9 @@ DCP_METADATA = ".metadata"
 """DCP's metadata file: the coordinator writes it once every rank's data files are written."""
 FENCE = "ATTEMPT.json"
 """At the checkpoint root: ``{"attempt": N, "inherited": [steps committed before N claimed it]}``."""
+RAW_TENSOR_FORMAT = "sailor-raw-tensor-v1"
+"""DCP storage tag of a tensor entry SAILOR's writer stores as its raw bytes (dtype and shape in the
+metadata). A ``.metadata`` naming it comes from SAILOR's writer, which commits its own saves."""
 RECYCLE_DIR = ".recycle"
 """Folder of recycled data files under a local checkpoint root (never a step folder's name)."""
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -270,33 +273,54 @@ class CheckpointStore:
     def dcp_complete(self, step: int) -> bool:
         """True when DCP finished the step's folder: its ``.metadata``, which DCP writes after every
         rank's data files, is there and is a whole pickle (read without unpickling it: no torch)."""
+        return self._dcp_metadata(step) is not None
+
+    def _dcp_metadata(self, step: int) -> bytes | None:
+        """The step's ``.metadata`` bytes when they are a whole pickle, else None (missing, or cut
+        short by a kill during its write)."""
         try:
             data = storage.read_bytes(storage.join(self.step_uri(step), DCP_METADATA))
             last = None
             for opcode, _arg, pos in pickletools.genops(data):
                 last = (opcode.name, pos)
         except (OSError, ValueError):
-            return False  # missing, or cut short by a kill during its write
-        return last is not None and last == ("STOP", len(data) - 1)
+            return None
+        return data if last is not None and last == ("STOP", len(data) - 1) else None
 
     def seal(self) -> list[int]:
         """Commit the step folders a process group left complete but without a marker: those newer
         than the newest committed step that DCP finished (``dcp_complete``). Checkpoints written by
         plain ``torch.distributed.checkpoint`` (no SAILOR marker of their own) become verifiable,
         copyable and resumable this way. Called once the process group has exited, never while it
-        writes. Returns the steps sealed, oldest first."""
+        writes. Returns the steps sealed, oldest first.
+
+        A folder SAILOR's writer wrote (its ``.metadata`` names ``RAW_TENSOR_FORMAT``) is never
+        sealed: that writer commits its own saves, so one it left without a marker failed, was
+        killed or was fenced off by a newer attempt, and its ``.metadata`` says nothing of its data
+        files (a single process writes it while its last data file may still be written)."""
         committed = self.committed_steps()
         newest = committed[-1] if committed else -1
         sealed = []
         for step in self.step_dirs():
-            if step > newest and step not in committed and self.dcp_complete(step):
-                size = self.commit(step)
-                logger.info(
-                    "sealed DCP checkpoint %s (%.1f MB): commit marker written",
+            if step <= newest or step in committed:
+                continue
+            metadata = self._dcp_metadata(step)
+            if metadata is None:
+                continue
+            if RAW_TENSOR_FORMAT.encode() in metadata:
+                logger.warning(
+                    "checkpoint %s: a save of SAILOR's writer that never committed (it failed, was "
+                    "killed or was fenced off); not sealed",
                     self.step_uri(step),
-                    size / 1e6,
                 )
-                sealed.append(step)
+                continue
+            size = self.commit(step)
+            logger.info(
+                "sealed DCP checkpoint %s (%.1f MB): commit marker written",
+                self.step_uri(step),
+                size / 1e6,
+            )
+            sealed.append(step)
         return sealed
 
     def copy_latest_to(self, dest_root: str) -> int | None:

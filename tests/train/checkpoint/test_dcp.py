@@ -303,6 +303,42 @@ def test_kill_9_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_p
     assert torch.equal(out["w"], torch.full((1000,), 1.0))
 
 
+_FAILING_WRITER = """
+import resource, sys, torch
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager
+mgr = CheckpointManager(sys.argv[1], recycle=False)
+state = lambda v: {"small": torch.full((1 << 16,), v), "big": torch.full((2 << 20,), v)}  # 256 KB + 8 MB
+mgr.save(1, state(1.0))
+mgr.wait()
+resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    mgr.save(2, state(2.0))  # the plan of save 1, reused: the big file fails past 4 MiB
+except OSError as exc:
+    print("save-2-failed", exc.errno, flush=True)
+"""
+
+
+def test_a_save_that_failed_mid_write_is_never_sealed_and_the_run_resumes_from_the_previous(tmp_path):
+    """The writer's ``.metadata`` may be on storage before its last data file is: a failed save
+    leaves a folder that looks DCP-complete. The end of the attempt (``seal``) must not commit it."""
+    import errno
+
+    root = f"file://{tmp_path}/ck"
+    out = subprocess.run(
+        [sys.executable, "-c", _FAILING_WRITER, root], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert f"save-2-failed {errno.EFBIG}" in out, out
+    step2 = tmp_path / "ck" / "step-00000002"
+    assert (step2 / ".metadata").exists() and not (step2 / MARKER).exists()
+    mgr = CheckpointManager(root, attempt=1)
+    assert mgr.dcp_complete(2)  # it looks finished to DCP...
+    assert mgr.seal() == []  # ...but SAILOR's writer commits its own saves: it is left alone
+    assert mgr.committed_steps() == [1] and mgr.latest_valid_step() == 1
+    loaded = {"small": torch.zeros(1 << 16), "big": torch.zeros(2 << 20)}
+    mgr.load(1, loaded)
+    assert torch.equal(loaded["big"], torch.full((2 << 20,), 1.0))
+
+
 def _data_files(folder) -> dict[str, int]:
     """Data files of a checkpoint folder (or of the recycle folder): name -> inode."""
     return {p.name: p.stat().st_ino for p in folder.iterdir() if p.suffix == ".distcp"}

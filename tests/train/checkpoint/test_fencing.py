@@ -49,6 +49,28 @@ def test_a_stale_attempt_cannot_commit_over_a_newer_attempts_checkpoint(tmp_path
         CheckpointStore(root).claim(1)
 
 
+def test_a_save_the_fence_refused_is_not_sealed_by_the_newer_attempt(tmp_path):
+    """An older attempt's save that the claim cut off at its commit leaves a whole folder behind;
+    the newer attempt's end (``seal``) must not commit it under its own number."""
+    root = f"file://{tmp_path}/ckpt"
+    old = CheckpointManager(root, attempt=1)
+    old.claim(1)
+    old.save(10, _state(1.0))
+    old.wait()
+    new = CheckpointStore(root, attempt=2)
+    commit = old.commit
+
+    def claimed_while_writing(*args, **kwargs):
+        new.claim(2)
+        return commit(*args, **kwargs)
+
+    old.commit = claimed_while_writing
+    with pytest.raises(StaleAttemptError):
+        old.save(99, _state(-1.0))
+    assert new.dcp_complete(99)
+    assert new.seal() == [] and new.committed_steps() == [10] and new.latest_valid_step() == 10
+
+
 def test_a_marker_an_old_attempt_slipped_in_after_the_claim_is_not_loadable(tmp_path):
     """On an object store the fence check and the marker write are not atomic: a stale marker that
     lands in between is refused when read."""

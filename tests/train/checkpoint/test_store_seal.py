@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 
-from sailor_tasks.train.checkpoint.store import DCP_METADATA, MARKER, CheckpointStore
+from sailor_tasks.train.checkpoint.store import DCP_METADATA, MARKER, RAW_TENSOR_FORMAT, CheckpointStore
 
 
 def dcp_folder(root, step: int, *, metadata: bytes | None) -> None:
@@ -53,3 +53,15 @@ def test_folders_older_than_the_newest_commit_are_left_alone(tmp_path):
     store.commit(10)
     dcp_folder(root, 5, metadata=WHOLE)  # e.g. a retired folder being deleted
     assert store.seal() == [] and store.committed_steps() == [10]
+
+
+def test_a_folder_of_sailors_writer_without_its_marker_is_not_sealed(tmp_path):
+    """SAILOR's writer commits its own saves: a folder of its left uncommitted failed or was cut off."""
+    root = tmp_path / "ckpt"
+    dcp_folder(root, 5, metadata=WHOLE)
+    tagged = pickle.dumps({"storage_data": {"model.w": ["__0_0.distcp", 0, 10, [RAW_TENSOR_FORMAT]]}})
+    dcp_folder(root, 10, metadata=tagged)
+    store = CheckpointStore(str(root))
+    assert store.dcp_complete(10)
+    assert store.seal() == [5]
+    assert store.committed_steps() == [5] and not (root / "step-00000010" / MARKER).exists()
