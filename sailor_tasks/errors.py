@@ -156,9 +156,9 @@ class DeadlineUnmeetableError(SailorError):
 class DataIntegrityError(SailorError):
     """A copied file or a checkpoint does not match its recorded checksum."""
 
-    def __init__(self, uri: str, expected: str, actual: str):
+    def __init__(self, uri: str, expected: str, actual: str, *, what: str = "checksum mismatch"):
         self.uri, self.expected, self.actual = uri, expected, actual
-        super().__init__(f"checksum mismatch for {uri}: expected {expected}, got {actual}")
+        super().__init__(f"{what} for {uri}: expected {expected}, got {actual}")
 
 
 class LeaseBusyError(SailorError):

@@ -240,7 +240,9 @@ def copy_dataset(
 
     Raises:
         DataIntegrityError: a file changed while being copied, the source manifest disagrees, or
-            the store recorded other bytes than were sent. The bad destination file is removed.
+            the store recorded other bytes than were sent (the bad destination file is removed);
+            or the source lacks a file its manifest lists (nothing is copied and the replica is
+            left as it was).
         LeaseBusyError: another copy into the replica held the lease too long.
         LeaseLostError: the lease lapsed during the copy: no manifest is written.
     """
@@ -325,11 +327,21 @@ def _copy_locked(
     if existing is not None and src_manifest is not None and existing.files == src_manifest.files:
         logger.info("%s already holds a complete copy (%d files); nothing to do", dst_root, len(files))
         return CopyResult(existing, 0, existing.total_bytes, time.monotonic() - start)
+    expected = {e.path: e for e in src_manifest.files} if src_manifest else {}
+    missing = sorted(set(expected) - set(src_listing))
+    if missing:  # the replica would be marked complete without them: refused, nothing changed
+        first = expected[missing[0]]
+        raise DataIntegrityError(
+            storage.join(src_root, missing[0]),
+            f"the file its manifest lists ({first.size} B)"
+            + (f" and {len(missing) - 1} more: {', '.join(missing[1:6])}" if len(missing) > 1 else ""),
+            "no such file in the source",
+            what="source incomplete",
+        )
     if existing is not None:
         # The replica is about to change: from now on it is incomplete, so no reader trusts a
         # manifest whose files are being replaced.
         storage.remove(manifest_uri(dst_root))
-    expected = {e.path: e for e in src_manifest.files} if src_manifest else {}
     known = {e.path: e for e in existing.files} if existing is not None and not expected else {}
     if server_side is None:
         server_side = (

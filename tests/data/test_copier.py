@@ -117,6 +117,21 @@ def test_source_that_changed_since_sealing_is_rejected(src, tmp_path):
         copy_dataset(src, f"file://{tmp_path}/dst")
 
 
+def test_source_missing_a_file_its_manifest_lists_is_refused_and_the_replica_left_as_it_was(src, tmp_path):
+    dst = f"file://{tmp_path}/dst"
+    copy_dataset(src, dst)
+    storage.write_bytes(f"{src}/a.txt", b"omega" * 1000)
+    seal(src)  # a new version of the dataset...
+    before = read_manifest(dst)
+    storage.remove(f"{src}/sub/b.bin")  # ...that then lost a file its manifest lists
+    with pytest.raises(DataIntegrityError, match=r"source incomplete for .*sub/b\.bin.*no such file"):
+        copy_dataset(src, dst)
+    assert read_manifest(dst) == before  # the old complete replica still stands
+    with pytest.raises(DataIntegrityError, match=r"sub/b\.bin"):
+        copy_dataset(src, f"file://{tmp_path}/fresh")
+    assert read_manifest(f"file://{tmp_path}/fresh") is None  # never marked complete
+
+
 def test_verify_detects_a_flipped_byte(src, tmp_path):
     dst = f"file://{tmp_path}/dst"
     copy_dataset(src, dst)
