@@ -334,6 +334,25 @@ def cancel_running_attempt(ctx: StageContext, run_id: str) -> int | None:
     return number
 
 
+def end_orphaned_attempt(ctx: StageContext, run_id: str) -> int | None:
+    """End, as ``failed``, the run's attempt that the ledger still has as running once nothing can
+    end it any more (teardown: the train task is over, its workers stopped). Its task died without
+    ending it (killed hard, its worker lost); left running, it would count as demand for ever.
+    The attempt's number, or None when none was running."""
+    rows = ctx.ledger.attempts(run_id)
+    if not rows or rows[-1]["outcome"] != "running":
+        return None
+    number = rows[-1]["attempt"]
+    ctx.ledger.end_attempt(
+        run_id,
+        number,
+        "failed",
+        detail="still running when the run ended: its train task stopped without ending it",
+    )
+    logger.warning("run %s: attempt %d was still running at teardown; ended as failed", run_id, number)
+    return number
+
+
 def _command_result(att: Attempt, store: CheckpointStore, report: JSON, wall_s: float) -> JSON:
     """The result of a run's own command that exited 0: what its checkpoints and progress say
     (the built-in trainer writes its own, with losses and throughput)."""

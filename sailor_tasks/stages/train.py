@@ -16,6 +16,7 @@ from sailor_tasks.settings import BACKENDS
 from sailor_tasks.stages.attempts import (
     begin_attempt,
     cancel_running_attempt,
+    end_orphaned_attempt,
     finish_attempt,
     resume_attempt,
     train_attempt,
@@ -213,7 +214,7 @@ def stop_training(run_id: str, ctx: StageContext | None = None) -> int:
 def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | None = None) -> JSON:
     """Stop what training left running, remove the run's capacity, then release its reservation
     (always runs; idempotent). A run that did not end (``success``, ``rejected``, ``failed``,
-    ``cancelled``) is marked ``failed``.
+    ``cancelled``) is marked ``failed``, and so is an attempt the ledger still has as running.
 
     The backend goes first, so an unreachable ledger can never leave GPUs running; until it is gone
     the reservation stays, so no other run is planned onto capacity that is still held. The backend
@@ -242,6 +243,7 @@ def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | Non
     removed = _with_retries(f"{name} teardown", run_id, lambda: backend_impl.teardown(run_key(run_id)))
 
     def release() -> bool:
+        end_orphaned_attempt(ctx, run_id)  # stopped above, so nothing else will end it
         released = ctx.ledger.release(run_id)
         run = ctx.ledger.get_run(run_id)  # read after the stop: a stopped train may have ended it
         if run and run["status"] not in RUN_STATUSES_DONE:

@@ -114,6 +114,7 @@ def test_teardown_stops_workers_that_outlived_a_hard_killed_task(ctx, demo_datas
     assert result["training_stopped"] >= 3 and result["cluster_removed"]
     assert alive(tree) == [] and run_processes(run_key(run_id)) == []
     assert ctx.ledger.live_reservations() == [] and ctx.ledger.get_run(run_id)["status"] == "failed"
+    assert [a["outcome"] for a in ctx.ledger.attempts(run_id)] == ["failed"]  # not running for ever
     assert os.listdir(ctx.settings.clusters_dir) == []
 
 

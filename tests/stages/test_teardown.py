@@ -112,3 +112,40 @@ def test_the_backend_comes_from_the_run_params_when_given(ctx, provisioned, monk
     monkeypatch.setattr(TRAIN_STAGE, "get_backend", backend)
     stages.teardown("run-1", ctx, backend="gke")
     assert names == ["gke"]
+
+
+class _TaskKilled(BaseException):
+    """What the train task's process sees when it is terminated while training."""
+
+
+def test_teardown_ends_an_attempt_its_killed_train_task_left_running(ctx, demo_dataset, monkeypatch):
+    """On the local backend the train task itself ends its attempt; killed mid-training it cannot,
+    and the attempt would stay running (and count as in-flight demand every night)."""
+    import datetime as dt
+
+    from sailor_tasks.backends.local import LocalBackend
+    from sailor_tasks.stages.rebalance import in_flight_rows
+
+    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-k", ctx)
+    placement = stages.plan(request, "run-k", ctx)
+    data = stages.place_data(request, placement, "run-k", ctx)
+    stages.provision(request, placement, "run-k", ctx)
+
+    def killed(self, launch):
+        raise _TaskKilled("terminated while training")
+
+    monkeypatch.setattr(LocalBackend, "train", killed)
+    with pytest.raises(_TaskKilled):
+        stages.train(request, placement, data, "run-k", ctx)
+    (attempt,) = ctx.ledger.attempts("run-k")
+    assert attempt["outcome"] == "running"  # nothing in the task could end it
+
+    stages.teardown("run-k", ctx)
+    (attempt,) = ctx.ledger.attempts("run-k")
+    assert attempt["outcome"] == "failed" and attempt["ended_at"] is not None
+    assert "train task stopped without ending it" in attempt["detail"]
+    assert ctx.ledger.get_run("run-k")["status"] == "failed"
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=3)
+    assert [r for r in in_flight_rows(ctx, later) if r["run_id"] == "run-k"] == []
+    stages.teardown("run-k", ctx)  # idempotent: nothing left to end
+    assert ctx.ledger.attempts("run-k")[0]["outcome"] == "failed"
