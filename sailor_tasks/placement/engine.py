@@ -200,6 +200,9 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
     idx, ctx = ev.index, ev.ctx
     counts = _rejection_counts(ev)
     capacity_only = np.flatnonzero(ev.fail == CAPACITY)
+    total = idx.g_capacity[ctx.c.group[capacity_only]]
+    never = capacity_only[total < ctx.num_gpus]  # more GPUs than the zone has at all
+    capacity_only = capacity_only[total >= ctx.num_gpus]
     if capacity_only.size:
         # Everything else fits: the capacity is taken by live reservations. Transient.
         i = capacity_only[np.argmin(ctx.usd_per_hour[capacity_only])]
@@ -211,6 +214,12 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
             [f"best blocked offer {_describe(ev, int(i))}: {free} GPUs free in {idx.zones[ctx.c.zone[i]]}"],
         )
     hints = []
+    if never.size:  # waiting cannot help: no zone of these offers ever holds the run
+        i = int(never[np.argmax(idx.g_capacity[ctx.c.group[never]])])
+        hints.append(
+            f"{request.num_gpus} GPUs are more than any zone has: the largest, {idx.zones[ctx.c.zone[i]]}, has "
+            f"{int(idx.g_capacity[ctx.c.group[i]])} {idx.gpu_types[ctx.c.gpu[i]]} in all; ask for fewer GPUs"
+        )
     over_cap = np.flatnonzero(ev.fail == PRICE_CAP)
     if over_cap.size:
         i = int(over_cap[np.argmin(ctx.usd_per_hour[over_cap])])

@@ -127,6 +127,20 @@ def test_max_queue_hours_zero_fails_at_once(tight, demo_dataset):
     assert ctx.ledger.queue_entry("run-2") is None
 
 
+def test_a_run_larger_than_any_zone_fails_at_once_and_holds_back_nobody(tight, demo_dataset):
+    """Waiting cannot help a run that needs more GPUs than the zone has at all: it fails at once
+    (it used to wait its whole max_queue_hours, holding back every later T4 run)."""
+    ctx = tight
+    big = submit(ctx, "big", demo_dataset, num_workers=4)
+    with pytest.raises(NoFeasibleOfferError, match=rf"4 GPUs are more than any zone has: .*{ZONE}, has 2 T4"):
+        stages.plan(big, "big", ctx)
+    assert ctx.ledger.queue_entry("big") is None
+    placed = stages.plan(submit(ctx, "run-1", demo_dataset, team="b"), "run-1", ctx)
+    assert placed["zone"] == ZONE and ctx.ledger.queue_entry("run-1") is None
+    with pytest.raises(RunQueuedError):  # full for now: this one does wait
+        stages.plan(submit(ctx, "run-2", demo_dataset), "run-2", ctx)
+
+
 def test_a_deadline_that_cannot_be_met_fails_early(tight, demo_dataset):
     ctx = tight
     stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
