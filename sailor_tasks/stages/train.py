@@ -212,8 +212,8 @@ def stop_training(run_id: str, ctx: StageContext | None = None) -> int:
 
 
 def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | None = None) -> JSON:
-    """Stop what training left running, remove the run's capacity, then release its reservation
-    (always runs; idempotent). A run that did not end (``success``, ``rejected``, ``failed``,
+    """Stop what training left running, remove the run's capacity, take it out of the queue if it
+    waits there, then release its reservation (always runs; idempotent). A run that did not end (``success``, ``rejected``, ``failed``,
     ``cancelled``) is marked ``failed``, and so is an attempt the ledger still has as running.
 
     The backend goes first, so an unreachable ledger can never leave GPUs running; until it is gone
@@ -251,14 +251,16 @@ def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | Non
         ctx.ledger.record_stage(run_id, "teardown", started, utcnow(), ok=True)
         return released
 
-    released = _with_retries("ledger release", run_id, release)
     from sailor_tasks.stages.queueing import admit_after_release, leave_queue
 
+    # Out of the queue before the release: an admission pass in between (another run's teardown)
+    # can no longer admit this run, and whatever one admitted before is released next.
     left = False
     try:
         left = leave_queue(ctx, run_id, "the run ended while waiting in the queue")
-    except Exception as exc:  # the capacity is released; a stale entry times out on its own
+    except Exception as exc:  # released below all the same; a stale entry times out on its own
         logger.warning("teardown of %s: could not take it out of the queue: %s", run_id, exc)
+    released = _with_retries("ledger release", run_id, release)
     admission = admit_after_release(ctx) if released or left else None
     return {
         "training_stopped": stopped,

@@ -246,6 +246,32 @@ def test_teardown_of_a_queued_run_takes_it_out_of_the_queue(tight, demo_dataset)
     assert stages.teardown("run-1", ctx)["admitted"] == []
 
 
+def test_a_queued_run_torn_down_while_another_frees_capacity_is_not_left_holding_it(
+    tight, demo_dataset, monkeypatch
+):
+    """Another run's teardown (another worker) runs its admission pass while this run's teardown
+    runs: the cancelled run must not end up admitted and holding GPUs for a dag run that is over."""
+    from sailor_tasks.stages import queueing
+
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)
+    leave = queueing.leave_queue
+    concurrent = {}
+
+    def leave_while_run_1_ends(ctx_, run_id, reason):
+        if run_id == "run-2" and not concurrent:
+            concurrent.update(stages.teardown("run-1", ctx_))
+        return leave(ctx_, run_id, reason)
+
+    monkeypatch.setattr(queueing, "leave_queue", leave_while_run_1_ends)
+    stages.teardown("run-2", ctx)
+    assert concurrent["admitted"] == ["run-2"]  # the race did happen
+    assert ctx.ledger.live_reservations() == []
+    assert ctx.ledger.get_run("run-2")["status"] == "failed"
+
+
 def test_the_run_summary_shows_the_wait(tight, demo_dataset):
     from sailor_tasks.stages.summary import queue_wait, render_summary
 
