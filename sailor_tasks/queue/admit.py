@@ -6,7 +6,9 @@ capacity and the same engine in the simulator).
 
 The rules, in the order a pass applies them:
 
-1. A run past ``wait_until_s`` (``max_queue_hours``) times out.
+1. A run past ``wait_until_s`` (``max_queue_hours``) times out. A run arriving in this pass
+   (``arriving``: one that may not wait, ``max_queue_hours`` 0, and found others waiting) is
+   tried first, and times out at the end of the pass if it was not admitted.
 2. The others are ranked (``admission.rank``) and tried in that order (``admission_pass``): a run
    that does not fit holds back the runs behind it that wait for the same GPU types.
 3. An urgent run (near its latest start) that its own market cannot take is tried on-demand,
@@ -19,7 +21,7 @@ The rules, in the order a pass applies them:
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -78,10 +80,11 @@ def iso(t_s: float | None) -> str:
     return dt.datetime.fromtimestamp(t_s, dt.UTC).isoformat(timespec="seconds")
 
 
-def refused_on_arrival(run: QueuedRun, now_s: float) -> SailorError | None:
-    """Why a run that does not fit when it arrives may not join the queue, or None: its latest
-    start has already passed (``DeadlineUnmeetableError``), or it may not wait at all
-    (``max_queue_hours`` 0: ``QueueTimeoutError``)."""
+def refused_on_arrival(run: QueuedRun, now_s: float, tried: bool = True) -> SailorError | None:
+    """Why a run arriving now may not join the queue, or None: its latest start has already passed
+    (``DeadlineUnmeetableError``), or it was just tried (``tried``: nobody waited) and did not fit
+    and it may not wait at all (``max_queue_hours`` 0: ``QueueTimeoutError``). Untried, because
+    others wait, such a run joins the queue for its arrival pass alone (``admit``'s ``arriving``)."""
     if run.latest_start_s is not None and run.latest_start_s < now_s:
         return DeadlineUnmeetableError(
             run.run_id,
@@ -90,7 +93,7 @@ def refused_on_arrival(run: QueuedRun, now_s: float) -> SailorError | None:
             run.expected_s / 3600.0,
             "nothing fits now either",
         )
-    if run.wait_until_s is not None and run.wait_until_s <= now_s:
+    if tried and run.wait_until_s is not None and run.wait_until_s <= now_s:
         return QueueTimeoutError(run.run_id, 0.0, run.waiting_for)
     return None
 
@@ -104,21 +107,30 @@ def admit(
     policy: str = "las",
     team_weights: Mapping[str, float] | None = None,
     attained: Mapping[str, float] | None = None,
+    arriving: Collection[str] = (),
 ) -> PassResult:
     """One admission pass over ``queued`` at ``now_s`` (see the module for the rules).
 
-    ``held``, ``capacity``, ``policy``, ``team_weights`` and ``attained`` are ``rank``'s.
+    ``held``, ``capacity``, ``policy``, ``team_weights`` and ``attained`` are ``rank``'s;
+    ``arriving``: ids of the runs whose arrival this pass is (tried before their time-out).
 
     Raises:
         ValueError: ``policy`` is not one of ``QUEUE_POLICIES``.
     """
     out = PassResult()
     live = []
+
+    def past_limit(run: QueuedRun) -> bool:
+        return run.wait_until_s is not None and now_s >= run.wait_until_s
+
+    def time_out(run: QueuedRun) -> None:
+        hours = round(max(run.wait_until_s - run.arrival_s, 0.0) / 3600.0, 3)
+        if reserver.end(run, "timed_out", str(QueueTimeoutError(run.run_id, hours, run.waiting_for))):
+            out.timed_out.append(run.run_id)
+
     for run in queued:
-        if run.wait_until_s is not None and now_s >= run.wait_until_s:
-            hours = round((run.wait_until_s - run.arrival_s) / 3600.0, 3)
-            if reserver.end(run, "timed_out", str(QueueTimeoutError(run.run_id, hours, run.waiting_for))):
-                out.timed_out.append(run.run_id)
+        if past_limit(run) and run.run_id not in arriving:
+            time_out(run)
         else:
             live.append(run)
     if not live:
@@ -169,5 +181,9 @@ def admit(
         return True if admitted else None
 
     out.admitted = admission_pass(out.ranked, try_admit)
+    for run in live:  # an arriving run that may not wait: it had its pass
+        if run.run_id not in settled and past_limit(run):
+            settled.add(run.run_id)
+            time_out(run)
     out.waiting = [r for r in live if r.run_id not in settled]
     return out

@@ -204,8 +204,10 @@ def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:
                 return reserve_placement(ctx, req, run_id)
             except CapacityUnavailableError as exc:
                 waited_for = str(exc).removeprefix("no capacity for ")
-        entry = _enqueue(ctx, req, run_id, waited_for)
-    admit_queued(ctx)
+        entry = _enqueue(ctx, req, run_id, waited_for, tried=not waiting)
+        admit_queued(ctx, arriving=(run_id,))
+    else:
+        admit_queued(ctx)
     entry = ctx.ledger.queue_entry(run_id)
     assert entry is not None
     if entry["state"] != "queued":
@@ -213,7 +215,11 @@ def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:
     raise _queued_error(entry)
 
 
-def _enqueue(ctx: StageContext, req: JobRequest, run_id: str, waited_for: str) -> dict[str, Any]:
+def _enqueue(
+    ctx: StageContext, req: JobRequest, run_id: str, waited_for: str, *, tried: bool = True
+) -> dict[str, Any]:
+    """Put the run in the queue unless it may not wait (``refused_on_arrival``; ``tried``: it was
+    just planned and did not fit)."""
     from sailor_tasks.queue import QueuedRun, refused_on_arrival
 
     now = utcnow()
@@ -236,6 +242,7 @@ def _enqueue(ctx: StageContext, req: JobRequest, run_id: str, waited_for: str) -
             waiting_for=waited_for,
         ),
         now.timestamp(),
+        tried,
     )
     if refusal is not None:
         raise refusal
@@ -278,14 +285,26 @@ def _settled(ctx: StageContext, req: JobRequest, run_id: str, entry: Mapping[str
     if state == "admitted":
         return from_dict(Placement, entry["placement"])
     if state == "timed_out":
-        raise QueueTimeoutError(run_id, req.max_queue_hours, _waited_for(entry))
+        raise QueueTimeoutError(run_id, req.max_queue_hours, _waited_for(ctx, entry))
     raise QueueRejectedError(run_id, state, entry.get("reason") or state)
 
 
-def _waited_for(entry: Mapping[str, Any]) -> str:
+def _waited_for(ctx: StageContext, entry: Mapping[str, Any]) -> str:
+    """What the run waits for, in words: GPUs, the regions it allows, its queue position."""
     req = entry.get("request") or {}
-    regions = ",".join(req.get("regions") or ()) or "any region"
-    return f"{entry['gpus']}x {entry['gpu_type']} GPUs in {regions} (queue position {entry.get('position')})"
+    excluded = sorted(set(req.get("exclude_regions") or ()))
+    allowed = set(req.get("regions") or ()) - set(excluded)
+    every = {o.region for o in ctx.catalog.offers} - set(excluded)
+    if not allowed or allowed >= every:
+        where = "any region" + (f" but {','.join(excluded)}" if excluded else "")
+    elif len(allowed) <= 4:
+        where = ",".join(sorted(allowed))
+    else:
+        where = f"{len(allowed)} regions"
+    position = entry.get("position")
+    return f"{entry['gpus']}x {entry['gpu_type']} GPUs in {where}" + (
+        f" (queue position {position})" if position is not None else ""
+    )
 
 
 # --- admission --------------------------------------------------------------------------------------
@@ -362,7 +381,7 @@ def _views(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -
                 latest_start_s=None if e.get("latest_start_at") is None else e["latest_start_at"].timestamp(),
                 market=str(req.get("market") or "auto"),
                 wait_until_s=e["max_wait_until"].timestamp(),
-                waiting_for=_waited_for(e),
+                waiting_for=_waited_for(ctx, e),
             )
         )
     admitted = {e["run_id"]: e for e in ctx.ledger.queue_entries(("admitted",))}
@@ -426,13 +445,16 @@ class _LedgerReserver:
         return self.ctx.ledger.end_queue_entry(run.run_id, state, reason)
 
 
-def admit_queued(ctx: StageContext | None = None, now: dt.datetime | None = None) -> JSON:
+def admit_queued(
+    ctx: StageContext | None = None, now: dt.datetime | None = None, *, arriving: tuple[str, ...] = ()
+) -> JSON:
     """One admission pass (``sailor_tasks.queue.admit``, the code the queue simulator runs too):
     time out runs past ``max_queue_hours``, fail runs past their latest start that nothing can
     take, then admit in the policy's order every run that fits (a run that does not fit holds back
     the runs behind it that wait for the same GPU types), and store every waiting run's position,
     reason and estimated start. Safe to run concurrently: a run is admitted by the transaction
-    that reserves its capacity, once."""
+    that reserves its capacity, once. ``arriving``: the runs whose arrival this pass is (a run
+    that may not wait is tried before it times out)."""
     from sailor_tasks.queue import admit
 
     ctx = resolve_ctx(ctx)
@@ -450,6 +472,7 @@ def admit_queued(ctx: StageContext | None = None, now: dt.datetime | None = None
         ctx.settings.queue_policy,
         dict(ctx.settings.team_weights),
         _attained(ctx, now),
+        arriving,
     )
     waiting = ctx.ledger.queue_entries(("queued",))
     if waiting:

@@ -99,6 +99,25 @@ def test_refused_on_arrival_when_its_latest_start_passed_or_it_may_not_wait():
     assert refused_on_arrival(q("fine", wait_until_s=200.0, latest_start_s=150.0), 100.0) is None
 
 
+def test_a_run_that_may_not_wait_gets_its_arrival_pass_before_it_times_out():
+    """max_queue_hours 0 with others waiting: not refused on arrival, tried in the pass of its
+    arrival (admitted when it fits), timed out at the end of that pass when it does not."""
+    zero = dict(arrival=10.0, wait_until_s=10.0, waiting_for="2x T4 GPUs")
+    assert refused_on_arrival(q("z", **zero), 10.0, tried=False) is None
+    assert type(refused_on_arrival(q("z", **zero), 10.0)).__name__ == "QueueTimeoutError"
+    waiting = QueuedRun("w", "a", 4, {"V100": 2.0}, arrival_s=0.0, expected_s=H)  # holds back no T4 run
+    cap = {"T4": 4, "V100": 4}
+    res = FakeReserver(spot=2)
+    out = admit([waiting, q("z", **zero)], [], cap, 10.0, res, policy="fifo", arriving=("z",))
+    assert out.admitted == ["z"] and out.timed_out == [] and [r.run_id for r in out.waiting] == ["w"]
+    res = FakeReserver(spot=0)
+    out = admit([waiting, q("z", **zero)], [], cap, 10.0, res, policy="fifo", arriving=("z",))
+    assert out.timed_out == ["z"] and res.ended["z"][0] == "timed_out" and "2x T4 GPUs" in res.ended["z"][1]
+    assert [r.run_id for r in out.waiting] == ["w"]
+    out = admit([q("z", **zero)], [], CAP, 10.0, FakeReserver(spot=2))  # a later pass: not tried
+    assert out.timed_out == ["z"] and out.admitted == []
+
+
 def test_a_deadline_run_is_estimated_on_its_fastest_on_demand_offer_others_on_the_best():
     from sailor_tasks.catalog.throughput import load_packaged
     from sailor_tasks.model import ClusterState

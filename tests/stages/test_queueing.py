@@ -112,8 +112,16 @@ def test_a_run_times_out_after_max_queue_hours_naming_what_it_waited_for(tight, 
         stages.plan(request, "run-2", ctx)
     out = stages.admit_queued(ctx, now=utcnow() + dt.timedelta(minutes=31))
     assert out["timed_out"] == ["run-2"]
-    with pytest.raises(QueueTimeoutError, match=r"waited 0.5 h .*2x T4 GPUs"):
+    with pytest.raises(QueueTimeoutError, match=r"waited 0.5 h .*2x T4 GPUs in any region and") as err:
         stages.plan(request, "run-2", ctx)
+    assert "None" not in str(err.value)  # no position left to name once it is out of the queue
+    assert "in any region (queue position 1)" in ctx.ledger.queue_entry("run-2")["reason"]
+    limited = submit(ctx, "run-3", demo_dataset, regions=["us-central1", "us-east1"], max_queue_hours=0.5)
+    with pytest.raises(RunQueuedError):
+        stages.plan(limited, "run-3", ctx)
+    stages.admit_queued(ctx, now=utcnow() + dt.timedelta(minutes=31))
+    with pytest.raises(QueueTimeoutError, match=r"2x T4 GPUs in us-central1,us-east1 and"):
+        stages.plan(limited, "run-3", ctx)
     stages.teardown("run-1", ctx)  # capacity frees: a timed-out run is not admitted
     assert ctx.ledger.queue_entry("run-2")["state"] == "timed_out"
     assert ctx.ledger.live_reservations() == []
@@ -139,6 +147,27 @@ def test_a_run_larger_than_any_zone_fails_at_once_and_holds_back_nobody(tight, d
     assert placed["zone"] == ZONE and ctx.ledger.queue_entry("run-1") is None
     with pytest.raises(RunQueuedError):  # full for now: this one does wait
         stages.plan(submit(ctx, "run-2", demo_dataset), "run-2", ctx)
+
+
+def test_max_queue_hours_zero_is_placed_when_it_fits_although_others_wait(ctx, tmp_path, demo_dataset):
+    """Runs waiting for T4 do not make a V100 run that fits fail: it gets its arrival pass."""
+    supply = tmp_path / "supply.yaml"
+    supply.write_text(
+        "version: 1\ndefaults:\n  capacity_gpus: {}\nzones:\n"
+        f"  {ZONE}:\n    T4: {{capacity_gpus: 2}}\n    V100: {{capacity_gpus: 2}}\n"
+    )
+    ctx.__dict__["catalog"] = load_catalog(None, str(supply))
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)
+    v100 = submit(ctx, "v100", demo_dataset, gpu_type="V100", max_queue_hours=0)
+    assert stages.plan(v100, "v100", ctx)["gpu_type"] == "V100"
+    assert ctx.ledger.queue_entry("v100")["state"] == "admitted"
+    # One that does not fit times out in that same pass, and stays out of the queue.
+    with pytest.raises(QueueTimeoutError, match="2x T4"):
+        stages.plan(submit(ctx, "t4-now", demo_dataset, max_queue_hours=0), "t4-now", ctx)
+    assert ctx.ledger.queue_entry("t4-now")["state"] == "timed_out"
+    assert [e["run_id"] for e in ctx.ledger.queue_entries(("queued",))] == ["run-2"]
 
 
 def test_a_deadline_that_cannot_be_met_fails_early(tight, demo_dataset):

@@ -272,7 +272,8 @@ def simulate_queue(
         outcomes[job.run_id] = RunOutcome(
             job.run_id, job.team, job.gpus, now, run.expected_s, deadline, run.latest_start_s
         )
-        if not queued:  # nobody waits: planned and reserved now, as ``plan`` does
+        tried = not queued
+        if tried:  # nobody waits: planned and reserved now, as ``plan`` does
             try:
                 cap.reserve(run, None, job.deadline_hours)
             except CapacityUnavailableError:
@@ -283,7 +284,7 @@ def simulate_queue(
             else:
                 started(job.run_id)
                 return
-        refusal = refused_on_arrival(run, now)
+        refusal = refused_on_arrival(run, now, tried)
         if refusal is not None:
             state = "timed_out" if run.wait_until_s is not None and run.wait_until_s <= now else "failed"
             turned_away(job.run_id, state, f"{type(refusal).__name__}: {refusal}")
@@ -304,17 +305,27 @@ def simulate_queue(
                     contended[h.team] += h.gpus * (t - last_t)
         last_t = t
         cap.now_s = t
+        arriving = []
         while events and events[0][0] == t:
             _, kind, _, run_id = heapq.heappop(events)
             if kind == END:
                 cap.release(run_id)
             elif kind == ARRIVE:
+                arriving.append(run_id)
                 arrive(cap.jobs[run_id], t)
         if not queued:
             continue
         passes += 1
         result = admit(
-            list(queued.values()), cap.held(), cap.spot_gpus, t, cap, config.policy, weights, attained(t)
+            list(queued.values()),
+            cap.held(),
+            cap.spot_gpus,
+            t,
+            cap,
+            config.policy,
+            weights,
+            attained(t),
+            arriving,
         )
         for run_id in result.admitted:
             del queued[run_id]
