@@ -12,6 +12,7 @@ checkpoint code; never Airflow.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import signal
 import sys
@@ -29,6 +30,8 @@ from sailor_tasks.train import device as devices
 from sailor_tasks.train.checkpoint.dcp import CheckpointManager, SaveInfo
 from sailor_tasks.train.device import DevicePlan
 from sailor_tasks.train.progress import write_progress
+
+logger = logging.getLogger(__name__)
 
 _REQUIRED = (
     contract.RUN_ID,
@@ -217,7 +220,19 @@ class Run:
 
     def save(self, step: int, state: dict[str, Any]) -> SaveInfo:
         """Save ``state`` as checkpoint ``step`` with DCP and commit it (marker with every file's
-        crc32c and size, written last by rank 0). Every rank calls this."""
+        crc32c and size, written last by rank 0). Every rank calls this.
+
+        The step this run last saved or resumed from is not saved again (a save on the notice
+        right after resuming, say): its committed checkpoint is kept as it is, and the call
+        returns at once. Writing it anew would first delete it, and a save failing then would
+        leave the run an older checkpoint."""
+        if step == self._checkpoint_step:
+            uri = self.checkpoints.step_uri(step)
+            size = 0
+            if self.rank == 0:
+                size = sum(int(f["size"]) for f in self.checkpoints.marker(step)["files"].values())
+                logger.info("checkpoint step %d is already committed at %s; not saved again", step, uri)
+            return SaveInfo(step=step, uri=uri, bytes=size, seconds=0.0)
         info = self.checkpoints.save(step, state)
         self._checkpoint_step = step
         self._report(step)

@@ -97,3 +97,26 @@ def test_saves_carry_the_marker_and_resume_skips_a_damaged_newest(environ, tmp_p
     assert torch.equal(state["w"], torch.arange(3.0)) and state["step"] == 5
     run.close()
     again.close()
+
+
+def test_saving_the_step_it_resumed_from_keeps_that_checkpoint_as_it_is(environ, tmp_path, monkeypatch):
+    """A save on the notice right after resuming names the step already committed: it is kept as
+    it is (rewriting it would delete it first, and a failing save would then lose it)."""
+    run = Run.from_env(environ, handle_sigterm=False)
+    run.save(10, {"w": torch.arange(3.0), "step": 10})
+    run.close()
+    again = Run.from_env(environ, handle_sigterm=False)
+    state = {"w": torch.zeros(3), "step": 0}
+    assert again.load_latest(state) == 10
+
+    def failing(*args, **kwargs):
+        raise OSError(27, "File too large")
+
+    monkeypatch.setattr(again.checkpoints, "save", failing)  # any write now fails
+    info = again.save(10, state)
+    assert info.step == 10 and info.bytes > 0 and info.uri.endswith("step-00000010")
+    assert again.checkpoints.latest_valid_step() == 10
+    with pytest.raises(OSError, match="too large"):
+        again.save(11, state)  # a new step is written (and here fails) as before
+    assert again.checkpoints.latest_valid_step() == 10
+    again.close()
