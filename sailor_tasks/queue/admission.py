@@ -66,6 +66,8 @@ class QueuedRun:
     wait_until_s: float | None = None
     """When it stops waiting (arrival + ``max_queue_hours``); None: it waits as long as it takes."""
     waiting_for: str = ""
+    regions: frozenset[str] = frozenset()
+    """The regions it may be placed in (empty: any); its estimated start counts only their GPUs."""
     """What it waits for, as its time-out message says it (e.g. ``2x T4 GPUs in us-central1``)."""
 
     def __post_init__(self) -> None:
@@ -91,6 +93,8 @@ class HeldRun:
     started_s: float
     expected_end_s: float
     steps_remaining: float = 0.0
+    region: str = ""
+    """Where it holds its GPUs (empty: not known)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +182,14 @@ def rank(
     policy: str = "las",
     team_weights: Mapping[str, float] | None = None,
     attained: Mapping[str, float] | None = None,
+    region_capacity: Mapping[tuple[str, str], int] | None = None,
 ) -> list[Ranked]:
     """The admission order of ``queued``, with each run's reason and estimated start.
 
     ``capacity``: GPUs per type SAILOR may use; ``held``: the runs holding some of them now;
     ``attained``: team → GPU-seconds it held recently (``las`` breaks ties towards less), divided
-    by the team's weight.
+    by the team's weight; ``region_capacity``: GPUs per (region, type), for the estimated start
+    of a run limited to some regions (``estimate_starts``).
 
     Raises:
         ValueError: ``policy`` is not one of ``QUEUE_POLICIES`` (the message lists them).
@@ -241,7 +247,7 @@ def rank(
         )
         held_by_team[best.team] = held_by_team.get(best.team, 0.0) + best.gpus
         held_run[best.run_id] = float(best.gpus)
-    starts = estimate_starts([r for r, _ in order], held, capacity, now_s)
+    starts = estimate_starts([r for r, _ in order], held, capacity, now_s, region_capacity)
     return [
         Ranked(
             run_id=r.run_id,
@@ -307,30 +313,47 @@ def _reason(
 
 
 def estimate_starts(
-    order: Sequence[QueuedRun], held: Sequence[HeldRun], capacity: Mapping[str, int], now_s: float
+    order: Sequence[QueuedRun],
+    held: Sequence[HeldRun],
+    capacity: Mapping[str, int],
+    now_s: float,
+    region_capacity: Mapping[tuple[str, str], int] | None = None,
 ) -> dict[str, float | None]:
     """Start time of each run in ``order`` if they were admitted strictly in that order as the
     held runs end at their expected ends (list scheduling, no backfill).
 
     One pool per GPU type; a run that may use several types is estimated on the pool of the
-    types it may use (their capacity and the runs holding them), which is what it waits for.
+    types it may use (their capacity and the runs holding them), which is what it waits for. A
+    run limited to some regions (``QueuedRun.regions``, with ``region_capacity``: GPUs per
+    (region, type)) is estimated on the pool of those regions' GPUs and the runs holding them.
     """
     starts: dict[str, float | None] = {}
-    # pool (frozenset of types) → (free GPUs, heap of (end, gpus)); each pool is simulated apart.
-    pools: dict[frozenset[str], tuple[list[float], list[tuple[float, int]]]] = {}
+    # pool (types, regions) → (free GPUs, heap of (end, gpus)); each pool is simulated apart.
+    pools: dict[tuple[frozenset[str], frozenset[str]], tuple[list[float], list[tuple[float, int]]]] = {}
 
-    def pool(types: frozenset[str]) -> tuple[list[float], list[tuple[float, int]]]:
-        if types not in pools:
-            total = sum(int(capacity.get(g, 0)) for g in types)
-            ends = [(max(h.expected_end_s, now_s), h.gpus) for h in held if h.gpu_type in types]
+    def total_of(types: frozenset[str], regions: frozenset[str]) -> int:
+        if not regions:
+            return sum(int(capacity.get(g, 0)) for g in types)
+        assert region_capacity is not None
+        return sum(int(region_capacity.get((r, g), 0)) for r in regions for g in types)
+
+    def pool(types: frozenset[str], regions: frozenset[str]) -> tuple[list[float], list[tuple[float, int]]]:
+        if (types, regions) not in pools:
+            ends = [
+                (max(h.expected_end_s, now_s), h.gpus)
+                for h in held
+                if h.gpu_type in types and (not regions or h.region in regions)
+            ]
             heapq.heapify(ends)
-            pools[types] = ([float(total - sum(g for _, g in ends)), now_s], ends)
-        return pools[types]
+            free = float(total_of(types, regions) - sum(g for _, g in ends))
+            pools[(types, regions)] = ([free, now_s], ends)
+        return pools[(types, regions)]
 
     for run in order:
         types = frozenset(run.gpu_types) or frozenset(capacity)
-        state, ends = pool(types)
-        total = sum(int(capacity.get(g, 0)) for g in types)
+        regions = run.regions if region_capacity is not None else frozenset()
+        state, ends = pool(types, regions)
+        total = total_of(types, regions)
         if run.gpus > total:
             starts[run.run_id] = None
             continue

@@ -312,14 +312,29 @@ def _waited_for(ctx: StageContext, entry: Mapping[str, Any]) -> str:
 
 def _capacity(ctx: StageContext) -> dict[str, int]:
     """GPUs per type with a known capacity in the catalog (summed over zones)."""
-    per_zone: dict[tuple[str, str], int] = {}
-    for o in ctx.catalog.offers:
-        if o.capacity_gpus is not None:
-            per_zone[(o.zone, o.gpu_type)] = o.capacity_gpus
     out: dict[str, int] = {}
-    for (_zone, gpu), n in per_zone.items():
+    for (_region, gpu), n in _region_capacity(ctx).items():
         out[gpu] = out.get(gpu, 0) + n
     return out
+
+
+def _region_capacity(ctx: StageContext) -> dict[tuple[str, str], int]:
+    """GPUs per (region, type) with a known capacity in the catalog (summed over zones)."""
+    per_zone: dict[tuple[str, str, str], int] = {}
+    for o in ctx.catalog.offers:
+        if o.capacity_gpus is not None:
+            per_zone[(o.region, o.zone, o.gpu_type)] = o.capacity_gpus
+    out: dict[tuple[str, str], int] = {}
+    for (region, _zone, gpu), n in per_zone.items():
+        out[(region, gpu)] = out.get((region, gpu), 0) + n
+    return out
+
+
+def _allowed_regions(ctx: StageContext, request: Mapping[str, Any]) -> frozenset[str]:
+    """The regions a queued request may use, or empty when that is every region of the catalog."""
+    every = {o.region for o in ctx.catalog.offers}
+    allowed = set(request.get("regions") or every) - set(request.get("exclude_regions") or ())
+    return frozenset() if allowed >= every else frozenset(allowed)
 
 
 def _throughput(run: Mapping[str, Any], gpus: int, gpu_types: list[str], table: Any) -> dict[str, float]:
@@ -346,6 +361,7 @@ def _rank(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) ->
         ctx.settings.queue_policy,
         dict(ctx.settings.team_weights),
         _attained(ctx, now),
+        _region_capacity(ctx),
     )
 
 
@@ -382,6 +398,7 @@ def _views(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -
                 market=str(req.get("market") or "auto"),
                 wait_until_s=e["max_wait_until"].timestamp(),
                 waiting_for=_waited_for(ctx, e),
+                regions=_allowed_regions(ctx, req),
             )
         )
     admitted = {e["run_id"]: e for e in ctx.ledger.queue_entries(("admitted",))}
@@ -416,6 +433,7 @@ def _views(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -
                 started_s=started.timestamp(),
                 expected_end_s=started.timestamp() + (hours or 0.0) * 3600.0,
                 steps_remaining=float(max((r.get("total_steps") or 0) - (r.get("steps") or 0), 0)),
+                region=r.get("region") or "",
             )
         )
     return queued, held, capacity

@@ -102,6 +102,20 @@ def test_estimated_starts_follow_the_order_as_held_runs_end():
     assert [r.position for r in ranked] == [1, 2, 3]
 
 
+def test_a_run_limited_to_some_regions_is_estimated_on_their_gpus_alone():
+    # 2 T4 in r1 (held until t=3600) and 2 in r2 (free): a run that may use r1 only waits.
+    by_region = {("r1", "T4"): 2, ("r2", "T4"): 2}
+    running = [HeldRun("h", "a", 2, "T4", THR, started_s=0.0, expected_end_s=3600.0, region="r1")]
+    waiting = [q("only-r1", "b", 0.0, regions=frozenset({"r1"})), q("any", "b", 1.0)]
+    starts = estimate_starts(waiting, running, CAP, 100.0, by_region)
+    assert starts == {"only-r1": 3600.0, "any": 100.0}
+    assert estimate_starts(waiting, running, CAP, 100.0)["only-r1"] == 100.0  # regions not known: pooled
+    nowhere = q("r3", "b", 2.0, regions=frozenset({"r3"}))  # no capacity there at all
+    assert estimate_starts([nowhere], running, CAP, 100.0, by_region) == {"r3": None}
+    ranked = rank(waiting, running, CAP, 100.0, "fifo", region_capacity=by_region)
+    assert [r.estimated_start_s for r in ranked] == [3600.0, 100.0]
+
+
 def test_a_run_that_does_not_fit_holds_back_the_runs_behind_it_on_the_same_gpus():
     from sailor_tasks.queue import Ranked, admission_pass
 
