@@ -523,19 +523,20 @@ class Ledger:
         started_at: dt.datetime,
         ended_at: dt.datetime,
     ) -> float:
+        """Record what one attempt used; keyed by (run, start), so a retried task's second record
+        of the same attempt replaces the first, never doubles it."""
         gpu_hours = gpus * (ended_at - started_at).total_seconds() / 3600.0
         with self.engine.begin() as c:
-            c.execute(
-                insert(t.utilization).values(
-                    run_id=run_id,
-                    team=team,
-                    region=region,
-                    gpu_type=gpu_type,
-                    gpus=gpus,
-                    gpu_hours=gpu_hours,
-                    started_at=started_at,
-                    ended_at=ended_at,
-                )
+            _replace_row(
+                c,
+                t.utilization,
+                {"run_id": run_id, "started_at": started_at},
+                team=team,
+                region=region,
+                gpu_type=gpu_type,
+                gpus=gpus,
+                gpu_hours=gpu_hours,
+                ended_at=ended_at,
             )
         return gpu_hours
 
@@ -602,6 +603,7 @@ class Ledger:
         try_number: int,
         placement: Mapping[str, Any],
         data: Mapping[str, Any],
+        started_at: dt.datetime | None = None,
     ) -> None:
         with self.engine.begin() as c:
             c.execute(
@@ -613,7 +615,7 @@ class Ledger:
                     zone=placement["zone"],
                     placement=dict(placement),
                     data=dict(data),
-                    started_at=utcnow(),
+                    started_at=started_at or utcnow(),
                     outcome="running",
                 )
             )

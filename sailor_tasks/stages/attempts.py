@@ -267,9 +267,9 @@ def begin_attempt(
         storage.remove(stale)
     storage.write_bytes(config_uri, config.to_json().encode())
     CheckpointStore(config.checkpoint_uri).claim(attempt)  # an earlier attempt's stray workers commit no more
-    ctx.ledger.start_attempt(run_id, attempt, try_number, to_dict(pl), data)
+    started = utcnow()  # the attempt's start, as its row and its utilization record it
+    ctx.ledger.start_attempt(run_id, attempt, try_number, to_dict(pl), data, started_at=started)
     ctx.ledger.upsert_run(run_id, status="running", region=pl.region, zone=pl.zone, market=pl.market)
-    started = utcnow()
     return Attempt(
         run_id,
         req,

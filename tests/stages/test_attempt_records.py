@@ -1,0 +1,60 @@
+"""What an attempt leaves in the ledger when its task is retried: one utilization record per
+attempt, however many times the task that ends it runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+
+import pytest
+
+from sailor_tasks import stages, storage
+from sailor_tasks.train.checkpoint.store import CheckpointStore
+
+TRAIN_STAGE = importlib.import_module("sailor_tasks.stages.train")  # ``stages.train`` is the function
+
+
+def test_a_retried_finish_of_one_attempt_records_its_utilization_once(ctx, demo_dataset, monkeypatch):
+    run_id = "manual__retried"
+    params = {"dataset_uri": demo_dataset, "num_workers": 2, "total_steps": 20, "checkpoint_every_steps": 10}
+    req = stages.validate(params, run_id, ctx)
+    pl = stages.plan(req, run_id, ctx)
+    data = stages.place_data(req, pl, run_id, ctx)
+    att = TRAIN_STAGE.launch_train(req, pl, data, run_id, ctx, try_number=1)
+    storage.write_json(  # what the workers leave behind once training completed
+        att.config.result_uri,
+        {
+            "run_id": run_id,
+            "status": "completed",
+            "step": 20,
+            "total_steps": 20,
+            "resumed_from_step": None,
+            "initial_loss": 5.0,
+            "final_loss": 2.0,
+            "checkpoint_uri": None,
+            "samples_per_s": 1.0,
+            "wall_s": 1.0,
+            "world_size": 2,
+        },
+    )
+    seal = CheckpointStore.seal
+    failures = [OSError("503 Service Unavailable")]
+
+    def flaky_seal(self):
+        if failures:
+            raise failures.pop()
+        return seal(self)
+
+    monkeypatch.setattr(CheckpointStore, "seal", flaky_seal)
+    with pytest.raises(OSError, match="503"):  # the first try dies after recording the usage
+        TRAIN_STAGE.finish_train(req, run_id, att.number, 0, ctx, try_number=1)
+    again = TRAIN_STAGE.launch_train(req, pl, data, run_id, ctx, try_number=2)  # Airflow's retry
+    assert again.reattached and again.number == att.number
+    TRAIN_STAGE.finish_train(req, run_id, again.number, 0, ctx, try_number=2)
+    assert [a["outcome"] for a in ctx.ledger.attempts(run_id)] == ["completed"]
+    rows = [
+        r
+        for r in ctx.ledger.utilization_rows(dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+        if r["run_id"] == run_id
+    ]
+    assert len(rows) == 1 and rows[0]["gpus"] == 2
