@@ -89,7 +89,9 @@ def build_problem(
         rows: ledger utilization rows with the run's ``dataset_uri``.
         replica_rows: ledger replica rows (dataset_uri, region, bytes).
         supply: (region, GPU type) → GPUs from the catalog.
-        size_of: bytes of a dataset that has no recorded replica (e.g. from its source manifest).
+        size_of: bytes of a dataset that has no recorded replica (e.g. from its source manifest);
+            None: unknown. A dataset of unknown size is left out of the problem (no replica of it
+            is planned: its copy could not be charged to the budget) and listed in the stats.
         quotas: team → {"max": {region: GPUs}, "min": {region: GPUs}}; ``"*"`` in max caps every
             region not listed. A bad entry raises ValueError (``check_quotas``).
     """
@@ -122,9 +124,9 @@ def build_problem(
         size = sizes.get(uri)
         if size is None:
             size = size_of(uri) if size_of else None
-            if size is None:
+            if size is None:  # a copy that cannot be priced is not planned (never counted free)
                 unknown.append(uri)
-                size = 0
+                continue
         datasets[uri] = Dataset(uri, int(size), tuple(sorted(where.get(uri, ()))))
     priorities = priorities or {}
     teams = []
@@ -137,7 +139,7 @@ def build_problem(
                     r: {g: round(h / hours, 9) for g, h in per.items()}
                     for r, per in sorted(gpu_hours[team].items())
                 },
-                datasets=tuple(sorted(reads.get(team, ()))),
+                datasets=tuple(sorted(d for d in reads.get(team, ()) if d in datasets)),
                 priority=float(priorities.get(team, 1.0)),
                 quota_max=dict(q.get("max", {})),
                 quota_min=dict(q.get("min", {})),

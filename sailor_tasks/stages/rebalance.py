@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from sailor_tasks import paths, storage
-from sailor_tasks.data.copier import copy_dataset
-from sailor_tasks.errors import StageSkipped
+from sailor_tasks.data.copier import copy_dataset, list_files
+from sailor_tasks.errors import InvalidRequestError, StageSkipped
 from sailor_tasks.ledger.store import utcnow
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx
 
@@ -96,8 +96,16 @@ def collect_utilization(
     since = until - dt.timedelta(days=window_days)
 
     def size_of(uri: str) -> int | None:
-        manifest = read_manifest(storage.resolve(uri, ctx.settings))
-        return manifest.total_bytes if manifest else None
+        """The dataset's bytes: its manifest's, else its files' (None: it cannot be read)."""
+        root = storage.resolve(uri, ctx.settings)
+        manifest = read_manifest(root)
+        if manifest:
+            return manifest.total_bytes
+        try:
+            return sum(size for _, size in list_files(root))
+        except (InvalidRequestError, OSError) as exc:
+            logger.warning("dataset %s: size unknown (%s); no replica of it is planned", uri, exc)
+            return None
 
     finished = ctx.ledger.utilization_rows(since, until)
     in_flight, queued = in_flight_rows(ctx, until), queued_rows(ctx, until)

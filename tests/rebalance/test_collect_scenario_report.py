@@ -52,6 +52,46 @@ def test_demand_is_mean_gpus_over_the_window_and_peak_is_concurrency():
     assert problem.supply == {"r1": {"T4": 10.0}, "r2": {"L4": 4.0}}
 
 
+def test_a_dataset_of_unknown_size_is_left_out_never_counted_free():
+    rows = [_row("a", "r1", "T4", 8, 0, 12), _row("b", "r1", "T4", 2, 0, 12, dataset="sailor://source/gone")]
+    problem, stats = build_problem(
+        rows,
+        [],
+        {("r1", "T4"): 10, ("r2", "T4"): 10},
+        since=T0,
+        until=T0 + dt.timedelta(hours=24),
+        budget_bytes=1000,
+        size_of=lambda uri: None if uri.endswith("gone") else 400,
+    )
+    assert set(problem.datasets) == {"sailor://source/d"} and problem.datasets["sailor://source/d"].bytes == 400
+    assert {t.name: t.datasets for t in problem.teams} == {"a": ("sailor://source/d",), "b": ()}
+    assert stats["unknown_size_datasets"] == ["sailor://source/gone"]
+
+
+def test_collect_sizes_a_dataset_without_a_manifest_from_its_files(ctx):
+    """A source the copier accepts without a manifest is sized by listing it (it was 0 bytes)."""
+    from sailor_tasks import stages, storage
+
+    raw = "sailor://source/datasets/raw-text"
+    for i in range(4):
+        storage.write_bytes(storage.join(storage.resolve(raw, ctx.settings), f"part-{i}.txt"), b"x" * 250)
+    now = dt.datetime.now(dt.UTC)
+    for team, uri in (("nlp", raw), ("cv", "sailor://source/datasets/missing")):
+        ctx.ledger.enqueue(
+            f"q-{team}",
+            team=team,
+            priority="normal",
+            gpu_type="T4",
+            gpus=8,
+            request={"dataset_uri": uri},
+            policy="fifo",
+            max_wait_until=now + dt.timedelta(hours=5),
+        )
+    util = stages.collect_utilization(1.0, as_of=(now + dt.timedelta(hours=2)).isoformat(), ctx=ctx)
+    assert {d["uri"]: d["bytes"] for d in util["problem"]["datasets"]} == {raw: 1000}
+    assert util["unknown_size_datasets"] == ["sailor://source/datasets/missing"]
+
+
 def test_peak_counts_back_to_back_runs_once():
     rows = [_row("a", "r", "T4", 4, 0, 5), _row("a", "r", "T4", 4, 5, 10)]
     assert peak_concurrency(rows, T0, T0 + dt.timedelta(days=1)) == 4
