@@ -222,6 +222,7 @@ def copy_dataset(
     max_workers: int = DEFAULT_COPY_WORKERS,
     server_side: bool | None = None,
     lease: LeaseFn | None = None,
+    on_invalidate: Callable[[], None] | None = None,
 ) -> CopyResult:
     """Copy every file of ``src_root`` to ``dst_root`` and write the manifest last.
 
@@ -234,6 +235,9 @@ def copy_dataset(
             source has a manifest, whose sha256 values the destination manifest then repeats).
         lease: held (as ``replica:<dst_root>``) for the whole copy, so copies into one replica
             from several machines run one after the other (the stages pass ``Ledger.lease``).
+        on_invalidate: called before the copy changes a complete replica (one whose manifest
+            differs from the source's: its manifest is removed first), so the caller stops
+            listing it as complete until the copy succeeds (the stages forget its ledger row).
 
     Returns:
         The manifest written, and how many bytes were copied or already in place.
@@ -270,6 +274,7 @@ def copy_dataset(
             server_side,
             start,
             getattr(held, "check", None),
+            on_invalidate,
         )
 
 
@@ -320,6 +325,7 @@ def _copy_locked(
     server_side: bool | None,
     start: float,
     still_held: Callable[[], None] | None = None,
+    on_invalidate: Callable[[], None] | None = None,
 ) -> CopyResult:
     files = sorted((rel, int(info["size"])) for rel, info in src_listing.items())
     total = sum(size for _, size in files)
@@ -341,6 +347,8 @@ def _copy_locked(
     if existing is not None:
         # The replica is about to change: from now on it is incomplete, so no reader trusts a
         # manifest whose files are being replaced.
+        if on_invalidate is not None:
+            on_invalidate()
         storage.remove(manifest_uri(dst_root))
     known = {e.path: e for e in existing.files} if existing is not None and not expected else {}
     if server_side is None:

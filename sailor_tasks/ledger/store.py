@@ -823,6 +823,13 @@ class Ledger:
                 created_at=utcnow(),
             )
 
+    def forget_replica(self, dataset_uri: str, region: str) -> None:
+        """The region's replica of the dataset is no longer complete (a copy is changing it)."""
+        with self.engine.begin() as c:
+            c.execute(
+                delete(t.replicas).where(t.replicas.c.dataset_uri == dataset_uri, t.replicas.c.region == region)
+            )
+
     def replicas(self, dataset_uris: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
         """dataset URI → regions holding a complete replica."""
         q = select(t.replicas.c.dataset_uri, t.replicas.c.region)

@@ -177,7 +177,12 @@ def place_data(request: JSON, placement: JSON, run_id: str, ctx: StageContext | 
         src = storage.resolve(req.dataset_uri, ctx.settings)
         dst = paths.replica_uri(pl.region, req.dataset_uri, ctx.settings)
         logger.info("placing %s into %s", src, dst)
-        result = copy_dataset(src, dst, lease=ctx.ledger.lease)
+        result = copy_dataset(
+            src,
+            dst,
+            lease=ctx.ledger.lease,
+            on_invalidate=lambda: ctx.ledger.forget_replica(req.dataset_uri, pl.region),
+        )
         ctx.ledger.record_replica(
             req.dataset_uri, pl.region, dst, result.manifest.total_bytes, len(result.manifest.files)
         )

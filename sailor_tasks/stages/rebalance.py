@@ -183,7 +183,9 @@ def replicate_dataset(copy: JSON, ctx: StageContext | None = None) -> JSON:
     src = storage.resolve(uri, ctx.settings)
     dst = paths.replica_uri(region, uri, ctx.settings)
     logger.info("replicating %s into %s", src, dst)
-    result = copy_dataset(src, dst, lease=ctx.ledger.lease)
+    result = copy_dataset(
+        src, dst, lease=ctx.ledger.lease, on_invalidate=lambda: ctx.ledger.forget_replica(uri, region)
+    )
     ctx.ledger.record_replica(uri, region, dst, result.manifest.total_bytes, len(result.manifest.files))
     return {
         "dataset_uri": uri,

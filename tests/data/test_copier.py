@@ -269,3 +269,38 @@ def test_temporaries_of_a_killed_copier_are_never_data_and_are_removed(tmp_path)
     assert [p.name for p in folder.glob("*") if storage.is_temporary(p.name)] == []
     assert list_files(dst) == [("big.bin", 2_000_000)]
     verify(dst, read_manifest(dst))
+
+
+def test_a_failed_refresh_of_a_replica_is_forgotten_by_the_ledger_until_a_copy_completes(
+    ctx, demo_dataset, monkeypatch
+):
+    """The replica's manifest goes before its files change; the ledger's row must go with it, or
+    the rebalance and the placement keep counting a half-refreshed replica as complete."""
+    from sailor_tasks import paths, stages
+    from sailor_tasks.data import copier
+
+    copy = {"dataset_uri": demo_dataset, "region": "europe-west4", "bytes": 128_000}
+    stages.replicate_dataset(copy, ctx=ctx)
+    assert ctx.ledger.replicas([demo_dataset]) == {demo_dataset: ("europe-west4",)}
+    src = storage.resolve(demo_dataset, ctx.settings)
+    for name in sorted(os.listdir(storage.filesystem(src)[1])):
+        if name != MANIFEST_NAME:
+            storage.write_bytes(storage.join(src, name), os.urandom(1000))  # the owner rewrites it
+    seal(src)
+    real, calls = copier._copy_one, []
+
+    def reset_on_second(s, d):
+        calls.append(d)
+        if len(calls) == 2:
+            raise OSError("connection reset")
+        return real(s, d)
+
+    monkeypatch.setattr(copier, "_copy_one", reset_on_second)
+    with pytest.raises(OSError, match="connection reset"):
+        stages.replicate_dataset(copy, ctx=ctx)
+    dst = paths.replica_uri("europe-west4", demo_dataset, ctx.settings)
+    assert read_manifest(dst) is None and ctx.ledger.replicas([demo_dataset]) == {}
+    monkeypatch.setattr(copier, "_copy_one", real)
+    stages.replicate_dataset(copy, ctx=ctx)  # the next copy completes it: listed again
+    assert ctx.ledger.replicas([demo_dataset]) == {demo_dataset: ("europe-west4",)}
+    assert read_manifest(dst).files == read_manifest(src).files
