@@ -92,7 +92,8 @@ def collect_utilization(
     from sailor_tasks.rebalance.collect import build_problem
 
     until = dt.datetime.fromisoformat(as_of) if as_of else utcnow()
-    until = until if until.tzinfo else until.replace(tzinfo=dt.UTC)
+    # In UTC, as the ledger stores times (SQLite compares them as written).
+    until = until.astimezone(dt.UTC) if until.tzinfo else until.replace(tzinfo=dt.UTC)
     since = until - dt.timedelta(days=window_days)
 
     def size_of(uri: str) -> int | None:

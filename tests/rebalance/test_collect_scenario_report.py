@@ -271,3 +271,24 @@ def test_report_chart_and_markdown():
         chart_uri="x.png",
     )
     assert "not published (dry run)" in md and "Top moves" in md and f"{s['max_ratio_after']:.2f}" in md
+
+
+def test_collect_reads_the_same_window_whatever_the_offset_of_as_of(ctx):
+    from sailor_tasks import stages
+
+    start = dt.datetime(2026, 3, 1, 2, 0, tzinfo=dt.UTC)
+    ctx.ledger.upsert_run(
+        "r1",
+        job_name="j",
+        team="vision",
+        status="success",
+        backend="local",
+        model="tiny_gpt",
+        dataset_uri="sailor://source/d",
+        request={},
+    )
+    ctx.ledger.record_utilization("r1", "vision", "us-east1", "T4", 8, start, start + dt.timedelta(hours=2))
+    until = dt.datetime(2026, 3, 2, 3, 0, tzinfo=dt.UTC)
+    for offset_h in (0, 2, -5):
+        as_of = until.astimezone(dt.timezone(dt.timedelta(hours=offset_h))).isoformat()
+        assert stages.collect_utilization(1.0, as_of=as_of, ctx=ctx)["gpu_hours"] == pytest.approx(8.0), as_of
