@@ -785,10 +785,27 @@ class Ledger:
         source: str,
         region_load: Mapping[str, float] | None = None,
     ) -> Assignment:
+        """Publish a new version; idempotent: when the newest version has the same source, shares
+        and loads (a retried publish of one rebalance run), that version is returned instead."""
         now = utcnow()
         plain = {team: dict(regions) for team, regions in shares.items()}
         load = dict(region_load or {})
+        a = t.assignments.c
         with self.engine.begin() as c:
+            newest = c.execute(select(t.assignments).order_by(a.version.desc()).limit(1)).mappings().first()
+            if (
+                newest is not None
+                and newest["source"] == source
+                and newest["shares"] == plain
+                and (newest["region_load"] or {}) == load
+            ):
+                return Assignment(
+                    version=newest["version"],
+                    shares=newest["shares"],
+                    region_load=newest["region_load"] or {},
+                    created_at=newest["created_at"].isoformat(),
+                    source=source,
+                )
             res = c.execute(
                 insert(t.assignments).values(created_at=now, source=source, shares=plain, region_load=load)
             )
@@ -870,8 +887,10 @@ class Ledger:
             return [dict(r) for r in c.execute(select(t.replicas)).mappings()]
 
     def record_rebalance(self, run_id: str, **fields: Any) -> int:
-        """One row per rebalance run (see ``schema.rebalance_nights``); returns its id."""
+        """One row per rebalance run (see ``schema.rebalance_nights``; a retried report replaces
+        the run's row); returns its id."""
         with self.engine.begin() as c:
+            c.execute(delete(t.rebalance_nights).where(t.rebalance_nights.c.run_id == run_id))
             res = c.execute(insert(t.rebalance_nights).values(run_id=run_id, created_at=utcnow(), **fields))
             return int(res.inserted_primary_key[0])
 

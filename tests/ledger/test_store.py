@@ -47,3 +47,32 @@ def test_utilization_window_and_assignment_versions(tmp_path):
     v2 = ledger.publish_assignment({"t": {"us-east1": 0.5, "asia-east1": 0.5}}, source="test")
     latest = ledger.latest_assignment()
     assert latest.version == v2.version == 2 and latest.shares["t"]["asia-east1"] == 0.5
+
+
+def test_a_retried_publish_or_report_of_one_rebalance_run_records_it_once(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path}/l.db")
+    shares, load = {"t": {"us-east1": 0.25, "asia-east1": 0.75}}, {"us-east1": 0.9}
+    first = ledger.publish_assignment(shares, source="sailor_rebalance/night-1", region_load=load)
+    again = ledger.publish_assignment(shares, source="sailor_rebalance/night-1", region_load=load)
+    assert again.version == first.version == 1 and ledger.latest_assignment().version == 1
+    # Another run, or other shares, is a new version even when the shares repeat.
+    assert ledger.publish_assignment(shares, source="sailor_rebalance/night-2", region_load=load).version == 2
+    assert ledger.publish_assignment({"t": {"us-east1": 1.0}}, source="sailor_rebalance/night-2").version == 3
+    night = dict(
+        dry_run=False,
+        assignment_version=1,
+        window_days=1.0,
+        solver_status="optimal",
+        max_ratio_before=1.2,
+        max_ratio_after=0.9,
+        lower_bound=0.9,
+        allocation_rate_before=0.5,
+        allocation_rate_after=0.6,
+        region_ratio_before={},
+        region_ratio_after={},
+        bytes_planned=10,
+    )
+    ledger.record_rebalance("night-1", bytes_replicated=4, **night)
+    ledger.record_rebalance("night-1", bytes_replicated=10, **night)  # the report task's retry
+    nights = [n for n in ledger.rebalance_nights() if n["run_id"] == "night-1"]
+    assert len(nights) == 1 and nights[0]["bytes_replicated"] == 10
