@@ -25,9 +25,10 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import MetaData, create_engine, inspect
+from sqlalchemy import MetaData, create_engine, event, inspect
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
 
 from sailor_tasks.errors import LedgerSchemaError
 from sailor_tasks.ledger.schema import metadata as ledger_metadata
@@ -120,8 +121,27 @@ def status(engine: Engine, script_location: Path | None = None) -> Status:
 
 @contextmanager
 def _migration_connection(engine: Engine) -> Iterator[Connection]:
-    """A connection in a transaction; on PostgreSQL it holds an advisory lock until commit, so
-    concurrent processes migrate one after the other."""
+    """A connection in a transaction that holds the revision's DDL too, so a revision that fails
+    half-way leaves nothing of itself; concurrent processes migrate one after the other (an
+    advisory lock on PostgreSQL, the write lock taken at ``BEGIN IMMEDIATE`` on SQLite)."""
+    if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        # pysqlite runs DDL outside any transaction it opened itself: SAILOR emits BEGIN instead.
+        transactional = create_engine(engine.url, connect_args={"timeout": 60}, poolclass=NullPool)
+
+        @event.listens_for(transactional, "connect")
+        def _driver_autocommit(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None
+
+        @event.listens_for(transactional, "begin")
+        def _begin_immediate(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        try:
+            with transactional.begin() as conn:
+                yield conn
+        finally:
+            transactional.dispose()
+        return
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_LOCK_KEY})")

@@ -144,6 +144,33 @@ def test_upgrading_from_each_revision_to_the_head_keeps_every_row(tmp_path, revi
     assert migrate.schema_diff(engine) == []
 
 
+def test_a_revision_failing_half_way_on_sqlite_leaves_nothing_and_a_rerun_upgrades(tmp_path, monkeypatch):
+    """SQLite's driver commits DDL outside the transaction it opens itself: a revision killed
+    after its first table used to keep that table, and every later upgrade failed on it."""
+    from alembic.operations import Operations
+
+    engine = create_engine(f"sqlite:///{tmp_path}/ledger.db")
+    first = migrate.revisions()[-2]  # the last revision creates two tables
+    migrate.upgrade(engine, first)
+    create_table = Operations.create_table
+    created: list[str] = []
+
+    def dies_after_its_first_table(self, name, *columns, **kw):
+        if created:
+            raise OSError("killed while migrating")
+        created.append(name)
+        return create_table(self, name, *columns, **kw)
+
+    monkeypatch.setattr(Operations, "create_table", dies_after_its_first_table)
+    with pytest.raises(OSError, match="killed"):
+        migrate.upgrade(engine)
+    monkeypatch.setattr(Operations, "create_table", create_table)
+    with engine.connect() as c:
+        assert migrate.current_revision(c) == first
+        assert created and created[0] not in inspect(c).get_table_names()  # rolled back with it
+    assert migrate.upgrade(engine) == (first, migrate.head_revision())
+
+
 def test_a_ledger_written_without_migrations_is_adopted_with_its_rows(tmp_path):
     path = tmp_path / "ledger.db"
     with sqlite3.connect(path) as conn:
