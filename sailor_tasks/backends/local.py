@@ -182,7 +182,14 @@ class LocalBackend:
         # supervisor's kill) do not reach torchrun behind SAILOR's back; ``cancel`` stops the run
         # in order (workers first, so they can save), here on any exception and from on_kill.
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            encoding="utf-8",
+            errors="backslashreplace",  # any bytes a worker prints: one bad byte must not stop the reader
+            env=env,
+            start_new_session=True,
         )
         failures = FailureSummary()
         reader = threading.Thread(target=self._stream, args=(proc, failures), daemon=True)

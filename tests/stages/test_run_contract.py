@@ -28,6 +28,11 @@ PROBE = textwrap.dedent(
     with open(os.path.join(env["PROBE_DIR"], f"env-{attempt}-{rank}.json"), "w") as f:
         json.dump({n: env[n] for n in names}, f)
     if env.get("PROBE_EXIT"):
+        if env.get("PROBE_NOISE"):  # bytes that are not UTF-8, then more than a pipe holds
+            sys.stdout.buffer.write(b"latin-1 label: caf\\xe9\\n")
+            sys.stdout.flush()
+            for i in range(2000):
+                print(f"noise {i} " + "x" * 60)
         print("probe: something broke in the user's code", flush=True)
         sys.exit(int(env["PROBE_EXIT"]))
     for step in range(1, 1000):
@@ -109,3 +114,26 @@ def test_a_failing_command_fails_the_run_with_the_tail_of_its_log(probe, demo_da
     (attempt,) = ledger.attempts("broken")
     assert attempt["outcome"] == "failed" and ledger.preemptions("broken") == []
     assert ledger.get_run("broken")["status"] == "failed"
+
+
+def test_output_that_is_not_utf8_is_logged_and_the_failure_still_reported(probe, demo_dataset):
+    """One byte that is not UTF-8 used to stop the log reader; nobody drained the pipe any more,
+    and the workers hung on their next print."""
+    import threading
+
+    ctx, out = probe
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_inline(base(demo_dataset, out, env={"PROBE_EXIT": "3", "PROBE_NOISE": "1"}), "noisy", ctx)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the attempt hung"
+    (exc,) = outcome
+    assert isinstance(exc, TrainingFailedError), exc
+    assert "probe: something broke in the user's code" in str(exc) and ": 3" in str(exc)
