@@ -74,8 +74,9 @@ IMAGE_PATTERN = whole_string(rf"|{_OCI_NAME}(?::{_OCI_TAG})?(?:@{_OCI_DIGEST})?"
 IMAGE_NAME_MAX = 255
 """Longest repository name (registry included) the reference grammar allows."""
 ENV_NAME_PATTERN = whole_string(r"[A-Za-z_][A-Za-z0-9_]*")
-RESERVED_ENV_PREFIXES = ("SAILOR_", "TORCHELASTIC_")
-"""Env name prefixes SAILOR and torchrun set for every worker (the run contract)."""
+RESERVED_ENV_PREFIXES = ("SAILOR_", "TORCHELASTIC_", "PET_")
+"""Env name prefixes SAILOR and torchrun set for every worker (the run contract), and torchrun's
+own options (``PET_<OPTION>``: a run's env reaches torchrun too, and would restart or silence it)."""
 RESERVED_ENV_NAMES = (
     "RANK",
     "LOCAL_RANK",
@@ -540,8 +541,8 @@ def _check_env(value: Any) -> list[InvalidRequestError]:
             InvalidRequestError(
                 "env",
                 reserved[:5],
-                "reserved: SAILOR sets SAILOR_* and torchrun sets TORCHELASTIC_* and "
-                + ", ".join(RESERVED_ENV_NAMES),
+                "reserved: SAILOR sets SAILOR_*, torchrun reads PET_* as its options and sets "
+                "TORCHELASTIC_* and " + ", ".join(RESERVED_ENV_NAMES),
             )
         )
     bad_values = [

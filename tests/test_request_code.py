@@ -92,6 +92,7 @@ def test_malformed_command_arguments_are_refused(command):
         ({"RANK": "0"}, "reserved"),
         ({"MASTER_PORT": "1"}, "reserved"),
         ({"TORCHELASTIC_RUN_ID": "x"}, "reserved"),
+        ({"PET_MAX_RESTARTS": "2"}, "torchrun reads PET_"),
         ({"1BAD": "x"}, "names must match"),
         ({"BAD-NAME": "x"}, "names must match"),
         ({"A B": "x"}, "names must match"),

@@ -124,9 +124,10 @@ class LocalBackend:
         ]
 
     def environment(self, launch: TrainLaunch, config: TrainConfig) -> dict[str, str]:
-        """The workers' environment: this process's, the run's ``env``, then the run contract's."""
+        """The workers' environment: this process's (less torchrun's ``PET_*`` options), the run's
+        ``env``, then the run contract's."""
         return {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if not k.startswith("PET_")},
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
             **config.env,

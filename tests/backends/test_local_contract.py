@@ -76,6 +76,15 @@ def test_workers_get_the_contract_and_the_runs_env(backend):
     assert env["MY_FLAG"] == "on"
 
 
+def test_torchruns_own_options_are_not_inherited_from_the_task(backend, monkeypatch):
+    """torchrun reads ``PET_<OPTION>`` as its options: one in the Airflow worker's environment
+    would restart or silence the run's workers behind SAILOR's back."""
+    monkeypatch.setenv("PET_MAX_RESTARTS", "3")
+    monkeypatch.setenv("MY_SITE_FLAG", "kept")
+    env = backend.environment(launch(), config())
+    assert "PET_MAX_RESTARTS" not in env and env["MY_SITE_FLAG"] == "kept"
+
+
 def test_notice_file_holds_the_deadline(tmp_path):
     path = str(tmp_path / "notice.json")
     assert contract.read_notice(path) is None  # no file: no notice
