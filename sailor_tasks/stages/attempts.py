@@ -366,6 +366,7 @@ def _command_result(att: Attempt, store: CheckpointStore, report: JSON, wall_s: 
         "initial_loss": None,
         "final_loss": None,
         "checkpoint_uri": store.step_uri(step) if step is not None else None,
+        "checkpoint_step": step,  # the last step reached may be later than the last save
         "samples_per_s": None,
         "wall_s": wall_s,
         "world_size": att.req.num_workers,
@@ -414,7 +415,7 @@ def finish_attempt(
     if rc == 0 and result and result["status"] == "completed":
         ctx.ledger.end_attempt(run_id, attempt, "completed", step=result["step"], resumed_from_step=resumed)
         if result["checkpoint_uri"]:
-            ctx.ledger.record_checkpoint(run_id, result["step"], result["checkpoint_uri"])
+            ctx.ledger.record_checkpoint(run_id, result.get("checkpoint_step", result["step"]), result["checkpoint_uri"])
         ctx.ledger.upsert_run(
             run_id,
             steps=result["step"],

@@ -137,3 +137,30 @@ def test_output_that_is_not_utf8_is_logged_and_the_failure_still_reported(probe,
     (exc,) = outcome
     assert isinstance(exc, TrainingFailedError), exc
     assert "probe: something broke in the user's code" in str(exc) and ": 3" in str(exc)
+
+
+CHECKPOINTS_EVERY_4 = textwrap.dedent(
+    """\
+    import json, os, torch
+    import torch.distributed.checkpoint as dcp
+    root = os.environ["SAILOR_CHECKPOINT_DIR"].removeprefix("file://")
+    progress = os.environ["SAILOR_PROGRESS_FILE"]
+    for step in range(1, int(os.environ["SAILOR_TOTAL_STEPS"]) + 1):
+        with open(progress + ".tmp", "w") as f:
+            json.dump({"step": step}, f)
+        os.replace(progress + ".tmp", progress)
+        if step % 4 == 0:
+            writer = dcp.FileSystemWriter(f"{root}/step-{step:08d}")
+            dcp.save({"w": torch.full((2,), float(step)), "step": step}, storage_writer=writer, no_dist=True)
+    """
+)
+
+
+def test_a_command_that_ends_past_its_last_save_records_that_save_with_its_own_step(probe, demo_dataset):
+    ctx, out = probe
+    (out.parent / "code" / "ck.py").write_text(CHECKPOINTS_EVERY_4)
+    params = {**base(demo_dataset, out, num_workers=1), "command": ["python", "ck.py"]}
+    summary = run_inline(params, "ckpt", ctx, max_tries=0)
+    assert summary["steps"] == 10 and summary["checkpoint_uri"].endswith("step-00000008")
+    (record,) = Ledger(ctx.settings.ledger_url).checkpoints("ckpt")
+    assert (record["step"], record["uri"]) == (8, summary["checkpoint_uri"])
