@@ -215,7 +215,7 @@ class Run:
             self.checkpoints.load(step, state)
             self._checkpoint_step = step
         self._resumed_from = step
-        self._report()
+        self._report(step)  # the step reached: a preemption before the next step loses nothing
         return step
 
     def save(self, step: int, state: dict[str, Any]) -> SaveInfo:
@@ -232,6 +232,7 @@ class Run:
             if self.rank == 0:
                 size = sum(int(f["size"]) for f in self.checkpoints.marker(step)["files"].values())
                 logger.info("checkpoint step %d is already committed at %s; not saved again", step, uri)
+            self._report(step)
             return SaveInfo(step=step, uri=uri, bytes=size, seconds=0.0)
         info = self.checkpoints.save(step, state)
         self._checkpoint_step = step

@@ -120,3 +120,20 @@ def test_saving_the_step_it_resumed_from_keeps_that_checkpoint_as_it_is(environ,
         again.save(11, state)  # a new step is written (and here fails) as before
     assert again.checkpoints.latest_valid_step() == 10
     again.close()
+
+
+def test_resuming_reports_the_step_reached_before_any_new_step(environ, tmp_path):
+    """A preemption between the resume and the first new step must find the resumed step in the
+    progress file (it found none, and the attempt was recorded at step 0)."""
+    import json
+
+    run = Run.from_env(environ, handle_sigterm=False)
+    run.save(6, {"w": torch.arange(3.0), "step": 6})
+    run.close()
+    os.remove(environ[contract.PROGRESS_FILE])
+    again = Run.from_env(environ, handle_sigterm=False)
+    assert again.load_latest({"w": torch.zeros(3), "step": 0}) == 6
+    with open(environ[contract.PROGRESS_FILE]) as f:
+        progress = json.load(f)
+    assert progress["step"] == 6 and progress["resumed_from"] == 6
+    again.close()
