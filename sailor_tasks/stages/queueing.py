@@ -294,7 +294,7 @@ def _waited_for(ctx: StageContext, entry: Mapping[str, Any]) -> str:
     req = entry.get("request") or {}
     excluded = sorted(set(req.get("exclude_regions") or ()))
     allowed = set(req.get("regions") or ()) - set(excluded)
-    every = {o.region for o in ctx.catalog.offers} - set(excluded)
+    every = set(ctx.catalog.regions) - set(excluded)
     if not allowed or allowed >= every:
         where = "any region" + (f" but {','.join(excluded)}" if excluded else "")
     elif len(allowed) <= 4:
@@ -332,7 +332,7 @@ def _region_capacity(ctx: StageContext) -> dict[tuple[str, str], int]:
 
 def _allowed_regions(ctx: StageContext, request: Mapping[str, Any]) -> frozenset[str]:
     """The regions a queued request may use, or empty when that is every region of the catalog."""
-    every = {o.region for o in ctx.catalog.offers}
+    every = set(ctx.catalog.regions)
     allowed = set(request.get("regions") or every) - set(request.get("exclude_regions") or ())
     return frozenset() if allowed >= every else frozenset(allowed)
 
