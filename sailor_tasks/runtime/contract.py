@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ __all__ = [
     "TOTAL_STEPS",
     "Notice",
     "contract_env",
+    "ignore_notice",
     "read_notice",
     "step_dir_name",
     "write_notice",
@@ -106,3 +108,39 @@ def read_notice(path: str | None) -> Notice | None:
         return Notice(float(data["deadline"]), float(data["notice_s"]), str(data.get("reason", "preemption")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def ignore_notice(worker_id: int | None = None) -> None:
+    """Let this DataLoader worker process outlive the notice: pass it as ``worker_init_fn``.
+
+    The notice's SIGTERM reaches every process of a training worker, as a VM's shutdown does and
+    as torchrun's stop does (it signals each worker's whole process group), a DataLoader's worker
+    processes included. Torch's worker processes die of any SIGTERM their trainer did not send,
+    and the trainer then fails ("DataLoader worker exited unexpectedly") in the middle of the step
+    or the save it was to finish. With ``DataLoader(..., worker_init_fn=ignore_notice)`` (or a
+    call from your own ``worker_init_fn``) a worker process keeps loading through the notice and
+    still exits as torch's own do when its trainer stops it (a SIGTERM from the trainer, as the
+    DataLoader and ``multiprocessing`` send when the trainer exits), when the trainer dies, or at
+    the hard kill. ``worker_id`` is DataLoader's argument, unused.
+
+    How: SIGTERM is blocked in this process (threads started from here on inherit that) and a
+    thread takes each one with ``sigwaitinfo``, which names the sender: the trainer's ends the
+    process, any other is the notice and is dropped. Without ``sigwaitinfo`` (not Linux) it does
+    nothing.
+    """
+    if not hasattr(signal, "sigwaitinfo"):
+        return
+    import multiprocessing
+    import threading
+
+    parent = multiprocessing.parent_process()
+    trainer = parent.pid if parent is not None and parent.pid else os.getppid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def take_sigterms() -> None:
+        while True:
+            info = signal.sigwaitinfo({signal.SIGTERM})
+            if info.si_pid == trainer:
+                os._exit(0)  # what torch's own handler does on its trainer's SIGTERM
+
+    threading.Thread(target=take_sigterms, name="sailor-ignore-notice", daemon=True).start()
