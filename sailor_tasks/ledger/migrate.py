@@ -119,23 +119,31 @@ def status(engine: Engine, script_location: Path | None = None) -> Status:
     return Status(current, head, tables)
 
 
+def sqlite_write_locking_engine(url: Any, **kwargs: Any) -> Engine:
+    """An engine on the SQLite file ``url`` whose transactions take the write lock at BEGIN
+    (``BEGIN IMMEDIATE``) and hold DDL too: pysqlite runs DDL outside any transaction it opened
+    itself and begins lazily, so the driver is put in autocommit and SAILOR emits the BEGIN.
+    Writers wait up to 60 s for the lock. ``kwargs`` go to ``create_engine``."""
+    engine = create_engine(url, connect_args={"timeout": 60}, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _driver_autocommit(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
 @contextmanager
 def _migration_connection(engine: Engine) -> Iterator[Connection]:
     """A connection in a transaction that holds the revision's DDL too, so a revision that fails
     half-way leaves nothing of itself; concurrent processes migrate one after the other (an
     advisory lock on PostgreSQL, the write lock taken at ``BEGIN IMMEDIATE`` on SQLite)."""
     if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
-        # pysqlite runs DDL outside any transaction it opened itself: SAILOR emits BEGIN instead.
-        transactional = create_engine(engine.url, connect_args={"timeout": 60}, poolclass=NullPool)
-
-        @event.listens_for(transactional, "connect")
-        def _driver_autocommit(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.isolation_level = None
-
-        @event.listens_for(transactional, "begin")
-        def _begin_immediate(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
+        transactional = sqlite_write_locking_engine(engine.url, poolclass=NullPool)
         try:
             with transactional.begin() as conn:
                 yield conn

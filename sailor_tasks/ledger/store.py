@@ -243,17 +243,7 @@ class Ledger:
         so a read-check-insert cannot interleave with another writer's."""
         if not self.url.startswith("sqlite") or self.url.split("///", 1)[-1] in ("", ":memory:", "sqlite://"):
             return self.engine  # PostgreSQL locks per pair; an in-memory SQLite has one connection
-        engine = create_engine(self.url, connect_args={"timeout": 60})
-
-        @event.listens_for(engine, "connect")
-        def _autocommit_driver(conn, _record):  # SQLAlchemy emits BEGIN itself (below)
-            conn.isolation_level = None
-
-        @event.listens_for(engine, "begin")
-        def _begin_immediate(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
+        return migrate.sqlite_write_locking_engine(self.url)
 
     def renew_reservation_lease(self, run_id: str, lease_s: float = DEFAULT_LEASE_S, holder: str = "heartbeat") -> bool:
         """Extend the lease of the run's live reservation to ``lease_s`` from now; False when the
