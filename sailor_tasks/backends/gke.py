@@ -80,9 +80,15 @@ _OPERATION_TIMEOUT_S = 30 * 60  # GKE cluster creation takes 5-10 min; GPU pools
 
 
 def _label_value(value: str) -> str:
-    """A Kubernetes/GCE label value: at most 63 of [a-z0-9-_.], starting and ending alphanumeric."""
+    """A Kubernetes label value: at most 63 of [a-z0-9-_.], starting and ending alphanumeric."""
     value = re.sub(r"[^a-z0-9._-]", "-", value.lower())[:63]
     return value.strip("-_.") or "x"
+
+
+def _cloud_label_value(value: str) -> str:
+    """A Google Cloud label value (``resource_labels`` of clusters and node pools, put on their
+    VMs): at most 63 of [a-z0-9_-]; unlike a Kubernetes label value, no '.'."""
+    return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +249,7 @@ def build_cluster_body(config: GkeConfig, region: str, system_zone: str | None =
         "description": f"SAILOR training cluster for {region}",
         "release_channel": {"channel": "REGULAR"},
         "workload_identity_config": {"workload_pool": f"{config.project}.svc.id.goog"},
-        "resource_labels": {"managed-by": "sailor", "sailor-region": _label_value(region)},
+        "resource_labels": {"managed-by": "sailor", "sailor-region": _cloud_label_value(region)},
         "node_pools": [
             {
                 "name": "system",
@@ -306,7 +312,7 @@ def build_node_pool_body(
                 f"{LABEL_PREFIX}/run": run_label(run_key),
                 f"{LABEL_PREFIX}/plan": plan_hash(placement),
             },
-            "resource_labels": {"managed-by": "sailor", "sailor-run": run_label(run_key)},
+            "resource_labels": {"managed-by": "sailor", "sailor-run": _cloud_label_value(run_label(run_key))},
             "taints": [GPU_TAINT, SPOT_TAINT] if spot else [GPU_TAINT],
             **kubelet,
         },
@@ -316,7 +322,9 @@ def build_node_pool_body(
             "max_node_count": placement.num_nodes + config.max_extra_nodes,
             "location_policy": "ANY" if spot else "BALANCED",
         },
-        "management": {"auto_repair": True, "auto_upgrade": False},
+        # A cluster in a release channel (REGULAR above) refuses pools without auto-upgrade. An
+        # upgrade drains the nodes: the pods get SIGTERM and the notice as on a preemption.
+        "management": {"auto_repair": True, "auto_upgrade": True},
         "max_pods_constraint": {"max_pods_per_node": 32},
     }
 
@@ -913,8 +921,19 @@ class GkeBackend:
             op = self._client().get_operation(name=earlier.path)
             if _status_name(op) not in ("DONE", "ABORTING"):
                 return earlier
-            self.check_operation(op, earlier.what)
-            after = earlier.phase
+            storage.write_json(self._record_uri(run_key), record)  # the operation is over
+            try:
+                self.check_operation(op, earlier.what)
+                after = earlier.phase
+            except RuntimeError as exc:
+                # The try that waited for it failed with this error; this one provisions again
+                # (a stockout or a quota may be over) instead of failing on the same operation.
+                logger.warning("%s; provisioning again", exc)
+                if earlier.phase == "pool":
+                    pending = self._delete_failed_pool(run_key, placement)
+                    if pending is not None:
+                        return self._started(run_key, record, pending, placement)
+                    after = "cluster"
         pool_name = node_pool_name(run_key, placement)
         known = next((p for p in record["pools"] if p["name"] == pool_name), None)
         cluster_state = record.get("cluster_state", "exists")
@@ -1004,6 +1023,21 @@ class GkeBackend:
             self._record_uri(run_key), {**record, "status": "provisioning", "pending": started}
         )
         return pending
+
+    def _delete_failed_pool(self, run_key: str, placement: Placement) -> PendingOperation | None:
+        """Delete what a failed creation of the placement's pool left (GKE may keep the pool, in
+        ERROR), so that it is created anew rather than reused. The deletion's operation while it
+        runs (its phase ``cluster``: the pool is created once it is done); None when no pool is
+        left."""
+        pool_path = f"{self.cfg.cluster_path(placement.region)}/nodePools/{node_pool_name(run_key, placement)}"
+        try:
+            op = self._client().delete_node_pool(name=pool_path)
+        except Exception as exc:
+            if _is_not_found(exc):
+                return None
+            raise
+        logger.info("deleting node pool %s, left by its failed creation", pool_path)
+        return self._pending(op, "cluster", f"delete failed node pool {pool_path}", placement.region)
 
     def _ensure_cluster(self, region: str, system_zone: str | None) -> tuple[str, PendingOperation | None]:
         """The region's cluster: ("exists", None), or ("created", its creation still running)."""

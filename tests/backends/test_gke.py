@@ -18,6 +18,7 @@ from sailor_tasks.backends.gke import (
     CONTAINER_NAME,
     GkeBackend,
     GkeConfig,
+    PendingOperation,
     accelerator_type,
     build_cluster_body,
     build_node_pool_body,
@@ -118,6 +119,30 @@ def test_cluster_body_is_valid_and_the_validator_rejects_unknown_fields():
     assert list(system.locations) == ["us-central1-b"] and not system.config.accelerators
     with pytest.raises(ValueError):
         validate_cluster_body({**body, "spot_everything": True})
+
+
+GOOGLE_LABEL_VALUE = r"[a-z0-9_-]{0,63}"
+"""Google Cloud label values (labels-overview): lowercase letters, digits, '_' and '-'."""
+KUBERNETES_LABEL_VALUE = r"([a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?)?"
+
+
+def test_cloud_labels_of_a_run_named_by_the_rest_api_hold_only_what_google_accepts():
+    import re
+
+    run_key = "manual__2026-11-28T09:08:28.121027+00:00"  # a run triggered through the REST API
+    pool = build_node_pool_body(CONFIG, run_key, _placement("A100", 4, 1))
+    cluster = build_cluster_body(CONFIG, "europe-west4")
+    for value in [*pool["config"]["resource_labels"].values(), *cluster["resource_labels"].values()]:
+        assert re.fullmatch(GOOGLE_LABEL_VALUE, value), value
+    for value in pool["config"]["labels"].values():  # Kubernetes labels: '.' allowed there
+        assert re.fullmatch(KUBERNETES_LABEL_VALUE, value), value
+    assert pool["config"]["resource_labels"]["sailor-run"].endswith(run_label(run_key)[-12:])
+
+
+def test_pools_keep_auto_upgrade_on_as_a_cluster_in_a_release_channel_requires():
+    channel = validate_cluster_body(build_cluster_body(CONFIG, "us-central1")).release_channel.channel
+    pool = validate_node_pool_body(build_node_pool_body(CONFIG, "run-1", _placement("L4", 1, 1)))
+    assert channel.name != "UNSPECIFIED" and pool.management.auto_upgrade is True
 
 
 def test_every_catalog_gpu_has_an_accelerator_type_and_unknown_ones_are_named():
@@ -363,6 +388,48 @@ def test_provision_waits_for_running_operations_and_reports_their_errors(gke_set
     backend = GkeBackend(gke_settings, config=CONFIG, client=failing, poll_s=0)
     with pytest.raises(RuntimeError, match="NVIDIA_T4_GPUS"):
         backend.provision("run-10", _placement("T4", 1, 1))
+
+
+class StockoutOnce(FakeClusterManager):
+    """The first node pool creation runs, then fails (a zone stockout) and leaves the pool behind
+    (in ERROR); later creations succeed."""
+
+    def __init__(self):
+        super().__init__()
+        self.pool_ops = 0
+
+    def create_node_pool(self, *, parent, node_pool):
+        from google.cloud.container_v1 import types
+
+        super().create_node_pool(parent=parent, node_pool=node_pool)
+        self.pool_ops += 1
+        return types.Operation(name=f"op-pool-{self.pool_ops}", status=types.Operation.Status.RUNNING)
+
+    def get_operation(self, *, name):
+        from google.cloud.container_v1 import types
+
+        if name.endswith("/op-pool-1"):
+            error = {"message": "ZONE_RESOURCE_POOL_EXHAUSTED: europe-west4-a"}
+            return types.Operation(name="op-pool-1", status=types.Operation.Status.DONE, error=error)
+        return types.Operation(name=name.rsplit("/", 1)[-1], status=types.Operation.Status.DONE)
+
+
+@pytest.mark.gcs
+def test_a_retry_after_a_failed_pool_creation_deletes_the_failed_pool_and_creates_it_again(gke_settings):
+    fake = StockoutOnce()
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    pl = _placement("T4", 1, 1)
+    first = backend.provision_step("run-1", pl)  # the task starts the creation and defers
+    assert isinstance(first, PendingOperation) and first.phase == "pool"
+    with pytest.raises(RuntimeError, match="ZONE_RESOURCE_POOL_EXHAUSTED"):
+        backend.finish_operation(first)  # the task fails; Airflow retries it
+    second = backend.provision_step("run-1", pl)
+    assert fake.calls.count("delete_node_pool") == 1 and fake.pool_ops == 2  # a new creation
+    assert isinstance(second, PendingOperation) and second.name == "op-pool-2"
+    backend.finish_operation(second)
+    record = backend.provision_step("run-1", pl, after=second.phase)
+    assert record["status"] == "ready" and "pending" not in record
+    assert backend.record("run-1")["node_pool"] == node_pool_name("run-1", pl) and len(fake.pools) == 1
 
 
 def test_gke_run_with_local_buckets_is_rejected_at_validate(ctx, demo_dataset):
