@@ -10,8 +10,9 @@ import time
 from typing import Any
 
 from sailor_tasks.catalog.throughput import GAVEL_GPUS
-from sailor_tasks.cli.argtypes import seed
+from sailor_tasks.cli.argtypes import positive_float, seed
 from sailor_tasks.cli.output import print_table
+from sailor_tasks.errors import SailorError
 
 
 def add_parser(sub: Any) -> None:
@@ -26,7 +27,7 @@ def add_parser(sub: Any) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         result = run_simulation(args)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, SailorError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
@@ -52,7 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     work = p.add_argument_group("workload").add_mutually_exclusive_group(required=True)
     work.add_argument("--trace", help="Gavel trace file (10 tab-separated fields per line)")
     work.add_argument("--jobs", type=int, help="generate N jobs (Poisson arrivals, Philly-like sizes)")
-    p.add_argument("--jobs-per-hour", type=float, default=10.0, help="arrival rate with --jobs (default 10)")
+    p.add_argument(
+        "--jobs-per-hour", type=positive_float, default=10.0, help="arrival rate with --jobs (default 10)"
+    )
     p.add_argument(
         "--throughputs",
         help="Gavel simulation_throughputs.json (with space-sharing pairs); default: the packaged table",
@@ -70,7 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="processes simulating the regions in parallel (default 1; same results for any value)",
     )
     p.add_argument("--policy", default="las", help=f"one of: {', '.join(policy_names())}")
-    p.add_argument("--round-s", type=float, default=360.0, help="round length in seconds (default 360)")
+    p.add_argument(
+        "--round-s", type=positive_float, default=360.0, help="round length in seconds (default 360)"
+    )
     p.add_argument("--seed", type=seed, default=0, help="seed of the workload and the simulation (default 0)")
     p.add_argument("--space-sharing", action="store_true", help="let two jobs share a GPU (las, makespan)")
     p.add_argument(
@@ -136,7 +141,7 @@ def add_queue_arguments(g: Any) -> None:
     )
     g.add_argument(
         "--arrival-hours",
-        type=float,
+        type=positive_float,
         help="with --admission queue and --jobs: the second team's runs arrive over this many hours "
         "(default 16; the first team's arrive in a burst)",
     )
@@ -259,10 +264,7 @@ QUEUE_ONLY = (
 """Options of the queue simulator: refused without ``--admission queue``."""
 
 
-def rounds_only() -> tuple[tuple[str, str, Any], ...]:
-    """Options of the round-based and spot simulators with their defaults: refused with
-    ``--admission queue`` unless left at the default."""
-    from sailor_tasks.cli.spot import DEFAULT_SLACK
+def _round_based() -> tuple[tuple[str, str, Any], ...]:
     from sailor_tasks.simulator.rounds.config import DEFAULT_RECOVERY
 
     return (
@@ -274,32 +276,71 @@ def rounds_only() -> tuple[tuple[str, str, Any], ...]:
         ("--market", "market", "on_demand"),
         ("--router", "router", "placement"),
         ("--recovery", "recovery", DEFAULT_RECOVERY),
-        ("--jobs-per-hour", "jobs_per_hour", 10.0),
-        ("--strategy", "strategy", None),
+    )
+
+
+def spot_only() -> tuple[tuple[str, str, Any], ...]:
+    """Options only the spot simulator (``--strategy``) reads, with their defaults."""
+    from sailor_tasks.cli.spot import DEFAULT_SLACK
+
+    return (
         ("--availability", "availability", None),
         ("--deadline-slack", "deadline_slack", DEFAULT_SLACK),
         ("--bind", "bind", "pool"),
     )
 
 
+def rounds_only() -> tuple[tuple[str, str, Any], ...]:
+    """Options of the round-based and spot simulators with their defaults: refused with
+    ``--admission queue`` unless left at the default."""
+    return (
+        *_round_based(),
+        ("--jobs-per-hour", "jobs_per_hour", 10.0),
+        ("--strategy", "strategy", None),
+        *spot_only(),
+    )
+
+
+def not_spot() -> tuple[tuple[str, str, Any], ...]:
+    """Options the spot simulator does not read (it takes its GPUs and prices from the catalog and
+    its availability from ``--availability``), with their defaults."""
+    return (
+        *_round_based(),
+        ("--cluster", "cluster", "v100=8,p100=16,k80=24"),
+        ("--throughputs", "throughputs", None),
+    )
+
+
 def check_admission(args: argparse.Namespace) -> None:
-    """Refuse options of the other simulator, naming them (nothing is simulated).
+    """Refuse options of another simulator, naming them (nothing is simulated).
 
     Raises:
-        ValueError: an option that ``--admission``'s simulator does not read was given.
+        ValueError: an option that the chosen simulator (``--admission queue``, ``--strategy`` or
+            the round-based one) does not read was given.
     """
+
+    def given(options: tuple[tuple[str, str, Any], ...]) -> list[str]:
+        return [flag for flag, dest, default in options if getattr(args, dest, default) != default]
+
     if getattr(args, "admission", "rounds") == "queue":
-        given = [flag for flag, dest, default in rounds_only() if getattr(args, dest, default) != default]
-        if given:
+        if flags := given(rounds_only()):
             raise ValueError(
-                f"{', '.join(given)}: not read with --admission queue (the round-based or spot "
+                f"{', '.join(flags)}: not read with --admission queue (the round-based or spot "
                 "simulator's); the queue simulator reads --jobs or --trace, --cluster (spot GPUs), "
                 "--on-demand, --queue-policy, --team-weights, --arrival-hours, --throughputs, --seed"
             )
         return
-    given = [flag for flag, dest in QUEUE_ONLY if getattr(args, dest, None) is not None]
-    if given:
-        raise ValueError(f"{', '.join(given)}: only read with --admission queue")
+    flags = [flag for flag, dest in QUEUE_ONLY if getattr(args, dest, None) is not None]
+    if flags:
+        raise ValueError(f"{', '.join(flags)}: only read with --admission queue")
+    if getattr(args, "strategy", None) is not None:
+        if flags := given(not_spot()):
+            raise ValueError(
+                f"{', '.join(flags)}: not read by the spot simulator (--strategy), which reads --jobs, "
+                "--jobs-per-hour, --availability, --deadline-slack, --bind, --seed"
+            )
+    elif flags := given(spot_only()):
+        raise ValueError(f"{', '.join(flags)}: only read by the spot simulator (with --strategy)")
 
 
 def parse_weights(text: str) -> dict[str, float]:

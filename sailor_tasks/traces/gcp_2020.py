@@ -184,10 +184,15 @@ def load_gcp_logs(folder: str | Path) -> GcpLog:
     files = sorted(folder.rglob("*.out"))
     if not files:
         raise FileNotFoundError(f"no *.out GCP log files under {folder}")
+    return merge_gcp_logs(files)
+
+
+def merge_gcp_logs(files: Iterable[str | Path]) -> GcpLog:
+    """Parse exactly these log files and merge them (events in time order)."""
     events: list[SpotEvent] = []
     lives: list[InstanceLife] = []
     for path in files:
-        with path.open() as f:
+        with Path(path).open() as f:
             log = parse_gcp_log(f, source=str(path))
         events.extend(log.events)
         lives.extend(log.lives)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sailor_tasks.traces.availability import AvailabilityTrace, parse_availability_trace
-from sailor_tasks.traces.gcp_2020 import load_gcp_logs, parse_gcp_log, to_availability_trace
+from sailor_tasks.traces.gcp_2020 import merge_gcp_logs, to_availability_trace
 
 SUFFIXES = (".json", ".csv", ".out")
 
@@ -102,31 +102,16 @@ def load_csv(path: Path) -> list[ZoneTrace]:
 
 
 def load_gcp(files: Iterable[Path]) -> list[ZoneTrace]:
-    """GCP 2020 logs: one single-node trace per (zone, GPU type) over all the given files."""
-    files = list(files)
+    """GCP 2020 logs: one single-node trace per (zone, GPU type) over exactly the given files."""
+    files = sorted(set(files))
     if not files:
         return []
-    folders = {p.parent for p in files}
-    if len(files) == 1:
-        with files[0].open() as f:
-            log = parse_gcp_log(f, source=str(files[0]))
-    else:
-        log = load_gcp_logs(Path(*_common(folders)))
+    log = merge_gcp_logs(files)
     pairs = sorted({(lf.zone, lf.gpu_type) for lf in log.lives})
     return [
         ZoneTrace(f"gcp_2020:{zone}:{gpu}", to_availability_trace(log, zone, gpu), zone, catalog_gpu(gpu))
         for zone, gpu in pairs
     ]
-
-
-def _common(folders: set[Path]) -> tuple[str, ...]:
-    parts = [p.resolve().parts for p in folders]
-    common = []
-    for level in zip(*parts, strict=False):
-        if len(set(level)) != 1:
-            break
-        common.append(level[0])
-    return tuple(common)
 
 
 def load_sources(paths: Iterable[str]) -> list[ZoneTrace]:

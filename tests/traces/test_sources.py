@@ -51,6 +51,21 @@ def test_gcp_2020_logs_become_one_trace_per_zone_and_gpu(tmp_path):
     assert t.trace.data == (0, 0, 0)  # alive at 10:00, 10:15 and 10:30 (its last running ping)
 
 
+def _gcp_log(zone: str) -> str:
+    return (
+        f"[2020-03-01T10:00:00.000Z] Created instance i0 with 1 GPU(s) of type nvidia-tesla-v100 in zone {zone}\n"
+        f"[2020-03-01T10:15:00.000Z] Instance i0 running in zone {zone}\n"
+    )
+
+
+def test_several_gcp_log_files_load_exactly_those_files(tmp_path):
+    for folder, zone in (("a", "us-west1-b"), ("b", "us-central1-c"), ("c", "europe-west4-a")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "run.out").write_text(_gcp_log(zone))
+    given = [str(tmp_path / "a" / "run.out"), str(tmp_path / "b" / "run.out")]
+    assert sorted(t.zone for t in load_sources(given)) == ["us-central1-c", "us-west1-b"]  # not c's zone
+
+
 def test_missing_paths_and_folders_without_traces_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"--availability '/nope/x': no such file or folder"):
         load_sources(["/nope/x"])

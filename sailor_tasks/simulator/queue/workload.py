@@ -89,8 +89,8 @@ def mixed_queue(
     """
     if n < 1:
         raise ValueError(f"runs={n}: need at least 1")
-    if hours <= 0:
-        raise ValueError(f"arrival hours {hours}: the second team's runs need a positive span to arrive over")
+    if not 0 < hours < float("inf"):
+        raise ValueError(f"arrival hours {hours}: the second team's runs need a positive, finite span to arrive over")
     choices = {g: job_types_for(table, gpu_types, g) for g in sorted(set(SIZES))}
     missing = [g for g, keys in choices.items() if not keys]
     if missing:

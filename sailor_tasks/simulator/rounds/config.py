@@ -34,7 +34,7 @@ class SimConfig:
     and recovery stay in the calling process; results are identical for any value."""
 
     def __post_init__(self) -> None:
-        if self.round_s <= 0 or self.gpus_per_server < 1:
+        if not 0 < self.round_s < float("inf") or self.gpus_per_server < 1:
             raise ValueError(f"round_s={self.round_s}, gpus_per_server={self.gpus_per_server}: need > 0, ≥ 1")
         if self.workers < 1:
             raise ValueError(f"workers={self.workers}: need ≥ 1 (1 simulates every region in this process)")

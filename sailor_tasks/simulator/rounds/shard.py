@@ -13,12 +13,15 @@ the same results.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from sailor_tasks.catalog.throughput import ThroughputTable
+from sailor_tasks.errors import InfeasibleAllocationError
 from sailor_tasks.placement.context import RESTART_HOURS, SECONDS_PER_HOUR
 from sailor_tasks.policies import PolicyJob, PolicyState, get_policy
 from sailor_tasks.policies.mechanism import RoundMechanism
@@ -27,6 +30,8 @@ from sailor_tasks.simulator.rounds.workload import SimJob, run_throughput
 
 if TYPE_CHECKING:
     from sailor_tasks.simulator.rounds.config import SimConfig
+
+logger = logging.getLogger(__name__)
 
 LEAVE = -1
 """Region index of an event that takes a job out of its region (``RegionShard.plan``)."""
@@ -230,7 +235,22 @@ class RegionShard:
             table=self.table,
             seed=self.config.seed,
         )
-        alloc = (r.session or self.policy).allocate(state)
+        try:
+            alloc = (r.session or self.policy).allocate(state)
+        except InfeasibleAllocationError:
+            # The jobs' SLOs cannot all hold this round (they contend for the GPUs, or one fell
+            # behind its deadline's pace): as Gavel's cost policy does, allocate without them.
+            with_slo = [j.job_id for j in state.jobs if j.deadline_s is not None]
+            if not with_slo:
+                raise
+            logger.warning(
+                "%s: the SLOs of %s cannot all be met at t=%.0f s; allocating without them this round",
+                self.config.policy,
+                ", ".join(with_slo),
+                now,
+            )
+            jobs = tuple(dataclasses.replace(j, deadline_s=None) for j in state.jobs)
+            alloc = (r.session or self.policy).allocate(dataclasses.replace(state, jobs=jobs))
         n_units, m = len(alloc.units), len(r.gpu_types)
         thr = np.zeros((n_units, m, 2))
         thr[:, :, : alloc.unit_throughput.shape[2]] = alloc.unit_throughput[:, :, :2]

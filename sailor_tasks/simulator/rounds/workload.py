@@ -128,10 +128,10 @@ def generate_jobs(
         multi_gpu: draw scale factors 1/2/4/8; False: every job has one GPU (Gavel's generator
             without ``generate_multi_gpu_jobs``, as in its space-sharing experiments).
     """
-    if num_jobs < 0 or jobs_per_hour <= 0 or duration_scale <= 0:
+    if num_jobs < 0 or not 0 < jobs_per_hour < math.inf or not 0 < duration_scale < math.inf:
         raise ValueError(
             f"num_jobs={num_jobs}, jobs_per_hour={jobs_per_hour}, duration_scale={duration_scale}: "
-            "need ≥ 0, > 0, > 0"
+            "need ≥ 0, a finite number > 0, a finite number > 0"
         )
     rng = np.random.default_rng(seed)
     by_scale: dict[int, list[JobKey]] = {}

@@ -161,6 +161,14 @@ def test_cli_runs_the_workload_through_the_queue(capsys):
         (["--jobs", "5", "--queue-policy", "fifo"], "--queue-policy: only read with --admission queue"),
         (["--admission", "queue", "--jobs", "5", "--on-demand", "v100=x"], "--on-demand item 'v100=x'"),
         (["--admission", "queue", "--jobs", "5", "--team-weights", "a=0"], "--team-weights item 'a=0'"),
+        (
+            ["--jobs", "3", "--availability", "/nonexistent", "--bind", "exact"],
+            "--availability, --bind: only read by the spot simulator",
+        ),
+        (
+            ["--jobs", "3", "--strategy", "on_demand", "--policy", "fifo", "--cluster", "v100=4"],
+            "--policy, --cluster: not read by the spot simulator",
+        ),
     ],
 )
 def test_cli_refuses_options_of_the_other_simulator_and_bad_values(capsys, argv, message):
@@ -168,3 +176,18 @@ def test_cli_refuses_options_of_the_other_simulator_and_bad_values(capsys, argv,
 
     assert main(["simulate", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--round-s", "--jobs-per-hour", "--arrival-hours"])
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_cli_refuses_a_rate_or_length_that_is_not_a_finite_positive_number(capsys, flag, value):
+    from sailor_tasks.cli.main import main
+
+    argv = ["simulate", "--jobs", "3", flag, value]
+    if flag == "--arrival-hours":
+        argv += ["--admission", "queue"]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert (
+        exit_.value.code == 2 and f"argument {flag}: {value!r}: need a number > 0" in capsys.readouterr().err
+    )

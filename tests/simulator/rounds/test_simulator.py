@@ -256,3 +256,22 @@ def test_reusing_stable_rounds_changes_nothing_but_speed():
     fast = simulate(jobs, regions, table, SimConfig())
     slow = simulate(jobs, regions, table, SimConfig(reuse_stable_rounds=False))
     assert fast.jct_s == slow.jct_s and fast.cost_usd == slow.cost_usd and fast.rounds == slow.rounds
+
+
+def test_min_cost_with_slos_that_cannot_all_hold_allocates_without_them_and_finishes(tmp_path, caplog):
+    """Two jobs of ~1000 s each on one V100, each with a 1500 s SLO: either alone meets it, both
+    cannot. The policy's LP is infeasible; the round allocates without the SLOs (as Gavel's cost
+    policy does) instead of ending the simulation."""
+    line = (
+        "Recommendation (batch size 8192)\tpython3 train.py --batch_size 8192\trecommendation\t-n\t1\t2841"
+        "\t1\t1\t1500\t0\n"
+    )
+    trace = tmp_path / "contended.trace"
+    trace.write_text(line * 2)
+    table = load_packaged()
+    jobs = read_gavel_trace(str(trace), table)
+    with caplog.at_level("WARNING"):
+        region = Region("r", {"V100": 1}, {"V100": 2.48})
+        result = simulate(jobs, [region], table, SimConfig(policy="min_cost")).to_json()
+    assert result["completed"] == 2
+    assert "SLOs of job000000, job000001 cannot all be met" in caplog.text
