@@ -264,3 +264,16 @@ class LedgerSchemaError(SailorError):
     """The ledger's schema revisions cannot be applied as asked: an unknown revision, a ledger
     migrated by a newer SAILOR, or migrations that fork into two heads. The message names the
     revisions and the fix."""
+
+
+PERMANENT_ERRORS: tuple[type[Exception], ...] = (
+    InvalidRequestError,
+    NoFeasibleOfferError,
+    RebalanceInfeasibleError,
+    RunCancelledError,
+    QueueTimeoutError,
+    DeadlineUnmeetableError,
+    QueueRejectedError,
+    LeaseReclaimedError,
+)
+"""Errors that retrying cannot fix (or must not undo: a cancel): the task fails at once."""

@@ -769,6 +769,16 @@ def _check_catalog(values: Mapping[str, Any], catalog: Catalog) -> list[InvalidR
         bad_regions = [r for r in values[name] if r not in catalog.regions]
         if bad_regions:
             errors.append(InvalidRequestError(name, bad_regions, "not in the catalog", catalog.regions))
+    allowed = set(values["regions"] or catalog.regions) - set(values["exclude_regions"])
+    if not allowed:
+        errors.append(
+            InvalidRequestError(
+                "exclude_regions",
+                values["exclude_regions"],
+                "excludes every region the run may use"
+                + (f" (regions={list(values['regions'])})" if values["regions"] else ""),
+            )
+        )
     if values["gpu_type"] != ANY_GPU and values["gpu_type"] not in catalog.gpu_types:
         errors.append(
             InvalidRequestError(

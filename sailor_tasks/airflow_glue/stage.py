@@ -13,31 +13,9 @@ from typing import Any, TypeVar
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from sailor_tasks.errors import (
-    DeadlineUnmeetableError,
-    InvalidRequestError,
-    LeaseReclaimedError,
-    NoFeasibleOfferError,
-    QueueRejectedError,
-    QueueTimeoutError,
-    RebalanceInfeasibleError,
-    RunCancelledError,
-    StageSkipped,
-)
+from sailor_tasks.errors import PERMANENT_ERRORS, StageSkipped
 
 R = TypeVar("R")
-
-CONFIG_ERRORS: tuple[type[Exception], ...] = (
-    InvalidRequestError,
-    NoFeasibleOfferError,
-    RebalanceInfeasibleError,
-    RunCancelledError,
-    QueueTimeoutError,
-    DeadlineUnmeetableError,
-    QueueRejectedError,
-    LeaseReclaimedError,
-)
-"""Errors that retrying cannot fix (or must not undo: a cancel): the task fails at once."""
 
 
 def run_stage(stage: Callable[..., R], *args: Any, **kwargs: Any) -> R:
@@ -54,5 +32,5 @@ def run_stage(stage: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         return stage(*args, **kwargs)
     except StageSkipped as exc:
         raise AirflowSkipException(str(exc)) from exc
-    except CONFIG_ERRORS as exc:
+    except PERMANENT_ERRORS as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc

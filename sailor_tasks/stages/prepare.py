@@ -15,10 +15,11 @@ from typing import Any
 from sailor_tasks import paths, storage
 from sailor_tasks.backends import get_backend
 from sailor_tasks.data.copier import copy_dataset
-from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors, RunQueuedError
+from sailor_tasks.errors import PERMANENT_ERRORS, InvalidRequestError, InvalidRequestErrors, RunQueuedError
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
 from sailor_tasks.stages.queueing import heartbeat, hold_lease
+from sailor_tasks.stages.summary import RUN_STATUSES_DONE
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +150,9 @@ def plan(
                 placement = plan_or_queue(ctx, req, run_id)
             except RunQueuedError as exc:
                 queued = exc
+            except PERMANENT_ERRORS as exc:
+                _end_unplaced_run(ctx, run_id, exc)
+                raise
         else:
             placement = reserve_placement(
                 ctx,
@@ -165,6 +169,16 @@ def plan(
     for line in placement.explanation:
         logger.info("plan: %s", line)
     return to_dict(placement)
+
+
+def _end_unplaced_run(ctx: StageContext, run_id: str, exc: Exception) -> None:
+    """The run's first plan failed for good (no offer, the queue refused it or gave up on it):
+    record it failed with the error. ``teardown``, which ends every other unfinished run, does not
+    run after a failed ``plan`` (its setup), so the run would stay ``validated`` for ever."""
+    run = ctx.ledger.get_run(run_id)
+    if run and run["status"] not in RUN_STATUSES_DONE:  # a cancel or a reclaim already ended it
+        ctx.ledger.upsert_run(run_id, status="failed", error=f"{type(exc).__name__}: {exc}"[:4000])
+        logger.error("run %s failed at plan: %s", run_id, exc)
 
 
 def place_data(request: JSON, placement: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sailor_tasks import stages
 from sailor_tasks.cli.main import main as sailor
+from sailor_tasks.errors import InvalidRequestError
 
 
 def test_plan_stage_retry_keeps_one_reservation_and_teardown_releases(ctx, demo_dataset):
@@ -19,6 +22,26 @@ def test_plan_stage_retry_keeps_one_reservation_and_teardown_releases(ctx, demo_
     assert any(line.startswith("winner contributions:") for line in first["explanation"])
     stages.teardown("run-1", ctx)
     assert ctx.ledger.live_reservations() == []
+
+
+def test_a_run_plan_refuses_for_good_ends_failed_with_the_error(ctx, demo_dataset):
+    # teardown, which ends every other unfinished run, does not run after a failed plan
+    request = stages.validate({"dataset_uri": demo_dataset, "regions": ["us-central1"]}, "gone", ctx)
+    request["regions"] = ["atlantis-north1"]  # the catalog lost the region since validate
+    with pytest.raises(InvalidRequestError, match="atlantis-north1"):
+        stages.plan(request, "gone", ctx)
+    run = ctx.ledger.get_run("gone")
+    assert run["status"] == "failed" and run["error"].startswith("InvalidRequestError: regions=")
+    assert ctx.ledger.live_reservations() == []
+
+
+def test_excluding_every_allowed_region_is_refused_at_validate(ctx, demo_dataset):
+    params = {"dataset_uri": demo_dataset, "regions": ["us-central1"], "exclude_regions": ["us-central1"]}
+    with pytest.raises(
+        InvalidRequestError, match=r"exclude_regions=\['us-central1'\]: excludes every region"
+    ):
+        stages.validate(params, "nowhere", ctx)
+    assert ctx.ledger.get_run("nowhere")["status"] == "rejected"
 
 
 def test_replica_and_manifest_size_pull_the_next_run_to_the_data(ctx, demo_dataset):
