@@ -675,6 +675,9 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
             errors.extend(clearer or [err])
     if errors:
         raise InvalidRequestErrors(errors)
+    # JSON Schema counts an integral float (2.0, 1e2) as an integer; SAILOR stores an int (torchrun
+    # refuses --nproc-per-node=2.0).
+    values = {name: _integers_as_int(values[name], spec) for name, spec in schemas.items()}
     # Airflow's trigger form sends an untouched optional field as null; null means "none".
     for name, empty in _NULL_MEANS_EMPTY.items():
         if values[name] is None:
@@ -740,6 +743,20 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
         image=values["image"],
         env=dict(values["env"]),
     )
+
+
+def _integers_as_int(value: Any, spec: Mapping[str, Any]) -> Any:
+    """``value`` with the floats an ``integer`` schema (or its array's ``items``) accepted as ints."""
+
+    def integer(schema: Mapping[str, Any]) -> bool:
+        kind = schema.get("type")
+        return kind == "integer" or (isinstance(kind, list) and "integer" in kind)
+
+    if isinstance(value, float) and integer(spec):
+        return int(value)
+    if isinstance(value, list) and integer(spec.get("items") or {}):
+        return [int(v) if isinstance(v, float) else v for v in value]
+    return value
 
 
 def _check_code(values: Mapping[str, Any]) -> list[InvalidRequestError]:

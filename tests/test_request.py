@@ -20,6 +20,20 @@ def test_defaults_make_a_valid_request(catalog):
     assert set(req.regions) == set(catalog.regions)
 
 
+def test_integral_floats_that_json_schema_counts_as_integers_become_ints(catalog):
+    params = {
+        "num_workers": 2.0,
+        "total_steps": 1e2,
+        "seed": 7.0,
+        "batch_size": 8.0,
+        "inject_preemptions": [50.0],
+    }
+    req = from_params(params, catalog)
+    got = (req.num_workers, req.total_steps, req.seed, req.batch_size, req.inject_preemptions)
+    assert got == (2, 100, 7, 8, (50,))
+    assert all(type(v) is int for v in (*got[:4], *got[4]))
+
+
 @pytest.mark.parametrize(
     ("params", "field", "fragment"),
     [
@@ -35,7 +49,11 @@ def test_defaults_make_a_valid_request(catalog):
         ({"dataset_uri": "sailor://nowhere/data"}, "dataset_uri", "source"),
         ({"job_name": "Bad Name!"}, "job_name", "must be 1-63 lowercase letters, digits and '-'"),
         ({"team": "-qa"}, "team", "starting and ending with a letter or digit"),
-        ({"preemption_trace_uri": "s3://b/t.json"}, "preemption_trace_uri", "must be empty, or a gs:// or file://"),
+        (
+            {"preemption_trace_uri": "s3://b/t.json"},
+            "preemption_trace_uri",
+            "must be empty, or a gs:// or file://",
+        ),
         ({"checkpoint_every_steps": 500, "total_steps": 100}, "checkpoint_every_steps", "total_steps=100"),
         ({"colour": "blue"}, "colour", "unknown parameter"),
     ],
