@@ -256,6 +256,11 @@ class RebalanceInfeasibleError(SailorError, ValueError):
         super().__init__(f"rebalance infeasible — binding constraint: {constraint}: {detail}")
 
 
+class CatalogError(SailorError, ValueError):
+    """The catalog cannot be loaded (``SAILOR_CATALOG_FILE`` or ``SAILOR_SUPPLY_FILE`` unreadable
+    or malformed); the message is the cause, naming the file."""
+
+
 class StageSkipped(SailorError):
     """The stage has nothing to do for this run (e.g. a dry run publishes nothing): the task is skipped."""
 

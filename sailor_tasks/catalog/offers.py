@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from sailor_tasks.errors import CatalogError
 from sailor_tasks.model import Offer
 
 if TYPE_CHECKING:
@@ -99,8 +100,11 @@ def load_catalog(path: str | None = None, supply_path: str | None = None) -> Cat
     file, with capacity and preemption rates from the supply file (see ``supply.py``)."""
     from sailor_tasks.catalog.supply import apply_supply, load_supply
 
-    offers = tuple(read_offers(path or os.environ.get("SAILOR_CATALOG_FILE") or None))
-    return Catalog(offers=apply_supply(offers, load_supply(supply_path)))
+    try:
+        offers = tuple(read_offers(path or os.environ.get("SAILOR_CATALOG_FILE") or None))
+        return Catalog(offers=apply_supply(offers, load_supply(supply_path)))
+    except (OSError, ValueError, KeyError) as exc:
+        raise CatalogError(str(exc)) from exc
 
 
 @functools.lru_cache(maxsize=1)

@@ -152,7 +152,10 @@ class LocalLogs:
         return [render_record(line) for line in complete.splitlines() if line]
 
     def done(self) -> bool:
-        """The ledger's status of a sailor_train run is final and its teardown has logged."""
+        """The ledger's status of a sailor_train run is final and teardown has recorded its end in
+        the ledger (its log file appears when it starts, long before it has stopped and released
+        anything). A run that was never placed (rejected at ``validate``, failed at ``plan``) never
+        runs teardown (its setup, ``plan``, did not succeed): its final status is the end."""
         if self.dag_id != "sailor_train":
             return False
         from sailor_tasks.ledger import Ledger
@@ -162,8 +165,13 @@ class LocalLogs:
         if self._ledger is None:
             self._ledger = Ledger(Settings.from_env().ledger_url)
         run = self._ledger.get_run(self.run_id)
-        teardown = any(t.task_id == "teardown" for t in self.tries())
-        return bool(run and run["status"] in RUN_STATUSES_DONE and teardown)
+        if not run or run["status"] not in RUN_STATUSES_DONE:
+            return False
+        if any(s["stage"] == "teardown" for s in self._ledger.stage_timings(self.run_id)):
+            return True
+        # teardown runs only once plan (its setup) placed the run: a run rejected at validate or
+        # failed at plan (no offer, queue time-out) never runs it
+        return not self._ledger.placements(self.run_id)
 
 
 class ApiLogs:

@@ -25,7 +25,7 @@ from sailor_tasks.cli import (
     submit,
     trace,
 )
-from sailor_tasks.errors import ExitCode
+from sailor_tasks.errors import CatalogError, ExitCode
 
 EXIT_CODES = {
     ExitCode.OK: "ok",
@@ -100,7 +100,11 @@ def options_without_help(parser: argparse.ArgumentParser | None = None) -> list[
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except CatalogError as exc:  # SAILOR_CATALOG_FILE / SAILOR_SUPPLY_FILE, for every command
+        print(f"error: the catalog cannot be loaded: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
 
 
 if __name__ == "__main__":

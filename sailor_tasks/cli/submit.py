@@ -62,7 +62,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     overrides; follow it."""
     from sailor_tasks.catalog import load_catalog
     from sailor_tasks.cli.airflow_api import AirflowAPIError
-    from sailor_tasks.errors import InvalidRequestError
+    from sailor_tasks.errors import CatalogError, InvalidRequestError
     from sailor_tasks.request import from_params
 
     if not args.params and not args.set:
@@ -78,6 +78,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
             from_params(params, load_catalog())
         except InvalidRequestError as exc:
             print(f"error: {exc}", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+        except CatalogError as exc:
+            print(f"error: the catalog cannot be loaded: {exc} (--no-check skips this check)", file=sys.stderr)
             return ExitCode.BAD_INPUT
     client = client_from_args(args)
     try:

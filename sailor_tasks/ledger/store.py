@@ -132,7 +132,7 @@ class Ledger:
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         with self.engine.connect() as c:
             row = c.execute(select(t.runs).where(t.runs.c.run_id == run_id)).mappings().first()
-            return dict(row) if row else None
+            return _aware_row(row) if row else None
 
     def list_runs(
         self, limit: int = 100, *, team: str | None = None, status: Iterable[str] | None = None
@@ -144,7 +144,7 @@ class Ledger:
         if status is not None:
             q = q.where(t.runs.c.status.in_(list(status)))
         with self.engine.connect() as c:
-            return [dict(r) for r in c.execute(q).mappings()]
+            return [_aware_row(r) for r in c.execute(q).mappings()]
 
     # --- placements and reservations ---------------------------------------------------------
     def record_placement(self, placement: Placement, attempt: int = 1) -> None:

@@ -7,6 +7,7 @@ import io
 import json
 import threading
 import time
+from datetime import UTC, datetime
 
 from sailor_tasks.cli.logs import ApiLogs, LocalLogs, TaskTry, print_logs, render_record
 from sailor_tasks.cli.main import main as sailor
@@ -93,6 +94,11 @@ def test_follow_prints_lines_as_they_are_written_and_stops_when_the_run_ends(tmp
         dataset_uri="sailor://source/datasets/demo-text",
         request={},
     )
+    from sailor_tasks.model import Placement
+
+    ctx.ledger.record_placement(
+        Placement(RUN_ID, "gcp", "us-central1", "us-central1-a", "L4", 1, 2, 2, "spot", "g2", 1.0)
+    )
     write_log(tmp_path, "train", 1, [record("step 1 loss 5.0")])
     half = write_log(tmp_path, "train", 1, [])
     with open(half, "a") as f:
@@ -105,7 +111,11 @@ def test_follow_prints_lines_as_they_are_written_and_stops_when_the_run_ends(tmp
         write_log(tmp_path, "train", 1, [record("step 3 loss 3.0")])
         time.sleep(0.3)
         ctx.ledger.upsert_run(RUN_ID, status="success")
+        write_log(tmp_path, "teardown", 1, [record("teardown started")])
+        time.sleep(0.3)  # teardown runs on: following goes on until it has recorded its end
         write_log(tmp_path, "teardown", 1, [record("released the reservation")])
+        now = datetime.now(UTC)
+        ctx.ledger.record_stage(RUN_ID, "teardown", now, now, ok=True)
 
     writer = threading.Thread(target=training)
     writer.start()
@@ -122,6 +132,28 @@ def test_follow_prints_lines_as_they_are_written_and_stops_when_the_run_ends(tmp
         "step 3 loss 3.0",
     ]
     assert "==> teardown (try 1) <==" in text and text.rstrip().endswith("released the reservation")
+
+
+def test_follow_of_a_run_rejected_at_validate_ends_with_its_status(tmp_path, ctx):
+    # teardown never runs for it (its setup, plan, did not succeed): the final status is the end
+    ctx.ledger.upsert_run(
+        RUN_ID,
+        job_name="j",
+        team="t",
+        status="rejected",
+        backend="local",
+        model="tiny_gpt",
+        dataset_uri="sailor://source/datasets/demo-text",
+        request={},
+    )
+    write_log(tmp_path, "validate", 1, [record("num_workers=0: 0 is less than the minimum of 1")])
+    out = io.StringIO()
+    started = time.monotonic()
+    rc = print_logs(
+        LocalLogs(str(tmp_path), "sailor_train", RUN_ID), follow=True, poll_s=0.05, timeout_s=10, out=out
+    )
+    assert rc == 0 and time.monotonic() - started < 5
+    assert "less than the minimum of 1" in out.getvalue()
 
 
 class FakeAirflow:

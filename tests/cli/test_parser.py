@@ -84,7 +84,12 @@ def test_every_wait_and_poll_option_refuses_zero_and_negative_seconds(capsys):
                         sailor([*path.split()[1:], flag, value])
                     assert done.value.code == 2, (path, flag, value)
                     assert f"argument {flag}: '{value}': need a number > 0" in capsys.readouterr().err
-    assert {path for path, _ in found} >= {"sailor submit", "sailor cancel", "sailor logs", "sailor trace-gcp"}
+    assert {path for path, _ in found} >= {
+        "sailor submit",
+        "sailor cancel",
+        "sailor logs",
+        "sailor trace-gcp",
+    }
 
 
 def test_demo_refuses_bad_conf_before_any_setup(settings, monkeypatch, capsys):
@@ -112,3 +117,28 @@ def test_unreadable_params_and_malformed_overrides_are_bad_input(command, tmp_pa
     assert "must hold a JSON object" in capsys.readouterr().err
     assert sailor([command, "--set", "num_workers"]) == 2
     assert "--set 'num_workers' is not KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--set", "num_workers=2"],
+        ["submit", "--set", "num_workers=2"],
+        ["catalog"],
+        ["catalog", "transfer"],
+    ],
+)
+def test_an_unreadable_catalog_file_is_bad_input_named_without_a_traceback(
+    argv, settings, monkeypatch, capsys
+):
+    from sailor_tasks.catalog import load_catalog
+
+    monkeypatch.setenv("SAILOR_CATALOG_FILE", "/nonexistent/offers.csv")
+    load_catalog.cache_clear()
+    try:
+        assert sailor(argv) == 2
+    finally:
+        load_catalog.cache_clear()
+    err = capsys.readouterr().err
+    assert "error: the catalog cannot be loaded" in err and "/nonexistent/offers.csv" in err
+    assert "Traceback" not in err

@@ -57,6 +57,19 @@ def test_runs_filters_by_team_and_status(settings, capsys):
     assert table[1].split()[:3] == ["r5", "job-r5", "vision"]
 
 
+def test_run_times_carry_their_utc_offset(settings, capsys):
+    import datetime as dt
+
+    ledger = Ledger(settings.ledger_url)
+    _record(ledger, "r1", "vision", "success")
+    assert ledger.get_run("r1")["created_at"].utcoffset() == dt.timedelta(0)
+    assert ledger.list_runs()[0]["created_at"].utcoffset() == dt.timedelta(0)
+    capsys.readouterr()
+    assert sailor(["runs", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert dt.datetime.fromisoformat(row["created_at"]).utcoffset() == dt.timedelta(0)
+
+
 def test_unknown_status_is_bad_input_naming_the_valid_ones(settings, capsys):
     assert sailor(["runs", "--status", "success,done"]) == 2
     err = capsys.readouterr().err
