@@ -230,6 +230,17 @@ def node_pool_name(run_key: str, placement: Placement) -> str:
     return f"{run_prefix(run_key)}-{spec}"
 
 
+HYPERDISK_ONLY_SERIES = ("a3-ultragpu-", "a4-", "a4x-")
+"""Machine series whose VMs take no Persistent Disk (Compute Engine's accelerator-optimized family:
+A3 Ultra, A4 and A4X boot from Hyperdisk)."""
+
+
+def boot_disk_type(machine_type: str) -> str:
+    """The node pool's boot disk type: ``hyperdisk-balanced`` on series without Persistent Disk,
+    else ``pd-balanced``."""
+    return "hyperdisk-balanced" if machine_type.startswith(HYPERDISK_ONLY_SERIES) else "pd-balanced"
+
+
 def plan_hash(placement: Placement) -> str:
     """Short hash of the placement, labelled on every resource of the run (detects a re-plan)."""
     return hashlib.sha256(json.dumps(to_dict(placement), sort_keys=True).encode()).hexdigest()[:12]
@@ -298,7 +309,7 @@ def build_node_pool_body(
             "machine_type": placement.instance_type,
             "spot": spot,
             "disk_size_gb": config.boot_disk_gb,
-            "disk_type": "pd-balanced",
+            "disk_type": boot_disk_type(placement.instance_type),
             "oauth_scopes": ["https://www.googleapis.com/auth/cloud-platform"],
             "workload_metadata_config": {"mode": "GKE_METADATA"},
             "accelerators": [

@@ -104,6 +104,19 @@ def test_spot_node_pool_body_is_a_valid_gpu_pool_for_the_placement():
     assert pool.name == node_pool_name("run-1", pl) and len(pool.name) <= 40
 
 
+def test_pools_of_series_without_persistent_disk_boot_from_hyperdisk():
+    disk = {}
+    for machine in ("a3-ultragpu-8g", "a4-highgpu-8g", "a2-highgpu-4g", "g2-standard-4"):
+        pl = dataclasses.replace(_placement("A100", 4, 1), instance_type=machine)
+        disk[machine] = validate_node_pool_body(build_node_pool_body(CONFIG, "run-1", pl)).config.disk_type
+    assert disk == {
+        "a3-ultragpu-8g": "hyperdisk-balanced",
+        "a4-highgpu-8g": "hyperdisk-balanced",
+        "a2-highgpu-4g": "pd-balanced",
+        "g2-standard-4": "pd-balanced",
+    }
+
+
 def test_on_demand_pool_has_no_spot_flag_or_taint():
     pool = validate_node_pool_body(build_node_pool_body(CONFIG, "run-1", _placement("L4", 1, 1, "on_demand")))
     assert pool.config.spot is False
