@@ -52,6 +52,11 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
+def _fixed(value: Any, fmt: str) -> str:
+    """A number with a fixed format (money, minutes): '.4g' would show $12,345.67 as 1.235e+04."""
+    return "–" if value is None else html.escape(format(value, fmt))
+
+
 def _table(headers: list[str], rows: list[list[str]], empty: str, table_id: str) -> str:
     if not rows:
         return f'<p class="empty" id="{table_id}-empty">{html.escape(empty)}</p>'
@@ -112,7 +117,7 @@ def render_page(snap) -> str:
             _e(q["team"]),
             _e(q["priority"]),
             f"{_e(q['gpus'])}× {_e(q['gpu_type'])}",
-            _e(q["waited_min"]),
+            _fixed(q["waited_min"], ",.1f"),
             _e(str(q["estimated_start_at"] or "")[:19].replace("T", " ")),
             _e(str(q["latest_start_at"] or "")[:19].replace("T", " ")),
             _e(q["reason"]),
@@ -155,7 +160,7 @@ def render_page(snap) -> str:
             _e(r["gpu_type"]),
             _e(r["steps"]),
             _e(r["final_loss"]),
-            _e(r["usd_estimate"]),
+            _fixed(r["usd_estimate"], ",.2f"),
         ]
         for r in snap.runs
     ]

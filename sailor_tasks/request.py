@@ -20,7 +20,7 @@ import jsonschema
 
 from sailor_tasks import paths, storage
 from sailor_tasks.backends.local_command import check_local_env, resolve_local_command
-from sailor_tasks.catalog import Catalog, packaged_choices
+from sailor_tasks.catalog import Catalog, catalog_choices
 from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
 from sailor_tasks.model import ANY_GPU, DEFAULT_MAX_QUEUE_HOURS, MARKET_CHOICES, JobRequest
 from sailor_tasks.settings import BACKENDS, SOURCE_BUCKET, Settings
@@ -114,7 +114,7 @@ SECTION_RESILIENCE = "Spot resilience"
 
 def train_param_schemas() -> dict[str, dict[str, Any]]:
     """name → {"default": ..., "description": ..., <JSON-schema keywords>} for ``sailor_train``."""
-    regions, gpu_types = packaged_choices()
+    regions, gpu_types = catalog_choices()
     return {
         "job_name": {
             "default": "demo-lm",

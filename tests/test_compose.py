@@ -301,6 +301,11 @@ def test_airflow_init_writes_the_login_migrates_and_hands_over_the_folders(compo
     spec, _ = render(COMPOSE.read_text(), {"SAILOR_ADMIN_PASSWORD": "s3cret"})
     proc, passwords, _ = _run_init(spec, tmp_path / "env")
     assert proc.returncode == 0 and json.loads(passwords.read_text()) == {"admin": "s3cret"}
+    # any password gives a JSON file (the API server's auth manager reads it with json.loads)
+    for n, password in enumerate(['pa"ss', r"C:\secret", "tab\there"]):
+        spec, _ = render(COMPOSE.read_text(), {"SAILOR_ADMIN_PASSWORD": password})
+        proc, passwords, _ = _run_init(spec, tmp_path / f"odd-{n}")
+        assert proc.returncode == 0 and json.loads(passwords.read_text()) == {"admin": password}, password
 
 
 def test_airflow_init_stops_at_the_first_failing_step(compose, tmp_path):

@@ -136,3 +136,32 @@ def test_queue_params_have_defaults_and_refuse_bad_values():
     for bad in (-1, float("nan"), 9000):
         with pytest.raises(InvalidRequestErrors, match="max_queue_hours"):
             from_params({"max_queue_hours": bad})
+
+
+def test_the_params_offer_the_regions_and_gpus_of_the_configured_catalog(tmp_path, monkeypatch):
+    import csv
+    from pathlib import Path
+
+    import sailor_tasks.catalog as catalog_pkg
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.request import train_param_schemas
+
+    packaged = Path(catalog_pkg.__file__).parent / "data" / "gcp_gpu_offers.csv"
+    rows = list(
+        csv.DictReader(line for line in packaged.read_text().splitlines() if not line.startswith("#"))
+    )
+    kept = [r for r in rows if r["region"] == "europe-west4"]
+    new = [dict(r, region="europe-north2", zone="europe-north2-a") for r in kept]
+    path = tmp_path / "offers.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(kept + new)
+    monkeypatch.setenv("SAILOR_CATALOG_FILE", str(path))
+    load_catalog.cache_clear()
+    try:
+        assert train_param_schemas()["regions"]["items"]["enum"] == ["europe-north2", "europe-west4"]
+        assert from_params({}, load_catalog()).regions == ("europe-north2", "europe-west4")  # the defaults
+        assert from_params({"regions": ["europe-north2"]}, load_catalog()).regions == ("europe-north2",)
+    finally:
+        load_catalog.cache_clear()

@@ -107,8 +107,18 @@ def load_catalog(path: str | None = None, supply_path: str | None = None) -> Cat
         raise CatalogError(str(exc)) from exc
 
 
-@functools.lru_cache(maxsize=1)
-def packaged_choices() -> tuple[Sequence[str], Sequence[str]]:
-    """(regions, gpu_types) of the packaged catalog, for Param enums at DAG parse time."""
-    offers = read_offers(_packaged(DEFAULT_OFFERS_FILE))
+def catalog_choices() -> tuple[Sequence[str], Sequence[str]]:
+    """(regions, gpu_types) of the catalog the stages use (``$SAILOR_CATALOG_FILE``, else the
+    packaged file), for Param enums at DAG parse time: the form offers, and the schema accepts,
+    exactly the catalog's regions and GPU types. An unreadable file falls back to the packaged
+    choices so the DAG still parses (``validate`` then reports the catalog error)."""
+    return _offer_choices(os.environ.get("SAILOR_CATALOG_FILE") or None)
+
+
+@functools.lru_cache(maxsize=8)
+def _offer_choices(path: str | None) -> tuple[Sequence[str], Sequence[str]]:
+    try:
+        offers = read_offers(path)
+    except (OSError, ValueError, KeyError):
+        offers = read_offers(_packaged(DEFAULT_OFFERS_FILE))
     return tuple(sorted({o.region for o in offers})), tuple(sorted({o.gpu_type for o in offers}))

@@ -161,3 +161,31 @@ def test_page_shows_the_queue_panel(plugin):
     assert 'id="queue"' in html and "run-&lt;b&gt;" in html and "las: team ml holds 0 GPUs" in html
     assert "Admission policy: <b>edf</b>" in html and "2026-11-23 10:00:00" in html
     assert "runs queued<b>1</b>" in html
+
+
+def test_page_shows_dollars_and_minutes_as_plain_numbers(plugin):
+    run = {
+        "run_id": "r",
+        "job_name": "j",
+        "team": "t",
+        "status": "success",
+        "region": "us-central1",
+        "gpu_type": "A100",
+        "steps": 300,
+        "final_loss": 1.234,
+        "usd_estimate": 12345.678,
+    }
+    waiting = {
+        "position": 1,
+        "run_id": "q",
+        "team": "t",
+        "priority": "normal",
+        "gpus": 8,
+        "gpu_type": "A100",
+        "reason": "r",
+        "estimated_start_at": None,
+        "latest_start_at": None,
+        "waited_min": 10080.0,
+    }
+    html = plugin.render_page(_snap(runs=(run,), queue=(waiting,)))
+    assert "<td>12,345.68</td>" in html and "<td>10,080.0</td>" in html and "e+04" not in html
