@@ -123,7 +123,14 @@ class ThroughputTable:
         new = steps_per_s if old <= 0 else (1 - weight) * old + weight * steps_per_s
         alone = {k: dict(v) for k, v in self.alone.items()}
         alone.setdefault(job, {})[gpu_type] = new
-        return replace(self, alone=alone)
+        unconsolidated = self.unconsolidated
+        if job in unconsolidated:
+            # Multi-VM placements read the unconsolidated speed: move it by the same factor (keeping
+            # the packaged spread penalty), or else a measurement never reaches them.
+            spread = unconsolidated[job].get(gpu_type, 0.0)
+            unconsolidated = {k: dict(v) for k, v in unconsolidated.items()}
+            unconsolidated[job][gpu_type] = spread * new / old if old > 0 and spread > 0 else new
+        return replace(self, alone=alone, unconsolidated=unconsolidated)
 
     def with_measured(
         self, measurements: Iterable[tuple[str, str, float]], weight: float = 0.5

@@ -6,7 +6,8 @@ cost; once slack runs low, on-demand. SAILOR decides once, at placement, per off
 
 * no deadline → spot (slack is unbounded), unless spot is not cheaper once its expected preemption
   loss is added, or its catalog price is dirty (spot above on-demand);
-* with a deadline → slack = deadline − expected hours − data transfer hours; spot when
+* with a deadline → slack = deadline − one launch − expected hours − data transfer hours (what the
+  deadline rule counts besides the preemption overhead); spot when
   slack ≥ ``SLACK_SAFETY`` × expected preemption overhead + one restart (slack-rich), or when the
   job is short (≤ ``SHORT_JOB_HOURS``) and the slack covers the expected overhead; otherwise
   on-demand (long jobs with little slack).
@@ -52,7 +53,10 @@ def spot_preferred(ctx: RequestContext) -> np.ndarray:
         ok &= c.spot_price * (hours + overhead) < c.od_price * hours
     deadline = ctx.request.deadline_hours
     if deadline is not None:
-        ok &= slack_allows_spot(deadline - hours - ctx.data_hours, hours, overhead)
+        # The launch counts as the deadline validator counts it: without it, a short job whose slack
+        # covers its overhead but not overhead + launch goes to spot, misses the deadline there,
+        # and its on-demand row (which would meet it) has been rejected by this rule.
+        ok &= slack_allows_spot(deadline - RESTART_HOURS - hours - ctx.data_hours, hours, overhead)
     return ok
 
 
@@ -69,7 +73,7 @@ def describe_choice(ctx: RequestContext, row: int) -> str:
     if deadline is None:
         parts.append("no deadline (slack unbounded)")
     else:
-        slack = deadline - hours - ctx.data_hours[row]
+        slack = deadline - RESTART_HOURS - hours - ctx.data_hours[row]
         parts.append(f"deadline {deadline:g} h leaves {slack:.3g} h slack")
     why = "short or slack-rich job" if market == "spot" else "long job with little slack or spot not cheaper"
     return f"market auto → {market} ({why}): " + "; ".join(parts)

@@ -34,6 +34,7 @@ from sailor_tasks import storage
 from sailor_tasks.errors import (
     CapacityUnavailableError,
     LeaseReclaimedError,
+    NoFeasibleOfferError,
     QueueRejectedError,
     QueueTimeoutError,
     RunQueuedError,
@@ -105,16 +106,48 @@ def reserve_placement(
     else:
         chosen, reason, slack_h = market, f"{market}: forced by admission at the run's latest start", None
     req = dataclasses.replace(req, market=chosen)
-    reserved = plan_and_reserve(
-        req,
-        catalog,
-        ctx.ledger,
-        run_id,
-        snapshot=lambda: ledger_state(ctx.ledger, req, run_id, nbytes, blocked, checkpoint),
-        index=index,
-        lease_s=ctx.settings.lease_s,
-        admit=admit,
-    )
+    late = None
+    relaunch = steps_done > 0 or elapsed_h > 0
+    if relaunch:
+        # A relaunch: the planner's deadline rule and costs see the work left and the time left, as
+        # the market strategy above did, not the whole run from scratch against the whole deadline.
+        remaining = max(1, req.total_steps - steps_done)
+        req = dataclasses.replace(
+            req,
+            total_steps=remaining,
+            checkpoint_every_steps=min(req.checkpoint_every_steps, remaining),
+            deadline_hours=None if req.deadline_hours is None else req.deadline_hours - elapsed_h,
+        )
+        if req.deadline_hours is not None and req.deadline_hours <= 0:
+            late = f"deadline passed {-req.deadline_hours:.2f} h ago: relaunched without it (best effort)"
+            req = dataclasses.replace(req, deadline_hours=None)
+
+    def reserve(r: JobRequest):
+        return plan_and_reserve(
+            r,
+            catalog,
+            ctx.ledger,
+            run_id,
+            snapshot=lambda: ledger_state(ctx.ledger, r, run_id, nbytes, blocked, checkpoint),
+            index=index,
+            lease_s=ctx.settings.lease_s,
+            admit=admit,
+        )
+
+    try:
+        reserved = reserve(req)
+    except NoFeasibleOfferError as exc:
+        if not relaunch or req.deadline_hours is None or "deadline" not in exc.rejections:
+            raise
+        # Nothing finishes the rest of the run in time any more: finish it as soon as possible
+        # rather than fail a run that is partly done, and say so.
+        late = (
+            f"no offer finishes the remaining work in the {req.deadline_hours:.2f} h left before the "
+            "deadline: relaunched without it (best effort)"
+        )
+        reserved = reserve(dataclasses.replace(req, deadline_hours=None))
+    if late is not None:
+        reason = f"{reason}; {late}"
     placement = dataclasses.replace(
         reserved.placement, explanation=(*reserved.placement.explanation, f"market: {reason}")
     )

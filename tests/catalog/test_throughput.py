@@ -66,3 +66,15 @@ def test_a_file_that_is_not_gavels_table_is_refused_naming_the_file_and_entry(tm
     with pytest.raises(ValueError, match=r"throughputs\.json: ") as err:
         load_gavel(str(path))
     assert message in str(err.value)
+
+
+def test_a_measurement_reaches_multi_vm_placements_too():
+    from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, packaged_with_measured
+
+    job = MODEL_JOB_TYPES["tiny_gpt"]
+    base = packaged_with_measured(())
+    measured = packaged_with_measured((("tiny_gpt", "A100", 10.0),))
+    factor = measured.throughput(job, "A100", True) / base.throughput(job, "A100", True)
+    assert measured.throughput(job, "A100", False) == pytest.approx(
+        base.throughput(job, "A100", False) * factor
+    )

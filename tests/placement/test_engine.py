@@ -145,6 +145,20 @@ def test_auto_market_short_job_goes_spot_even_with_a_tight_deadline():
     assert p.market == "spot"
 
 
+def test_auto_never_picks_spot_where_only_on_demand_meets_the_deadline():
+    # A short job whose slack covers its spot overhead but not overhead + the launch the deadline
+    # counts: spot misses the deadline, on-demand meets it, so auto picks on-demand (not nothing).
+    cat = Catalog((offer("us-east1-b", od=2.0, spot=0.6, rate=0.3),))
+    short = req(total_steps=2_000)
+    hours = explain(dataclasses.replace(short, market="on_demand"), cat, ClusterState())["winner"][
+        "expected_hours"
+    ]
+    p = plan(
+        dataclasses.replace(short, deadline_hours=RESTART_HOURS + hours + 1e-6), cat, ClusterState(), "r"
+    )
+    assert p.market == "on_demand"
+
+
 def test_dirty_spot_price_goes_on_demand_under_auto():
     cat = Catalog((offer("us-east1-b", od=1.0, spot=2.0, dirty=True),))
     assert plan(req(), cat, ClusterState(), "r").market == "on_demand"

@@ -156,7 +156,7 @@ def brute_force(request: JobRequest, catalog, state: ClusterState) -> tuple[list
             o.spot_usd_per_hour * (hours + spot_overhead) < o.ondemand_usd_per_hour * hours
         )
         if request.deadline_hours is not None:
-            slack = request.deadline_hours - hours - data_h
+            slack = request.deadline_hours - RESTART_H - hours - data_h  # the launch, as the deadline counts it
             auto_spot = auto_spot and (
                 slack >= SLACK_SAFETY * spot_overhead + RESTART_H
                 or (hours <= SHORT_JOB_H and slack >= spot_overhead)

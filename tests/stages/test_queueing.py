@@ -58,7 +58,10 @@ def test_a_run_that_does_not_fit_waits_and_is_admitted_when_capacity_frees(tight
     assert entry["state"] == "queued" and entry["position"] == 1
     assert "las" in entry["reason"] and entry["estimated_start_at"] is not None
     assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-1"]  # nothing held for run-2
-    assert [(t["stage"], t["ok"]) for t in ctx.ledger.stage_timings("run-2")] == [("validate", True), ("plan", True)]
+    assert [(t["stage"], t["ok"]) for t in ctx.ledger.stage_timings("run-2")] == [
+        ("validate", True),
+        ("plan", True),
+    ]
 
     out = stages.teardown("run-1", ctx)
     assert out["admitted"] == ["run-2"]
@@ -394,3 +397,44 @@ def test_duration_estimates_learn_from_past_attempts_on_the_same_backend(tight, 
     assert engine_only != pytest.approx(expected_hours(ctx, req), abs=0.001)
     other = from_dict(JobRequest, submit(ctx, "other", demo_dataset, model="small_gpt"))
     assert learned_hours(ctx, other) is None  # another workload learns nothing from these
+
+
+def test_a_relaunch_is_planned_for_the_work_and_the_time_left(ctx, demo_dataset):
+    import dataclasses
+
+    from sailor_tasks.model import ClusterState, JobRequest, to_dict
+    from sailor_tasks.placement import explain
+    from sailor_tasks.placement.validators import RESTART_HOURS
+    from sailor_tasks.stages.queueing import reserve_placement
+
+    base = JobRequest(
+        job_name="x",
+        team="t",
+        dataset_uri=demo_dataset,
+        model="tiny_gpt",
+        num_workers=8,
+        gpu_type="H100",
+        total_steps=2_000_000,
+        checkpoint_every_steps=1000,
+        strategy="on_demand",
+        market="on_demand",
+        max_usd_per_hour=1000.0,
+    )
+    hours = explain(base, ctx.catalog, ClusterState())["winner"]["expected_hours"]
+    req = dataclasses.replace(base, deadline_hours=round(hours + RESTART_HOURS + 0.03, 3))  # 0.03 h spare
+    ctx.ledger.upsert_run(
+        "run-1", job_name="x", team="t", status="validated", backend="local", model="tiny_gpt",
+        dataset_uri=demo_dataset, request=to_dict(req), total_steps=req.total_steps,
+    )  # fmt: skip
+    first = reserve_placement(ctx, req, "run-1")
+    # Preempted at 90 %, its region blocked: the tenth left fits the time left in another region
+    # (the whole run would not fit the whole deadline there).
+    zones = frozenset(o.zone for o in ctx.catalog.offers if o.region == first.region)
+    moved = reserve_placement(
+        ctx, req, "run-1", attempt=2, blocked_zones=zones, elapsed_h=0.7, steps_done=1_800_000,
+        checkpoint=(first.region, 10**11),
+    )  # fmt: skip
+    assert moved.region != first.region
+    # With the deadline all but gone, the rest runs as soon as it can, and the plan says so.
+    late = reserve_placement(ctx, req, "run-1", attempt=3, elapsed_h=req.deadline_hours - 0.01, steps_done=1)
+    assert "before the deadline: relaunched without it (best effort)" in late.explanation[-1]
