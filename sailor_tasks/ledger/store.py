@@ -871,6 +871,41 @@ class Ledger:
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
+    def unrecorded_attempt_rows(self, since: dt.datetime, until: dt.datetime) -> list[dict[str, Any]]:
+        """Utilization-shaped rows for ended attempts overlapping [since, until) that have no
+        utilization row (their task died before ``finish_attempt`` recorded one: ended later as
+        failed by a retry or by teardown, or cancelled): their GPUs were held all the same."""
+        a, r, u = t.run_attempts.c, t.runs.c, t.utilization.c
+        q = (
+            select(a.run_id, a.region, a.placement, a.started_at, a.ended_at, r.team, r.dataset_uri)
+            .select_from(
+                t.run_attempts.join(t.runs, r.run_id == a.run_id).outerjoin(
+                    t.utilization, (u.run_id == a.run_id) & (u.started_at == a.started_at)
+                )
+            )
+            .where(a.outcome != "running", a.ended_at.is_not(None), u.id.is_(None))
+            .where(a.ended_at > since, a.started_at < until)
+        )
+        out = []
+        with self.engine.connect() as c:
+            for row in c.execute(q).mappings():
+                pl = row["placement"] or {}
+                if not pl.get("gpu_type") or not pl.get("num_gpus"):
+                    continue
+                out.append(
+                    {
+                        "run_id": row["run_id"],
+                        "team": row["team"],
+                        "region": row["region"],
+                        "gpu_type": pl["gpu_type"],
+                        "gpus": int(pl["num_gpus"]),
+                        "started_at": row["started_at"],
+                        "ended_at": row["ended_at"],
+                        "dataset_uri": row["dataset_uri"],
+                    }
+                )
+        return out
+
     def replica_rows(self) -> list[dict[str, Any]]:
         """Every recorded replica: dataset_uri, region, uri, bytes, files."""
         with self.engine.connect() as c:

@@ -103,9 +103,14 @@ def build_problem(
     reads: dict[str, set[str]] = defaultdict(set)
     by_team: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     total_hours = 0.0
+    supplied = {g for (_r, g), n in supply.items() if n > 0}
+    unsupplied: dict[str, float] = defaultdict(float)
     for row in rows:
         h = row["gpus"] * _overlap_hours(aware(row["started_at"]), aware(row["ended_at"]), since, until)
         if h <= 0:
+            continue
+        if row["gpu_type"] not in supplied:  # no region can take it: left out, listed in the stats
+            unsupplied[row["gpu_type"]] += h
             continue
         per = gpu_hours[row["team"]][row["region"]]
         per[row["gpu_type"]] = per.get(row["gpu_type"], 0.0) + h
@@ -118,9 +123,15 @@ def build_problem(
     for rep in replica_rows:
         sizes[rep["dataset_uri"]] = max(sizes.get(rep["dataset_uri"], 0), int(rep["bytes"]))
         where[rep["dataset_uri"]].add(rep["region"])
+    supply_regions = {r for r, _g in supply}
     unknown = []
     datasets: dict[str, Dataset] = {}
     for uri in sorted({d for ds in reads.values() for d in ds}):
+        # a sailor://<region>/... dataset is complete in that region's bucket (as the placement
+        # engine's ``dataset_sources`` counts it): no copy needed there
+        scheme, _, rest = uri.partition("://")
+        if scheme == "sailor" and rest.split("/", 1)[0] in supply_regions:
+            where[uri].add(rest.split("/", 1)[0])
         size = sizes.get(uri)
         if size is None:
             size = size_of(uri) if size_of else None
@@ -162,5 +173,6 @@ def build_problem(
         "window_hours": round(hours, 6),
         "peak_gpus": {t.name: t.peak_gpus for t in teams},
         "unknown_size_datasets": unknown,
+        "unsupplied_gpu_hours": {g: round(h, 6) for g, h in sorted(unsupplied.items())},
     }
     return problem, stats

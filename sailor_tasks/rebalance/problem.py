@@ -116,25 +116,33 @@ class Problem:
         where = "teams"
         try:
             teams = []
+            names: set[str] = set()
             for i, t in enumerate(doc["teams"]):
                 where = f"teams[{i}]"
+                if t["name"] in names:
+                    raise ValueError(f"team name {t['name']!r} appears twice")
+                names.add(t["name"])
                 teams.append(
                     Team(
                         name=t["name"],
                         current=_gpu_table(t["current"], f"{where}.current"),
-                        datasets=tuple(t.get("datasets", ())),
-                        priority=float(t.get("priority", 1.0)),
-                        quota_max=t.get("quota_max") or {},
-                        quota_min=t.get("quota_min") or {},
-                        peak_gpus=float(t.get("peak_gpus", 0.0)),
+                        datasets=_names(t.get("datasets", ()), "datasets"),
+                        priority=_number(t.get("priority", 1.0), "priority"),
+                        quota_max=_gpu_row(t.get("quota_max") or {}, "quota_max"),
+                        quota_min=_gpu_row(t.get("quota_min") or {}, "quota_min"),
+                        peak_gpus=_number(t.get("peak_gpus", 0.0), "peak_gpus"),
                     )
                 )
             datasets = {}
             for i, d in enumerate(doc["datasets"]):
                 where = f"datasets[{i}]"
-                datasets[d["uri"]] = Dataset(d["uri"], int(d["bytes"]), tuple(d.get("replicas", ())))
+                datasets[d["uri"]] = Dataset(
+                    d["uri"], _whole(d["bytes"], "bytes"), _names(d.get("replicas", ()), "replicas")
+                )
+            where = "storage_cap_bytes"
+            caps = _gpu_row(doc.get("storage_cap_bytes") or {}, "storage_cap_bytes")
             where = "budget_bytes"
-            budget = int(doc["budget_bytes"])
+            budget = _whole(doc["budget_bytes"], "budget_bytes")
         except KeyError as exc:
             raise ValueError(f"problem JSON: {where} has no {exc.args[0]!r}; expected {PROBLEM_KEYS}") from None
         except (TypeError, ValueError, AttributeError) as exc:
@@ -144,13 +152,40 @@ class Problem:
             teams=tuple(teams),
             datasets=datasets,
             budget_bytes=budget,
-            storage_cap_bytes=doc.get("storage_cap_bytes") or {},
+            storage_cap_bytes=caps,
         )
 
 
 def is_gpu_count(n: Any) -> bool:
     """Whether ``n`` (from JSON) is a number of GPUs: a finite int or float ≥ 0, not a bool."""
     return not isinstance(n, bool) and isinstance(n, (int, float)) and 0 <= n < math.inf
+
+
+def _number(n: Any, what: str) -> float:
+    """A finite number ≥ 0 from JSON (not a bool), or a ValueError naming ``what``."""
+    if not is_gpu_count(n):
+        raise ValueError(f"{what}={n!r}: need a finite number ≥ 0")
+    return float(n)
+
+
+def _whole(n: Any, what: str) -> int:
+    """Bytes from JSON: a finite number ≥ 0 (an int keeps its precision)."""
+    _number(n, what)
+    return int(n)
+
+
+def _gpu_row(value: Any, what: str) -> dict[str, float]:
+    """name → finite number ≥ 0 from JSON (quotas, storage caps), or a ValueError naming the entry."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must map region → number, got {value!r:.80}")
+    return {k: _number(n, f"{what}[{k!r}]") for k, n in value.items()}
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    """A list of strings from JSON (a bare string is refused, not split into characters)."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} must be a list of strings, got {value!r:.80}")
+    return tuple(value)
 
 
 def _gpu_table(value: Any, where: str) -> dict[str, dict[str, float]]:

@@ -545,7 +545,7 @@ def _enable_pairs(
     ``LEVEL_TOLERANCE``), and what is left of the budget is spent toward the goal."""
     chosen, over, budget_bound = _greedy_enable(problem, cand, cells, [goal], budget, storage_free, quotas)
     if over <= 1e-6 or not budget_bound:
-        return chosen
+        return _with_covered(cand, chosen)
     lo, hi = min(goal.values()), max(goal.values()) + over
     best: dict[str, float] | None = None
     while hi - lo > LEVEL_TOLERANCE:
@@ -556,9 +556,26 @@ def _enable_pairs(
         else:
             lo = mid
     if best is None:
-        return chosen
+        return _with_covered(cand, chosen)
     logger.debug("greedy: every cell brought to %.4f first, then toward the goal", hi)
-    return _greedy_enable(problem, cand, cells, [best, goal], budget, storage_free, quotas)[0]
+    chosen = _greedy_enable(problem, cand, cells, [best, goal], budget, storage_free, quotas)[0]
+    return _with_covered(cand, chosen)
+
+
+def _with_covered(
+    cand: list[dict[str, tuple[str, ...]]], chosen: set[tuple[int, str]]
+) -> set[tuple[int, str]]:
+    """``chosen`` plus every candidate pair whose missing datasets the chosen pairs already bring to
+    its region: such a pair costs no byte beyond what the rounding charged, and a partition solved
+    after the one that made those replicas may use it (``_regions``' ``made``), so leaving it out
+    of the model would let a decomposed solve beat the one-partition solve."""
+    brought: set[tuple[str, str]] = {(uri, r) for k, r in chosen for uri in cand[k][r]}
+    out = set(chosen)
+    for k, regions in enumerate(cand):
+        for r, missing in regions.items():
+            if missing and (k, r) not in out and all((uri, r) in brought for uri in missing):
+                out.add((k, r))
+    return out
 
 
 # --- one partition's model -------------------------------------------------------------------------

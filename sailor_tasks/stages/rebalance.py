@@ -108,7 +108,8 @@ def collect_utilization(
             logger.warning("dataset %s: size unknown (%s); no replica of it is planned", uri, exc)
             return None
 
-    finished = ctx.ledger.utilization_rows(since, until)
+    # attempts a dead task left without a utilization row held their GPUs all the same
+    finished = [*ctx.ledger.utilization_rows(since, until), *ctx.ledger.unrecorded_attempt_rows(since, until)]
     in_flight, queued = in_flight_rows(ctx, until), queued_rows(ctx, until)
     problem, stats = build_problem(
         [*finished, *in_flight, *queued],

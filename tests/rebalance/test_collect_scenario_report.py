@@ -8,6 +8,7 @@ import pytest
 
 from sailor_tasks.rebalance.collect import build_problem, peak_concurrency
 from sailor_tasks.rebalance.scenario import generate, philly_team_demand, reader_counts
+from sailor_tasks.rebalance.solver import solve
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
 
@@ -63,7 +64,9 @@ def test_a_dataset_of_unknown_size_is_left_out_never_counted_free():
         budget_bytes=1000,
         size_of=lambda uri: None if uri.endswith("gone") else 400,
     )
-    assert set(problem.datasets) == {"sailor://source/d"} and problem.datasets["sailor://source/d"].bytes == 400
+    assert (
+        set(problem.datasets) == {"sailor://source/d"} and problem.datasets["sailor://source/d"].bytes == 400
+    )
     assert {t.name: t.datasets for t in problem.teams} == {"a": ("sailor://source/d",), "b": ()}
     assert stats["unknown_size_datasets"] == ["sailor://source/gone"]
 
@@ -162,8 +165,14 @@ def test_quotas_with_a_misspelt_key_unknown_region_or_bad_number_are_refused_by_
     assert {t.name: t.quota_max for t in problem.teams} == {"a": {"*": 0, "r1": 8, "r3": 0}}
     for quotas, message in (
         ({"a": {"maxx": {"r1": 1}}}, "quotas['a']: unknown key 'maxx'; valid: max, min"),
-        ({"a": {"max": {"r9": 1}}}, "quotas['a']['max']: 'r9' is not a region of the supply; valid: r1, r2, r3 and '*'"),
-        ({"a": {"min": {"*": 1}}}, "quotas['a']['min']: '*' is not a region of the supply; valid: r1, r2, r3"),
+        (
+            {"a": {"max": {"r9": 1}}},
+            "quotas['a']['max']: 'r9' is not a region of the supply; valid: r1, r2, r3 and '*'",
+        ),
+        (
+            {"a": {"min": {"*": 1}}},
+            "quotas['a']['min']: '*' is not a region of the supply; valid: r1, r2, r3",
+        ),
         ({"a": {"max": {"r1": "8"}}}, "quotas['a']['max']['r1']='8': need a number of GPUs ≥ 0"),
         ({"a": {"min": {"r1": -2}}}, "quotas['a']['min']['r1']=-2: need a number of GPUs ≥ 0"),
         ({"a": ["max"]}, "quotas['a']=['max']: need team → {"),
@@ -224,6 +233,17 @@ def test_bad_problem_files_and_solver_options_are_refused_naming_the_value(tmp_p
         '{"supply": {}, "teams": [], "datasets": [{"uri": "gs://a"}], "budget_bytes": 1}': (
             "datasets[0] has no 'bytes'"
         ),
+        '{"supply": {}, "teams": [{"name": "t", "current": {}, "quota_max": {"r": NaN}}], "datasets": [], '
+        '"budget_bytes": 1}': "quota_max['r']=nan: need a finite number ≥ 0",
+        '{"supply": {}, "teams": [{"name": "t", "current": {}, "priority": NaN}], "datasets": [], '
+        '"budget_bytes": 1}': "priority=nan: need a finite number ≥ 0",
+        '{"supply": {}, "teams": [], "datasets": [], "budget_bytes": 1, "storage_cap_bytes": {"r": "x"}}': (
+            "storage_cap_bytes['r']='x': need a finite number ≥ 0"
+        ),
+        '{"supply": {}, "teams": [], "datasets": [{"uri": "d", "bytes": 1, "replicas": "r1"}], '
+        '"budget_bytes": 1}': "replicas must be a list of strings",
+        '{"supply": {}, "teams": [{"name": "t", "current": {}}, {"name": "t", "current": {}}], '
+        '"datasets": [], "budget_bytes": 1}': "team name 't' appears twice",
     }
     for i, (text, message) in enumerate(cases.items()):
         path = tmp_path / f"bad{i}.json"
@@ -292,3 +312,61 @@ def test_collect_reads_the_same_window_whatever_the_offset_of_as_of(ctx):
     for offset_h in (0, 2, -5):
         as_of = until.astimezone(dt.timezone(dt.timedelta(hours=offset_h))).isoformat()
         assert stages.collect_utilization(1.0, as_of=as_of, ctx=ctx)["gpu_hours"] == pytest.approx(8.0), as_of
+
+
+def _usage(run_id, team, region, gpu, gpus, started, ended, dataset):
+    return {
+        "run_id": run_id,
+        "team": team,
+        "region": region,
+        "gpu_type": gpu,
+        "gpus": gpus,
+        "started_at": started,
+        "ended_at": ended,
+        "dataset_uri": dataset,
+    }
+
+
+def test_a_dataset_is_complete_in_the_region_its_sailor_uri_names():
+    # as the placement engine counts it: no copy into its home region, and the team may go there
+    until = dt.datetime(2026, 3, 1, 3, tzinfo=dt.UTC)
+    since = until - dt.timedelta(days=1)
+    uri = "sailor://us-east1/datasets/big"
+    rows = [_usage("r", "t", "us-west1", "A100", 16, since, until, uri)]
+    replicas = [{"dataset_uri": uri, "region": "us-west1", "bytes": 10**12}]
+    supply = {("us-west1", "A100"): 8, ("us-east1", "A100"): 64}
+    for budget in (0, 2 * 10**12):
+        problem, _ = build_problem(rows, replicas, supply, since, until, budget_bytes=budget)
+        assert set(problem.datasets[uri].replicas) == {"us-east1", "us-west1"}
+        solved = solve(problem)
+        assert solved.replicate == [] and solved.max_ratio_after < 1.0
+
+
+def test_usage_of_a_gpu_type_no_region_supplies_is_left_out_and_listed():
+    until = dt.datetime(2026, 3, 1, 3, tzinfo=dt.UTC)
+    since = until - dt.timedelta(days=7)
+    rows = [
+        _usage("a", "big", "us-east1", "A100", 64, since, until, None),
+        _usage("b", "legacy", "us-east1", "K80", 1, since, since + dt.timedelta(minutes=10), None),
+    ]
+    supply = {("us-east1", "A100"): 32, ("us-west1", "A100"): 64}
+    problem, stats = build_problem(rows, [], supply, since, until, budget_bytes=0)
+    assert [t.name for t in problem.teams] == ["big"] and stats["unsupplied_gpu_hours"] == {"K80": 0.166667}
+    assert solve(problem).max_ratio_after <= 1.0  # the night's rebalance still runs for every team
+
+
+def test_an_attempt_ended_without_its_report_still_counts_its_gpu_hours(ctx):
+    from sailor_tasks.stages import collect_utilization
+    from sailor_tasks.stages.attempts import end_orphaned_attempt
+
+    now = dt.datetime.now(dt.UTC)
+    ctx.ledger.upsert_run(
+        "run-1", job_name="j", team="nlp", status="running", backend="local", model="tiny_gpt",
+        dataset_uri="sailor://source/d", request={},
+    )  # fmt: skip
+    placement = {"region": "us-central1", "zone": "us-central1-a", "gpu_type": "A100", "num_gpus": 8}
+    ctx.ledger.start_attempt("run-1", 1, 1, placement, {}, started_at=now - dt.timedelta(hours=10))
+    running = collect_utilization(1.0, as_of=now.isoformat(), ctx=ctx)["gpu_hours"]
+    end_orphaned_attempt(ctx, "run-1")  # its train task died; teardown ended it
+    ended = collect_utilization(1.0, as_of=now.isoformat(), ctx=ctx)["gpu_hours"]
+    assert running == ended == pytest.approx(80.0, rel=1e-3)

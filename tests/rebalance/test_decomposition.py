@@ -169,3 +169,14 @@ def test_rounded_quota_min_beyond_the_budget_names_the_budget_and_the_team(team_
     assert "'z-bad'" in str(err.value)
     if team_block == 1:
         assert "a-early" not in str(err.value)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_one_partition_rounding_uses_regions_the_chosen_copies_already_serve(seed):
+    """A (team, region) pair whose missing data the chosen copies already bring there costs no byte
+    more: the one-partition solve may use it, as a later partition of a decomposed solve does."""
+    problem = generate(6, 2, 80, 150, seed=seed, budget_fraction=0.05, quota_fraction=0.1)
+    one = solve(problem, mip_max_binaries=0, team_block=1000, seed=seed, time_limit_s=30)
+    split = solve(problem, mip_max_binaries=0, team_block=10, seed=seed, time_limit_s=30)
+    assert one.partitions == 1 and split.partitions > 1
+    assert one.max_cell_ratio_after <= split.max_cell_ratio_after + 1e-4
