@@ -186,6 +186,9 @@ class Assignment:
     """region → projected demand/supply ratio under these shares (> 1 means overloaded)."""
     created_at: str = ""
     source: str = ""
+    gpu_shares: Mapping[str, Mapping[str, Mapping[str, float]]] = field(default_factory=dict)
+    """team → GPU type → region → share of the team's demand for that GPU type (each sums to 1):
+    where the rebalance moves a team's demand of each GPU type (``shares`` sums over the types)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,7 @@ assignments = Table(
     Column("source", Text, nullable=False),
     Column("shares", JSON, nullable=False),
     Column("region_load", JSON, nullable=False, default=dict),
+    Column("gpu_shares", JSON, nullable=True),
 )
 
 replicas = Table(

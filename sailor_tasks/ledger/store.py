@@ -112,6 +112,17 @@ def _aware_row(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: aware(v) if isinstance(v, dt.datetime) else v for k, v in row.items()}
 
 
+def _assignment(row: Mapping[str, Any]) -> Assignment:
+    return Assignment(
+        version=row["version"],
+        shares=row["shares"],
+        region_load=row["region_load"] or {},
+        created_at=aware(row["created_at"]).isoformat(),
+        source=row["source"],
+        gpu_shares=row["gpu_shares"] or {},
+    )
+
+
 class Ledger:
     def __init__(self, url: str):
         self.url = url
@@ -774,12 +785,14 @@ class Ledger:
         shares: Mapping[str, Mapping[str, float]],
         source: str,
         region_load: Mapping[str, float] | None = None,
+        gpu_shares: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
     ) -> Assignment:
         """Publish a new version; idempotent: when the newest version has the same source, shares
         and loads (a retried publish of one rebalance run), that version is returned instead."""
         now = utcnow()
         plain = {team: dict(regions) for team, regions in shares.items()}
         load = dict(region_load or {})
+        by_gpu = {team: {g: dict(r) for g, r in per.items()} for team, per in (gpu_shares or {}).items()}
         a = t.assignments.c
         with self.engine.begin() as c:
             newest = c.execute(select(t.assignments).order_by(a.version.desc()).limit(1)).mappings().first()
@@ -788,35 +801,29 @@ class Ledger:
                 and newest["source"] == source
                 and newest["shares"] == plain
                 and (newest["region_load"] or {}) == load
+                and (newest["gpu_shares"] or {}) == by_gpu
             ):
-                return Assignment(
-                    version=newest["version"],
-                    shares=newest["shares"],
-                    region_load=newest["region_load"] or {},
-                    created_at=newest["created_at"].isoformat(),
-                    source=source,
-                )
+                return _assignment(newest)
             res = c.execute(
-                insert(t.assignments).values(created_at=now, source=source, shares=plain, region_load=load)
+                insert(t.assignments).values(
+                    created_at=now, source=source, shares=plain, region_load=load, gpu_shares=by_gpu
+                )
             )
             version = int(res.inserted_primary_key[0])
         return Assignment(
-            version=version, shares=plain, region_load=load, created_at=now.isoformat(), source=source
+            version=version,
+            shares=plain,
+            region_load=load,
+            created_at=now.isoformat(),
+            source=source,
+            gpu_shares=by_gpu,
         )
 
     def latest_assignment(self) -> Assignment | None:
         a = t.assignments.c
         with self.engine.connect() as c:
             row = c.execute(select(t.assignments).order_by(a.version.desc()).limit(1)).mappings().first()
-        if row is None:
-            return None
-        return Assignment(
-            version=row["version"],
-            shares=row["shares"],
-            region_load=row["region_load"] or {},
-            created_at=row["created_at"].isoformat(),
-            source=row["source"],
-        )
+        return None if row is None else _assignment(row)
 
     def record_replica(self, dataset_uri: str, region: str, uri: str, nbytes: int, files: int) -> None:
         with self.engine.begin() as c:

@@ -63,15 +63,31 @@ def overload(ctx: RequestContext) -> np.ndarray:
 
 
 def assignment(ctx: RequestContext) -> np.ndarray:
-    """Charge for deviating from the team's region shares in the current assignment."""
+    """Charge for deviating from the team's region shares in the current assignment: its shares for
+    the candidate's GPU type, or its shares over every type for a type it has none for."""
     a = ctx.state.assignment
-    shares: Mapping[str, float] = a.shares.get(ctx.request.team, {}) if a is not None else {}
-    if not shares:
+    if a is None:
         return np.zeros(ctx.n)
-    top = max(shares.values()) or 1.0
-    r_share = np.array([shares.get(r, 0.0) for r in ctx.index.regions])
-    gap = (top - r_share[ctx.c.region]) / top
-    return compute_cost(ctx) * ASSIGNMENT_WEIGHT * gap
+    team = ctx.request.team
+    overall: Mapping[str, float] = a.shares.get(team, {})
+    per_gpu: Mapping[str, Mapping[str, float]] = a.gpu_shares.get(team, {})
+    if not overall and not per_gpu:
+        return np.zeros(ctx.n)
+
+    def gap(shares: Mapping[str, float]) -> np.ndarray:
+        """Per region: how far below the team's top share (0 at the top, 1 where it has none)."""
+        if not shares:
+            return np.zeros(len(ctx.index.regions))
+        top = max(shares.values()) or 1.0
+        return (top - np.array([shares.get(r, 0.0) for r in ctx.index.regions])) / top
+
+    out = gap(overall)[ctx.c.region]
+    for g, shares in per_gpu.items():
+        g_i = ctx.index.gpu_idx.get(g)
+        if g_i is not None and shares:
+            rows = ctx.c.gpu == g_i
+            out[rows] = gap(shares)[ctx.c.region[rows]]
+    return compute_cost(ctx) * ASSIGNMENT_WEIGHT * out
 
 
 def packing(ctx: RequestContext) -> np.ndarray:
@@ -84,7 +100,9 @@ PREFERENCES: tuple[Preference, ...] = (
     Preference("data_transfer", "region", "egress USD + copy time from the nearest replica", data_transfer),
     Preference("preemption_loss", "zone", "expected USD of work lost to spot preemptions", preemption_loss),
     Preference("overload", "region", "region load vs the assignment (overload > underload)", overload),
-    Preference("assignment", "region", "distance from the team's region shares", assignment),
+    Preference(
+        "assignment", "region", "distance from the team's region shares (for the GPU type)", assignment
+    ),
     Preference("packing", "zone", "fewest VMs (Min-Worker-Set)", packing),
 )
 PREFERENCE_NAMES: tuple[str, ...] = tuple(p.name for p in PREFERENCES)

@@ -160,6 +160,25 @@ def solve_assignment(utilization: JSON, time_limit_s: float = 50.0, comfort_rati
     return solution.to_json()
 
 
+def gpu_type_shares(placement: Mapping[str, Mapping[str, Mapping[str, float]]]) -> dict[str, Any]:
+    """team → GPU type → region → share of the team's demand of that GPU type, from the solver's
+    placement (team → region → GPU type → GPUs); types a team has no demand of are left out."""
+    totals: dict[str, dict[str, float]] = {}
+    for team, regions in placement.items():
+        for per_gpu in regions.values():
+            for gpu, n in per_gpu.items():
+                totals.setdefault(team, {}).setdefault(gpu, 0.0)
+                totals[team][gpu] += n
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for team, regions in placement.items():
+        for region, per_gpu in regions.items():
+            for gpu, n in per_gpu.items():
+                if n > 0 and totals[team][gpu] > 0:
+                    share = round(n / totals[team][gpu], 6)
+                    out.setdefault(team, {}).setdefault(gpu, {})[region] = share
+    return out
+
+
 def publish_assignment(
     solution: JSON, source: str, dry_run: bool = False, ctx: StageContext | None = None
 ) -> JSON:
@@ -172,7 +191,10 @@ def publish_assignment(
         raise StageSkipped("dry run: no assignment published, no data replicated")
     ctx = resolve_ctx(ctx)
     assignment = ctx.ledger.publish_assignment(
-        solution["shares"], source=source, region_load=solution["region_load_after"]
+        solution["shares"],
+        source=source,
+        region_load=solution["region_load_after"],
+        gpu_shares=gpu_type_shares(solution["placement"]),
     )
     logger.info("published assignment v%d for %d teams", assignment.version, len(assignment.shares))
     return {"version": assignment.version, "teams": len(assignment.shares), "copies": solution["replicate"]}

@@ -12,6 +12,26 @@ def test_assignment_round_trips_shares_and_region_load(tmp_path):
     assert a.shares == {"a": {"r1": 0.5, "r2": 0.5}} and a.region_load == {"r1": 0.9, "r2": 0.4}
 
 
+def test_published_shares_keep_where_each_gpu_type_of_a_team_goes(ctx):
+    from sailor_tasks.stages.rebalance import publish_assignment
+
+    # what the solver places: team t's A100s stay in us-east1, 91% of its T4 demand moves west
+    placement = {"t": {"us-east1": {"A100": 9.0, "T4": 0.5}, "europe-west4": {"T4": 5.0}}}
+    solution = {
+        "shares": {"t": {"us-east1": 0.655, "europe-west4": 0.345}},
+        "region_load_after": {"us-east1": 0.8, "europe-west4": 0.7},
+        "placement": placement,
+        "replicate": [],
+    }
+    version = publish_assignment(solution, source="night-1", ctx=ctx)["version"]
+    a = ctx.ledger.latest_assignment()
+    assert a.version == version and a.shares == solution["shares"]
+    assert a.gpu_shares == {
+        "t": {"A100": {"us-east1": 1.0}, "T4": {"us-east1": 0.090909, "europe-west4": 0.909091}}
+    }
+    assert publish_assignment(solution, source="night-1", ctx=ctx)["version"] == version  # a retry
+
+
 def test_utilization_rows_overlap_the_window_with_the_runs_dataset(tmp_path):
     ledger = Ledger(f"sqlite:///{tmp_path}/l.db")
     now = dt.datetime.now(dt.UTC)

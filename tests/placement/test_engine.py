@@ -300,6 +300,24 @@ def test_assignment_share_prefers_the_teams_regions():
     assert p.region == "europe-west4"
 
 
+def test_assignment_shares_of_the_runs_gpu_type_steer_it():
+    # Over both types the team sits mostly in us-east1 (its A100s); its T4 demand moved west.
+    cat = Catalog(tuple(offer(z, gpu=g) for z in ("us-east1-b", "europe-west4-a") for g in ("T4", "A100")))
+    a = Assignment(
+        version=4,
+        shares={"t": {"us-east1": 0.64, "europe-west4": 0.36}},
+        gpu_shares={"t": {"T4": {"europe-west4": 0.91, "us-east1": 0.09}, "A100": {"us-east1": 1.0}}},
+    )
+    state = ClusterState(assignment=a)
+    assert plan(req(gpu_type="T4"), cat, state, "r").region == "europe-west4"
+    assert plan(req(gpu_type="A100"), cat, state, "r").region == "us-east1"
+    assert plan(
+        req(gpu_type="V100"), Catalog((offer("us-east1-b"), offer("europe-west4-a"))), state, "r"
+    ).region == (
+        "us-east1"  # a type it has no shares of follows its shares over every type
+    )
+
+
 def test_explanation_json_lists_winner_runners_up_and_rejections():
     cat = load_catalog()
     result = explain(
