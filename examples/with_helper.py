@@ -73,10 +73,13 @@ def main() -> int:
         return {"model": model_sd, "optim": optim_sd, "step": step}
 
     step = 0
-    loaded = state(0)
-    if run.load_latest(loaded) is not None:
-        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
-        step = int(loaded["step"])
+    # get_state_dict gives an optimizer without state one (an AdamW step at lr 0, counted in its
+    # bias correction): build the dict to load into only when there is a checkpoint to load.
+    if run.latest_step() is not None:
+        loaded = state(0)
+        if run.load_latest(loaded) is not None:
+            set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+            step = int(loaded["step"])
 
     while step < run.total_steps:
         x, y = batch(data, run.seed, step, run.rank, run.world_size)

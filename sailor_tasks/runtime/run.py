@@ -72,6 +72,8 @@ class Run:
     _checkpoint_step: int | None = field(default=None, repr=False)
     _plan: DevicePlan | None = field(default=None, repr=False)
     _vote: Any = field(default=None, repr=False)
+    _ckpt_group: Any = field(default=None, repr=False)
+    """Process group of async saves' background collectives (made by ``init_distributed``)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, handle_sigterm: bool = True) -> Run:
@@ -166,6 +168,10 @@ class Run:
         device = devices.select_device(self.device_plan)
         if self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group(self.device_plan.backend)
+        if dist.is_available() and dist.is_initialized() and self._ckpt_group is None and self._checkpoints is None:
+            # Async saves run their collectives in a background thread: on the training group they
+            # would pair up with other ranks' training collectives (a hang). Every rank is here.
+            self._ckpt_group = dist.new_group(backend="gloo")
         return device
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -191,6 +197,7 @@ class Run:
                 rank=self.rank,
                 keep_latest_k=self.keep_latest_k,
                 distributed=dist.is_available() and dist.is_initialized(),
+                process_group=self._ckpt_group,
                 attempt=self.attempt,
             )
         return self._checkpoints

@@ -62,6 +62,10 @@ class TrainConfig:
             )
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+        if self.num_eval_batches < 1:
+            raise ValueError(f"num_eval_batches={self.num_eval_batches} must be >= 1")
+        if self.log_every_steps < 1:
+            raise ValueError(f"log_every_steps={self.log_every_steps} must be >= 1")
 
     @property
     def checkpoint_uri(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 
 import torch
 
@@ -23,9 +24,14 @@ EVAL_FRACTION = 0.05
 
 class ByteCorpus:
     def __init__(self, tokens: torch.Tensor, seq_len: int, seed: int):
-        if tokens.numel() < 4 * (seq_len + 1):
-            raise ValueError(f"corpus of {tokens.numel()} bytes is too small for seq_len={seq_len}")
         split = int(tokens.numel() * (1 - EVAL_FRACTION))
+        # Each split needs one window of seq_len + 1 bytes and a start to draw (``_sample``).
+        if tokens.numel() < 4 * (seq_len + 1) or min(split, tokens.numel() - split) < seq_len + 2:
+            need = math.ceil((seq_len + 2) / EVAL_FRACTION)
+            raise ValueError(
+                f"corpus of {tokens.numel()} bytes is too small for seq_len={seq_len} "
+                f"(its {EVAL_FRACTION:.0%} eval split needs {seq_len + 2} bytes: about {need} bytes in all)"
+            )
         self.train_tokens, self.eval_tokens = tokens[:split], tokens[split:]
         self.seq_len, self.seed = seq_len, seed
 
@@ -50,6 +56,8 @@ class ByteCorpus:
                 raise DataIntegrityError(uri, f"{entry.sha256} ({entry.size} B)", f"{digest} ({len(data)} B)")
             parts.append(data)
         blob = b"".join(parts)
+        if not blob:
+            raise ValueError(f"{data_uri} holds no bytes ({len(manifest.files)} files, all empty)")
         logger.info("loaded %d files, %.1f MB from %s", len(manifest.files), len(blob) / 1e6, data_uri)
         return cls(torch.frombuffer(bytearray(blob), dtype=torch.uint8).long(), seq_len, seed)
 

@@ -117,6 +117,33 @@ def test_config_rejects_keep_below_two():
         )
 
 
+@pytest.mark.parametrize("field", ["num_eval_batches", "log_every_steps"])
+def test_config_rejects_zero_eval_batches_and_log_interval(field):
+    with pytest.raises(ValueError, match=f"{field}=0 must be >= 1"):
+        TrainConfig(
+            run_id="r",
+            model="tiny_gpt",
+            data_uri="file:///x",
+            output_uri="file:///y",
+            total_steps=1,
+            checkpoint_every_steps=1,
+            **{field: 0},
+        )
+
+
+def test_a_corpus_whose_eval_split_cannot_hold_one_window_is_refused_naming_the_size():
+    import torch
+
+    from sailor_tasks.train.data import ByteCorpus
+
+    with pytest.raises(
+        ValueError, match=r"corpus of 1000 bytes is too small for seq_len=64 .* about 1320 bytes"
+    ):
+        ByteCorpus(torch.zeros(1000, dtype=torch.long), seq_len=64, seed=0)
+    corpus = ByteCorpus(torch.arange(1400) % 256, seq_len=64, seed=0)
+    assert corpus.eval_tokens.numel() >= 66 and corpus.eval_batches(1, 2)[0][0].shape == (2, 64)
+
+
 def test_the_loader_refuses_a_replica_whose_files_do_not_match_the_manifest(data_uri):
     from sailor_tasks.data.manifest import read_manifest
     from sailor_tasks.errors import DataIntegrityError

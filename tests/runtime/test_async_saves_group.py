@@ -1,0 +1,57 @@
+"""``Run.checkpoints.save_async`` with several workers: the background save's collectives run on a
+group of their own, so they never pair up with another rank's training collectives."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.slow
+
+
+def _worker(rank: int, port: int, ckpt: str, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+    )  # fmt: skip
+    from sailor_tasks.runtime.run import Run
+
+    env = dict(
+        os.environ, SAILOR_RUN_ID="r", SAILOR_ATTEMPT="1", SAILOR_DATA_DIR="file:///x",
+        SAILOR_CHECKPOINT_DIR=f"file://{ckpt}", SAILOR_TOTAL_STEPS="10", SAILOR_SEED="0",
+    )  # fmt: skip
+    run = Run.from_env(env, handle_sigterm=False)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))  # a hang shows as an error
+    run.init_distributed()
+    grad = torch.full((1000,), float(rank + 1))
+    # The ranks reach the async save and their next gradient all-reduce in opposite orders, as
+    # ordinary skew between ranks makes them do.
+    if rank == 1:
+        dist.all_reduce(grad)
+        time.sleep(0.5)
+        run.checkpoints.save_async(1, {"w": torch.zeros(1000)})
+    else:
+        run.checkpoints.save_async(1, {"w": torch.zeros(1000)})
+        time.sleep(0.5)
+        dist.all_reduce(grad)
+    run.checkpoints.wait()
+    with open(os.path.join(out, f"rank-{rank}"), "w") as f:
+        f.write(str(grad[:3].tolist()))
+    os._exit(0)
+
+
+def test_an_async_save_and_a_training_all_reduce_in_either_order_on_two_ranks(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "out").mkdir()
+    mp.spawn(_worker, args=(port, str(tmp_path / "ckpt"), str(tmp_path / "out")), nprocs=2)
+    for rank in (0, 1):
+        assert (tmp_path / "out" / f"rank-{rank}").read_text() == "[3.0, 3.0, 3.0]"
