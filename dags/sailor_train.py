@@ -4,8 +4,9 @@
 Trigger with params (the form groups them by section). Stages, each a task calling one function of
 `sailor_tasks.stages` through `run_stage`:
 
-`validate → plan → place_data → provision → train → finalize`, and `teardown` (always runs once
-capacity was reserved: removes the cluster first, then releases the reservation, each retried).
+`validate → plan → place_data → provision → train → finalize`, and `teardown` (runs once `validate`
+succeeded, whatever happened after: takes the run out of the queue, removes the cluster first,
+then releases the reservation, each retried).
 
 - **validate**: params → a frozen `JobRequest`; bad values fail here, nothing is reserved or copied.
 - **plan** (`SailorPlanOperator`): the run's market `strategy` (default `sailor`: spot while the
@@ -127,7 +128,10 @@ def sailor_train():
     result = train.output
     data >> cluster >> result
     done = finalize(request, placement, data, result)
-    done >> release_capacity().as_teardown(setups=plan)
+    # validate is a setup too: plan may end failed (cancelled while deferred in the queue, its
+    # trigger failing) after it queued or reserved the run, and a teardown runs only when one of
+    # its setups succeeded; teardown (idempotent) must still take the run out of the queue.
+    done >> release_capacity().as_teardown(setups=[request.operator, plan])
 
 
 sailor_train()

@@ -21,6 +21,9 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 POLL_S = 5.0
 """Seconds between two reads of the queue entry."""
+READ_ERRORS_TOLERATED = 60
+"""Consecutive failed reads of the queue entry (the ledger briefly unreachable) retried at the next
+poll before the trigger fails (about 5 min at ``POLL_S``)."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -54,8 +57,18 @@ class QueueAdmissionTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         recheck = dt.datetime.fromisoformat(self.recheck_at) if self.recheck_at else None
+        errors = 0
         while True:
-            state = await asyncio.to_thread(read_state, self.run_id)
+            try:
+                state = await asyncio.to_thread(read_state, self.run_id)
+                errors = 0
+            except Exception as exc:  # the ledger briefly unreachable: retried at the next poll
+                errors += 1
+                if errors >= READ_ERRORS_TOLERATED:
+                    raise
+                self.log.warning("reading the queue entry of %s failed (%s); retrying", self.run_id, exc)
+                await asyncio.sleep(self.poll_s)
+                continue
             if state != "queued":
                 yield TriggerEvent({"run_id": self.run_id, "state": state})
                 return

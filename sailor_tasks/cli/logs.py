@@ -154,8 +154,8 @@ class LocalLogs:
     def done(self) -> bool:
         """The ledger's status of a sailor_train run is final and teardown has recorded its end in
         the ledger (its log file appears when it starts, long before it has stopped and released
-        anything). A run that was never placed (rejected at ``validate``, failed at ``plan``) never
-        runs teardown (its setup, ``plan``, did not succeed): its final status is the end."""
+        anything), or the run was rejected at ``validate``: teardown, whose setups are ``validate``
+        and ``plan``, never runs for it."""
         if self.dag_id != "sailor_train":
             return False
         from sailor_tasks.ledger import Ledger
@@ -167,11 +167,9 @@ class LocalLogs:
         run = self._ledger.get_run(self.run_id)
         if not run or run["status"] not in RUN_STATUSES_DONE:
             return False
-        if any(s["stage"] == "teardown" for s in self._ledger.stage_timings(self.run_id)):
-            return True
-        # teardown runs only once plan (its setup) placed the run: a run rejected at validate or
-        # failed at plan (no offer, queue time-out) never runs it
-        return not self._ledger.placements(self.run_id)
+        return run["status"] == "rejected" or any(
+            s["stage"] == "teardown" for s in self._ledger.stage_timings(self.run_id)
+        )
 
 
 class ApiLogs:

@@ -173,8 +173,8 @@ def plan(
 
 def _end_unplaced_run(ctx: StageContext, run_id: str, exc: Exception) -> None:
     """The run's first plan failed for good (no offer, the queue refused it or gave up on it):
-    record it failed with the error. ``teardown``, which ends every other unfinished run, does not
-    run after a failed ``plan`` (its setup), so the run would stay ``validated`` for ever."""
+    record it failed with the error (``teardown``, which runs next, ends an unfinished run without
+    saying why)."""
     run = ctx.ledger.get_run(run_id)
     if run and run["status"] not in RUN_STATUSES_DONE:  # a cancel or a reclaim already ended it
         ctx.ledger.upsert_run(run_id, status="failed", error=f"{type(exc).__name__}: {exc}"[:4000])

@@ -98,3 +98,54 @@ def test_the_trigger_fires_at_its_recheck_and_a_timed_out_run_fails_naming_what_
     assert _first_event(trigger) == {"run_id": "run-2", "state": "timed_out"}
     with pytest.raises(AirflowFailException, match=r"QueueTimeoutError: .*waited 0.5 h .*2x T4 GPUs"):
         op.resume_plan({"run_id": "run-2"}, {"state": "timed_out"})
+
+
+def test_a_read_of_the_queue_entry_that_fails_is_retried_at_the_next_poll(monkeypatch):
+    from sailor_tasks.airflow_glue import queue_trigger
+
+    reads = []
+
+    def read_state(run_id):
+        reads.append(run_id)
+        if len(reads) == 1:
+            raise ConnectionError("ledger briefly unreachable")
+        return "admitted"
+
+    monkeypatch.setattr(queue_trigger, "read_state", read_state)
+    trigger = queue_trigger.QueueAdmissionTrigger(run_id="run-1", recheck_at=None, poll_s=0.01)
+    assert _first_event(trigger) == {"run_id": "run-1", "state": "admitted"} and len(reads) == 2
+
+
+@pytest.mark.slow
+def test_a_run_whose_plan_fails_while_queued_is_torn_down_and_leaves_the_queue(
+    tight, demo_dataset, monkeypatch
+):
+    """Cancelled (or its trigger failed) while plan waits in the queue: plan ends failed, and
+    teardown must still take the run out of the queue, or a later admission pass hands it GPUs."""
+    import os
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from sailor_tasks.airflow_glue.operators import SailorPlanOperator
+
+    ctx = tight
+    stages.plan(_request(ctx, "holder", demo_dataset), "holder", ctx)  # takes the only 2 T4s
+    real_plan = SailorPlanOperator._plan
+
+    def cancelled_while_deferred(self, context):
+        try:
+            return real_plan(self, context)
+        except TaskDeferred:
+            raise RuntimeError("the dag run was marked failed while plan was deferred") from None
+
+    monkeypatch.setattr(SailorPlanOperator, "_plan", cancelled_while_deferred)
+    dag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags["sailor_train"]
+    dag.get_task("plan").retries = 0
+    dagrun = dag.test(run_conf={"dataset_uri": demo_dataset, "num_workers": 2, "gpu_type": "T4"})
+    states = {ti.task_id: ti.state for ti in dagrun.get_task_instances()}
+    assert states["plan"] == "failed" and states["teardown"] == "success", states
+    assert ctx.ledger.queue_entry(dagrun.run_id)["state"] == "left"
+    assert ctx.ledger.get_run(dagrun.run_id)["status"] == "failed"
+    assert stages.teardown("holder", ctx)["admitted"] == []  # the capacity freed goes to no dead run
+    assert ctx.ledger.live_reservations() == []
