@@ -280,5 +280,6 @@ PERMANENT_ERRORS: tuple[type[Exception], ...] = (
     DeadlineUnmeetableError,
     QueueRejectedError,
     LeaseReclaimedError,
+    LedgerSchemaError,
 )
 """Errors that retrying cannot fix (or must not undo: a cancel): the task fails at once."""

@@ -24,6 +24,7 @@ import pytest
 
 from sailor_tasks import stages, storage
 from sailor_tasks.backends import gke
+from sailor_tasks.errors import LedgerSchemaError, NoFeasibleOfferError
 from sailor_tasks.model import run_key
 from sailor_tasks.testing.gcs_emulator import free_port
 from tests.backends.test_gke import FakeClusterManager
@@ -777,3 +778,24 @@ def test_a_trigger_serialised_before_it_renewed_leases_still_runs_without_renewi
         gke_env.core.pods[name]["exit"] = 0
     deferred.value.trigger = trigger
     assert _trigger_event(gke_env, deferred.value, timeout_s=30)["status"] == "success"
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (LedgerSchemaError("the ledger is at revision zz9, unknown to this SAILOR"), False),
+        (NoFeasibleOfferError("1x T4", {"gpu_type": 3}), False),
+        (ConnectionError("ledger briefly unreachable"), True),
+    ],
+)
+def test_run_stage_fails_at_once_on_what_a_retry_cannot_fix(error, retried):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from sailor_tasks.airflow_glue.stage import run_stage
+
+    def stage():
+        raise error
+
+    with pytest.raises(Exception) as raised:
+        run_stage(stage)
+    assert isinstance(raised.value, AirflowFailException) is not retried
