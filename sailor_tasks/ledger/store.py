@@ -259,12 +259,17 @@ class Ledger:
     def renew_reservation_lease(self, run_id: str, lease_s: float = DEFAULT_LEASE_S, holder: str = "heartbeat") -> bool:
         """Extend the lease of the run's live reservation to ``lease_s`` from now; False when the
         run holds no live reservation (released or reclaimed: nothing to renew)."""
-        cols = t.reservations.c
-        with self.engine.begin() as c:
+        cols, lc = t.reservations.c, t.reservation_leases.c
+        # One serialised transaction (SQLite BEGIN IMMEDIATE; PostgreSQL locks the reservation
+        # row, as reclaim does): a reclaim can never slip between the check and the new lease.
+        with self._locking_engine.begin() as c:
             live = c.execute(
-                select(cols.run_id).where(cols.run_id == run_id, cols.released_at.is_(None))
+                select(cols.run_id).where(cols.run_id == run_id, cols.released_at.is_(None)).with_for_update()
             ).first()
             if live is None:
+                return False
+            claimed = c.execute(select(lc.reclaimed_at).where(lc.run_id == run_id)).scalar_one_or_none()
+            if claimed is not None:  # the reconciler is stopping the run: too late to renew
                 return False
             _put_lease(c, run_id, lease_s, holder)
         return True
@@ -333,14 +338,46 @@ class Ledger:
         with self.engine.connect() as c:
             return [Reservation(*r) for r in c.execute(q).all()]
 
-    def reclaim(self, run_id: str, now: dt.datetime | None = None) -> bool:
-        """Release the run's reservation if its lease is still expired (checked in the same
-        transaction, so a renewal that just happened wins); True when it was reclaimed."""
+    def claim_expired(self, run_id: str, now: dt.datetime | None = None) -> bool:
+        """Fence the run's expired lease before its backend is stopped: in one transaction, if the
+        reservation is live and its lease still expired (a renewal that just happened wins), mark
+        the lease reclaimed so that no later renewal succeeds (``hold_lease`` then raises
+        ``LeaseReclaimedError``); the capacity stays held until ``reclaim``. True when the lease
+        is (now or already) claimed."""
         now = now or utcnow()
         cols, lc = t.reservations.c, t.reservation_leases.c
         with self._locking_engine.begin() as c:
+            live = c.execute(
+                select(cols.run_id).where(cols.run_id == run_id, cols.released_at.is_(None)).with_for_update()
+            ).first()
+            if live is None:
+                return False
+            c.execute(
+                update(t.reservation_leases)
+                .where(lc.run_id == run_id, lc.expires_at < now, lc.reclaimed_at.is_(None))
+                .values(reclaimed_at=now)
+            )
+            claimed = c.execute(
+                select(lc.run_id).where(lc.run_id == run_id, lc.reclaimed_at.is_not(None))
+            ).first()
+            return claimed is not None
+
+    def reclaim(self, run_id: str, now: dt.datetime | None = None) -> bool:
+        """Release the run's reservation if its lease is still expired or was claimed
+        (``claim_expired``), checked in the same transaction, so a renewal that just happened
+        wins; True when it was reclaimed."""
+        now = now or utcnow()
+        cols, lc = t.reservations.c, t.reservation_leases.c
+        with self._locking_engine.begin() as c:
+            live = c.execute(
+                select(cols.run_id).where(cols.run_id == run_id, cols.released_at.is_(None)).with_for_update()
+            ).first()
+            if live is None:
+                return False
             expired = c.execute(
-                select(lc.run_id).where(lc.run_id == run_id, lc.expires_at < now, lc.reclaimed_at.is_(None))
+                select(lc.run_id).where(
+                    lc.run_id == run_id, (lc.expires_at < now) | lc.reclaimed_at.is_not(None)
+                )
             ).first()
             if expired is None:
                 return False
@@ -963,7 +1000,6 @@ class Ledger:
         transaction, serialised like ``reserve_if_free`` (SQLite ``BEGIN IMMEDIATE``, PostgreSQL
         an advisory lock on the name)."""
         cols = t.leases.c
-        now = time.time()
         with self._locking_engine.begin() as c:
             if self._locking_engine.dialect.name == "postgresql":
                 import zlib
@@ -971,6 +1007,7 @@ class Ledger:
                 c.execute(
                     text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(name.encode()) - (1 << 31)}
                 )
+            now = time.time()  # once the lock is held: a wait for it must not shorten the lease
             row = c.execute(select(cols.holder, cols.expires_at).where(cols.name == name)).first()
             if row is not None and row.holder != holder and row.expires_at > now:
                 return False

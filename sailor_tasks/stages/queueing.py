@@ -619,6 +619,10 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
     now = now or utcnow()
     reclaimed, errors = [], []
     for res in ctx.ledger.expired_leases(now):
+        # Fence the lease first: a renewal that landed since expired_leases() wins, and none can
+        # land after, so a run is never stopped while its reservation stays held.
+        if not ctx.ledger.claim_expired(res.run_id, now):
+            continue
         run = ctx.ledger.get_run(res.run_id) or {}
         name = run.get("backend") if run.get("backend") in BACKENDS else ctx.settings.backend
         try:
