@@ -112,6 +112,15 @@ def _aware_row(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: aware(v) if isinstance(v, dt.datetime) else v for k, v in row.items()}
 
 
+def _lock_live_reservation(c: Any, run_id: str) -> bool:
+    """Whether ``run_id`` holds a live reservation, its row locked to the end of the transaction
+    on PostgreSQL (SQLite's ``BEGIN IMMEDIATE`` has locked the whole ledger already): renewals,
+    claims and reclaims of one reservation are serialised."""
+    cols = t.reservations.c
+    live = select(cols.run_id).where(cols.run_id == run_id, cols.released_at.is_(None)).with_for_update()
+    return c.execute(live).first() is not None
+
+
 def _assignment(row: Mapping[str, Any]) -> Assignment:
     return Assignment(
         version=row["version"],
@@ -259,14 +268,11 @@ class Ledger:
     def renew_reservation_lease(self, run_id: str, lease_s: float = DEFAULT_LEASE_S, holder: str = "heartbeat") -> bool:
         """Extend the lease of the run's live reservation to ``lease_s`` from now; False when the
         run holds no live reservation (released or reclaimed: nothing to renew)."""
-        cols, lc = t.reservations.c, t.reservation_leases.c
+        lc = t.reservation_leases.c
         # One serialised transaction (SQLite BEGIN IMMEDIATE; PostgreSQL locks the reservation
         # row, as reclaim does): a reclaim can never slip between the check and the new lease.
         with self._locking_engine.begin() as c:
-            live = c.execute(
-                select(cols.run_id).where(cols.run_id == run_id, cols.released_at.is_(None)).with_for_update()
-            ).first()
-            if live is None:
+            if not _lock_live_reservation(c, run_id):
                 return False
             claimed = c.execute(select(lc.reclaimed_at).where(lc.run_id == run_id)).scalar_one_or_none()
             if claimed is not None:  # the reconciler is stopping the run: too late to renew
@@ -345,12 +351,9 @@ class Ledger:
         ``LeaseReclaimedError``); the capacity stays held until ``reclaim``. True when the lease
         is (now or already) claimed."""
         now = now or utcnow()
-        cols, lc = t.reservations.c, t.reservation_leases.c
+        lc = t.reservation_leases.c
         with self._locking_engine.begin() as c:
-            live = c.execute(
-                select(cols.run_id).where(cols.run_id == run_id, cols.released_at.is_(None)).with_for_update()
-            ).first()
-            if live is None:
+            if not _lock_live_reservation(c, run_id):
                 return False
             c.execute(
                 update(t.reservation_leases)
@@ -369,10 +372,7 @@ class Ledger:
         now = now or utcnow()
         cols, lc = t.reservations.c, t.reservation_leases.c
         with self._locking_engine.begin() as c:
-            live = c.execute(
-                select(cols.run_id).where(cols.run_id == run_id, cols.released_at.is_(None)).with_for_update()
-            ).first()
-            if live is None:
+            if not _lock_live_reservation(c, run_id):
                 return False
             expired = c.execute(
                 select(lc.run_id).where(
