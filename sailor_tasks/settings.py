@@ -22,7 +22,8 @@ run at another state folder without touching code.
 |                          |                                           | (las, fifo, ftf, edf)                |
 | SAILOR_TEAM_WEIGHTS      | (none: every team 1)                      | ``team=weight,...`` for ``las``      |
 | SAILOR_LEASE_S           | ``900``                                   | seconds a reservation's lease lasts  |
-|                          |                                           | without a renewal                    |
+|                          |                                           | without a renewal (>= 3 on local,    |
+|                          |                                           | >= 45 on gke)                        |
 
 SAILOR's own buckets (``source`` and the regions, through the bucket template) are always readable
 by a run, except their ``runs/`` folders; nothing else of the state folder is.
@@ -39,6 +40,13 @@ BACKENDS = ("local", "gke")
 QUEUE_POLICIES = ("las", "fifo", "ftf", "edf")
 """Policies the live queue admits by (``sailor_tasks.queue``); ``las`` is the default."""
 DEFAULT_LEASE_S = 900.0
+LEASE_RENEWAL_S = {"local": 1.0, "gke": 15.0}
+"""Per backend, the longest interval between two renewals of a running run's lease: a stage's
+heartbeat beats every third of the lease but at most once a second; on ``gke`` the triggers that
+follow a deferred attempt renew it at each poll (``airflow_glue.gcp.POD_POLL_INTERVAL_S``)."""
+LEASE_RENEWALS = 3
+"""A lease must last this many renewal intervals: two renewals may fail (the ledger briefly
+unreachable, a slow poll) before it expires under a run that is alive."""
 SOURCE_BUCKET = "source"
 """Name of the bucket that holds datasets before SAILOR places them (``sailor://source/...``)."""
 DEFAULT_COMMAND_ROOT = str(Path(__file__).resolve().parent.parent / "examples")
@@ -85,10 +93,18 @@ class Settings:
             raise ValueError(
                 f"SAILOR_QUEUE_POLICY={policy!r} is not a queue policy; valid: {', '.join(QUEUE_POLICIES)}"
             )
+        lease_s = _positive("SAILOR_LEASE_S", env.get("SAILOR_LEASE_S") or str(DEFAULT_LEASE_S))
+        shortest = LEASE_RENEWALS * LEASE_RENEWAL_S[backend]
+        if lease_s < shortest:
+            raise ValueError(
+                f"SAILOR_LEASE_S={env.get('SAILOR_LEASE_S')!r}: need at least {shortest:g} seconds with "
+                f"SAILOR_BACKEND={backend} ({LEASE_RENEWALS} renewals of a running run, one every "
+                f"{LEASE_RENEWAL_S[backend]:g} s at most); default {DEFAULT_LEASE_S:g}"
+            )
         return cls(
             queue_policy=policy,
             team_weights=parse_team_weights(env.get("SAILOR_TEAM_WEIGHTS", "")),
-            lease_s=_positive("SAILOR_LEASE_S", env.get("SAILOR_LEASE_S") or str(DEFAULT_LEASE_S)),
+            lease_s=lease_s,
             state_dir=state_dir,
             ledger_url=env.get("SAILOR_LEDGER_URL") or f"sqlite:///{state_dir}/ledger.db",
             bucket_template=env.get("SAILOR_BUCKET_TEMPLATE") or "file://{state_dir}/buckets/{bucket}",

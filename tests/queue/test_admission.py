@@ -150,3 +150,18 @@ def test_queue_settings_refuse_bad_values_naming_them():
         Settings.from_env({**base, "SAILOR_TEAM_WEIGHTS": "ml"})
     with pytest.raises(ValueError, match=r"SAILOR_LEASE_S='0'"):
         Settings.from_env({**base, "SAILOR_LEASE_S": "0"})
+
+
+def test_a_lease_shorter_than_three_renewals_is_refused():
+    """A heartbeat beats at most once a second and the GKE triggers renew at each 15 s poll: a
+    shorter lease would expire under a run that is alive."""
+    from sailor_tasks.settings import Settings
+
+    base = {"SAILOR_STATE_DIR": "/tmp/sailor-settings-test"}
+    with pytest.raises(ValueError, match=r"SAILOR_LEASE_S='2.5': need at least 3 seconds with SAILOR_BACKEND=local"):
+        Settings.from_env({**base, "SAILOR_LEASE_S": "2.5"})
+    assert Settings.from_env({**base, "SAILOR_LEASE_S": "3"}).lease_s == 3
+    gke = {**base, "SAILOR_BACKEND": "gke"}
+    with pytest.raises(ValueError, match=r"SAILOR_LEASE_S='30': need at least 45 seconds with SAILOR_BACKEND=gke"):
+        Settings.from_env({**gke, "SAILOR_LEASE_S": "30"})
+    assert Settings.from_env({**gke, "SAILOR_LEASE_S": "45"}).lease_s == 45

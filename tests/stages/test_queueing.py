@@ -244,10 +244,10 @@ def test_a_data_copy_longer_than_the_lease_keeps_the_run_leased(tight, demo_data
 
     from sailor_tasks.stages import StageContext, prepare
 
-    monkeypatch.setenv("SAILOR_LEASE_S", "1.5")  # a beat every second
+    monkeypatch.setenv("SAILOR_LEASE_S", "3")  # the shortest lease: a beat every second
     ctx = StageContext(Settings.from_env())
     ctx.__dict__["catalog"] = tight.catalog
-    assert ctx.settings.lease_s == 1.5
+    assert ctx.settings.lease_s == 3
     request = submit(ctx, "run-1", demo_dataset)
     placement = stages.plan(request, "run-1", ctx)
     planned = ctx.ledger.reservation_leases()["run-1"]
@@ -255,7 +255,7 @@ def test_a_data_copy_longer_than_the_lease_keeps_the_run_leased(tight, demo_data
     seen = {}
 
     def slow_copy(*args, **kwargs):
-        time.sleep(3.5)  # more than twice the lease
+        time.sleep(6.5)  # more than twice the lease
         seen["lease"] = ctx.ledger.reservation_leases()["run-1"]
         seen["reconcile"] = stages.reconcile(ctx)  # the real clock: nothing expired
         return real_copy(*args, **kwargs)
