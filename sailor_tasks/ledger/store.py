@@ -221,8 +221,13 @@ class Ledger:
         cols = t.reservations.c
         with self._locking_engine.begin() as c:
             if admit is not None:
+                # Locked until this transaction ends (PostgreSQL; SQLite's BEGIN IMMEDIATE already
+                # holds every writer off): a teardown taking the run out of the queue, or another
+                # admission pass, waits, then finds it admitted.
                 q = t.queue_entries.c
-                state = c.execute(select(q.state).where(q.run_id == r.run_id)).scalar_one_or_none()
+                state = c.execute(
+                    select(q.state).where(q.run_id == r.run_id).with_for_update()
+                ).scalar_one_or_none()
                 if state != "queued":
                     return False
             if self._locking_engine.dialect.name == "postgresql":
@@ -410,7 +415,9 @@ class Ledger:
         now = utcnow()
         q = t.queue_entries.c
         with self._locking_engine.begin() as c:
-            state = c.execute(select(q.state).where(q.run_id == run_id)).scalar_one_or_none()
+            state = c.execute(
+                select(q.state).where(q.run_id == run_id).with_for_update()
+            ).scalar_one_or_none()
             if state not in ("queued", "admitted"):
                 _replace_row(
                     c,

@@ -158,10 +158,14 @@ def test_a_lease_shorter_than_three_renewals_is_refused():
     from sailor_tasks.settings import Settings
 
     base = {"SAILOR_STATE_DIR": "/tmp/sailor-settings-test"}
-    with pytest.raises(ValueError, match=r"SAILOR_LEASE_S='2.5': need at least 3 seconds with SAILOR_BACKEND=local"):
+    with pytest.raises(
+        ValueError, match=r"SAILOR_LEASE_S='2.5': need at least 3 seconds with SAILOR_BACKEND=local"
+    ):
         Settings.from_env({**base, "SAILOR_LEASE_S": "2.5"})
     assert Settings.from_env({**base, "SAILOR_LEASE_S": "3"}).lease_s == 3
     gke = {**base, "SAILOR_BACKEND": "gke"}
-    with pytest.raises(ValueError, match=r"SAILOR_LEASE_S='30': need at least 45 seconds with SAILOR_BACKEND=gke"):
+    with pytest.raises(
+        ValueError, match=r"SAILOR_LEASE_S='30': need at least 45 seconds with SAILOR_BACKEND=gke"
+    ):
         Settings.from_env({**gke, "SAILOR_LEASE_S": "30"})
     assert Settings.from_env({**gke, "SAILOR_LEASE_S": "45"}).lease_s == 45
