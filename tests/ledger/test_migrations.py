@@ -321,18 +321,6 @@ def test_ledgers_opening_a_new_ledger_at_once_all_get_the_head(tmp_path):
 
 
 # --- PostgreSQL ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory):
-    from sailor_tasks.testing.airflow_stack import Postgres
-
-    pg = Postgres(tmp_path_factory.mktemp("pg"))
-    pg.start()
-    try:
-        yield pg
-    finally:
-        pg.stop()
-
-
 def test_postgresql_ledger_written_without_migrations_is_adopted_with_its_rows(postgres):
     url = postgres.create_database("ledger_adopt")
     engine = create_engine(url)
