@@ -117,12 +117,21 @@ def _copy_one(src: str, dst: str) -> tuple[str, int, str]:
     target = storage.temporary_name(dpath) if local else dpath
     digest, crc, size = hashlib.sha256(), google_crc32c.Checksum(), 0
     try:
-        with sfs.open(spath, "rb") as fin, dfs.open(target, "wb") as fout:
-            while chunk := fin.read(CHUNK_BYTES):
-                digest.update(chunk)
-                crc.update(chunk)
-                fout.write(chunk)
-                size += len(chunk)
+        fout = dfs.open(target, "wb")
+        try:
+            with sfs.open(spath, "rb") as fin:
+                while chunk := fin.read(CHUNK_BYTES):
+                    digest.update(chunk)
+                    crc.update(chunk)
+                    fout.write(chunk)
+                    size += len(chunk)
+        except BaseException:
+            if local:
+                fout.close()  # the temporary, removed below
+            else:
+                _abandon_upload(fout)
+            raise
+        fout.close()  # an object store publishes the object here, complete
         if local:
             os.replace(target, dpath)
     except BaseException:
@@ -131,6 +140,16 @@ def _copy_one(src: str, dst: str) -> tuple[str, int, str]:
                 os.unlink(target)
         raise
     return digest.hexdigest(), size, crc.hexdigest().decode()
+
+
+def _abandon_upload(fout: Any) -> None:
+    """Drop an unfinished object-store upload without publishing it: fsspec's buffered files
+    commit what they hold when closed (``__exit__`` and ``__del__`` close them, even after an
+    error), so the partial bytes would appear under the object's final name."""
+    with contextlib.suppress(Exception):
+        if hasattr(fout, "discard"):
+            fout.discard()  # gcsfs: cancels a resumable upload already started
+    fout.closed = True  # never flushed by a later close()
 
 
 def _is_object_store(uri: str) -> bool:
