@@ -45,9 +45,19 @@ class Supply:
 
 def parse_supply(doc: Mapping[str, Any]) -> Supply:
     """Build a ``Supply`` from the YAML document; ValueError names the bad entry."""
+    if not isinstance(doc, Mapping):
+        raise ValueError(
+            f"supply file: expected a mapping with version, defaults, regions, zones; got {doc!r:.80}"
+        )
     if doc.get("version") != 1:
         raise ValueError(f"supply file version={doc.get('version')!r}; valid: 1")
+    for key in ("defaults", "regions", "zones"):
+        if not isinstance(doc.get(key) or {}, Mapping):
+            raise ValueError(f"{key}={doc[key]!r:.80}: need a mapping")
     defaults = doc.get("defaults") or {}
+    for key in ("capacity_gpus", "preemption_rate_per_hour"):
+        if not isinstance(defaults.get(key) or {}, Mapping):
+            raise ValueError(f"defaults.{key}={defaults[key]!r:.80}: need a mapping of GPU type to number")
     caps, rates = defaults.get("capacity_gpus") or {}, defaults.get("preemption_rate_per_hour") or {}
     for gpu, n in caps.items():
         if not isinstance(n, int) or n < 0:
@@ -57,14 +67,30 @@ def parse_supply(doc: Mapping[str, Any]) -> Supply:
             raise ValueError(f"defaults.preemption_rate_per_hour.{gpu}={r!r}: need a number >= 0")
     multipliers = {}
     for region, spec in (doc.get("regions") or {}).items():
+        if not isinstance(spec or {}, Mapping):
+            raise ValueError(f"regions.{region}={spec!r:.80}: need a mapping (capacity_multiplier)")
         m = (spec or {}).get("capacity_multiplier", 1.0)
         if not isinstance(m, int | float) or m < 0:
             raise ValueError(f"regions.{region}.capacity_multiplier={m!r}: need a number >= 0")
         multipliers[region] = float(m)
-    zones = {
-        zone: {gpu: dict(v) for gpu, v in (spec or {}).items()}
-        for zone, spec in (doc.get("zones") or {}).items()
-    }
+    zones: dict[str, dict[str, dict[str, Any]]] = {}
+    for zone, spec in (doc.get("zones") or {}).items():
+        if not isinstance(spec or {}, Mapping):
+            raise ValueError(f"zones.{zone}={spec!r:.80}: need a mapping of GPU type to overrides")
+        zones[zone] = {}
+        for gpu, v in (spec or {}).items():
+            if not isinstance(v or {}, Mapping):
+                raise ValueError(
+                    f"zones.{zone}.{gpu}={v!r:.80}: need capacity_gpus and/or preemption_rate_per_hour"
+                )
+            entry = dict(v or {})
+            n = entry.get("capacity_gpus", 0)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ValueError(f"zones.{zone}.{gpu}.capacity_gpus={n!r}: need an integer >= 0")
+            r = entry.get("preemption_rate_per_hour", 0.0)
+            if not isinstance(r, int | float) or isinstance(r, bool) or r < 0:
+                raise ValueError(f"zones.{zone}.{gpu}.preemption_rate_per_hour={r!r}: need a number >= 0")
+            zones[zone][gpu] = entry
     return Supply(dict(caps), {k: float(v) for k, v in rates.items()}, multipliers, zones)
 
 
@@ -75,7 +101,11 @@ def load_supply(path: str | None = None) -> Supply:
     else:
         with open(path) as f:
             text = f.read()
-    return parse_supply(yaml.safe_load(text))
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"supply file {path or PACKAGED_SUPPLY}: not valid YAML ({exc})") from None
+    return parse_supply(doc)
 
 
 def apply_supply(offers: tuple[Offer, ...], supply: Supply) -> tuple[Offer, ...]:
