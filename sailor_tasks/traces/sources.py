@@ -60,9 +60,25 @@ def _from_stem(stem: str) -> tuple[str | None, str | None]:
     return (stem, None) if _is_zone(stem) else (None, None)
 
 
+def _number(value: object, where: str, *, count: bool = False) -> float:
+    """``value`` as a number (a GPU count: an integral one >= 0); ValueError naming ``where``."""
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}={value!r} is not a number") from None
+    if x != x or x in (float("inf"), float("-inf")):
+        raise ValueError(f"{where}={value!r} is not a finite number")
+    if count and (x < 0 or not x.is_integer()):
+        raise ValueError(f"{where}={value!r} must be a whole number of GPUs >= 0")
+    return x
+
+
 def _from_times(points: list[dict], source: str) -> AvailabilityTrace:
-    times = [float(p["Time"]) for p in points]
-    counts = [int(p["GPUs"]) for p in points]
+    for i, p in enumerate(points):
+        if not isinstance(p, dict) or not {"Time", "GPUs"} <= p.keys():
+            raise ValueError(f"{source}: entry [{i}]={p!r:.80} needs 'Time' and 'GPUs'")
+    times = [_number(p["Time"], f"{source}: [{i}].Time") for i, p in enumerate(points)]
+    counts = [int(_number(p["GPUs"], f"{source}: [{i}].GPUs", count=True)) for i, p in enumerate(points)]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
     gap = statistics.median(gaps) if gaps else 3600.0
     return AvailabilityTrace(gap, tuple(counts), "available_count", source)
@@ -86,8 +102,11 @@ def load_csv(path: Path) -> list[ZoneTrace]:
     if len(rows) < 2 or "Timestamp" not in rows[0]:
         return []
     header = rows[0]
+    for line, r in enumerate(rows[1:], start=2):
+        if len(r) != len(header):
+            raise ValueError(f"{path}:{line}: {len(r)} fields, the header has {len(header)}")
     ts_col = header.index("Timestamp")
-    times = [float(r[ts_col]) for r in rows[1:]]
+    times = [_number(r[ts_col], f"{path}:{line}: Timestamp") for line, r in enumerate(rows[1:], start=2)]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
     gap = statistics.median(gaps) if gaps else 3600.0
     out = []
@@ -95,7 +114,10 @@ def load_csv(path: Path) -> list[ZoneTrace]:
         if col == ts_col or "_" not in name:
             continue
         zone, gpu = _from_stem(name)
-        data = tuple(int(float(r[col])) for r in rows[1:])
+        data = tuple(
+            int(_number(r[col], f"{path}:{line}: {name}", count=True))
+            for line, r in enumerate(rows[1:], start=2)
+        )
         trace = AvailabilityTrace(gap, data, "available_count", f"{path}:{name}")
         out.append(ZoneTrace(f"{path.stem}:{name}", trace, zone, gpu))
     return out

@@ -1,0 +1,28 @@
+"""Malformed availability sources (``sailor simulate --strategy ... --availability``) must fail with
+a ValueError naming the file and the bad value (the CLI reports ValueError as an error message),
+not a KeyError/IndexError traceback or a silently accepted negative GPU count."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sailor_tasks.traces.sources import load_sources
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "fragment"),
+    [
+        ("V100_us-west1-b.json", json.dumps([{"Time": 0, "GPUs": 2}, {"Time": 60}]), "GPUs"),
+        ("V100_us-west1-b.json", json.dumps([{"Time": 0, "GPUs": 2}, {"Time": 60, "GPUs": -4}]), "-4"),
+        ("sailor.csv", ",Timestamp,V100-16_us-west1-b\n0,0,2\n1,60\n", "sailor.csv"),
+        ("sailor.csv", ",Timestamp,V100-16_us-west1-b\n0,0,2\n1,60,-1\n", "-1"),
+    ],
+)
+def test_a_malformed_trace_source_is_a_value_error_naming_the_file(tmp_path, name, text, fragment):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_sources([str(path)])
+    assert name in str(info.value) and fragment in str(info.value)
