@@ -166,6 +166,18 @@ class Ledger:
         with self.engine.connect() as c:
             return [_aware_row(r) for r in c.execute(q).mappings()]
 
+    def dataset_residency(self, dataset_uri: str) -> frozenset[str] | None:
+        """The continents every run that read ``dataset_uri`` with ``data_residency`` allows it in
+        (the intersection of what they declared); None when no run declared any."""
+        allowed: frozenset[str] | None = None
+        with self.engine.connect() as c:
+            rows = c.execute(select(t.runs.c.request).where(t.runs.c.dataset_uri == dataset_uri))
+            for (request,) in rows:
+                declared = (request or {}).get("data_residency") if isinstance(request, Mapping) else None
+                if declared:
+                    allowed = frozenset(declared) if allowed is None else allowed & frozenset(declared)
+        return allowed
+
     # --- placements and reservations ---------------------------------------------------------
     def record_placement(self, placement: Placement, attempt: int = 1) -> None:
         with self.engine.begin() as c:

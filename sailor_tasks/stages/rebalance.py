@@ -201,9 +201,28 @@ def publish_assignment(
 
 
 def replicate_dataset(copy: JSON, ctx: StageContext | None = None) -> JSON:
-    """One planned replica: the same checksummed, resumable copier as ``place_data``."""
+    """One planned replica: the same checksummed, resumable copier as ``place_data``.
+
+    Raises:
+        StageSkipped: ``region`` is outside the continents a run reading the dataset restricted it
+            to (``data_residency``): the replica is withheld, nothing is copied.
+    """
     ctx = resolve_ctx(ctx)
     uri, region = copy["dataset_uri"], copy["region"]
+    allowed = ctx.ledger.dataset_residency(uri)
+    continent = ctx.catalog.transfer.continent(region)
+    if allowed is not None and continent not in allowed:
+        logger.warning(
+            "replica of %s in %s withheld: its runs keep it in %s (data_residency), %s is in %s",
+            uri,
+            region,
+            ", ".join(sorted(allowed)),
+            region,
+            continent,
+        )
+        raise StageSkipped(
+            f"data_residency keeps {uri} in {', '.join(sorted(allowed))}; {region} is in {continent}"
+        )
     src = storage.resolve(uri, ctx.settings)
     dst = paths.replica_uri(region, uri, ctx.settings)
     logger.info("replicating %s into %s", src, dst)

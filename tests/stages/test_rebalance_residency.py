@@ -1,0 +1,60 @@
+"""A dataset whose runs asked for ``data_residency`` (the continents it may be copied to) is never
+replicated outside them by the nightly rebalance: ``place_data`` respects residency through the
+placement engine, and ``replicate_dataset`` withholds a planned replica outside it."""
+
+from __future__ import annotations
+
+import pytest
+
+from sailor_tasks.errors import StageSkipped
+
+
+def _eu_only_dataset(ctx) -> str:
+    from sailor_tasks import storage
+    from sailor_tasks.data.copier import seal
+
+    uri = "sailor://source/eu-only"
+    root = storage.resolve(uri, ctx.settings)
+    storage.write_bytes(storage.join(root, "part-0.bin"), b"x" * 10_000)
+    seal(root)
+    for i, residency in enumerate((["EU"], None, ["EU", "NA"])):  # the runs that declared one: EU
+        ctx.ledger.upsert_run(
+            f"eu-{i}",
+            job_name="j",
+            team="eu",
+            status="success",
+            backend="local",
+            model="tiny_gpt",
+            dataset_uri=uri,
+            request={"data_residency": residency, "dataset_uri": uri},
+        )
+    return uri
+
+
+def test_a_replica_outside_the_datasets_residency_is_withheld(ctx):
+    from sailor_tasks import stages
+
+    uri = _eu_only_dataset(ctx)
+    assert ctx.ledger.dataset_residency(uri) == frozenset({"EU"})
+    with pytest.raises(
+        StageSkipped, match=r"data_residency keeps sailor://source/eu-only in EU; us-central1 is in"
+    ):
+        stages.replicate_dataset({"dataset_uri": uri, "region": "us-central1", "bytes": 10_000}, ctx)
+    assert "us-central1" not in ctx.ledger.replicas([uri]).get(uri, ())
+    done = stages.replicate_dataset({"dataset_uri": uri, "region": "europe-west4", "bytes": 10_000}, ctx)
+    assert done["bytes"] == 10_000 and "europe-west4" in ctx.ledger.replicas([uri])[uri]
+
+
+def test_a_dataset_no_run_restricted_has_no_residency(ctx):
+    ctx.ledger.upsert_run(
+        "r",
+        job_name="j",
+        team="t",
+        status="success",
+        backend="local",
+        model="tiny_gpt",
+        dataset_uri="sailor://source/free",
+        request={"dataset_uri": "sailor://source/free"},
+    )
+    assert ctx.ledger.dataset_residency("sailor://source/free") is None
+    assert ctx.ledger.dataset_residency("sailor://source/never-read") is None
