@@ -53,7 +53,9 @@ def fs_options(scheme: str) -> dict[str, Any]:
     if scheme != "gs":
         return {}
     creds = gcp_auth.current()
-    options: dict[str, Any] = {}
+    # No listing cache: gcsfs never expires one and clears it only for this instance's own writes,
+    # so a process that listed a folder once would miss what other processes (the workers) wrote.
+    options: dict[str, Any] = {"use_listings_cache": False}
     if creds.project:
         options["project"] = creds.project
     if os.environ.get("STORAGE_EMULATOR_HOST"):
