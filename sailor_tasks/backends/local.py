@@ -45,6 +45,10 @@ STATE_DIR_ENV = "SAILOR_LOCAL_STATE_DIR"
 """Set next to ``RUN_KEY_ENV``: the state folder of the deployment that started the run, so that two
 deployments on one machine (two state folders, equal run ids) never stop each other's processes."""
 
+RUN_FOLDER_ENV = "SAILOR_LOCAL_RUN_FOLDER"
+"""Set next to ``RUN_KEY_ENV``: the run folder of the launch (where its train config lies), where
+``cancel`` writes its marker; a run's own command line need not name the config."""
+
 CANCEL_GRACE_S = 3.0
 """Seconds ``cancel`` gives the workers after SIGTERM (they save a checkpoint, as on a preemption
 notice) before it kills what is left: within the 5 s Airflow's task supervisor waits after SIGTERM
@@ -143,6 +147,7 @@ class LocalBackend:
             ),
             RUN_KEY_ENV: launch.run_key,
             STATE_DIR_ENV: os.path.realpath(self.settings.state_dir),
+            RUN_FOLDER_ENV: launch.config_uri.rsplit("/", 1)[0],
         }
 
     def _notice_path(self, run_key: str) -> str:
@@ -168,6 +173,14 @@ class LocalBackend:
         os.makedirs(self.settings.clusters_dir, exist_ok=True)
         progress_path = self._progress_path(launch.run_key)
         run_folder = launch.config_uri.rsplit("/", 1)[0]
+        # A try killed too hard to stop its workers (SIGKILL: no on_kill) left its torchrun and
+        # workers training in sessions of their own: they must not run (hold the GPUs, write the
+        # progress file) next to this launch. Its attempt already ended; stopped before the marker
+        # below is cleared, as the stop writes one.
+        if leftover := self.cancel(launch.run_key, grace_s=0.0):
+            logger.warning(
+                "run %s: stopped %d process(es) an earlier try left running", launch.run_key, leftover
+            )
         cancelled_uri = paths.cancelled_uri(run_folder)
         storage.remove(cancelled_uri)  # a cancel of an earlier launch of this run folder
         notice_path = self._notice_path(launch.run_key)
@@ -328,8 +341,8 @@ class LocalBackend:
         procs = run_processes(run_key, self.settings.state_dir)
         if not procs:
             return 0
-        for config_uri in {_config_uri(p) for p in procs} - {None}:  # before any signal: train reads it
-            storage.write_json(paths.cancelled_uri(config_uri.rsplit("/", 1)[0]), {"at": time.time()})
+        for run_folder in {_run_folder(p) for p in procs} - {None}:  # before any signal: train reads it
+            storage.write_json(paths.cancelled_uri(run_folder), {"at": time.time()})
         stopped = {p.pid for p in procs}
         if grace_s > 0:
             workers = [p for p in procs if "torch.distributed.run" not in " ".join(_cmdline(p))]
@@ -451,10 +464,14 @@ def run_processes(run_key: str, state_dir: str | None = None) -> list[Any]:
     return found
 
 
-def _config_uri(p: Any) -> str | None:
-    """The train config a process of the run was started with (``--config URI``), if any."""
-    args = _cmdline(p)
-    return args[args.index("--config") + 1] if "--config" in args[:-1] else None
+def _run_folder(p: Any) -> str | None:
+    """The run folder of the launch a process of the run belongs to (``RUN_FOLDER_ENV``), if any."""
+    import psutil
+
+    try:
+        return p.environ().get(RUN_FOLDER_ENV) or None
+    except psutil.Error:
+        return None
 
 
 def _cmdline(p: Any) -> list[str]:
