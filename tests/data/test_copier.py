@@ -169,8 +169,9 @@ def test_a_recopy_removes_the_old_manifest_before_it_overwrites_a_file(src, tmp_
     assert read_manifest(dst) is None
 
 
-def test_an_interrupted_file_never_appears_under_its_name(src, tmp_path, monkeypatch):
-    dst = f"file://{tmp_path}/dst"
+def copy_with_b_broken(src: str, dst: str, monkeypatch) -> None:
+    """Copy ``src`` to ``dst`` while reading ``sub/b.bin`` breaks after 1,000 bytes (the copy
+    raises); ``storage.filesystem`` is the real one again afterwards."""
     real_filesystem = storage.filesystem
     b_uri = storage.join(src, "sub/b.bin")
 
@@ -179,8 +180,16 @@ def test_an_interrupted_file_never_appears_under_its_name(src, tmp_path, monkeyp
         return (_FailingReads(fs, path, 1000, []), path) if uri == b_uri else (fs, path)
 
     monkeypatch.setattr(storage, "filesystem", filesystem)
-    with pytest.raises(_ConnectionLost):
-        copy_dataset(src, dst, max_workers=1)
+    try:
+        with pytest.raises(_ConnectionLost):
+            copy_dataset(src, dst, max_workers=1)
+    finally:
+        monkeypatch.setattr(storage, "filesystem", real_filesystem)
+
+
+def test_an_interrupted_file_never_appears_under_its_name(src, tmp_path, monkeypatch):
+    dst = f"file://{tmp_path}/dst"
+    copy_with_b_broken(src, dst, monkeypatch)
     assert sorted(p.name for p in (tmp_path / "dst" / "sub").iterdir()) == []  # no stub, no temporary
 
 

@@ -11,7 +11,7 @@ import pytest
 from sailor_tasks import storage
 from sailor_tasks.data.copier import copy_dataset, seal
 from sailor_tasks.data.manifest import read_manifest, verify
-from tests.data.test_copier import _ConnectionLost, _FailingReads
+from tests.data.test_copier import copy_with_b_broken
 
 pytestmark = pytest.mark.gcs
 
@@ -22,17 +22,7 @@ def test_an_interrupted_upload_never_appears_under_its_name_on_gcs(gcs, tmp_path
     storage.write_bytes(f"{src}/sub/b.bin", os.urandom(50_000))
     seal(src)
     dst = f"{gcs()}/datasets/d"
-    real_filesystem = storage.filesystem
-    b_uri = storage.join(src, "sub/b.bin")
-
-    def filesystem(uri):
-        fs, path = real_filesystem(uri)
-        return (_FailingReads(fs, path, 1000, []), path) if uri == b_uri else (fs, path)
-
-    monkeypatch.setattr(storage, "filesystem", filesystem)
-    with pytest.raises(_ConnectionLost):
-        copy_dataset(src, dst, max_workers=1)
-    monkeypatch.setattr(storage, "filesystem", real_filesystem)
+    copy_with_b_broken(src, dst, monkeypatch)
     fs, path = storage.filesystem(f"{dst}/sub/b.bin")
     fs.invalidate_cache()
     # the 1,000 bytes read before the connection broke must not be an object named sub/b.bin
