@@ -257,7 +257,7 @@ def follow_pods(config: gke.GkeConfig, launch: TrainLaunch, ops: Sequence[Any], 
             ends[str(index)] = end_dict(gke.PodEnd("completed", "exit status 0", 0))
         else:
             ends[str(index)] = end_dict(judge_pod(op.hook.core_v1_client, config.namespace, op.name, spot=spot))
-    report_pod_ends(launch.config_uri.rsplit("/", 1)[0], ends)
+    report_pod_ends(launch.run_folder, ends)
     return max(codes[i] for i in range(len(ops)) if i not in stopped)
 
 

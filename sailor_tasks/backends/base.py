@@ -28,6 +28,11 @@ class TrainLaunch:
     image: str = ""
     """The run's container image (container backends); empty: SAILOR's training image."""
 
+    @property
+    def run_folder(self) -> str:
+        """The run folder the train config lies in (progress, result, cancel marker beside it)."""
+        return self.config_uri.rsplit("/", 1)[0]
+
 
 @runtime_checkable
 class ClusterBackend(Protocol):

@@ -147,7 +147,7 @@ class LocalBackend:
             ),
             RUN_KEY_ENV: launch.run_key,
             STATE_DIR_ENV: os.path.realpath(self.settings.state_dir),
-            RUN_FOLDER_ENV: launch.config_uri.rsplit("/", 1)[0],
+            RUN_FOLDER_ENV: launch.run_folder,
         }
 
     def _notice_path(self, run_key: str) -> str:
@@ -172,7 +172,7 @@ class LocalBackend:
         cmd = self.command(launch, config)
         os.makedirs(self.settings.clusters_dir, exist_ok=True)
         progress_path = self._progress_path(launch.run_key)
-        run_folder = launch.config_uri.rsplit("/", 1)[0]
+        run_folder = launch.run_folder
         # A try killed too hard to stop its workers (SIGKILL: no on_kill) left its torchrun and
         # workers training in sessions of their own: they must not run (hold the GPUs, write the
         # progress file) next to this launch. Its attempt already ended; stopped before the marker

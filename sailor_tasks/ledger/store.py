@@ -173,7 +173,7 @@ class Ledger:
         with self.engine.connect() as c:
             rows = c.execute(select(t.runs.c.request).where(t.runs.c.dataset_uri == dataset_uri))
             for (request,) in rows:
-                declared = (request or {}).get("data_residency") if isinstance(request, Mapping) else None
+                declared = request.get("data_residency") if isinstance(request, Mapping) else None
                 if declared:
                     allowed = frozenset(declared) if allowed is None else allowed & frozenset(declared)
         return allowed

@@ -32,12 +32,27 @@ LONG = {
 }
 
 
-def prepare(ctx, run_id: str, dataset: str):
-    request = stages.validate({**LONG, "dataset_uri": dataset}, run_id, ctx)
+def prepare(ctx, run_id: str, dataset: str, params: dict = LONG):
+    request = stages.validate({**params, "dataset_uri": dataset}, run_id, ctx)
     placement = stages.plan(request, run_id, ctx)
     data = stages.place_data(request, placement, run_id, ctx)
     stages.provision(request, placement, run_id, ctx)
     return request, placement, data
+
+
+def train_in_thread(ctx, run_id: str, prepared) -> tuple[threading.Thread, list]:
+    """``stages.train`` of the prepared run, started in a thread; the list gets its result or error."""
+    outcome: list = []
+
+    def train() -> None:
+        try:
+            outcome.append(stages.train(*prepared, run_id, ctx))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    return thread, outcome
 
 
 def wait_for_workers(run_id: str, n: int, timeout_s: float = 120.0) -> list[psutil.Process]:
@@ -59,16 +74,7 @@ def test_killing_the_train_task_leaves_no_process_of_the_run(ctx, demo_dataset):
 
     run_id = "manual__cancel"
     request, placement, data = prepare(ctx, run_id, demo_dataset)
-    outcome: list[BaseException | dict] = []
-
-    def train() -> None:
-        try:
-            outcome.append(stages.train(request, placement, data, run_id, ctx))
-        except BaseException as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=train)
-    thread.start()
+    thread, outcome = train_in_thread(ctx, run_id, (request, placement, data))
     try:
         tree = wait_for_workers(run_id, 2)
         op = SailorTrainOperator(task_id="train", request=request, placement=placement, data=data)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import textwrap
-import threading
 import time
 
 import pytest
@@ -14,6 +13,7 @@ from sailor_tasks.errors import RunCancelledError
 from sailor_tasks.model import run_key
 from sailor_tasks.settings import Settings
 from sailor_tasks.stages import StageContext
+from tests.backends.test_local_cancel import prepare, train_in_thread
 
 pytestmark = pytest.mark.slow
 
@@ -53,27 +53,13 @@ def test_cancelling_a_command_run_ends_it_cancelled(command_ctx, demo_dataset, t
     params = {
         "job_name": "cancel-cmd",
         "team": "qa",
-        "dataset_uri": demo_dataset,
         "num_workers": 1,
         "total_steps": 100,
         "checkpoint_every_steps": 10,
         "command": ["python", "loop.py", *args],
         "env": {"PROBE_DIR": str(out)},
     }
-    request = stages.validate(params, run_id, ctx)
-    placement = stages.plan(request, run_id, ctx)
-    data = stages.place_data(request, placement, run_id, ctx)
-    stages.provision(request, placement, run_id, ctx)
-    outcome: list = []
-
-    def train() -> None:
-        try:
-            outcome.append(stages.train(request, placement, data, run_id, ctx))
-        except BaseException as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=train)
-    thread.start()
+    thread, outcome = train_in_thread(ctx, run_id, prepare(ctx, run_id, demo_dataset, params))
     try:
         deadline = time.monotonic() + 120
         while not (out / "up").exists() and time.monotonic() < deadline:
