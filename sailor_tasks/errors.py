@@ -128,6 +128,19 @@ class LeaseReclaimedError(SailorError):
         )
 
 
+class ReservationReleasedError(SailorError):
+    """The run's reservation was released (its teardown ran, or the reconciler reclaimed it) after
+    ``plan`` reserved it and before the placement was recorded: the run has ended, so it is not
+    marked ``planned`` again. Not retried."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id}: its reservation was released (the run was torn down, or its lease "
+            "reclaimed) before its placement was recorded; trigger the run again"
+        )
+
+
 class QueueRejectedError(SailorError):
     """The queue turned the run away (``state``: failed, left) for ``reason``. Not retried."""
 
@@ -280,6 +293,7 @@ PERMANENT_ERRORS: tuple[type[Exception], ...] = (
     DeadlineUnmeetableError,
     QueueRejectedError,
     LeaseReclaimedError,
+    ReservationReleasedError,
     LedgerSchemaError,
 )
 """Errors that retrying cannot fix (or must not undo: a cancel): the task fails at once."""

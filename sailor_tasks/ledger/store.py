@@ -149,6 +149,22 @@ class Ledger:
             if updated.rowcount == 0:
                 c.execute(insert(t.runs).values(run_id=run_id, created_at=now, updated_at=now, **fields))
 
+    def mark_planned(self, run_id: str, **fields: Any) -> bool:
+        """Record the run ``planned`` (with ``fields``) only while it holds a live reservation,
+        checked in the same transaction with that reservation locked (PostgreSQL; SQLite's
+        ``BEGIN IMMEDIATE`` holds every writer off): a teardown or reclaim that released it first
+        keeps the run's final status, and one that comes after finds it ``planned``. False when
+        the run holds no live reservation (nothing changed)."""
+        with self._locking_engine.begin() as c:
+            if not _lock_live_reservation(c, run_id):
+                return False
+            c.execute(
+                update(t.runs)
+                .where(t.runs.c.run_id == run_id)
+                .values(status="planned", updated_at=utcnow(), **fields)
+            )
+        return True
+
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         with self.engine.connect() as c:
             row = c.execute(select(t.runs).where(t.runs.c.run_id == run_id)).mappings().first()

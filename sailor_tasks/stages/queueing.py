@@ -37,6 +37,7 @@ from sailor_tasks.errors import (
     NoFeasibleOfferError,
     QueueRejectedError,
     QueueTimeoutError,
+    ReservationReleasedError,
     RunQueuedError,
 )
 from sailor_tasks.ledger.store import utcnow
@@ -79,6 +80,8 @@ def reserve_placement(
         CapacityUnavailableError: nothing fits now (retryable, or queued).
         NoFeasibleOfferError, InvalidRequestError: the request cannot be placed anywhere.
         NotQueuedError: ``admit`` and another pass admitted the run first (nothing reserved).
+        ReservationReleasedError: the reservation was released before the run was recorded
+            ``planned`` (its teardown or a reclaim ran meanwhile): the run keeps its final status.
     """
     from sailor_tasks.catalog.throughput import packaged_with_measured
     from sailor_tasks.data.manifest import read_manifest
@@ -155,9 +158,8 @@ def reserve_placement(
     ctx.ledger.record_attempt_market(
         run_id, attempt, req.strategy, placement.market, reason, slack_h, placement.usd_per_hour
     )
-    ctx.ledger.upsert_run(
+    planned = ctx.ledger.mark_planned(
         run_id,
-        status="planned",
         region=placement.region,
         zone=placement.zone,
         gpu_type=placement.gpu_type,
@@ -165,6 +167,8 @@ def reserve_placement(
         num_gpus=placement.num_gpus,
         usd_per_hour=placement.usd_per_hour,
     )
+    if not planned:  # released since the reservation: the run ended (teardown) or was reclaimed
+        raise ReservationReleasedError(run_id)
     if admit:
         ctx.ledger.set_queue_placement(run_id, to_dict(placement))
     return placement
@@ -488,6 +492,9 @@ class _LedgerReserver:
         try:
             reserve_placement(self.ctx, req, run.run_id, admit=True, market=market)
         except NotQueuedError:
+            return None
+        except ReservationReleasedError:
+            logger.warning("queued run %s ended while it was being admitted: not admitted", run.run_id)
             return None
         logger.info("admitted queued run %s%s", run.run_id, f" ({market}, forced)" if market else "")
         return True

@@ -13,6 +13,7 @@ from sqlalchemy import event
 
 from sailor_tasks.ledger.store import Ledger, utcnow
 from sailor_tasks.model import Reservation
+from sailor_tasks.stages.summary import RUN_STATUSES_DONE
 
 
 def _queued(ledger: Ledger, run_id: str) -> None:
@@ -29,11 +30,13 @@ def _queued(ledger: Ledger, run_id: str) -> None:
 
 
 @contextlib.contextmanager
-def _racing_after_the_state_read(ledger: Ledger, other: Callable[[], object]) -> Iterator[dict]:
-    """While the block runs, the first time ``ledger`` reads a queue entry's state in a locking
-    transaction, ``other`` (another process's call) runs in a thread, given 2 s to finish before
-    the transaction goes on; its result (or error) is in the yielded dict under ``"other"`` once
-    the block ends."""
+def _racing_after_the_state_read(
+    ledger: Ledger, other: Callable[[], object], read: str = "queue_entries.state"
+) -> Iterator[dict]:
+    """While the block runs, the first time ``ledger`` runs a statement naming ``read`` (default:
+    a read of a queue entry's state) in a locking transaction, ``other`` (another process's call)
+    runs in a thread, given 2 s to finish before the transaction goes on; its result (or error) is
+    in the yielded dict under ``"other"`` once the block ends."""
     out: dict = {}
 
     def run_other() -> None:
@@ -45,7 +48,7 @@ def _racing_after_the_state_read(ledger: Ledger, other: Callable[[], object]) ->
     thread = threading.Thread(target=run_other)
 
     def after_read(conn, cursor, statement, *args):
-        if not thread.is_alive() and "other" not in out and "queue_entries.state" in statement:
+        if not thread.is_alive() and "other" not in out and read in statement:
             thread.start()
             thread.join(2)  # returns at once unless the read holds the entry
 
@@ -96,3 +99,35 @@ def test_two_admission_passes_admit_a_queued_run_once(postgres):
     assert [(r.run_id, r.zone) for r in first.live_reservations()] == [("run-q", "us-central1-a")]
     first.dispose()
     second.dispose()
+
+
+def test_a_run_torn_down_while_it_is_recorded_planned_ends_failed(postgres):
+    """``plan`` (an admission pass, say) reserved the run and records it ``planned``; the run's
+    teardown (another process) releases the reservation meanwhile and marks the unfinished run
+    ``failed``. Either order must end ``failed`` with nothing held: never ``planned`` for a run
+    whose teardown is over."""
+    url = postgres.create_database("planned_teardown_race")
+    planning, tearing_down = Ledger(url), Ledger(url)
+    planning.upsert_run(
+        "run-p",
+        job_name="j",
+        team="ml",
+        status="validated",
+        backend="local",
+        model="tiny_gpt",
+        dataset_uri="sailor://source/d",
+        request={},
+    )
+    planning.reserve(Reservation("run-p", "us-central1", "us-central1-a", "A100", 8, "spot"))
+
+    def teardown() -> bool:
+        released = tearing_down.release("run-p")
+        if tearing_down.get_run("run-p")["status"] not in RUN_STATUSES_DONE:
+            tearing_down.upsert_run("run-p", status="failed")
+        return released
+
+    with _racing_after_the_state_read(planning, teardown, read="reservations.released_at IS NULL") as race:
+        planned = planning.mark_planned("run-p", zone="us-central1-a")
+    assert race["other"] is True and planned is True  # the teardown waited for the planned record
+    assert tearing_down.get_run("run-p")["status"] == "failed"
+    assert tearing_down.live_reservations() == []

@@ -438,3 +438,26 @@ def test_a_relaunch_is_planned_for_the_work_and_the_time_left(ctx, demo_dataset)
     # With the deadline all but gone, the rest runs as soon as it can, and the plan says so.
     late = reserve_placement(ctx, req, "run-1", attempt=3, elapsed_h=req.deadline_hours - 0.01, steps_done=1)
     assert "before the deadline: relaunched without it (best effort)" in late.explanation[-1]
+
+
+def test_a_run_torn_down_right_after_its_admission_keeps_its_final_status(tight, demo_dataset, monkeypatch):
+    """The run's teardown runs after an admission pass reserved its capacity but before the pass
+    recorded the placement: the pass must not turn the ended run back into ``planned``."""
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)
+    record = ctx.ledger.record_placement
+    concurrent = {}
+
+    def record_after_teardown(placement, attempt=1):
+        if placement.run_id == "run-2" and not concurrent:
+            concurrent.update(stages.teardown("run-2", ctx))
+        return record(placement, attempt)
+
+    monkeypatch.setattr(ctx.ledger, "record_placement", record_after_teardown)
+    out = stages.teardown("run-1", ctx)
+    assert concurrent["reservation_released"] and not concurrent["left_queue"]  # the race did happen
+    assert ctx.ledger.get_run("run-2")["status"] == "failed"
+    assert ctx.ledger.live_reservations() == []
+    assert out["admitted"] == []  # it ended before its admission was recorded
