@@ -236,6 +236,9 @@ class ManifestEntry:
     """Path relative to the dataset root."""
     size: int
     sha256: str
+    crc32c: str | None = None
+    """Hex crc32c of the same bytes (None in manifests written before it was recorded): what an
+    object-store copy, which never reads the bytes, is checked against."""
 
 
 @dataclass(frozen=True, slots=True)

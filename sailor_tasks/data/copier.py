@@ -4,11 +4,14 @@ The same copier serves ``place_data`` (source → the run's region) and the nigh
 A copy is complete only when the destination's manifest exists; files already present with the
 right checksum are not copied again, so a retried task resumes instead of starting over.
 
-Checksums: the manifest holds sha256 per file (hashed on the way while streaming). On GCS the
-copier also uses the crc32c the store records for every object, so nothing is read back: an upload
-is verified against the crc32c computed while streaming, an existing destination object is matched
-against its source by metadata, and a ``gs://`` → ``gs://`` copy with a source manifest is a
-server-side copy (bytes never pass through the worker) verified by crc32c. Files are copied by
+Checksums: the manifest holds sha256 and crc32c per file (both computed on the way while
+streaming). On GCS the copier also uses the crc32c the store records for every object, so nothing
+is read back: an upload is verified against the crc32c computed while streaming, an existing
+destination object is matched by metadata against the crc32c the source manifest lists, and a
+``gs://`` → ``gs://`` copy with a source manifest is a server-side copy (bytes never pass through
+the worker) whose result must carry that crc32c, so a source changed in place since its manifest
+is refused. A manifest written before crc32c was recorded is streamed instead (sha256-checked), and
+an existing object is matched against the source's current crc32c. Files are copied by
 ``max_workers`` threads.
 
 A replica that will change loses its manifest before any file is touched; local files are written
@@ -31,13 +34,20 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import google_crc32c
 
 from sailor_tasks import storage
-from sailor_tasks.data.manifest import CHUNK_BYTES, MANIFEST_NAME, manifest_uri, read_manifest, sha256_of
+from sailor_tasks.data.manifest import (
+    CHUNK_BYTES,
+    MANIFEST_NAME,
+    checksums_of,
+    manifest_uri,
+    read_manifest,
+    sha256_of,
+)
 from sailor_tasks.errors import DataIntegrityError, InvalidRequestError
 from sailor_tasks.model import DatasetManifest, ManifestEntry
 
@@ -165,28 +175,36 @@ def _stored_crc(info: dict | None) -> str | None:
 def _already_there(src: str, dst: str, want: ManifestEntry, src_info: dict, dst_info: dict | None) -> bool:
     """Whether ``dst`` already holds the bytes of manifest entry ``want`` (copied by an earlier try).
 
-    Object store: size and the stored crc32c match the source's, from the two listings (no reads;
-    a local source is hashed, which is cheap). Local disk: the destination's sha256 matches.
+    Object store: size and the stored crc32c match the entry's crc32c, from the listing (no reads);
+    for an entry without one, the source's (a local source is hashed, which is cheap). Local disk:
+    the destination's sha256 matches.
     """
     if dst_info is None or int(dst_info["size"]) != want.size:
         return False
     have_crc = _stored_crc(dst_info)
     if have_crc is not None:
+        if want.crc32c is not None:
+            return have_crc == want.crc32c
         src_crc = _stored_crc(src_info) or storage.crc32c(src)[0]
         return int(src_info["size"]) == want.size and src_crc == have_crc
     have, have_size = sha256_of(dst)
     return have == want.sha256 and have_size == want.size
 
 
-def _same_bytes(src: str, dst: str, known: ManifestEntry, src_info: dict, dst_info: dict | None) -> bool:
-    """Whether ``dst``, listed as ``known`` by the replica's previous manifest, still holds the bytes
-    of a source file that has no manifest: equal sizes and crc32c (from the listings on an object
-    store; computed on a local disk, a local read instead of a copy or egress)."""
+def _same_bytes(
+    src: str, dst: str, known: ManifestEntry, src_info: dict, dst_info: dict | None
+) -> ManifestEntry | None:
+    """``known`` (the replica's previous manifest entry for ``dst``, with its crc32c) when ``dst``
+    still holds the bytes of a source file that has no manifest: equal sizes and crc32c (from the
+    listings on an object store; computed on a local disk, a local read instead of a copy or
+    egress); else None."""
     if dst_info is None or not int(src_info["size"]) == int(dst_info["size"]) == known.size:
-        return False
+        return None
     src_crc = _stored_crc(src_info) or storage.crc32c(src)[0]
     dst_crc = _stored_crc(dst_info) or storage.crc32c(dst)[0]
-    return src_crc == dst_crc
+    if src_crc != dst_crc or known.crc32c not in (None, dst_crc):
+        return None
+    return replace(known, crc32c=dst_crc)
 
 
 def _verify_stored(dst: str, crc: str, size: int) -> None:
@@ -214,24 +232,27 @@ def _place_file(
     """
     if want is not None and _already_there(src, dst, want, src_info, dst_info):
         return want, False
-    if want is None and known is not None and _same_bytes(src, dst, known, src_info, dst_info):
-        return known, False
-    if want is not None and server_side:
+    if want is None and known is not None:
+        same = _same_bytes(src, dst, known, src_info, dst_info)
+        if same is not None:
+            return same, False
+    if want is not None and server_side and want.crc32c is not None:
+        expected = f"crc32c {want.crc32c} ({want.size} B), as the source manifest lists"
+        src_crc = _stored_crc(src_info)
+        if src_crc is not None and (src_crc != want.crc32c or int(src_info["size"]) != want.size):
+            raise DataIntegrityError(src, expected, f"crc32c {src_crc} ({src_info['size']} B)")
         storage.copy_object(src, dst)
-        src_crc, _ = storage.crc32c(src)
         dst_crc, dst_size = storage.crc32c(dst)
-        if dst_crc != src_crc or dst_size != want.size:
-            storage.remove(dst)
-            raise DataIntegrityError(
-                dst, f"crc32c {src_crc} ({want.size} B)", f"crc32c {dst_crc} ({dst_size} B)"
-            )
+        if dst_crc != want.crc32c or dst_size != want.size:
+            storage.remove(dst)  # never leave bytes a later resume could mistake for a good copy
+            raise DataIntegrityError(src, expected, f"crc32c {dst_crc} ({dst_size} B) copied")
         return want, True
     sha, n, crc = _copy_one(src, dst)
     if want is not None and (sha != want.sha256 or n != want.size):
         storage.remove(dst)  # never leave bytes a later resume could mistake for a good copy
         raise DataIntegrityError(src, want.sha256, sha)
     _verify_stored(dst, crc, n)
-    return ManifestEntry(path=rel, size=n, sha256=sha), True
+    return ManifestEntry(path=rel, size=n, sha256=sha, crc32c=crc), True
 
 
 def copy_dataset(
@@ -297,6 +318,17 @@ def copy_dataset(
         )
 
 
+def _same_files(a: DatasetManifest, b: DatasetManifest) -> bool:
+    """Whether two manifests list the same files with the same bytes (crc32c compared where both
+    record it)."""
+
+    def same(x: ManifestEntry, y: ManifestEntry) -> bool:
+        crc_agrees = x.crc32c is None or y.crc32c is None or x.crc32c == y.crc32c
+        return (x.path, x.size, x.sha256) == (y.path, y.size, y.sha256) and crc_agrees
+
+    return len(a.files) == len(b.files) and all(same(x, y) for x, y in zip(a.files, b.files, strict=True))
+
+
 def _remove_temporaries(dst_root: str) -> None:
     """Delete the temporary files a killed copier left in a local replica (called with the replica
     locked, so no live copier is writing them). Object stores have none: an upload is published
@@ -349,7 +381,7 @@ def _copy_locked(
     files = sorted((rel, int(info["size"])) for rel, info in src_listing.items())
     total = sum(size for _, size in files)
     existing = read_manifest(dst_root)
-    if existing is not None and src_manifest is not None and existing.files == src_manifest.files:
+    if existing is not None and src_manifest is not None and _same_files(existing, src_manifest):
         logger.info("%s already holds a complete copy (%d files); nothing to do", dst_root, len(files))
         return CopyResult(existing, 0, existing.total_bytes, time.monotonic() - start)
     expected = {e.path: e for e in src_manifest.files} if src_manifest else {}
@@ -418,8 +450,8 @@ def seal(root: str) -> DatasetManifest:
     """Write a manifest for a dataset produced in place (e.g. the demo corpus); return it."""
     entries = []
     for rel, _ in list_files(root):
-        sha, size = sha256_of(storage.join(root, rel))
-        entries.append(ManifestEntry(path=rel, size=size, sha256=sha))
+        sha, size, crc = checksums_of(storage.join(root, rel))
+        entries.append(ManifestEntry(path=rel, size=size, sha256=sha, crc32c=crc))
     manifest = DatasetManifest(dataset_uri=root, files=tuple(entries))
     storage.write_json(storage.join(root, MANIFEST_NAME), manifest.to_json())
     return manifest

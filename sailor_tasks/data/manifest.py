@@ -26,13 +26,22 @@ def read_manifest(dataset_root: str) -> DatasetManifest | None:
 
 def sha256_of(uri: str) -> tuple[str, int]:
     """(hex sha256, size) of one file, streamed in chunks."""
+    sha, size, _ = checksums_of(uri)
+    return sha, size
+
+
+def checksums_of(uri: str) -> tuple[str, int, str]:
+    """(hex sha256, size, hex crc32c) of one file, from one streamed read."""
+    import crc32c_rs
+
     fs, path = storage.filesystem(uri)
-    digest, size = hashlib.sha256(), 0
+    digest, crc, size = hashlib.sha256(), 0, 0
     with fs.open(path, "rb") as f:
         while chunk := f.read(CHUNK_BYTES):
             digest.update(chunk)
+            crc = crc32c_rs.crc32c(chunk, crc)
             size += len(chunk)
-    return digest.hexdigest(), size
+    return digest.hexdigest(), size, f"{crc:08x}"
 
 
 def verify(dataset_root: str, manifest: DatasetManifest) -> None:

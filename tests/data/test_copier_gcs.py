@@ -74,6 +74,66 @@ def test_source_changed_since_sealing_fails_and_leaves_nothing_behind(gcs, local
     assert read_manifest(dst) is None
 
 
+def test_gcs_source_changed_in_place_since_its_manifest_fails_the_server_side_copy(gcs, local_src):
+    """The source's objects are copied inside GCS, so no byte passes the copier's sha256: the copy
+    is checked against the crc32c the source manifest recorded, not the changed source's own."""
+    a, b = f"{gcs()}/datasets/d", f"{gcs()}/datasets/d"
+    copy_dataset(local_src, a)
+    storage.write_bytes(f"{a}/part-2.bin", os.urandom(30_002))  # same size, other bytes
+    with pytest.raises(DataIntegrityError, match="part-2.bin"):
+        copy_dataset(a, b, max_workers=1)
+    assert not storage.exists(f"{b}/part-2.bin")
+    assert read_manifest(b) is None
+
+
+def test_a_replica_object_matching_a_changed_source_is_not_taken_for_the_listed_bytes(gcs, local_src):
+    """A resumed copy skips destination objects already there; "there" means the bytes the source
+    manifest lists, not whatever the source holds now."""
+    a, b = f"{gcs()}/datasets/d", f"{gcs()}/datasets/d"
+    copy_dataset(local_src, a)
+    copy_dataset(a, b)
+    changed = os.urandom(30_002)
+    storage.write_bytes(f"{a}/part-2.bin", changed)  # same size, other bytes
+    storage.write_bytes(f"{b}/part-2.bin", changed)
+    storage.remove(f"{b}/{MANIFEST_NAME}")
+    with pytest.raises(DataIntegrityError, match="part-2.bin"):
+        copy_dataset(a, b, max_workers=1)
+    assert read_manifest(b) is None
+
+
+def test_a_source_manifest_without_crc32c_is_streamed_and_checked_by_sha256(gcs, local_src):
+    """A manifest written before crc32c was recorded: nothing to check a server-side copy against,
+    so the bytes are streamed (sha256-checked), and the replica's manifest records crc32c."""
+    a = f"{gcs()}/datasets/d"
+    copy_dataset(local_src, a)
+    old = storage.read_json(f"{a}/{MANIFEST_NAME}")
+    for entry in old["files"]:
+        del entry["crc32c"]
+    storage.write_json(f"{a}/{MANIFEST_NAME}", old)
+    b = f"{gcs()}/datasets/d"
+    copy_dataset(a, b)
+    assert all(e.crc32c is not None for e in read_manifest(b).files)
+    verify(b, read_manifest(b))
+    invalidated = []
+    again = copy_dataset(a, b, on_invalidate=lambda: invalidated.append(b))
+    assert again.bytes_copied == 0 and invalidated == []  # the old manifest matches the new one
+
+    storage.write_bytes(f"{a}/part-2.bin", os.urandom(30_002))  # same size, other bytes
+    c = f"{gcs()}/datasets/d"
+    with pytest.raises(DataIntegrityError, match="part-2.bin"):
+        copy_dataset(a, c, max_workers=1)
+    assert not storage.exists(f"{c}/part-2.bin")
+
+
+def test_manifests_record_the_crc32c_of_every_file(gcs, local_src):
+    for entry in read_manifest(local_src).files:
+        assert entry.crc32c == storage.crc32c(storage.join(local_src, entry.path))[0]
+    dst = f"{gcs()}/raw"
+    storage.write_bytes(f"{dst}/a.txt", b"alpha" * 500)
+    placed = copy_dataset(dst, f"{gcs()}/placed").manifest  # streamed: crc32c computed on the way
+    assert [e.crc32c for e in placed.files] == [storage.stored_crc32c(f"{dst}/a.txt")]
+
+
 def test_gcs_source_without_manifest_is_streamed_and_sealed_at_destination(gcs, tmp_path):
     src = f"{gcs()}/raw"
     storage.write_bytes(f"{src}/a.txt", b"alpha" * 500)
