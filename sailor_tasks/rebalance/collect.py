@@ -82,6 +82,7 @@ def build_problem(
     quotas: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
     priorities: Mapping[str, float] | None = None,
     storage_cap_bytes: Mapping[str, float] | None = None,
+    residency: Callable[[str], Iterable[str] | None] | None = None,
 ) -> tuple[Problem, dict[str, Any]]:
     """The problem and collection stats (GPU-hours, peak GPUs per team, datasets of unknown size).
 
@@ -94,6 +95,8 @@ def build_problem(
             is planned: its copy could not be charged to the budget) and listed in the stats.
         quotas: team → {"max": {region: GPUs}, "min": {region: GPUs}}; ``"*"`` in max caps every
             region not listed. A bad entry raises ValueError (``check_quotas``).
+        residency: the regions a dataset may be stored in (its runs' ``data_residency``), None
+            when it may be stored anywhere; without it, every dataset may.
     """
     quotas = quotas or {}
     check_quotas(quotas, {r for r, _g in supply})  # a region whose supply is 0 is no typo
@@ -138,7 +141,13 @@ def build_problem(
             if size is None:  # a copy that cannot be priced is not planned (never counted free)
                 unknown.append(uri)
                 continue
-        datasets[uri] = Dataset(uri, int(size), tuple(sorted(where.get(uri, ()))))
+        allowed = residency(uri) if residency is not None else None
+        datasets[uri] = Dataset(
+            uri,
+            int(size),
+            tuple(sorted(where.get(uri, ()))),
+            None if allowed is None else tuple(sorted(set(allowed))),
+        )
     priorities = priorities or {}
     teams = []
     for team in sorted(gpu_hours):

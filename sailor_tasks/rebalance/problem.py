@@ -54,6 +54,9 @@ class Dataset:
     bytes: int
     replicas: tuple[str, ...] = ()
     """Regions that hold a complete replica now."""
+    regions: tuple[str, ...] | None = None
+    """Regions it may be stored in (its runs' ``data_residency``); None: any. A team that reads it
+    runs only there, and no replica of it is planned elsewhere."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,13 @@ class Problem:
                 for t in self.teams
             ],
             "datasets": [
-                {"uri": d.uri, "bytes": d.bytes, "replicas": list(d.replicas)} for d in self.datasets.values()
+                {
+                    "uri": d.uri,
+                    "bytes": d.bytes,
+                    "replicas": list(d.replicas),
+                    **({} if d.regions is None else {"regions": list(d.regions)}),
+                }
+                for d in self.datasets.values()
             ],
             "budget_bytes": self.budget_bytes,
             "storage_cap_bytes": dict(self.storage_cap_bytes),
@@ -137,7 +146,10 @@ class Problem:
             for i, d in enumerate(doc["datasets"]):
                 where = f"datasets[{i}]"
                 datasets[d["uri"]] = Dataset(
-                    d["uri"], _whole(d["bytes"], "bytes"), _names(d.get("replicas", ()), "replicas")
+                    d["uri"],
+                    _whole(d["bytes"], "bytes"),
+                    _names(d.get("replicas", ()), "replicas"),
+                    None if d.get("regions") is None else _names(d["regions"], "regions"),
                 )
             where = "storage_cap_bytes"
             caps = _gpu_row(doc.get("storage_cap_bytes") or {}, "storage_cap_bytes")

@@ -16,7 +16,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -109,6 +109,33 @@ class Solution:
 # --- checks and bounds -------------------------------------------------------------------------
 
 
+def team_regions(problem: Problem, team: Team) -> tuple[frozenset[str] | None, tuple[str, ...]]:
+    """(the regions every dataset ``team`` reads may be stored in, None when none restricts them;
+    the URIs of the datasets that restrict them)."""
+    allowed: frozenset[str] | None = None
+    restricting = []
+    for uri in team.datasets:
+        d = problem.datasets.get(uri)
+        if d is not None and d.regions is not None:
+            restricting.append(uri)
+            allowed = frozenset(d.regions) if allowed is None else allowed & frozenset(d.regions)
+    return allowed, tuple(restricting)
+
+
+def _within_residency(problem: Problem) -> Problem:
+    """The problem with data residency as quotas: a team whose datasets may be stored only in some
+    regions gets ``quota_max`` 0 in every other region (so it can place no GPU there, its model
+    offers no such region, and no replica of its data is planned there)."""
+    teams = []
+    for team in problem.teams:
+        allowed, _ = team_regions(problem, team)
+        if allowed is not None:
+            outside = {r: 0.0 for r in problem.regions if r not in allowed}
+            team = replace(team, quota_max={**team.quota_max, **outside})
+        teams.append(team)
+    return replace(problem, teams=tuple(teams))
+
+
 def check_feasible(problem: Problem) -> None:
     """Cheap necessary conditions, each naming the violated constraint and the bad value."""
     cells = problem.cell_supply()
@@ -129,6 +156,21 @@ def check_feasible(problem: Problem) -> None:
                 raise RebalanceInfeasibleError(
                     "datasets", f"team {team.name!r} reads {d!r}, which is not among the problem's datasets"
                 )
+        allowed, restricting = team_regions(problem, team)
+        if allowed is not None:
+            where = ", ".join(sorted(allowed)) or "no region (their restrictions do not overlap)"
+            reads = f"team {team.name!r} reads {', '.join(map(repr, restricting))}, which may be stored only in {where}"
+            for gpu in demand:
+                if not regions_with[gpu] & allowed:
+                    raise RebalanceInfeasibleError(
+                        f"data_residency of team {team.name!r}", f"{reads}: none supplies {gpu!r}"
+                    )
+            for r, lo in team.quota_min.items():
+                if lo > 0 and r not in allowed:
+                    raise RebalanceInfeasibleError(
+                        f"data_residency of team {team.name!r}",
+                        f"{reads}; its quota_min asks for {lo:g} GPUs in {r}",
+                    )
         total = sum(demand.values())
         qmin = sum(float(v) for v in team.quota_min.values())
         if qmin > total + 1e-9:
@@ -329,7 +371,7 @@ def _candidates(
     for team in problem.teams:
         demand = team.demand()
         data = [problem.datasets[d] for d in team.datasets]
-        usable = sorted({r for g in demand for r in regions_by_gpu[g]})
+        usable = sorted({r for g in demand for r in regions_by_gpu[g] if team.cap(r) != 0})
         missing = {r: [d for d in data if r not in d.replicas] for r in usable}
         free = {r for r in usable if not missing[r]}
         cand = set(free) | {r for r in team.quota_min if r in missing}
@@ -907,6 +949,7 @@ def solve(
         raise ValueError(f"comfort_ratio={comfort_ratio!r}: need a demand/supply ratio ≥ 0 (0: pure min-max)")
     started = time.perf_counter()
     check_feasible(problem)
+    problem = _within_residency(problem)
     cells = problem.cell_supply()
     if not cells:
         raise RebalanceInfeasibleError("supply", "no region supplies any GPU")

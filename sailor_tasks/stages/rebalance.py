@@ -85,7 +85,8 @@ def collect_utilization(
 ) -> JSON:
     """The rebalance problem from the ledger (demand per team, region and GPU type over the window:
     finished attempts, attempts still running and runs waiting in the queue; datasets each team
-    reads, their sizes and replicas) and the catalog's supply."""
+    reads, their sizes, replicas and the regions their runs' ``data_residency`` allows them in)
+    and the catalog's supply."""
     ctx = resolve_ctx(ctx)
     from sailor_tasks.catalog.supply import region_supply
     from sailor_tasks.data.manifest import read_manifest
@@ -108,18 +109,29 @@ def collect_utilization(
             logger.warning("dataset %s: size unknown (%s); no replica of it is planned", uri, exc)
             return None
 
+    supply = region_supply(ctx.catalog.offers)
+    transfer = ctx.catalog.transfer
+
+    def residency(uri: str) -> list[str] | None:
+        """The supplied regions in the continents the dataset's runs allowed it (None: any)."""
+        continents = ctx.ledger.dataset_residency(uri)
+        if continents is None:
+            return None
+        return sorted({r for r, _g in supply if transfer.continent(r) in continents})
+
     # attempts a dead task left without a utilization row held their GPUs all the same
     finished = [*ctx.ledger.utilization_rows(since, until), *ctx.ledger.unrecorded_attempt_rows(since, until)]
     in_flight, queued = in_flight_rows(ctx, until), queued_rows(ctx, until)
     problem, stats = build_problem(
         [*finished, *in_flight, *queued],
         ctx.ledger.replica_rows(),
-        region_supply(ctx.catalog.offers),
+        supply,
         since,
         until,
         budget_bytes=int(budget_gb * 1e9),
         size_of=size_of,
         quotas=quotas,
+        residency=residency,
     )
     logger.info(
         "collected %.3f GPU-hours of %d teams over %.1f days; %d datasets; supply in %d regions",

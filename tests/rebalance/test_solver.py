@@ -173,3 +173,30 @@ def test_rounding_path_keeps_budget_locality_and_improves(monkeypatch):
     for team in p.teams:
         for region in s.shares[team.name]:
             assert all(region in replicas[d] for d in team.datasets), (team.name, region)
+
+
+@pytest.mark.parametrize("mip_max_binaries", [200, 0])
+def test_a_team_stays_in_the_regions_its_datasets_may_be_stored_in(mip_max_binaries):
+    """t reads d, which data residency keeps in a and b: with budget to copy it anywhere, t's
+    demand spreads over a and b only (ratio 0.9), never to c, and no replica goes to c; u, which
+    reads nothing restricted, takes c."""
+    d = Dataset("d", 100, ("a",), regions=("a", "b"))
+    p = _problem(
+        [Team("t", {"a": {"T4": 18.0}}, datasets=("d",)), Team("u", {"a": {"T4": 6.0}})],
+        [d],
+        budget=1000,
+    )
+    s = solve(p, mip_max_binaries=mip_max_binaries)
+    assert set(s.shares["t"]) <= {"a", "b"}
+    assert {c["region"] for c in s.replicate} <= {"b"}
+    assert s.max_ratio_after == pytest.approx(0.9, abs=1e-5)  # t's 18 on a and b, u's 6 in c
+    assert s.lower_bound == pytest.approx(0.9, abs=1e-5)  # the bound knows the restriction too
+    unrestricted = solve(_problem(p.teams, [Dataset("d", 100, ("a",))], budget=1000))
+    assert unrestricted.max_ratio_after == pytest.approx(0.8, abs=1e-5)
+
+
+def test_datasets_that_may_be_stored_nowhere_with_the_team_s_gpus_name_data_residency():
+    d = Dataset("d", 100, ("a",), regions=("zz",))
+    with pytest.raises(RebalanceInfeasibleError, match="data_residency of team 't'") as err:
+        solve(_problem([Team("t", {"a": {"T4": 4.0}}, datasets=("d",))], [d]))
+    assert "'d'" in str(err.value) and "T4" in str(err.value)

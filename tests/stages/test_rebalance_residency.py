@@ -58,3 +58,27 @@ def test_a_dataset_no_run_restricted_has_no_residency(ctx):
     )
     assert ctx.ledger.dataset_residency("sailor://source/free") is None
     assert ctx.ledger.dataset_residency("sailor://source/never-read") is None
+
+
+def test_the_rebalance_gives_a_team_no_share_outside_its_datasets_residency(ctx):
+    """The team reading the EU-only dataset is crowded in one EU region with budget to copy it
+    anywhere: the solver spreads it over EU regions only, and plans no replica elsewhere."""
+    import datetime as dt
+
+    from sailor_tasks import stages
+    from sailor_tasks.ledger.store import utcnow
+
+    uri = _eu_only_dataset(ctx)
+    now = utcnow()
+    for i in range(12):  # far more T4 demand than one region holds
+        ctx.ledger.record_utilization(
+            f"eu-{i % 3}", "eu", "europe-west4", "T4", 64, now - dt.timedelta(hours=20 + i), now
+        )
+    collected = stages.collect_utilization(1.0, budget_gb=1000.0, ctx=ctx)
+    (dataset,) = [d for d in collected["problem"]["datasets"] if d["uri"] == uri]
+    continent = ctx.catalog.transfer.continent
+    assert dataset["regions"] and {continent(r) for r in dataset["regions"]} == {"EU"}
+    solution = stages.solve_assignment(collected, time_limit_s=20.0, comfort_ratio=0.0)
+    assert len(solution["shares"]["eu"]) > 1  # it did spread
+    assert {continent(r) for r in solution["shares"]["eu"]} == {"EU"}
+    assert {continent(c["region"]) for c in solution["replicate"]} <= {"EU"}
