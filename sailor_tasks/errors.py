@@ -129,15 +129,16 @@ class LeaseReclaimedError(SailorError):
 
 
 class ReservationReleasedError(SailorError):
-    """The run's reservation was released (its teardown ran, or the reconciler reclaimed it) after
-    ``plan`` reserved it and before the placement was recorded: the run has ended, so it is not
-    marked ``planned`` again. Not retried."""
+    """The run's reservation was released (its teardown ran, or the reconciler reclaimed it) while
+    one of its stages still needed it: after ``plan`` reserved it and before the placement was
+    recorded, or before a stage used the capacity (a stage retried after the run was torn down).
+    The run has ended: it is not marked ``planned`` or ``running`` again. Not retried."""
 
-    def __init__(self, run_id: str):
+    def __init__(self, run_id: str, when: str = "before its placement was recorded"):
         self.run_id = run_id
         super().__init__(
             f"run {run_id}: its reservation was released (the run was torn down, or its lease "
-            "reclaimed) before its placement was recorded; trigger the run again"
+            f"reclaimed) {when}; trigger the run again"
         )
 
 

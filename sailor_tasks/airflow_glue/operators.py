@@ -197,9 +197,10 @@ class SailorTrainOperator(BaseOperator):
 
     **on_kill** (the run marked failed, e.g. by ``sailor cancel``, while the task runs): stops
     everything it started, every local worker process or every pod still running and the
-    rendezvous services (``stages.stop_training``, which ends a GKE attempt as ``cancelled``);
-    ``teardown``, which still runs, stops whatever is left (a task that was deferred is not
-    running, so it has nothing to kill) and releases the capacity.
+    rendezvous services (``stages.stop_training``, which ends a GKE attempt as ``cancelled``). A
+    task that was deferred is not running, so it has nothing to kill: its trigger's ``on_kill``
+    does the same in the triggerer. ``teardown``, which still runs, stops whatever is left (an
+    attempt nothing ended is then ``failed``) and releases the capacity.
 
     The resume state (the attempt) rides in the trigger's event (``sailor_train``), so it reaches
     ``resume_train`` both from the triggerer and from ``airflow dags test`` (which hands the
@@ -228,6 +229,9 @@ class SailorTrainOperator(BaseOperator):
                 try_number=ti.try_number,
                 max_tries=ti.max_tries,
             )
+        done = run_stage(stages.completed_train, context["run_id"])
+        if done is not None:  # a retried try: its predecessor died after the attempt completed
+            return done
         return self._launch(context, self._begin(context))
 
     def resume_capacity(

@@ -56,6 +56,7 @@ def renew_lease(run_id: str, holder: str = LEASE_HOLDER) -> None:
 
     Raises:
         LeaseReclaimedError: the reconciler reclaimed the reservation (its lease had expired).
+        ReservationReleasedError: the run's teardown released it.
     """
     from sailor_tasks.settings import Settings
     from sailor_tasks.stages.queueing import hold_lease
@@ -63,17 +64,30 @@ def renew_lease(run_id: str, holder: str = LEASE_HOLDER) -> None:
     hold_lease(_context(Settings.from_env()), run_id, holder)
 
 
+def cancel_attempt(run_id: str) -> int:
+    """Stop what the run's training runs and end its running attempt as ``cancelled``
+    (``stages.stop_training``), from the triggerer's own settings and ledger; how many pods were
+    stopped."""
+    from sailor_tasks import stages
+    from sailor_tasks.airflow_glue import gcp
+    from sailor_tasks.settings import Settings
+
+    gcp.install()
+    return stages.stop_training(run_id, _context(Settings.from_env()))
+
+
 async def renew_or_reclaimed(run_id: str | None, log: Any, holder: str = LEASE_HOLDER) -> str | None:
     """Renew the run's lease (in a thread: the event loop never waits on the database); the
-    reclaim's message when the reconciler reclaimed it, else None (also when ``run_id`` is None, or
-    when the renewal failed: logged, retried at the next poll, the lease lasts many polls)."""
-    from sailor_tasks.errors import LeaseReclaimedError
+    reason when the run holds its reservation no more (the reconciler reclaimed it, or the run's
+    teardown released it), else None (also when ``run_id`` is None, or when the renewal failed:
+    logged, retried at the next poll, the lease lasts many polls)."""
+    from sailor_tasks.errors import LeaseReclaimedError, ReservationReleasedError
 
     if run_id is None:
         return None
     try:
         await asyncio.to_thread(renew_lease, run_id, holder)
-    except LeaseReclaimedError as exc:
+    except (LeaseReclaimedError, ReservationReleasedError) as exc:
         return str(exc)
     except Exception as exc:
         log.warning("renewing the lease of run %s failed (%s); retrying at the next poll", run_id, exc)
@@ -236,6 +250,17 @@ class AttemptPodsTrigger(BaseTrigger):
             mark = stamp or mark
         if mark:
             self.log_marks[name] = mark
+
+    async def on_kill(self) -> None:
+        """A user acted on the deferred train task (marked it or its run failed, as ``sailor
+        cancel`` does, or cleared it): stop the attempt's pods and end it as ``cancelled``, as the
+        operator's ``on_kill`` does while the task runs. Not called when the trigger times out or
+        the triggerer restarts; a still-running attempt is then ended by the next try or, as
+        ``failed``, by ``teardown``."""
+        if self.run_id is None:
+            return
+        stopped = await asyncio.to_thread(cancel_attempt, self.run_id)
+        self.log.warning("train of run %s killed: stopped %d pod(s); attempt cancelled", self.run_id, stopped)
 
     def _event(self, status: str, pods: dict[str, Any], message: str) -> TriggerEvent:
         return TriggerEvent(

@@ -21,6 +21,7 @@ from sailor_tasks.stages.rebalance import (
     solve_assignment,
 )
 from sailor_tasks.stages.train import (
+    completed_train,
     finalize,
     finish_train,
     launch_train,
@@ -36,6 +37,7 @@ __all__ = [
     "collect_utilization",
     "finalize",
     "finish_train",
+    "completed_train",
     "launch_train",
     "place_data",
     "plan",

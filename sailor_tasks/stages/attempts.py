@@ -320,6 +320,37 @@ def resume_attempt(
     )
 
 
+def completed_result(ctx: StageContext, run_id: str) -> JSON | None:
+    """The run's train result when its last attempt already completed, rebuilt as
+    ``finish_attempt`` returned it (the trainer's result, that attempt's placement, data and wall
+    time, every attempt and market); None when it has not (or its result file is gone).
+
+    A retried ``train`` whose try died after its attempt ended (the worker lost before the task
+    reported success) returns this instead of training again."""
+    rows = ctx.ledger.attempts(run_id)
+    if not rows or rows[-1]["outcome"] != "completed":
+        return None
+    row = rows[-1]
+    pl, data = from_dict(Placement, row["placement"]), row["data"]
+    try:
+        config = TrainConfig.from_json(storage.read_bytes(_config_uri(ctx, pl, run_id)).decode())
+        result = storage.read_json(config.result_uri)
+    except (OSError, ValueError) as exc:  # FileNotFoundError included: train again, from its checkpoint
+        logger.warning(
+            "run %s: attempt %d completed but its result is unreadable (%s)", run_id, row["attempt"], exc
+        )
+        return None
+    wall_s = (aware(row["ended_at"] or row["started_at"]) - aware(row["started_at"])).total_seconds()
+    return {
+        **result,
+        "train_wall_s": wall_s,
+        "placement": to_dict(pl),
+        "data": data,
+        "attempts": describe_attempts(ctx, run_id),
+        "markets": attempt_markets(ctx, run_id),
+    }
+
+
 def cancel_running_attempt(ctx: StageContext, run_id: str) -> int | None:
     """End the run's attempt that the ledger still has as running as ``cancelled`` (its training was
     stopped from outside: ``sailor cancel``, the run marked failed) and the run with it; the
@@ -334,22 +365,21 @@ def cancel_running_attempt(ctx: StageContext, run_id: str) -> int | None:
     return number
 
 
-def end_orphaned_attempt(ctx: StageContext, run_id: str) -> int | None:
+def end_orphaned_attempt(
+    ctx: StageContext,
+    run_id: str,
+    detail: str = "still running when the run ended: its train task stopped without ending it",
+) -> int | None:
     """End, as ``failed``, the run's attempt that the ledger still has as running once nothing can
     end it any more (teardown: the train task is over, its workers stopped). Its task died without
-    ending it (killed hard, its worker lost); left running, it would count as demand for ever.
-    The attempt's number, or None when none was running."""
+    ending it (killed hard, its worker lost, timed out while deferred); left running, it would
+    count as demand for ever. The attempt's number, or None when none was running."""
     rows = ctx.ledger.attempts(run_id)
     if not rows or rows[-1]["outcome"] != "running":
         return None
     number = rows[-1]["attempt"]
-    ctx.ledger.end_attempt(
-        run_id,
-        number,
-        "failed",
-        detail="still running when the run ended: its train task stopped without ending it",
-    )
-    logger.warning("run %s: attempt %d was still running at teardown; ended as failed", run_id, number)
+    ctx.ledger.end_attempt(run_id, number, "failed", detail=detail)
+    logger.warning("run %s: attempt %d ended as failed (%s)", run_id, number, detail)
     return number
 
 
@@ -406,9 +436,13 @@ def finish_attempt(
         storage.write_json(config.result_uri, result)
 
     if attempt > 1 and attempts[-1]["outcome"] == "preempted" and report.get("first_step_at"):
-        prev = next(p for p in ctx.ledger.preemptions(run_id) if p["attempt"] == attempts[-1]["attempt"])
-        recovery_s = (_ts(report["first_step_at"]) - aware(prev["at"])).total_seconds()
-        ctx.ledger.set_preemption_recovery(run_id, prev["attempt"], round(recovery_s, 3))
+        # None: the try that ended the last attempt died before it recorded the preemption.
+        prev = next(
+            (p for p in ctx.ledger.preemptions(run_id) if p["attempt"] == attempts[-1]["attempt"]), None
+        )
+        if prev is not None:
+            recovery_s = (_ts(report["first_step_at"]) - aware(prev["at"])).total_seconds()
+            ctx.ledger.set_preemption_recovery(run_id, prev["attempt"], round(recovery_s, 3))
 
     resumed = result["resumed_from_step"] if result else report.get("resumed_from")
     preemption = report.get("preemption")

@@ -236,11 +236,17 @@ def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:
     if entry is None:
         waiting = [e for e in ctx.ledger.queue_entries(("queued",)) if e["run_id"] != run_id]
         waited_for = f"{req.num_gpus}x {req.gpu_type} GPUs"
-        if not waiting:
+        # A retried plan of a run that was placed without waiting still holds its reservation:
+        # it re-plans in its own capacity (a retried plan replaces its reservation) rather than
+        # queue behind runs that arrived after it, holding GPUs it would then not use.
+        held = any(r.run_id == run_id for r in ctx.ledger.live_reservations())
+        if not waiting or held:
             try:
                 return reserve_placement(ctx, req, run_id)
             except CapacityUnavailableError as exc:
                 waited_for = str(exc).removeprefix("no capacity for ")
+                if held:  # its capacity is gone (the catalog shrank): it waits holding nothing
+                    ctx.ledger.release(run_id)
         entry = _enqueue(ctx, req, run_id, waited_for, tried=not waiting)
         admit_queued(ctx, arriving=(run_id,))
     else:
@@ -581,12 +587,15 @@ def hold_lease(ctx: StageContext, run_id: str, holder: str, lease_s: float | Non
 
     Raises:
         LeaseReclaimedError: the reconciler reclaimed the reservation (its lease had expired).
+        ReservationReleasedError: the run holds no live reservation any more (its teardown
+            released it: a stage retried after the run ended may not use capacity not its own).
     """
     if renew_lease(ctx, run_id, holder, lease_s):
         return
     reclaimed = (ctx.ledger.reservation_leases().get(run_id) or {}).get("reclaimed_at")
     if reclaimed is not None:
         raise LeaseReclaimedError(run_id, _iso(reclaimed) or "")
+    raise ReservationReleasedError(run_id, f"before {holder} could use its capacity")
 
 
 @contextlib.contextmanager
@@ -617,7 +626,8 @@ def heartbeat(ctx: StageContext, run_id: str, holder: str = "train heartbeat") -
 def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -> JSON:
     """Reclaim every live reservation whose lease expired: stop and remove what the run left on its
     backend, release the capacity (only if the lease is still expired: a renewal wins), mark the
-    run failed, then run an admission pass for the queue."""
+    run failed (unless it ended, or its training completed: finalize records its success), then
+    run an admission pass for the queue."""
     from sailor_tasks.backends import get_backend
     from sailor_tasks.settings import BACKENDS
     from sailor_tasks.stages.summary import RUN_STATUSES_DONE
@@ -649,13 +659,18 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
                 res.gpu_type,
                 res.zone,
             )
-            if run and run.get("status") not in RUN_STATUSES_DONE:
+            # Read again after the reclaim: the run may have ended meanwhile. One whose training
+            # completed has only finalize left, which needs no capacity: it is not failed.
+            run = ctx.ledger.get_run(res.run_id) or {}
+            attempts = ctx.ledger.attempts(res.run_id)
+            trained = bool(attempts) and attempts[-1]["outcome"] == "completed"
+            if run and run.get("status") not in RUN_STATUSES_DONE and not trained:
                 ctx.ledger.upsert_run(
                     res.run_id,
                     status="failed",
                     error="lease expired: the run stopped renewing its reservation",
                 )
-            for att in ctx.ledger.attempts(res.run_id):
+            for att in attempts:
                 if att["outcome"] == "running":
                     ctx.ledger.end_attempt(
                         res.run_id, att["attempt"], "failed", detail="lease expired; reclaimed"

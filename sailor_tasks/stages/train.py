@@ -16,6 +16,7 @@ from sailor_tasks.settings import BACKENDS
 from sailor_tasks.stages.attempts import (
     begin_attempt,
     cancel_running_attempt,
+    completed_result,
     end_orphaned_attempt,
     finish_attempt,
     resume_attempt,
@@ -40,6 +41,8 @@ def train(
 ) -> JSON:
     """Run training on the provisioned capacity, resuming from the newest checkpoint; one attempt
     per call. After a preempted attempt, the next call recovers first (``sailor_tasks.stages.attempts``).
+    A run whose last attempt already completed (a retried try) gets that attempt's result; nothing
+    trains again.
 
     Raises:
         PreemptedError: this attempt was preempted; retry the stage to recover.
@@ -50,8 +53,21 @@ def train(
 
     ctx = resolve_ctx(ctx)
     hold_lease(ctx, run_id, "train")
+    done = completed_train(run_id, ctx)
+    if done is not None:
+        return done
     with timed(ctx, run_id, "train", try_number), heartbeat(ctx, run_id):
         return train_attempt(ctx, request, placement, data, run_id, try_number, max_tries)
+
+
+def completed_train(run_id: str, ctx: StageContext | None = None) -> JSON | None:
+    """The run's train result when its last attempt already completed (``attempts.completed_result``:
+    a retried try whose predecessor died after training ended); None when training has to run."""
+    ctx = resolve_ctx(ctx)
+    done = completed_result(ctx, run_id)
+    if done is not None:
+        logger.info("run %s: training already completed at step %s; not training again", run_id, done["step"])
+    return done
 
 
 def launch_train(
@@ -77,19 +93,29 @@ def launch_train(
 
 
 def stop_reclaimed(run_id: str, ctx: StageContext | None = None) -> None:
-    """The run's lease was reclaimed while its deferred attempt ran (no task renewed it, and the
-    triggerer could not either): stop what the attempt still runs and fail.
+    """The run's reservation was lost while its deferred attempt ran: its lease was reclaimed (no
+    task renewed it, and the triggerer could not either), or its teardown released it. Stop what
+    the attempt still runs and fail.
 
     Raises:
-        LeaseReclaimedError: always; the run may not train on capacity that is no longer its own.
+        LeaseReclaimedError: the lease was reclaimed; the run may not train on capacity that is
+            no longer its own.
+        ReservationReleasedError: the reservation was released (the run was torn down).
     """
-    from sailor_tasks.errors import LeaseReclaimedError
+    from sailor_tasks.errors import LeaseReclaimedError, ReservationReleasedError
 
     ctx = resolve_ctx(ctx)
-    stopped = stop_training(run_id, ctx)
+    stopped = stop_training(run_id, ctx, cancelled=False)
     reclaimed = (ctx.ledger.reservation_leases().get(run_id) or {}).get("reclaimed_at")
-    logger.warning("run %s: lease reclaimed; stopped %d training process(es) or pod(s)", run_id, stopped)
-    raise LeaseReclaimedError(run_id, reclaimed.isoformat(timespec="seconds") if reclaimed else "an unknown time")
+    logger.warning(
+        "run %s: reservation %s; stopped %d training process(es) or pod(s)",
+        run_id,
+        "reclaimed" if reclaimed else "released",
+        stopped,
+    )
+    if reclaimed is None:
+        raise ReservationReleasedError(run_id, "while its deferred attempt ran")
+    raise LeaseReclaimedError(run_id, reclaimed.isoformat(timespec="seconds"))
 
 
 def finish_train(
@@ -166,7 +192,8 @@ def finalize(
         }
         summary_uri = paths.summary_uri(ctx.run_uri(pl.region, run_id))
         storage.write_bytes(summary_uri, render_summary(summary).encode())
-        ctx.ledger.upsert_run(run_id, status="success", usd_estimate=usd)
+        # A success carries no error (one the reconciler or a failed try left is not its outcome).
+        ctx.ledger.upsert_run(run_id, status="success", usd_estimate=usd, error=None)
     markdown = render_summary(summary)
     logger.info("run summary (%s):\n%s", summary_uri, markdown)
     return {**summary, "summary_uri": summary_uri, "summary_md": markdown}
@@ -197,24 +224,34 @@ def _backend_of(ctx: StageContext, run_id: str) -> Any:
     return get_backend(run["backend"] if run and run["backend"] in BACKENDS else "local", ctx.settings)
 
 
-def stop_training(run_id: str, ctx: StageContext | None = None) -> int:
+def stop_training(run_id: str, ctx: StageContext | None = None, *, cancelled: bool = True) -> int:
     """Stop everything the run's training started: every worker process (local) or every pod still
-    running (gke). Called when the train task is killed (a run marked failed: ``sailor cancel``) and
-    by ``teardown``. Returns how many processes or pods were stopped."""
+    running (gke). Called when the train task is killed (a run marked failed: ``sailor cancel``),
+    from the operator or, while it is deferred, its trigger, and when the run lost its
+    reservation (``stop_reclaimed``: ``cancelled`` False). Returns how many processes or pods were
+    stopped.
+
+    A backend whose attempts run detached from the task (gke) has no task left to end the running
+    attempt: it ends here, as ``cancelled`` (and the run with it) or, with ``cancelled`` False,
+    as ``failed``. A local attempt's own task ends it from what its workers report."""
     ctx = resolve_ctx(ctx)
     backend = _backend_of(ctx, run_id)
     stopped = backend.cancel(run_key(run_id))
     if stopped:
         logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
-    if backend.detached_attempts:  # no task follows the attempt any more: it ends here
+    if backend.detached_attempts and cancelled:
         cancel_running_attempt(ctx, run_id)
+    elif backend.detached_attempts:
+        end_orphaned_attempt(ctx, run_id, "its reservation was lost while it ran (reclaimed or released)")
     return stopped
 
 
 def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | None = None) -> JSON:
     """Stop what training left running, remove the run's capacity, take it out of the queue if it
-    waits there, then release its reservation (always runs; idempotent). A run that did not end (``success``, ``rejected``, ``failed``,
-    ``cancelled``) is marked ``failed``, and so is an attempt the ledger still has as running.
+    waits there, then release its reservation (always runs; idempotent). A run that did not end
+    (``success``, ``rejected``, ``failed``, ``cancelled``) is marked ``failed``, and so is an
+    attempt the ledger still has as running: nothing ended it (its task died or timed out; a user's
+    cancel ends it as ``cancelled`` before, from the operator's or its trigger's ``on_kill``).
 
     The backend goes first, so an unreachable ledger can never leave GPUs running; until it is gone
     the reservation stays, so no other run is planned onto capacity that is still held. The backend
@@ -238,8 +275,6 @@ def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | Non
     stopped = _with_retries(f"{name} stop", run_id, lambda: backend_impl.cancel(run_key(run_id)))
     if stopped:
         logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
-        if backend_impl.detached_attempts:  # an attempt no task followed: stopped from outside
-            _with_retries("ledger cancel", run_id, lambda: cancel_running_attempt(ctx, run_id))
     removed = _with_retries(f"{name} teardown", run_id, lambda: backend_impl.teardown(run_key(run_id)))
 
     def release() -> bool:
@@ -261,7 +296,9 @@ def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | Non
     except Exception as exc:  # released below all the same; a stale entry times out on its own
         logger.warning("teardown of %s: could not take it out of the queue: %s", run_id, exc)
     released = _with_retries("ledger release", run_id, release)
-    admission = admit_after_release(ctx) if released or left else None
+    # Also when nothing was released now: a retried teardown whose first try released the run and
+    # died before its admission pass still owes the queue that pass (a no-op when none waits).
+    admission = admit_after_release(ctx)
     return {
         "training_stopped": stopped,
         "reservation_released": released,

@@ -426,20 +426,47 @@ def test_on_kill_deletes_the_running_pods_and_services_and_cancels_the_attempt(g
     assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"
 
 
-def test_teardown_of_a_deferred_run_cancels_its_attempt(gke_env):
-    """Cancelled while deferred (no task runs to be killed): teardown stops the pods and services
-    and ends the attempt as cancelled, not failed or preempted."""
+def test_cancelling_a_deferred_run_stops_its_pods_from_the_trigger_and_cancels_its_attempt(gke_env):
+    """Cancelled while deferred (no task runs to be killed): the triggerer calls the trigger's
+    ``on_kill`` (a user acted on the task), which stops the pods and services and ends the attempt
+    as cancelled, not failed or preempted; teardown then finds nothing left to stop."""
+    import asyncio
+
     from airflow.sdk.exceptions import TaskDeferred
 
+    from sailor_tasks.airflow_glue.triggers import AttemptPodsTrigger
+
     run_id = "manual__kill-2"
+    request, placement, data = gke_env.prepare(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(request, placement, data).execute(_context(run_id))
+    classpath, kwargs = deferred.value.trigger.serialize()
+    asyncio.run(AttemptPodsTrigger(**kwargs).on_kill())  # as the triggerer rebuilt it
+    assert sorted(gke_env.core.deleted) == sorted(deferred.value.trigger.pod_names)
+    assert not gke_env.core.services
+    (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "cancelled" and gke_env.ctx.ledger.preemptions(run_id) == []
+    assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"
+    assert stages.teardown(run_id, gke_env.ctx)["training_stopped"] == 0
+    assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"
+
+
+def test_teardown_of_an_attempt_nothing_ended_stops_its_pods_and_fails_it(gke_env):
+    """The deferred train task ended without its attempt being judged (it timed out, its trigger
+    errored): teardown stops the pods and services and ends the attempt and the run as failed;
+    nobody cancelled them."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    run_id = "manual__kill-3"
     request, placement, data = gke_env.prepare(run_id)
     with pytest.raises(TaskDeferred):
         _operator(request, placement, data).execute(_context(run_id))
     out = stages.teardown(run_id, gke_env.ctx)
     assert out["training_stopped"] == 2 and not gke_env.core.services
     (attempt,) = gke_env.ctx.ledger.attempts(run_id)
-    assert attempt["outcome"] == "cancelled" and gke_env.ctx.ledger.preemptions(run_id) == []
-    assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"
+    assert attempt["outcome"] == "failed" and "without ending it" in attempt["detail"]
+    assert gke_env.ctx.ledger.preemptions(run_id) == []
+    assert gke_env.ctx.ledger.get_run(run_id)["status"] == "failed"
 
 
 def test_a_retried_task_reattaches_to_the_running_pods_instead_of_starting_new_ones(gke_env):
@@ -583,6 +610,15 @@ def test_deferred_train_runs_the_pods_and_recovers_a_preempted_attempt(gke_env):
     assert sum(s.endswith("-rdzv") for s in gke_env.core.services) == 2
     stages_seen = [t["stage"] for t in ledger.stage_timings(run_id)]
     assert stages_seen.count("train_launch") == 2 and stages_seen.count("train") == 2
+
+    # The try's worker died before it reported success: the retry returns the completed
+    # attempt's result and starts no pod.
+    pods_before = (sorted(gke_env.core.pods), list(gke_env.core.deleted))
+    again = op.execute(_context(run_id, try_number=2))
+    assert again["step"] == 60 and again["checkpoint_uri"] == result["checkpoint_uri"]
+    assert again["placement"] == result["placement"] and len(again["attempts"]) == 2
+    assert (sorted(gke_env.core.pods), list(gke_env.core.deleted)) == pods_before
+    assert [a["outcome"] for a in ledger.attempts(run_id)] == ["preempted", "completed"]
 
 
 def test_a_recoverys_new_pool_is_waited_for_in_the_triggerer(gke_env):
@@ -757,7 +793,29 @@ def test_a_reclaimed_lease_fires_and_the_operator_stops_the_pods_and_fails(gke_e
     assert sorted(gke_env.core.deleted) == sorted(deferred.value.trigger.pod_names)
     assert not gke_env.core.services
     (attempt,) = gke_env.ctx.ledger.attempts(run_id)
-    assert attempt["outcome"] == "cancelled"
+    assert attempt["outcome"] == "failed" and "reservation was lost" in attempt["detail"]
+    assert gke_env.ctx.ledger.get_run(run_id)["status"] != "cancelled"  # nobody cancelled it
+
+
+def test_a_reservation_released_while_deferred_fires_and_the_operator_stops_the_pods(gke_env):
+    """The run was torn down (its reservation released) while its attempt ran deferred: the
+    trigger's next renewal finds no live reservation and fires at once instead of renewing in
+    vain for ever; resume_train stops the pods and fails without a retry."""
+    from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+
+    run_id = "manual__lease-6"
+    request, placement, data = gke_env.prepare(run_id)
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    assert gke_env.ctx.ledger.release(run_id)
+    event = _trigger_event(gke_env, deferred.value, timeout_s=30)
+    assert event["status"] == "lease_reclaimed" and "reservation was released" in event["message"]
+    with pytest.raises(AirflowFailException, match="ReservationReleasedError: run manual__lease-6"):
+        op.resume_train(context, event=event)
+    assert sorted(gke_env.core.deleted) == sorted(deferred.value.trigger.pod_names)
+    (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "failed"
 
 
 def test_a_trigger_serialised_before_it_renewed_leases_still_runs_without_renewing(gke_env, monkeypatch):

@@ -105,3 +105,24 @@ def test_each_attempt_records_its_market_why_cost_and_slack(settings, ctx, demo_
     assert [(r["attempt"], r["market"]) for r in rows] == [(m["attempt"], m["market"]) for m in markets]
     assert all(r["usd"] == pytest.approx(r["hours"] * r["usd_per_hour"]) for r in rows)
     assert "Market per attempt" in summary["summary_md"]
+
+
+def test_a_preemption_whose_row_was_never_recorded_does_not_stop_the_recovery(ctx, demo_dataset, monkeypatch):
+    """The try that ended attempt 1 as preempted died before it recorded the preemption row: the
+    next attempt still completes (its recovery time has nothing to attach to)."""
+    real = Ledger.record_preemption
+
+    def lost_for_attempt_1(self, run_id, attempt, *args, **kwargs):
+        if attempt != 1:
+            real(self, run_id, attempt, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "record_preemption", lost_for_attempt_1)
+    summary = run_inline(
+        {**BASE, "num_workers": 1, "total_steps": 20, "checkpoint_every_steps": 5, "dataset_uri": demo_dataset,
+         "inject_preemptions": [6]},
+        "lost-row",
+        ctx,
+    )  # fmt: skip
+    assert summary["steps"] == 20
+    assert [a["outcome"] for a in ctx.ledger.attempts("lost-row")] == ["preempted", "completed"]
+    assert ctx.ledger.preemptions("lost-row") == []

@@ -461,3 +461,73 @@ def test_a_run_torn_down_right_after_its_admission_keeps_its_final_status(tight,
     assert ctx.ledger.get_run("run-2")["status"] == "failed"
     assert ctx.ledger.live_reservations() == []
     assert out["admitted"] == []  # it ended before its admission was recorded
+
+
+def test_a_retried_plan_of_a_placed_run_keeps_its_capacity_instead_of_queueing(tight, demo_dataset):
+    """run-1 was placed without waiting; its plan task is retried (its worker died after the
+    reservation) while run-2 waits: run-1 re-plans in its own capacity, and does not queue behind
+    run-2 holding GPUs that neither could then use."""
+    ctx = tight
+    request = submit(ctx, "run-1", demo_dataset)
+    first = stages.plan(request, "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)
+
+    again = stages.plan(request, "run-1", ctx)
+    assert again["zone"] == first["zone"] == ZONE
+    assert ctx.ledger.queue_entry("run-1") is None
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-1"]  # replaced, not doubled
+    assert ctx.ledger.get_run("run-1")["status"] == "planned"
+    assert ctx.ledger.queue_entry("run-2")["state"] == "queued"
+    assert stages.teardown("run-1", ctx)["admitted"] == ["run-2"]
+
+
+def test_a_lease_expiring_after_training_completed_does_not_fail_the_run(tight, demo_dataset):
+    """Training completed; the lease then expired before finalize ran (a slow scheduler): the
+    reconciler reclaims the capacity, which nothing uses any more, but does not fail the run, and
+    finalize records a success with no error."""
+    ctx = tight
+    request = submit(ctx, "run-1", demo_dataset, num_workers=1, total_steps=4, checkpoint_every_steps=2)
+    placement = stages.plan(request, "run-1", ctx)
+    data = stages.place_data(request, placement, "run-1", ctx)
+    stages.provision(request, placement, "run-1", ctx)
+    result = stages.train(request, placement, data, "run-1", ctx)
+
+    expires = ctx.ledger.reservation_leases()["run-1"]["expires_at"]
+    assert stages.reconcile(ctx, now=expires + dt.timedelta(seconds=1))["reclaimed"] == ["run-1"]
+    run = ctx.ledger.get_run("run-1")
+    assert run["status"] == "running" and run["error"] is None
+    summary = stages.finalize(request, placement, data, result, "run-1", ctx)
+    run = ctx.ledger.get_run("run-1")
+    assert summary["status"] == run["status"] == "success" and run["error"] is None
+    assert stages.teardown("run-1", ctx)["reservation_released"] is False
+    assert ctx.ledger.get_run("run-1")["status"] == "success"
+
+
+def test_finalize_clears_an_error_an_earlier_try_left(ctx, demo_dataset):
+    request = stages.validate(
+        {"dataset_uri": demo_dataset, "num_workers": 1, "total_steps": 2, "checkpoint_every_steps": 2},
+        "run-e",
+        ctx,
+    )
+    placement = stages.plan(request, "run-e", ctx)
+    data = stages.place_data(request, placement, "run-e", ctx)
+    stages.provision(request, placement, "run-e", ctx)
+    result = stages.train(request, placement, data, "run-e", ctx)
+    ctx.ledger.upsert_run("run-e", error="place_data: ConnectionError (try 1 of 3)")
+    stages.finalize(request, placement, data, result, "run-e", ctx)
+    run = ctx.ledger.get_run("run-e")
+    assert run["status"] == "success" and run["error"] is None
+
+
+def test_a_retried_teardown_runs_the_admission_pass_its_first_try_did_not(tight, demo_dataset):
+    """teardown's first try released run-1 and died before its admission pass: the retry, which
+    finds nothing left to release, still admits run-2 rather than leave it to its next re-check."""
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)
+    assert ctx.ledger.release("run-1")  # the first try's release, then its worker was lost
+    out = stages.teardown("run-1", ctx)
+    assert out["reservation_released"] is False and out["admitted"] == ["run-2"]
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-2"]

@@ -149,3 +149,59 @@ def test_teardown_ends_an_attempt_its_killed_train_task_left_running(ctx, demo_d
     assert [r for r in in_flight_rows(ctx, later) if r["run_id"] == "run-k"] == []
     stages.teardown("run-k", ctx)  # idempotent: nothing left to end
     assert ctx.ledger.attempts("run-k")[0]["outcome"] == "failed"
+
+
+def test_a_stage_retried_after_teardown_does_not_use_the_released_capacity(ctx, demo_dataset):
+    """teardown released the run's reservation and marked it failed; a retried train (or
+    place_data, provision) must neither train on capacity that is no longer the run's nor bring
+    the run back to running."""
+    from sailor_tasks.errors import ReservationReleasedError
+
+    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-r", ctx)
+    placement = stages.plan(request, "run-r", ctx)
+    data = stages.place_data(request, placement, "run-r", ctx)
+    stages.provision(request, placement, "run-r", ctx)
+    assert stages.teardown("run-r", ctx)["reservation_released"]
+    assert ctx.ledger.get_run("run-r")["status"] == "failed"
+
+    with pytest.raises(ReservationReleasedError, match="released .* before train could use its capacity"):
+        stages.train(request, placement, data, "run-r", ctx)
+    with pytest.raises(ReservationReleasedError):
+        stages.place_data(request, placement, "run-r", ctx)
+    with pytest.raises(ReservationReleasedError):
+        stages.provision(request, placement, "run-r", ctx)
+    assert ctx.ledger.attempts("run-r") == []  # nothing was launched
+    assert ctx.ledger.get_run("run-r")["status"] == "failed"
+    assert ctx.ledger.live_reservations() == []
+    assert not os.path.exists(os.path.join(ctx.settings.clusters_dir, f"{run_key('run-r')}.json"))
+
+
+def test_a_retried_train_after_its_attempt_completed_returns_that_result(ctx, demo_dataset, monkeypatch):
+    """The train try's worker died after the attempt completed (ledger and result written) and
+    before the task reported success: the retry returns the completed attempt's result and trains
+    nothing again (a run's own command would run twice, with its side effects)."""
+    from sailor_tasks.backends.local import LocalBackend
+
+    request = stages.validate(
+        {"dataset_uri": demo_dataset, "num_workers": 1, "total_steps": 4, "checkpoint_every_steps": 2},
+        "run-c",
+        ctx,
+    )
+    placement = stages.plan(request, "run-c", ctx)
+    data = stages.place_data(request, placement, "run-c", ctx)
+    stages.provision(request, placement, "run-c", ctx)
+    first = stages.train(request, placement, data, "run-c", ctx)
+    assert first["status"] == "completed" and first["step"] == 4
+
+    def trains_again(self, launch):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(LocalBackend, "train", trains_again)
+    again = stages.train(request, placement, data, "run-c", ctx, try_number=2, max_tries=2)
+    assert [a["outcome"] for a in ctx.ledger.attempts("run-c")] == ["completed"]
+    assert {k: again[k] for k in ("status", "step", "checkpoint_uri", "final_loss", "placement", "data")} == {
+        k: first[k] for k in ("status", "step", "checkpoint_uri", "final_loss", "placement", "data")
+    }
+    assert again["attempts"] == first["attempts"] and again["train_wall_s"] > 0
+    summary = stages.finalize(request, placement, data, again, "run-c", ctx)
+    assert summary["status"] == "success" and summary["steps"] == 4
