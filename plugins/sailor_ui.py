@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from typing import Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
@@ -228,24 +229,40 @@ def snapshot_json() -> JSONResponse:
     data = dataclasses.asdict(snap)
     for row, region in zip(data["regions"], snap.regions, strict=True):
         row["ratio"] = region.ratio
-    return JSONResponse(json.loads(json.dumps(data, default=_json_default)))
+    return JSONResponse(_finite(json.loads(json.dumps(data, default=_json_default))))
 
 
 @app.get("/report.png")
 def report_png() -> Response:
-    """The last rebalance report chart, or 404 when no rebalance has recorded one."""
+    """The last rebalance report chart, or 404 when no rebalance has recorded one or its file is
+    gone (its bucket cleaned up)."""
     from sailor_tasks.stages.dashboard import read_report, report_uri
 
     uri = report_uri()
     if not uri:
         return JSONResponse({"detail": "no report yet"}, status_code=404)
-    return Response(read_report(uri), media_type="image/png")
+    try:
+        return Response(read_report(uri), media_type="image/png")
+    except FileNotFoundError:
+        return JSONResponse({"detail": f"the last report, {uri}, no longer exists"}, status_code=404)
 
 
 def _json_default(value: Any) -> Any:
     if hasattr(value, "isoformat"):
         return value.isoformat()
     raise TypeError(type(value).__name__)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as null: JSON has no such numbers (a diverged run's loss
+    is NaN in the ledger)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 class SailorPlugin(AirflowPlugin):

@@ -34,6 +34,11 @@ def _choices(valid: Iterable[object], limit: int = 60) -> str:
     return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
+class SettingsError(SailorError, ValueError):
+    """A ``SAILOR_*`` setting has a bad value; the message names the variable, the value and what
+    is valid."""
+
+
 class InvalidRequestError(SailorError, ValueError):
     """A run's parameters are invalid. Configuration error: retrying does not help."""
 

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from sailor_tasks.errors import SettingsError
+
 BACKENDS = ("local", "gke")
 QUEUE_POLICIES = ("las", "fifo", "ftf", "edf")
 """Policies the live queue admits by (``sailor_tasks.queue``); ``las`` is the default."""
@@ -87,16 +89,16 @@ class Settings:
         state_dir = str(Path(env.get("SAILOR_STATE_DIR") or ".sailor").expanduser().resolve())
         backend = env.get("SAILOR_BACKEND", "local")
         if backend not in BACKENDS:
-            raise ValueError(f"SAILOR_BACKEND={backend!r} is not a backend; valid: {', '.join(BACKENDS)}")
+            raise SettingsError(f"SAILOR_BACKEND={backend!r} is not a backend; valid: {', '.join(BACKENDS)}")
         policy = env.get("SAILOR_QUEUE_POLICY") or "las"
         if policy not in QUEUE_POLICIES:
-            raise ValueError(
+            raise SettingsError(
                 f"SAILOR_QUEUE_POLICY={policy!r} is not a queue policy; valid: {', '.join(QUEUE_POLICIES)}"
             )
         lease_s = _positive("SAILOR_LEASE_S", env.get("SAILOR_LEASE_S") or str(DEFAULT_LEASE_S))
         shortest = LEASE_RENEWALS * LEASE_RENEWAL_S[backend]
         if lease_s < shortest:
-            raise ValueError(
+            raise SettingsError(
                 f"SAILOR_LEASE_S={env.get('SAILOR_LEASE_S')!r}: need at least {shortest:g} seconds with "
                 f"SAILOR_BACKEND={backend} ({LEASE_RENEWALS} renewals of a running run, one every "
                 f"{LEASE_RENEWAL_S[backend]:g} s at most); default {DEFAULT_LEASE_S:g}"
@@ -165,11 +167,11 @@ class Settings:
         """Root URI of a SAILOR bucket: a region name, or ``source`` for unplaced datasets.
 
         Raises:
-            ValueError: the bucket template names ``{project}`` and no project is known.
+            SettingsError: the bucket template names ``{project}`` and no project is known.
         """
         project = self.gcp_project if "{project}" in self.bucket_template else ""
         if "{project}" in self.bucket_template and not project:
-            raise ValueError(
+            raise SettingsError(
                 f"SAILOR_BUCKET_TEMPLATE={self.bucket_template!r} names {{project}} but no GCP project is "
                 f"known: none from {self.gcp_project_source}, and SAILOR_GCP_PROJECT is unset; set the "
                 "project of the Airflow connection (extra 'project') or SAILOR_GCP_PROJECT"
@@ -193,7 +195,7 @@ def parse_team_weights(text: str) -> tuple[tuple[str, float], ...]:
     """``"ml=2,search=1"`` → (("ml", 2.0), ("search", 1.0)), sorted by team.
 
     Raises:
-        ValueError: an item is not ``team=weight`` with a positive finite weight (names the item).
+        SettingsError: an item is not ``team=weight`` with a positive finite weight (names the item).
     """
     out: dict[str, float] = {}
     for item in (p.strip() for p in text.split(",")):
@@ -205,7 +207,7 @@ def parse_team_weights(text: str) -> tuple[tuple[str, float], ...]:
         except ValueError:
             weight = float("nan")
         if not sep or not team.strip() or not (0 < weight < float("inf")):
-            raise ValueError(
+            raise SettingsError(
                 f"SAILOR_TEAM_WEIGHTS item {item!r}: need team=weight with a weight > 0, e.g. ml=2,search=1"
             )
         out[team.strip()] = weight
@@ -218,5 +220,5 @@ def _positive(name: str, value: str) -> float:
     except ValueError:
         number = float("nan")
     if not (0 < number < float("inf")):
-        raise ValueError(f"{name}={value!r}: need a number of seconds > 0")
+        raise SettingsError(f"{name}={value!r}: need a number of seconds > 0")
     return number

@@ -132,10 +132,16 @@ class AirflowClient:
         return self.request("GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}")
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        body = self.request(
-            "GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances"
-        )
-        return body["task_instances"]
+        """Every task instance of the run (mapped ones one per index), read page by page: the API
+        returns at most ``limit`` (50 by default) per request."""
+        path = f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}/taskInstances"
+        found: list[dict[str, Any]] = []
+        while True:
+            body = self.request("GET", path, params={"limit": TASK_INSTANCES_PAGE, "offset": len(found)})
+            page = body["task_instances"]
+            found.extend(page)
+            if not page or len(found) >= int(body.get("total_entries", len(found))):
+                return found
 
     def task_log(
         self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1
@@ -235,6 +241,10 @@ def client_from_args(args: Any) -> AirflowClient:
     password = args.password if args.password is not None else os.environ.get("SAILOR_AIRFLOW_PASSWORD")
     token = args.token or os.environ.get("SAILOR_AIRFLOW_TOKEN")
     return AirflowClient(args.airflow_url, args.username, password, token=token)
+
+
+TASK_INSTANCES_PAGE = 100
+"""Task instances asked for per request (within the API's ``maximum_page_limit``, 100 by default)."""
 
 
 def exit_code_of(exc: BaseException) -> ExitCode:

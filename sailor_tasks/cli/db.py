@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -56,13 +57,29 @@ def _unreachable(settings: Settings, exc: DBAPIError) -> int:
     return ExitCode.NOT_FOUND
 
 
+def _missing_sqlite_file(url: str) -> bool:
+    """Whether ``url`` names a SQLite file that does not exist (yet)."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    return (
+        u.get_backend_name() == "sqlite"
+        and u.database not in (None, "", ":memory:")
+        and not os.path.exists(u.database)
+    )
+
+
 def cmd_current(args: argparse.Namespace) -> int:
+    from sqlalchemy import create_engine
+
     from sailor_tasks.errors import LedgerSchemaError
     from sailor_tasks.ledger import migrate
     from sailor_tasks.ledger.store import open_engine
 
     settings = _settings(args)
-    engine = open_engine(settings.ledger_url)
+    missing = _missing_sqlite_file(settings.ledger_url)
+    # A ledger file that does not exist yet reads as an empty database; nothing is created.
+    engine = create_engine("sqlite://") if missing else open_engine(settings.ledger_url)
     try:
         status = migrate.status(engine)
     except LedgerSchemaError as exc:
@@ -87,7 +104,7 @@ def cmd_current(args: argparse.Namespace) -> int:
         )
         return ExitCode.OK
     state = "up to date" if status.up_to_date else "behind: run `sailor db upgrade`"
-    print(f"ledger:   {settings.ledger_url_redacted}")
+    print(f"ledger:   {settings.ledger_url_redacted}" + (" (no such file yet)" if missing else ""))
     print(f"revision: {status.current or '(none)'}")
     print(f"head:     {status.head} ({state})")
     print(f"tables:   {len(status.tables)}")

@@ -31,9 +31,13 @@ def add_parser(sub: Any) -> None:
         "--try", dest="try_number", type=positive_int, help="only this try of each task (default: every try)"
     )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the run ends")
-    p.add_argument("--poll", type=positive_float, default=2.0, help="seconds between reads when following (default 2)")
     p.add_argument(
-        "--timeout", type=positive_float, help="stop following after this many seconds (exit status 1; default: never)"
+        "--poll", type=positive_float, default=2.0, help="seconds between reads when following (default 2)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        help="stop following after this many seconds (exit status 1; default: never)",
     )
     p.add_argument(
         "--log-folder",
@@ -74,6 +78,12 @@ class LogSource(Protocol):
 
     def done(self) -> bool:
         """Whether the run has ended (nothing more will be logged)."""
+
+    def known(self) -> bool:
+        """Whether the run exists (it may have no log yet)."""
+
+    def task_ids(self) -> tuple[str, ...] | None:
+        """Every task of the run's DAG, logged or not yet (None: not known here)."""
 
 
 def base_log_folder(explicit: str | None = None, environ: Any = None) -> str:
@@ -151,6 +161,23 @@ class LocalLogs:
         complete = text[: text.rfind("\n") + 1]  # a line still being written waits for the next read
         return [render_record(line) for line in complete.splitlines() if line]
 
+    def _ledger_run(self) -> dict[str, Any] | None:
+        from sailor_tasks.ledger import Ledger
+        from sailor_tasks.settings import Settings
+
+        if self._ledger is None:
+            self._ledger = Ledger(Settings.from_env().ledger_url)
+        return self._ledger.get_run(self.run_id)
+
+    def known(self) -> bool:
+        """The run has a log folder, or (sailor_train) a row in the ledger."""
+        return os.path.isdir(self.run_dir) or (
+            self.dag_id == "sailor_train" and self._ledger_run() is not None
+        )
+
+    def task_ids(self) -> tuple[str, ...] | None:
+        return TRAIN_TASKS if self.dag_id == "sailor_train" else None
+
     def done(self) -> bool:
         """The ledger's status of a sailor_train run is final and teardown has recorded its end in
         the ledger (its log file appears when it starts, long before it has stopped and released
@@ -158,13 +185,9 @@ class LocalLogs:
         and ``plan``, never runs for it."""
         if self.dag_id != "sailor_train":
             return False
-        from sailor_tasks.ledger import Ledger
-        from sailor_tasks.settings import Settings
         from sailor_tasks.stages.summary import RUN_STATUSES_DONE
 
-        if self._ledger is None:
-            self._ledger = Ledger(Settings.from_env().ledger_url)
-        run = self._ledger.get_run(self.run_id)
+        run = self._ledger_run()
         if not run or run["status"] not in RUN_STATUSES_DONE:
             return False
         return run["status"] == "rejected" or any(
@@ -196,6 +219,15 @@ class ApiLogs:
         from sailor_tasks.cli.airflow_api import TERMINAL_RUN_STATES
 
         return self.client.dag_run(self.dag_id, self.run_id)["state"] in TERMINAL_RUN_STATES
+
+    def known(self) -> bool:
+        """The API has the dag run (an unknown one raises its 404)."""
+        self.client.dag_run(self.dag_id, self.run_id)
+        return True
+
+    def task_ids(self) -> tuple[str, ...] | None:
+        """Every task instance of the run, started or not."""
+        return tuple({ti["task_id"]: None for ti in self.client.task_instances(self.dag_id, self.run_id)})
 
 
 def select(tries: Sequence[TaskTry], task: str | None, try_number: int | None) -> list[TaskTry]:
@@ -245,14 +277,73 @@ def print_logs(
         time.sleep(poll_s)
 
 
+RUN_APPEARS_S = 60.0
+"""How long ``--follow`` waits for a run it cannot find yet (just triggered: no task has started
+and nothing is recorded) before it says there is no such run."""
+
+
+def _appears(source: LogSource, wait_s: float, poll_s: float) -> bool:
+    """Whether the run is known, or becomes known within ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while not source.known():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def _bad_selection(
+    source: LogSource, args: argparse.Namespace, tries: list[TaskTry]
+) -> tuple[int, str] | None:
+    """(exit status, message) when ``--task`` or ``--try`` cannot select anything, else None.
+    Without ``--follow`` they must name logs that exist; with it, a task of the run's DAG (its
+    logs may come later)."""
+    tasks = sorted({t.task_id for t in tries}, key=_task_order)
+    if args.task and args.follow:
+        valid = source.task_ids()
+        if valid is not None and args.task not in valid:
+            return ExitCode.BAD_INPUT, (
+                f"--task {args.task!r} is not a task of DAG {args.dag_id}; "
+                f"valid: {', '.join(sorted(valid, key=_task_order))}"
+            )
+    elif args.task and args.task not in tasks:
+        return (
+            ExitCode.BAD_INPUT,
+            f"--task {args.task!r} has no log in run {args.run_id}; valid: {', '.join(tasks)}",
+        )
+    if args.try_number is not None and not args.follow and not select(tries, args.task, args.try_number):
+        have = sorted({t.try_number for t in select(tries, args.task, None)})
+        of = f" of task {args.task}" if args.task else ""
+        return ExitCode.BAD_INPUT, (
+            f"--try {args.try_number} has no log{of} in run {args.run_id}; tries with logs: "
+            f"{', '.join(map(str, have))}"
+        )
+    return None
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     source: LogSource
     if args.airflow_url:
         source = ApiLogs(client_from_args(args), args.dag_id, args.run_id)
     else:
         source = LocalLogs(base_log_folder(args.log_folder), args.dag_id, args.run_id)
+        if args.follow and args.timeout is None and source.task_ids() is None:
+            print(
+                f"error: --follow cannot tell from the local log folder when a run of DAG {args.dag_id} "
+                "ends; give --airflow-url to follow it through the API, or --timeout",
+                file=sys.stderr,
+            )
+            return ExitCode.BAD_INPUT
     try:
         tries = source.tries()
+        wait_s = min(RUN_APPEARS_S, args.timeout or RUN_APPEARS_S)
+        if not tries and args.follow and not _appears(source, wait_s, args.poll):
+            print(
+                f"error: no run {args.run_id!r} of DAG {args.dag_id} at {source.where}: no task log, "
+                f"nothing recorded after {wait_s:.0f} s",
+                file=sys.stderr,
+            )
+            return ExitCode.NOT_FOUND
         if not tries and not args.follow:
             hint = (
                 f" under {source.where}; runs of `airflow dags test` (make demo) print their logs in "
@@ -262,13 +353,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
             )
             print(f"error: no task log of run {args.run_id!r}{hint}", file=sys.stderr)
             return ExitCode.NOT_FOUND
-        tasks = sorted({t.task_id for t in tries}, key=_task_order)
-        if args.task and args.task not in tasks and not args.follow:
-            print(
-                f"error: --task {args.task!r} has no log in run {args.run_id}; valid: {', '.join(tasks)}",
-                file=sys.stderr,
-            )
-            return ExitCode.BAD_INPUT
+        bad = _bad_selection(source, args, tries)
+        if bad is not None:
+            print(f"error: {bad[1]}", file=sys.stderr)
+            return bad[0]
         return print_logs(source, args.task, args.try_number, args.follow, args.poll, args.timeout)
     except KeyboardInterrupt:
         return ExitCode.OK

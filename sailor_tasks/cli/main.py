@@ -8,6 +8,8 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
 from sailor_tasks.cli import (
     cancel,
     catalog,
@@ -25,7 +27,7 @@ from sailor_tasks.cli import (
     submit,
     trace,
 )
-from sailor_tasks.errors import CatalogError, ExitCode
+from sailor_tasks.errors import CatalogError, ExitCode, SettingsError
 
 EXIT_CODES = {
     ExitCode.OK: "ok",
@@ -105,6 +107,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CatalogError as exc:  # SAILOR_CATALOG_FILE / SAILOR_SUPPLY_FILE, for every command
         print(f"error: the catalog cannot be loaded: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    except SettingsError as exc:  # a SAILOR_* variable, for every command
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    except (DBAPIError, ArgumentError) as exc:  # the ledger of every command that reads or writes it
+        return _ledger_error(exc)
+
+
+def _ledger_error(exc: Exception) -> int:
+    """A clear line, not a traceback, for a ledger that cannot be used: a URL SQLAlchemy cannot use
+    (bad input), or a database it cannot reach or use (not found)."""
+    from sailor_tasks.settings import Settings
+
+    url = Settings.from_env().ledger_url_redacted
+    if isinstance(exc, ArgumentError):
+        print(f"error: SAILOR_LEDGER_URL={url!r} is not a usable SQLAlchemy URL: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    orig = getattr(exc, "orig", None)
+    reason = (str(orig).strip().splitlines() or [type(orig).__name__])[0] if orig is not None else str(exc)
+    print(f"error: cannot use the ledger at {url}: {reason}", file=sys.stderr)
+    return ExitCode.NOT_FOUND
 
 
 if __name__ == "__main__":

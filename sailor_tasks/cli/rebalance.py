@@ -84,8 +84,12 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
         )
         return 2
     if args.write_scenario:
-        with open(args.write_scenario, "w") as f:
-            json.dump(problem.to_json(), f)
+        try:
+            with open(args.write_scenario, "w") as f:
+                json.dump(problem.to_json(), f)
+        except OSError as exc:
+            print(f"error: --write-scenario {args.write_scenario!r}: {exc}", file=sys.stderr)
+            return 2
     try:
         solution = solve(
             problem, seed=args.seed, time_limit_s=args.time_limit, comfort_ratio=args.comfort_ratio

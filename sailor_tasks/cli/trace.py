@@ -52,8 +52,12 @@ def cmd_trace_gcp(args: argparse.Namespace) -> int:
         {"metadata": {"gap_seconds": trace.gap_seconds, "source": trace.source}, "data": trace.data}
     )
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        try:
+            with open(args.out, "w") as f:
+                f.write(text)
+        except OSError as exc:
+            print(f"error: --out {args.out!r}: {exc}", file=sys.stderr)
+            return 2
         print(f"wrote {len(trace.data)} slots, {len(trace.preemption_times())} preemptions to {args.out}")
     else:
         print(text)

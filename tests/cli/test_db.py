@@ -44,3 +44,31 @@ def test_an_unknown_revision_is_bad_input_naming_the_valid_ones(settings, capsys
     err = capsys.readouterr().err
     assert "'nope'" in err and migrate.head_revision() in err
     assert inspect(create_engine(settings.ledger_url)).get_table_names() == []
+
+
+def test_current_of_a_ledger_file_that_does_not_exist_creates_nothing(settings, tmp_path, capsys):
+    path = tmp_path / "not-yet" / "ledger.db"
+    assert sailor(["db", "current", "--ledger-url", f"sqlite:///{path}"]) == 0
+    out = capsys.readouterr().out
+    assert "(no such file yet)" in out and "revision: (none)" in out
+    assert not path.exists() and not path.parent.exists()
+
+
+def test_every_command_reports_an_unusable_ledger_or_setting_in_one_line(settings, monkeypatch, capsys):
+    """No traceback: the value, what is wrong, and the exit status of its kind."""
+    monkeypatch.setenv("SAILOR_LEDGER_URL", "postgresql+psycopg://sailor:s3cret@127.0.0.1:1/none")
+    assert sailor(["runs"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot use the ledger at postgresql+psycopg://sailor:***@127.0.0.1:1/none: ")
+    assert "s3cret" not in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+    for url in ("notadb://x", "not a url"):
+        monkeypatch.setenv("SAILOR_LEDGER_URL", url)
+        assert sailor(["show", "run-1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: SAILOR_LEDGER_URL={url!r} is not a usable SQLAlchemy URL")
+
+    monkeypatch.delenv("SAILOR_LEDGER_URL")
+    monkeypatch.setenv("SAILOR_LEASE_S", "soon")
+    assert sailor(["queue"]) == 2
+    assert capsys.readouterr().err == "error: SAILOR_LEASE_S='soon': need a number of seconds > 0\n"

@@ -210,3 +210,48 @@ def test_without_airflow_home_the_projects_airflow_folder_is_used(tmp_path, monk
     assert base_log_folder(environ={"AIRFLOW_HOME": "/srv/af"}) == "/srv/af/logs"
     assert base_log_folder(environ={"AIRFLOW__LOGGING__BASE_LOG_FOLDER": "/l", "AIRFLOW_HOME": "/a"}) == "/l"
     assert base_log_folder("/explicit", environ={"AIRFLOW_HOME": "/a"}) == "/explicit"
+
+
+def test_follow_never_hangs_on_what_cannot_be_followed(tmp_path, ctx, capsys, monkeypatch):
+    """An unknown run, a task the DAG does not have, or a DAG whose local logs cannot tell when
+    its run ends: a clear error, not a wait for ever."""
+    from sailor_tasks.cli import logs
+
+    assert logs.RUN_APPEARS_S == 60.0
+    monkeypatch.setattr(logs, "RUN_APPEARS_S", 0.5)  # how long a just-triggered run may take to appear
+    folder = ["--log-folder", str(tmp_path), "--poll", "0.05"]
+    started = time.monotonic()
+    assert sailor(["logs", "manual__nothing", "--follow", *folder]) == 3  # no --timeout: never ends
+    err = capsys.readouterr().err
+    assert "no run 'manual__nothing' of DAG sailor_train" in err
+    assert time.monotonic() - started < 5
+
+    write_log(tmp_path, "validate", 1, [record("params ok")])
+    assert sailor(["logs", RUN_ID, "--follow", "--task", "trian", *folder]) == 2
+    err = capsys.readouterr().err
+    assert "--task 'trian' is not a task of DAG sailor_train" in err
+    assert "valid: validate, plan, place_data, provision, train, finalize, teardown" in err
+
+    assert sailor(["logs", RUN_ID, "--follow", "--dag-id", "sailor_rebalance", *folder]) == 2
+    assert "--follow cannot tell from the local log folder" in capsys.readouterr().err
+
+
+def test_a_try_without_a_log_is_bad_input_naming_the_tries_that_have_one(tmp_path, capsys):
+    write_log(tmp_path, "train", 1, [record("step 1")])
+    write_log(tmp_path, "train", 2, [record("step 2")])
+    write_log(tmp_path, "plan", 1, [record("chose")])
+    assert sailor(["logs", RUN_ID, "--log-folder", str(tmp_path), "--task", "train", "--try", "3"]) == 2
+    assert "--try 3 has no log of task train in run" in (err := capsys.readouterr().err)
+    assert err.rstrip().endswith("tries with logs: 1, 2")
+    assert sailor(["logs", RUN_ID, "--log-folder", str(tmp_path), "--try", "2"]) == 0
+    assert "step 2" in capsys.readouterr().out
+
+
+def test_api_logs_follow_of_a_task_the_run_does_not_have_is_bad_input(monkeypatch, capsys):
+    from sailor_tasks.cli import logs
+
+    api = FakeAirflow()
+    monkeypatch.setattr(logs, "client_from_args", lambda args: api)
+    argv = ["logs", RUN_ID, "--airflow-url", "http://airflow.test", "--follow", "--task", "trian"]
+    assert sailor(argv) == 2
+    assert "valid: plan, train, finalize" in capsys.readouterr().err

@@ -189,3 +189,22 @@ def test_page_shows_dollars_and_minutes_as_plain_numbers(plugin):
     }
     html = plugin.render_page(_snap(runs=(run,), queue=(waiting,)))
     assert "<td>12,345.68</td>" in html and "<td>10,080.0</td>" in html and "e+04" not in html
+
+
+def test_a_nan_loss_and_a_report_file_that_is_gone_are_answered_not_500(plugin, client, token, monkeypatch, tmp_path):
+    """A diverged run's loss is NaN in the ledger (PostgreSQL keeps it): the snapshot shows null.
+    A report whose file was cleaned up is a 404 naming it."""
+    import math
+
+    import sailor_tasks.stages.dashboard as dashboard
+
+    run = {"run_id": "r-1", "status": "failed", "final_loss": float("nan"), "initial_loss": math.inf}
+    monkeypatch.setattr(plugin, "_snapshot", lambda: _snap(runs=(run,)))
+    gone = f"file://{tmp_path}/report-gone.png"
+    monkeypatch.setattr(dashboard, "report_uri", lambda: gone)
+    auth = {"Authorization": f"Bearer {token}"}
+    snap = client.get("/api/snapshot", headers=auth)
+    assert snap.status_code == 200
+    assert snap.json()["runs"] == [{"run_id": "r-1", "status": "failed", "final_loss": None, "initial_loss": None}]
+    report = client.get("/report.png", headers=auth)
+    assert report.status_code == 404 and gone in report.json()["detail"]

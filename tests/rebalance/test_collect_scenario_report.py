@@ -212,6 +212,10 @@ def test_problem_json_round_trip_and_cli(tmp_path, capsys):
     assert out["bytes_moved"] <= out["budget_bytes"] and out["max_ratio_after"] <= out["max_ratio_before"]
     assert main(["rebalance", "--scenario", str(tmp_path / "missing.json")]) == 2
     assert "neither 'generated' nor a problem JSON file" in capsys.readouterr().err
+    unwritable = tmp_path / "no-such-folder" / "out.json"
+    assert main(["rebalance", "--scenario", str(path), "--write-scenario", str(unwritable)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --write-scenario {str(unwritable)!r}: ") and "Traceback" not in err
 
 
 def test_bad_problem_files_and_solver_options_are_refused_naming_the_value(tmp_path, capsys):

@@ -18,3 +18,12 @@ def test_zone_trace_written_and_replayable(shared_data, tmp_path, capsys):
     assert events[0].at_s == trace.preemption_times()[0] / 3600.0
     assert main(["trace-gcp", "--logs", logs, "--zone", "nope"]) == 2
     assert "zone='nope'" in capsys.readouterr().err
+
+
+def test_an_unwritable_out_path_is_bad_input_naming_it(shared_data, tmp_path, capsys):
+    logs = str(shared_data / "gcp_preemption_2020" / "logs")
+    out = tmp_path / "no-such-folder" / "west.json"
+    assert main(["trace-gcp", "--logs", logs, "--zone", "us-west1-b", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {str(out)!r}: ") and "No such file or directory" in err
+    assert not out.exists()

@@ -1,0 +1,33 @@
+"""The Airflow REST client: requests the API answers in pages are read to the end."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from sailor_tasks.cli.airflow_api import AirflowClient
+
+
+class _PagedSession:
+    """Airflow's taskInstances endpoint over 130 task instances, at most 50 per page whatever the
+    client asks (the server's maximum_page_limit)."""
+
+    def __init__(self):
+        self.tis = [{"task_id": f"t{i}", "map_index": -1} for i in range(130)]
+        self.calls = []
+
+    def request(self, method, url, headers=None, timeout=None, params=None, **kwargs):
+        self.calls.append(params)
+        limit = min(int((params or {}).get("limit", 50)), 50)
+        offset = int((params or {}).get("offset", 0))
+        body = {"task_instances": self.tis[offset : offset + limit], "total_entries": len(self.tis)}
+        return SimpleNamespace(
+            status_code=200, content=b"x", headers={"content-type": "application/json"}, json=lambda: body
+        )
+
+
+def test_task_instances_are_read_page_by_page():
+    client = AirflowClient("http://localhost:8080", token="a-token")
+    client.session = _PagedSession()
+    tis = client.task_instances("sailor_train", "manual__1")
+    assert [ti["task_id"] for ti in tis] == [f"t{i}" for i in range(130)]
+    assert [c["offset"] for c in client.session.calls] == [0, 50, 100]
