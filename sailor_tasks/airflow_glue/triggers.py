@@ -111,6 +111,13 @@ class LeasedOperationTrigger(GKEOperationTrigger):
         _, kwargs = super().serialize()
         return OPERATION_CLASSPATH, {**kwargs, "run_id": self.run_id}
 
+    async def on_kill(self) -> None:
+        """A user acted on the deferred task (``sailor cancel``): a train task waiting for a
+        recovery's node pool has begun its next attempt, which ends ``cancelled`` as it would
+        while its pods run (``cancel_attempt``); a provision task has no attempt to end."""
+        if self.run_id is not None:
+            await asyncio.to_thread(cancel_attempt, self.run_id)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         events = super().run()
         pending: asyncio.Future | None = None

@@ -998,7 +998,21 @@ class GkeBackend:
             pools = [p for p in record["pools"] if p["name"] != pool_name] + [entry]
             record = {**record, "pools": pools}
             if op is not None:
-                pending = self._pending(op, "pool", what, region)
+                try:
+                    pending = self._pending(op, "pool", what, region)
+                except RuntimeError:
+                    # Failed at once; GKE may keep the pool (in ERROR). Recorded as an operation
+                    # an earlier try started, the pool is removed by teardown, and a retry deletes
+                    # it and creates it anew instead of reusing it.
+                    failed = PendingOperation(
+                        name=getattr(op, "name", "") or "",
+                        location=getattr(op, "location", "") or region,
+                        project=cfg.project,
+                        phase="pool",
+                        what=what,
+                    )
+                    self._started(run_key, record, failed, placement)
+                    raise
                 if pending is not None:
                     return self._started(run_key, record, pending, placement)
         record.update(
@@ -1133,6 +1147,15 @@ class GkeBackend:
         if record is None:
             return False
         uri = self._record_uri(run_key)
+        started = record.get("pending")
+        if started:
+            # GKE refuses to delete a pool while an operation runs on it (its creation, when the
+            # run ends while provisioning): wait for that first; how it ended does not matter here.
+            try:
+                keys = ("name", "location", "project", "phase", "what")
+                self.wait(PendingOperation(**{k: started[k] for k in keys}))
+            except (RuntimeError, TimeoutError) as exc:
+                logger.warning("teardown of %s: %s; deleting what is there", run_key, exc)
         pools = record.get("pools", [])
         for pool in pools:
             if pool.get("state") in ("deleted", "scaled_to_zero") and self.cfg.teardown != "delete":

@@ -217,6 +217,15 @@ def place_data(request: JSON, placement: JSON, run_id: str, ctx: StageContext | 
     }
 
 
+def _mark_provisioned(ctx: StageContext, run_id: str) -> None:
+    """Record the run ``provisioned`` while it has not begun training: a recovery's capacity, or a
+    GKE train task checking its capacity before each launch, leaves ``running``, ``preempted`` or
+    an end as they are."""
+    run = ctx.ledger.get_run(run_id)
+    if run is None or run["status"] in ("validated", "planned", "provisioned"):
+        ctx.ledger.upsert_run(run_id, status="provisioned")
+
+
 def provision(request: JSON, placement: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:
     """Create (or reuse) the capacity of the placement on the request's backend, renewing the
     run's lease while it waits (a GPU node pool can take longer than the lease)."""
@@ -225,7 +234,7 @@ def provision(request: JSON, placement: JSON, run_id: str, ctx: StageContext | N
     hold_lease(ctx, run_id, "provision")
     with timed(ctx, run_id, "provision"), heartbeat(ctx, run_id, "provision"):
         record = get_backend(req.backend, ctx.settings).provision(run_key(run_id), pl)
-        ctx.ledger.upsert_run(run_id, status="provisioned")
+        _mark_provisioned(ctx, run_id)
     return {"backend": req.backend, "run_key": run_key(run_id), "status": record.get("status", "ready")}
 
 
@@ -268,5 +277,5 @@ def provision_step(
                     "poll_s": backend.cfg.operation_poll_s,
                 }
             }
-        ctx.ledger.upsert_run(run_id, status="provisioned")
+        _mark_provisioned(ctx, run_id)
     return {"backend": req.backend, "run_key": run_key(run_id), "status": step.get("status", "ready")}

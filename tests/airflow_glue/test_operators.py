@@ -366,6 +366,8 @@ def test_execute_on_gke_starts_the_pods_and_defers_on_every_pod_at_once(gke_env)
     assert not context["task_state_store"].used
     (attempt,) = gke_env.ctx.ledger.attempts(run_id)
     assert attempt["outcome"] == "running" and attempt["try_number"] == 1
+    # checking the capacity before the launch did not mark the training run provisioned again
+    assert gke_env.ctx.ledger.get_run(run_id)["status"] == "running"
 
 
 def test_the_trigger_streams_every_pods_log_and_fires_when_one_fails(gke_env, capsys):
@@ -857,3 +859,44 @@ def test_run_stage_fails_at_once_on_what_a_retry_cannot_fix(error, retried):
     with pytest.raises(Exception) as raised:
         run_stage(stage)
     assert isinstance(raised.value, AirflowFailException) is not retried
+
+
+def test_cancel_while_a_recoverys_pool_is_created_cancels_the_attempt(gke_env):
+    """The train task waits (deferred) for the node pool of a recovery whose attempt has begun:
+    cancelling the run ends that attempt, and the run, as cancelled, not failed."""
+    import asyncio
+
+    from airflow.sdk.exceptions import TaskDeferred
+    from google.cloud.container_v1 import types
+
+    from sailor_tasks.airflow_glue.triggers import LeasedOperationTrigger
+
+    run_id = "manual__cancel-recover"
+    request, placement, data = gke_env.prepare(run_id)
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    ops: dict[str, object] = {}
+
+    def running():
+        name = f"operation-{len(ops) + 1}"
+        ops[name] = types.Operation(name=name, status=types.Operation.Status.RUNNING, location=REGION)
+        return ops[name]
+
+    gke_env.clusters._op = running
+    gke_env.clusters.get_operation = lambda *, name: ops[name.rsplit("/", 1)[-1]]
+    node0, _ = deferred.value.trigger.pod_names
+    del gke_env.core.pods[node0]  # preempted: the train task recovers and waits for the new pool
+    with pytest.raises(TaskDeferred) as waiting:
+        op.resume_train(context, event=_trigger_event(gke_env, deferred.value, timeout_s=30))
+    classpath, kwargs = waiting.value.trigger.serialize()
+    assert classpath.endswith("LeasedOperationTrigger")
+    (_, second) = gke_env.ctx.ledger.attempts(run_id)
+    assert second["outcome"] == "running"
+
+    # sailor cancel marks the run failed: the triggerer calls the deferred trigger's on_kill
+    asyncio.run(LeasedOperationTrigger(**kwargs).on_kill())
+    stages.teardown(run_id, gke_env.ctx)
+    (_, second) = gke_env.ctx.ledger.attempts(run_id)
+    assert second["outcome"] == "cancelled", second
+    assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"

@@ -709,3 +709,104 @@ def test_render_shows_the_runs_own_image_command_and_env(settings):
         assert pod["spec"]["terminationGracePeriodSeconds"] == 105
     kubelet = out["node_pool"]["node_pool"]["config"]["kubelet_config"]
     assert kubelet["shutdown_grace_period_seconds"] == 120
+
+
+# A node pool whose creation has already failed when ``create_node_pool`` returns (a stockout: GKE
+# answers with a DONE operation carrying the error, and may keep the pool in ERROR) is recorded like
+# one that fails later: teardown removes it, and a retried provision deletes it and creates it anew.
+STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
+
+
+class PoolFailsAtOnce(InMemoryClusterManager):
+    def __init__(self):
+        super().__init__()
+        self.failed = False
+
+    def _failed_op(self):
+        from google.cloud.container_v1 import types
+
+        return types.Operation(
+            name="op-pool",
+            status=types.Operation.Status.DONE,
+            location="us-central1",
+            error={"message": STOCKOUT},
+        )
+
+    def create_node_pool(self, *, parent, node_pool):
+        super().create_node_pool(parent=parent, node_pool=node_pool)  # kept by GKE, in ERROR
+        if not self.failed:
+            self.failed = True
+            return self._failed_op()
+        return self._op()
+
+    def get_operation(self, *, name):
+        return self._failed_op() if name.endswith("/op-pool") else self._op()
+
+
+def test_a_pool_whose_creation_failed_at_once_is_torn_down(gke_settings):
+    fake = PoolFailsAtOnce()
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    with pytest.raises(RuntimeError, match=STOCKOUT):
+        backend.provision("run-1", _placement("T4", 1, 1))
+    backend.teardown("run-1")
+    assert fake.pools == {}
+
+
+def test_a_retry_deletes_the_pool_whose_creation_failed_and_creates_it_anew(gke_settings):
+    fake = PoolFailsAtOnce()
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    pl = _placement("T4", 1, 1)
+    with pytest.raises(RuntimeError, match=STOCKOUT):
+        backend.provision("run-1", pl)
+    record = backend.provision("run-1", pl)  # Airflow's retry
+    assert record["status"] == "ready"
+    calls = [c for c in fake.calls if c != "get_cluster"]
+    assert calls == ["create_cluster", "create_node_pool", "delete_node_pool", "create_node_pool"]
+    assert len(fake.pools) == 1
+
+
+# teardown (a cancel, or the provision task failing) while the run's node pool is still being
+# created: GKE refuses to delete a pool while an operation runs on it (400 FAILED_PRECONDITION), so
+# teardown waits for the operation the record names before deleting.
+class SlowPool(InMemoryClusterManager):
+    def __init__(self):
+        super().__init__()
+        self.polls = 0
+
+    def create_node_pool(self, *, parent, node_pool):
+        from google.cloud.container_v1 import types
+
+        super().create_node_pool(parent=parent, node_pool=node_pool)
+        return types.Operation(name="op-pool", status=types.Operation.Status.RUNNING, location="x")
+
+    def _pool_op_running(self):
+        return self.polls < 3
+
+    def get_operation(self, *, name):
+        from google.cloud.container_v1 import types
+
+        if name.endswith("/op-pool"):
+            self.polls += 1
+            status = (
+                types.Operation.Status.RUNNING if self._pool_op_running() else types.Operation.Status.DONE
+            )
+            return types.Operation(name="op-pool", status=status)
+        return self._op()
+
+    def delete_node_pool(self, *, name):
+        from google.api_core.exceptions import FailedPrecondition
+
+        if self._pool_op_running():
+            raise FailedPrecondition(
+                f"Operation op-pool is currently creating node pool {name}. Please wait."
+            )
+        return super().delete_node_pool(name=name)
+
+
+def test_teardown_waits_for_the_pools_creation_then_deletes_it(gke_settings):
+    fake = SlowPool()
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    step = backend.provision_step("run-1", _placement("T4", 1, 1))
+    assert isinstance(step, PendingOperation) and step.phase == "pool"
+    assert backend.teardown("run-1") is True
+    assert fake.pools == {}
