@@ -460,7 +460,13 @@ _SHOWN_CHARS = 80
 """Longest value echoed back in an error message (hostile input may be megabytes)."""
 
 
+HUGE_INT_BITS = 1024
+"""Integers longer than this many bits are refused before anything prints them."""
+
+
 def _short(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > HUGE_INT_BITS:
+        return f"an integer of {value.bit_length()} bits"
     text = value if isinstance(value, str) else repr(value)
     if len(text) <= _SHOWN_CHARS:
         return value
@@ -470,6 +476,9 @@ def _short(value: Any) -> Any:
 def _check_schema(name: str, value: Any, spec: Mapping[str, Any]) -> InvalidRequestError | None:
     if isinstance(value, float) and not math.isfinite(value):
         return InvalidRequestError(name, value, "must be a finite number (NaN and ±Infinity are not)")
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > HUGE_INT_BITS:
+        # Python cannot even print it (its digit limit); no param is anywhere near this size.
+        return InvalidRequestError(name, _short(value), "is far too large a number")
     try:
         jsonschema.validate(value, _schema_of(spec))
     except jsonschema.ValidationError as exc:
@@ -540,7 +549,7 @@ def _check_env(value: Any) -> list[InvalidRequestError]:
         errors.append(
             InvalidRequestError(
                 "env",
-                reserved[:5],
+                [_short(n) for n in reserved[:5]],
                 "reserved: SAILOR sets SAILOR_*, torchrun reads PET_* as its options and sets "
                 "TORCHELASTIC_* and " + ", ".join(RESERVED_ENV_NAMES),
             )
@@ -561,6 +570,17 @@ def _check_env(value: Any) -> list[InvalidRequestError]:
 
 _CLEAR_CHECKS = {"command": _check_command, "image": _check_image, "env": _check_env}
 """Params whose schema errors are explained by a clearer check (the schema stays what decides)."""
+
+
+def canonical_dataset_uri(uri: str) -> str:
+    """The one spelling of a dataset folder's URI: no trailing ``/``, no empty path segments
+    (``sailor://source/ds/`` and ``sailor://source//ds`` are ``sailor://source/ds``), so that its
+    replicas, locality and ``data_residency`` are keyed alike whichever way a run wrote it."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    lead = "/" if rest.startswith("/") else ""  # file:///path keeps its root
+    return f"{scheme}://{lead}{'/'.join(seg for seg in rest.split('/') if seg)}"
 
 
 def check_dataset_uri(uri: str, regions: tuple[str, ...]) -> InvalidRequestError | None:
@@ -691,19 +711,19 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
                 f"must not exceed total_steps={values['total_steps']}",
             )
         )
-    late = [s for s in (*values["inject_preemptions"], *values["inject_kills"]) if s >= values["total_steps"]]
-    if late:
-        errors.append(
-            InvalidRequestError(
-                "inject_preemptions" if set(late) & set(values["inject_preemptions"]) else "inject_kills",
-                late,
-                f"injection steps must be below total_steps={values['total_steps']}",
+    for field in ("inject_preemptions", "inject_kills"):
+        late = [s for s in values[field] if s >= values["total_steps"]]
+        if late:
+            errors.append(
+                InvalidRequestError(
+                    field, late, f"injection steps must be below total_steps={values['total_steps']}"
+                )
             )
-        )
     errors.extend(_check_code(values))
     regions = tuple(values["regions"])
     if catalog is not None:
         errors.extend(_check_catalog(values, catalog))
+    values["dataset_uri"] = canonical_dataset_uri(values["dataset_uri"])
     uri_err = check_dataset_uri(values["dataset_uri"], catalog.regions if catalog else regions)
     if uri_err:
         errors.append(uri_err)
@@ -759,6 +779,15 @@ def _integers_as_int(value: Any, spec: Mapping[str, Any]) -> Any:
     return value
 
 
+LOCAL_ONLY_PARAMS = {
+    "inject_preemptions": [],
+    "inject_kills": [],
+    "preemption_rate_per_hour": 0,
+    "preemption_trace_uri": "",
+}
+"""The params of injected preemptions (the local backend's) and their unset value."""
+
+
 def _check_code(values: Mapping[str, Any]) -> list[InvalidRequestError]:
     """Cross-field rules of the run's own code: what each backend can run."""
     errors = []
@@ -777,6 +806,17 @@ def _check_code(values: Mapping[str, Any]) -> list[InvalidRequestError]:
         )
     if backend == "local":
         errors.extend(check_local_env(values["env"]))
+    else:  # the local backend injects preemptions; on another one they would silently never come
+        for field, unset in LOCAL_ONLY_PARAMS.items():
+            if values[field] != unset:
+                errors.append(
+                    InvalidRequestError(
+                        field,
+                        _short(values[field]),
+                        f"only the local backend injects preemptions (backend={backend})",
+                        ["local"],
+                    )
+                )
     return errors
 
 

@@ -36,11 +36,18 @@ def json_default(value: Any) -> Any:
 
 def load_params(path: str | None, overrides: Sequence[str] | None) -> dict[str, Any]:
     """sailor_train params from a JSON file (optional), then ``KEY=VALUE`` overrides (JSON values,
-    else plain strings).
+    else plain strings; a param whose type is a string keeps the text as given: ``job_name=2024``).
 
     Raises:
         ValueError: an unreadable file, not a JSON object, or an override without ``=``.
     """
+    from sailor_tasks.request import train_param_schemas
+
+    string_params = {
+        name
+        for name, spec in train_param_schemas().items()
+        if "string" in (spec.get("type") if isinstance(spec.get("type"), list) else [spec.get("type")])
+    }
     params: dict[str, Any] = {}
     if path:
         try:
@@ -58,4 +65,6 @@ def load_params(path: str | None, overrides: Sequence[str] | None) -> dict[str, 
             params[key] = json.loads(value)
         except json.JSONDecodeError:
             params[key] = value
+        if key in string_params and not isinstance(params[key], str) and params[key] is not None:
+            params[key] = value  # job_name=2024 is a name, not a number
     return params

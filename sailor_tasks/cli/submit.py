@@ -63,6 +63,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from sailor_tasks.catalog import load_catalog
     from sailor_tasks.cli.airflow_api import AirflowAPIError
     from sailor_tasks.errors import CatalogError, InvalidRequestError
+    from sailor_tasks.placement.engine import price_cap_error
     from sailor_tasks.request import from_params
 
     if not args.params and not args.set:
@@ -75,7 +76,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
     if args.dag_id == "sailor_train" and not args.no_check:
         try:  # the same checks validate runs, minus the dataset lookup: fail here, before Airflow
-            from_params(params, load_catalog())
+            catalog = load_catalog()
+            req = from_params(params, catalog)
+            cap = price_cap_error(req, catalog)
+            if cap:
+                raise InvalidRequestError("max_usd_per_hour", req.max_usd_per_hour, cap)
         except InvalidRequestError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return ExitCode.BAD_INPUT

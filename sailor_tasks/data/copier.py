@@ -31,7 +31,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -90,6 +90,15 @@ def _listing(root: str) -> dict[str, dict]:
         ):
             out[rel] = info
     return out
+
+
+def empty_dataset_reason(root: str) -> str:
+    """Why ``root``, which lists no dataset file, is no dataset: it names one file, or a folder
+    with no files."""
+    fs, base = storage.filesystem(root)
+    if fs.isfile(base):
+        return "names a file; a dataset is a folder of files (give the folder that holds it)"
+    return "the dataset folder has no files"
 
 
 def list_files(root: str) -> list[tuple[str, int]]:
@@ -263,6 +272,7 @@ def copy_dataset(
     server_side: bool | None = None,
     lease: LeaseFn | None = None,
     on_invalidate: Callable[[], None] | None = None,
+    on_complete: Callable[[DatasetManifest], None] | None = None,
 ) -> CopyResult:
     """Copy every file of ``src_root`` to ``dst_root`` and write the manifest last.
 
@@ -278,6 +288,9 @@ def copy_dataset(
         on_invalidate: called before the copy changes a complete replica (one whose manifest
             differs from the source's: its manifest is removed first), so the caller stops
             listing it as complete until the copy succeeds (the stages forget its ledger row).
+        on_complete: called with the replica's manifest once it is complete (copied, or found
+            complete), while the lease and lock are still held, so the caller lists it as complete
+            (the stages record its ledger row) before another copy can change it again.
 
     Returns:
         The manifest written, and how many bytes were copied or already in place.
@@ -300,6 +313,8 @@ def copy_dataset(
         raise InvalidRequestError(
             "dataset_uri", src_root, "dataset not found (no such folder or object)"
         ) from None
+    if not src_listing:  # nothing would be placed, yet the replica would be recorded complete
+        raise InvalidRequestError("dataset_uri", src_root, empty_dataset_reason(src_root))
     with contextlib.ExitStack() as locks:
         held = locks.enter_context(lease(f"replica:{dst_root}")) if lease is not None else None
         locks.enter_context(_replica_lock(dst_root))
@@ -315,6 +330,7 @@ def copy_dataset(
             start,
             getattr(held, "check", None),
             on_invalidate,
+            on_complete,
         )
 
 
@@ -327,6 +343,18 @@ def _same_files(a: DatasetManifest, b: DatasetManifest) -> bool:
         return (x.path, x.size, x.sha256) == (y.path, y.size, y.sha256) and crc_agrees
 
     return len(a.files) == len(b.files) and all(same(x, y) for x, y in zip(a.files, b.files, strict=True))
+
+
+def _damaged(manifest: DatasetManifest, listing: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """What the replica's files lack against its manifest (a file gone or of another size), from
+    the listing alone; None when every file is there at its size."""
+    for e in manifest.files:
+        info = listing.get(e.path)
+        if info is None:
+            return f"{e.path} is gone"
+        if int(info["size"]) != e.size:
+            return f"{e.path} has {int(info['size'])} B, not {e.size} B"
+    return None
 
 
 def _remove_temporaries(dst_root: str) -> None:
@@ -377,13 +405,23 @@ def _copy_locked(
     start: float,
     still_held: Callable[[], None] | None = None,
     on_invalidate: Callable[[], None] | None = None,
+    on_complete: Callable[[DatasetManifest], None] | None = None,
 ) -> CopyResult:
     files = sorted((rel, int(info["size"])) for rel, info in src_listing.items())
     total = sum(size for _, size in files)
     existing = read_manifest(dst_root)
+    try:
+        dst_files = _listing(dst_root)
+    except FileNotFoundError:
+        dst_files = {}
     if existing is not None and src_manifest is not None and _same_files(existing, src_manifest):
-        logger.info("%s already holds a complete copy (%d files); nothing to do", dst_root, len(files))
-        return CopyResult(existing, 0, existing.total_bytes, time.monotonic() - start)
+        damaged = _damaged(existing, dst_files)
+        if damaged is None:
+            logger.info("%s already holds a complete copy (%d files); nothing to do", dst_root, len(files))
+            if on_complete is not None:
+                on_complete(existing)
+            return CopyResult(existing, 0, existing.total_bytes, time.monotonic() - start)
+        logger.warning("%s is no longer complete (%s); copying what it lacks", dst_root, damaged)
     expected = {e.path: e for e in src_manifest.files} if src_manifest else {}
     missing = sorted(set(expected) - set(src_listing))
     if missing:  # the replica would be marked complete without them: refused, nothing changed
@@ -394,6 +432,16 @@ def _copy_locked(
             + (f" and {len(missing) - 1} more: {', '.join(missing[1:6])}" if len(missing) > 1 else ""),
             "no such file in the source",
             what="source incomplete",
+        )
+    resized = sorted(p for p, e in expected.items() if int(src_listing[p]["size"]) != e.size)
+    if resized:  # the source contradicts its own manifest: refused before the replica changes
+        want = expected[resized[0]]
+        raise DataIntegrityError(
+            storage.join(src_root, resized[0]),
+            f"{want.size} B, as its manifest lists",
+            f"{int(src_listing[resized[0]]['size'])} B"
+            + (f" (and {len(resized) - 1} more files of other sizes)" if len(resized) > 1 else ""),
+            what="source changed since its manifest was written",
         )
     if existing is not None:
         # The replica is about to change: from now on it is incomplete, so no reader trusts a
@@ -407,10 +455,7 @@ def _copy_locked(
             src_manifest is not None and storage.scheme_of(src_root) == storage.scheme_of(dst_root) == "gs"
         )
 
-    try:
-        dst_listing = _listing(dst_root) if expected or known else {}
-    except FileNotFoundError:
-        dst_listing = {}
+    dst_listing = dst_files if expected or known else {}
 
     entries: dict[str, ManifestEntry] = {}
     copied = skipped = 0
@@ -442,7 +487,14 @@ def _copy_locked(
     manifest = DatasetManifest(dataset_uri=src_root, files=tuple(entries[rel] for rel, _ in files))
     if still_held is not None:
         still_held()  # raises when another copier may have taken the replica over meanwhile
+    # Files the source no longer has go before the manifest says the replica is complete: a
+    # command that reads every file of its data folder must not train on them.
+    for rel in sorted(set(dst_files) - set(entries)):
+        logger.info("removing %s from %s: no longer in the source", rel, dst_root)
+        storage.remove(storage.join(dst_root, rel))
     storage.write_json(storage.join(dst_root, MANIFEST_NAME), manifest.to_json())
+    if on_complete is not None:
+        on_complete(manifest)
     return CopyResult(manifest, copied, skipped, time.monotonic() - start)
 
 

@@ -472,21 +472,31 @@ def _as_dict(p: Placement) -> dict[str, Any]:
     return to_dict(p)
 
 
+def _unreserved_context(request: JobRequest, catalog: Catalog) -> RequestContext | None:
+    """The request's candidates with nothing reserved; None when the request itself is invalid
+    (reported by its own validation)."""
+    try:
+        check_request(request, catalog)
+    except InvalidRequestError:
+        return None
+    index = index_for(catalog)
+    return build_context(index, request, _EMPTY_STATE, view_for(index, _EMPTY_STATE))
+
+
 def price_cap_error(request: JobRequest, catalog: Catalog) -> str | None:
     """Why the price cap makes the request infeasible (naming the cheapest offer), or None.
 
     Capacity and blocked zones are ignored: they change over time, the cap is the user's choice.
     """
-    if request.max_usd_per_hour is None:
+    ctx = _unreserved_context(request, catalog) if request.max_usd_per_hour is not None else None
+    if ctx is None:
         return None
-    try:
-        check_request(request, catalog)
-    except InvalidRequestError:
-        return None  # reported by the request's own validation
-    index = index_for(catalog)
-    ctx = build_context(index, request, _EMPTY_STATE, view_for(index, _EMPTY_STATE))
+    index = ctx.index
     fail = first_failure(ctx, ignore=frozenset({PRICE_CAP, CAPACITY, BLOCKED_ZONE}))
     ok = np.flatnonzero(fail < 0)
+    # Only offers whose zone can hold the run at all: raising the cap to one that never fits
+    # would not help (``never_feasible_error`` says so instead).
+    ok = ok[index.g_capacity[ctx.c.group[ok]] >= ctx.num_gpus]
     if ok.size == 0:
         return None
     i = int(ok[np.argmin(ctx.usd_per_hour[ok])])
@@ -498,6 +508,43 @@ def price_cap_error(request: JobRequest, catalog: Catalog) -> str | None:
 
 
 _EMPTY_STATE = ClusterState()
+
+FIELD_OF_RULE = {
+    "gpu_type": "gpu_type",
+    "gpu_count": "num_workers",
+    "region_allowed": "regions",
+    "region_denied": "exclude_regions",
+    "data_residency": "data_residency",
+    "market": "market",
+    "throughput": "model",
+    "capacity": "num_workers",
+}
+"""The param a validator's rejection points at (what the user would change)."""
+
+
+def never_feasible_error(request: JobRequest, catalog: Catalog) -> tuple[str, NoFeasibleOfferError] | None:
+    """(the param to change, the error) when no offer of the catalog can ever
+    run the request, with nothing reserved and no zone blocked: more GPUs than any zone has, a
+    ``data_residency`` no allowed region is on, a model no allowed GPU type runs. None when one
+    can. The price cap is ``price_cap_error``'s; deadlines are left to planning (where the data will
+    be decides the transfer time)."""
+    ctx = _unreserved_context(request, catalog)
+    if ctx is None:
+        return None
+    fail = first_failure(ctx, ignore=frozenset({BLOCKED_ZONE, DEADLINE, PRICE_CAP}))
+    if np.any(fail < 0):
+        return None
+    ev = Evaluation(ctx, fail, np.zeros((0, 0)), np.zeros(0), np.zeros(0))
+    try:
+        _raise_infeasible(ev, request)
+    except NoFeasibleOfferError as exc:
+        # The last rule (in the validators' order) that rejected offers: the offers that passed
+        # every rule before it died there, so it names what the user would change.
+        hit = [r for r in VALIDATOR_NAMES if exc.rejections.get(r) and r in FIELD_OF_RULE]
+        return FIELD_OF_RULE[hit[-1] if hit else "gpu_type"], exc
+    except CapacityUnavailableError:  # nothing is reserved: cannot happen, but never a refusal
+        return None
+    return None
 
 
 # --- batch planning ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from sailor_tasks import paths, storage
 from sailor_tasks.backends import get_backend
-from sailor_tasks.data.copier import copy_dataset
+from sailor_tasks.data.copier import copy_dataset, empty_dataset_reason, list_files
 from sailor_tasks.errors import PERMANENT_ERRORS, InvalidRequestError, InvalidRequestErrors, RunQueuedError
 from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
@@ -22,6 +22,16 @@ from sailor_tasks.stages.queueing import heartbeat, hold_lease
 from sailor_tasks.stages.summary import RUN_STATUSES_DONE
 
 logger = logging.getLogger(__name__)
+
+
+def _storable(value: Any, limit: int) -> str:
+    """``value`` as text any ledger stores: characters UTF-8 cannot encode (a lone surrogate) and
+    NUL escaped, cut to ``limit`` characters (a rejected param is recorded as it came)."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except ValueError:  # an integer past Python's digit limit
+        text = f"<{type(value).__name__} too large to print>"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")[:limit]
 
 
 def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = None) -> JSON:
@@ -32,7 +42,7 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
             is reserved, copied or provisioned.
     """
     ctx = resolve_ctx(ctx)
-    from sailor_tasks.placement.planner import price_cap_error
+    from sailor_tasks.placement.planner import never_feasible_error, price_cap_error
     from sailor_tasks.request import check_data_access, check_local_command, from_params
 
     with timed(ctx, run_id, "validate"):
@@ -61,6 +71,10 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
                 command_err = check_local_command(request.command, ctx.settings.command_roots)
                 if command_err:
                     errors.append(command_err)
+            never = never_feasible_error(request, ctx.catalog)
+            if never is not None:  # no offer can ever run it: refused now, not after queueing
+                field, exc = never
+                errors.append(InvalidRequestError(field, getattr(request, field), str(exc)))
             cap = price_cap_error(request, ctx.catalog)
             if cap:
                 errors.append(InvalidRequestError("max_usd_per_hour", request.max_usd_per_hour, cap))
@@ -72,6 +86,10 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
             if not storage.exists(src):
                 errors.append(
                     InvalidRequestError("dataset_uri", request.dataset_uri, f"dataset not found at {src}")
+                )
+            elif not list_files(src):  # one file, or an empty folder: nothing to place
+                errors.append(
+                    InvalidRequestError("dataset_uri", request.dataset_uri, empty_dataset_reason(src))
                 )
             if request.preemption_trace_uri:
                 from sailor_tasks.traces.availability import load_availability_trace
@@ -87,14 +105,14 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
         except InvalidRequestError as exc:
             ctx.ledger.upsert_run(
                 run_id,
-                job_name=str(params.get("job_name", "?"))[:200],
-                team=str(params.get("team", "?"))[:100],
+                job_name=_storable(params.get("job_name", "?"), 200),
+                team=_storable(params.get("team", "?"), 100),
                 status="rejected",
-                backend=str(params.get("backend", "?"))[:20],
-                model=str(params.get("model", "?"))[:50],
-                dataset_uri=str(params.get("dataset_uri", "?"))[:1024],
+                backend=_storable(params.get("backend", "?"), 20),
+                model=_storable(params.get("model", "?"), 50),
+                dataset_uri=_storable(params.get("dataset_uri", "?"), 1024),
                 request={},
-                error=str(exc)[:4000],
+                error=_storable(exc, 4000),
             )
             raise
         ctx.ledger.upsert_run(
@@ -196,9 +214,9 @@ def place_data(request: JSON, placement: JSON, run_id: str, ctx: StageContext | 
             dst,
             lease=ctx.ledger.lease,
             on_invalidate=lambda: ctx.ledger.forget_replica(req.dataset_uri, pl.region),
-        )
-        ctx.ledger.record_replica(
-            req.dataset_uri, pl.region, dst, result.manifest.total_bytes, len(result.manifest.files)
+            on_complete=lambda m: ctx.ledger.record_replica(
+                req.dataset_uri, pl.region, dst, m.total_bytes, len(m.files)
+            ),
         )
     logger.info(
         "data placed: %d files, %.1f MB (%.1f MB copied, %.1f MB already there) in %.2f s",

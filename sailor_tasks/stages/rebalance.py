@@ -12,6 +12,7 @@ from sailor_tasks import paths, storage
 from sailor_tasks.data.copier import copy_dataset, list_files
 from sailor_tasks.errors import InvalidRequestError, StageSkipped
 from sailor_tasks.ledger.store import utcnow
+from sailor_tasks.request import canonical_dataset_uri
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx
 
 logger = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ def replicate_dataset(copy: JSON, ctx: StageContext | None = None) -> JSON:
             to (``data_residency``): the replica is withheld, nothing is copied.
     """
     ctx = resolve_ctx(ctx)
-    uri, region = copy["dataset_uri"], copy["region"]
+    uri, region = canonical_dataset_uri(copy["dataset_uri"]), copy["region"]
     allowed = ctx.ledger.dataset_residency(uri)
     continent = ctx.catalog.transfer.continent(region)
     if allowed is not None and continent not in allowed:
@@ -239,9 +240,12 @@ def replicate_dataset(copy: JSON, ctx: StageContext | None = None) -> JSON:
     dst = paths.replica_uri(region, uri, ctx.settings)
     logger.info("replicating %s into %s", src, dst)
     result = copy_dataset(
-        src, dst, lease=ctx.ledger.lease, on_invalidate=lambda: ctx.ledger.forget_replica(uri, region)
+        src,
+        dst,
+        lease=ctx.ledger.lease,
+        on_invalidate=lambda: ctx.ledger.forget_replica(uri, region),
+        on_complete=lambda m: ctx.ledger.record_replica(uri, region, dst, m.total_bytes, len(m.files)),
     )
-    ctx.ledger.record_replica(uri, region, dst, result.manifest.total_bytes, len(result.manifest.files))
     return {
         "dataset_uri": uri,
         "region": region,

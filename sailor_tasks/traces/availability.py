@@ -15,6 +15,7 @@ one event affecting the run).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -100,8 +101,8 @@ def parse_availability_trace(
     if not isinstance(obj, Mapping) or "metadata" not in obj or "data" not in obj:
         raise bad("expected an object with 'metadata' and 'data'")
     gap = obj["metadata"].get("gap_seconds") if isinstance(obj["metadata"], Mapping) else None
-    if not isinstance(gap, (int, float)) or isinstance(gap, bool) or not gap > 0:
-        raise bad(f"metadata.gap_seconds={gap!r} must be a number > 0")
+    if not isinstance(gap, (int, float)) or isinstance(gap, bool) or not 0 < gap < math.inf:
+        raise bad(f"metadata.gap_seconds={_shown(gap)} must be a finite number > 0")
     data = obj["data"]
     if not isinstance(data, list) or not data:
         raise bad("'data' must be a non-empty list")
@@ -111,13 +112,19 @@ def parse_availability_trace(
         if isinstance(v, float) and v.is_integer():
             v = int(v)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise bad(f"data[{i}]={data[i]!r} must be an integer >= 0")
+            raise bad(f"data[{i}]={_shown(data[i])} must be an integer >= 0")
         values.append(v)
     if kind is None:
         kind = "available_count" if max(values) > 1 else "unavailable_flag"
     elif kind not in TRACE_KINDS:
         raise ValueError(f"kind={kind!r} is not a trace kind; valid: {', '.join(TRACE_KINDS)}")
     return AvailabilityTrace(gap_seconds=float(gap), data=tuple(values), kind=kind, source=source)
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a message never echoes a huge value whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} chars)"
 
 
 def load_availability_trace(uri: str, kind: TraceKind | None = None) -> AvailabilityTrace:
@@ -140,4 +147,6 @@ def load_availability_trace(uri: str, kind: TraceKind | None = None) -> Availabi
         obj = json.loads(storage.read_regular_file(uri, MAX_TRACE_BYTES))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"availability trace {uri!r}: not JSON ({exc}); expected {FORMAT}") from None
+    except RecursionError:
+        raise ValueError(f"availability trace {uri!r}: JSON nested too deeply; expected {FORMAT}") from None
     return parse_availability_trace(obj, source=uri, kind=kind)

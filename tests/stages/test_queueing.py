@@ -139,13 +139,22 @@ def test_max_queue_hours_zero_fails_at_once(tight, demo_dataset):
 
 
 def test_a_run_larger_than_any_zone_fails_at_once_and_holds_back_nobody(tight, demo_dataset):
-    """Waiting cannot help a run that needs more GPUs than the zone has at all: it fails at once
-    (it used to wait its whole max_queue_hours, holding back every later T4 run)."""
+    """Waiting cannot help a run that needs more GPUs than the zone has at all: validate refuses
+    it, and so does plan (the supply may have shrunk since validate) without queueing it, so it
+    holds back no later T4 run."""
+    from sailor_tasks.errors import InvalidRequestErrors
+    from sailor_tasks.model import to_dict
+    from sailor_tasks.request import from_params
+
     ctx = tight
-    big = submit(ctx, "big", demo_dataset, num_workers=4)
-    with pytest.raises(NoFeasibleOfferError, match=rf"4 GPUs are more than any zone has: .*{ZONE}, has 2 T4"):
-        stages.plan(big, "big", ctx)
-    assert ctx.ledger.queue_entry("big") is None
+    too_big = rf"4 GPUs are more than any zone has: .*{ZONE}, has 2 T4"
+    with pytest.raises(InvalidRequestErrors, match=rf"num_workers=4: .*{too_big}"):
+        submit(ctx, "big", demo_dataset, num_workers=4)
+    assert ctx.ledger.get_run("big")["status"] == "rejected"
+    params = {"dataset_uri": demo_dataset, "num_workers": 4, "gpu_type": "T4", "team": "a"}
+    with pytest.raises(NoFeasibleOfferError, match=too_big):
+        stages.plan(to_dict(from_params(params, ctx.catalog)), "big-2", ctx)
+    assert ctx.ledger.queue_entry("big-2") is None
     placed = stages.plan(submit(ctx, "run-1", demo_dataset, team="b"), "run-1", ctx)
     assert placed["zone"] == ZONE and ctx.ledger.queue_entry("run-1") is None
     with pytest.raises(RunQueuedError):  # full for now: this one does wait
