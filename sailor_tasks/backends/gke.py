@@ -1147,15 +1147,6 @@ class GkeBackend:
         if record is None:
             return False
         uri = self._record_uri(run_key)
-        started = record.get("pending")
-        if started:
-            # GKE refuses to delete a pool while an operation runs on it (its creation, when the
-            # run ends while provisioning): wait for that first; how it ended does not matter here.
-            try:
-                keys = ("name", "location", "project", "phase", "what")
-                self.wait(PendingOperation(**{k: started[k] for k in keys}))
-            except (RuntimeError, TimeoutError) as exc:
-                logger.warning("teardown of %s: %s; deleting what is there", run_key, exc)
         pools = record.get("pools", [])
         for pool in pools:
             if pool.get("state") in ("deleted", "scaled_to_zero") and self.cfg.teardown != "delete":
