@@ -32,6 +32,7 @@ from typing import Any
 
 import crc32c_rs
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.utils.serialization.config as torch_serialization_config
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
@@ -52,6 +53,7 @@ from torch.futures import Future as TorchFuture
 from sailor_tasks import storage
 from sailor_tasks.train.checkpoint.store import (
     DATA_SUFFIX,
+    MARKER,
     RAW_TENSOR_FORMAT,
     SIDECAR_SUFFIX,
     CheckpointStore,
@@ -1057,8 +1059,12 @@ class CheckpointManager(CheckpointStore):
         return writer
 
     def save(self, step: int, state: dict[str, Any]) -> SaveInfo:
-        """Save ``state`` (DCP state dict, Stateful values allowed) as step ``step`` and commit it."""
+        """Save ``state`` (DCP state dict, Stateful values allowed) as step ``step`` and commit it;
+        a step already committed and valid is kept as it is (``_kept``)."""
         self.wait()
+        kept = self._kept(step)
+        if kept is not None:
+            return kept
         start = time.monotonic()
         writer = self._write(step, _resolve_stateful(state))
         info = self._finish(step, writer, start)
@@ -1096,11 +1102,35 @@ class CheckpointManager(CheckpointStore):
         finally:
             staged.set()  # also on failure: the error surfaces in poll()/wait(), never a hang
         del state
+        # After the snapshot: the caller waits for it (wait_staged), and the check's collective
+        # must not hold it while another rank is still in a training collective.
+        kept = self._kept(step, self.process_group)
+        if kept is not None:
+            return kept
         writer = self._write(step, snapshot, self.process_group)
         info = self._finish(step, writer, start)
         if self.rank == 0:
             self.retain()
         return info
+
+    def _kept(self, step: int, process_group: Any = None) -> SaveInfo | None:
+        """Step ``step``'s checkpoint when it is already committed and valid (a save on the notice
+        of the step an async save just committed, or of the step the run resumed from): it is
+        kept, since writing it anew would first delete it and a failure then would leave an older
+        one. Rank 0 decides, every rank learns it. None: write it."""
+        self.check_fence()  # a stale attempt saves nothing, even a step that is there
+        size = None
+        marker_uri = storage.join(self.step_uri(step), MARKER)
+        if self.rank == 0 and storage.exists(marker_uri) and self.verify(step):
+            size = sum(int(f["size"]) for f in self.marker(step)["files"].values())
+        if self.distributed:
+            box = [size]
+            dist.broadcast_object_list(box, src=0, group=process_group)
+            size = box[0]
+        if size is None:
+            return None
+        logger.info("checkpoint step %d is already committed at %s; kept, not saved again", step, marker_uri)
+        return SaveInfo(step=step, uri=self.step_uri(step), bytes=size, seconds=0.0)
 
     def _background(self) -> ThreadPoolExecutor:
         """One worker: async saves and retention run one at a time, in order."""
