@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import time
+import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -110,6 +111,10 @@ def _replace_reservation(conn: Any, r: Reservation, lease_s: float = DEFAULT_LEA
 
 def _aware_row(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: aware(v) if isinstance(v, dt.datetime) else v for k, v in row.items()}
+
+
+ASSIGNMENTS_LOCK_KEY = zlib.crc32(b"sailor:assignments") - (1 << 31)
+"""PostgreSQL advisory lock serialising assignment publishes."""
 
 
 def _lock_live_reservation(c: Any, run_id: str) -> bool:
@@ -259,8 +264,6 @@ class Ledger:
                 if state != "queued":
                     return False
             if self._locking_engine.dialect.name == "postgresql":
-                import zlib
-
                 key = zlib.crc32(f"{r.zone}|{r.gpu_type}".encode()) - (1 << 31)
                 c.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
             if capacity_gpus is not None:
@@ -771,12 +774,17 @@ class Ledger:
 
     def running_attempts(self) -> list[dict[str, Any]]:
         """Attempts still running (no end recorded), with their run's team and dataset: in-flight
-        demand for the nightly rebalance."""
-        a, r = t.run_attempts.c, t.runs.c
+        demand for the nightly rebalance. An attempt whose utilization row is already recorded
+        (its task died between recording it and ending the attempt) is counted there, not here."""
+        a, r, u = t.run_attempts.c, t.runs.c, t.utilization.c
         q = (
             select(a.run_id, a.attempt, a.region, a.placement, a.started_at, r.team, r.dataset_uri)
-            .select_from(t.run_attempts.join(t.runs, r.run_id == a.run_id))
-            .where(a.outcome == "running")
+            .select_from(
+                t.run_attempts.join(t.runs, r.run_id == a.run_id).outerjoin(
+                    t.utilization, (u.run_id == a.run_id) & (u.started_at == a.started_at)
+                )
+            )
+            .where(a.outcome == "running", u.id.is_(None))
         )
         with self.engine.connect() as c:
             return [_aware_row(row) for row in c.execute(q).mappings()]
@@ -866,7 +874,11 @@ class Ledger:
         load = dict(region_load or {})
         by_gpu = {team: {g: dict(r) for g, r in per.items()} for team, per in (gpu_shares or {}).items()}
         a = t.assignments.c
-        with self.engine.begin() as c:
+        # Serialised (SQLite BEGIN IMMEDIATE; PostgreSQL an advisory lock): overlapping publishes
+        # of one rebalance run (a retried task while the old one still runs) make one version.
+        with self._locking_engine.begin() as c:
+            if c.dialect.name == "postgresql":
+                c.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ASSIGNMENTS_LOCK_KEY})
             newest = c.execute(select(t.assignments).order_by(a.version.desc()).limit(1)).mappings().first()
             if (
                 newest is not None

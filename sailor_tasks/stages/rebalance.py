@@ -87,7 +87,18 @@ def collect_utilization(
     """The rebalance problem from the ledger (demand per team, region and GPU type over the window:
     finished attempts, attempts still running and runs waiting in the queue; datasets each team
     reads, their sizes, replicas and the regions their runs' ``data_residency`` allows them in)
-    and the catalog's supply."""
+    and the catalog's supply.
+
+    Raises:
+        InvalidRequestError: ``window_days`` or ``budget_gb`` is not a finite number > 0 (≥ 0 for
+            the budget): an empty window would publish an assignment with no demand at all.
+    """
+    import math
+
+    if not (isinstance(window_days, int | float) and math.isfinite(window_days) and window_days > 0):
+        raise InvalidRequestError("window_days", window_days, "need a finite number of days > 0")
+    if not (isinstance(budget_gb, int | float) and math.isfinite(budget_gb) and budget_gb >= 0):
+        raise InvalidRequestError("budget_gb", budget_gb, "need a finite number of GB ≥ 0")
     ctx = resolve_ctx(ctx)
     from sailor_tasks.catalog.supply import region_supply
     from sailor_tasks.data.manifest import read_manifest

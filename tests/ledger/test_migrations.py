@@ -347,3 +347,21 @@ def test_postgresql_ledgers_opening_a_new_ledger_at_once_all_get_the_head(postgr
         assert conn.execute(text("SELECT count(*) FROM alembic_version")).scalar_one() == 1
     assert migrate.schema_diff(engine) == []
     engine.dispose()
+
+
+def test_a_ledger_made_by_create_all_from_the_models_is_adopted(tmp_path):
+    """Every revision that creates a table tolerates finding it: a ledger made by ``create_all``
+    from today's models, with no revision recorded, is upgraded to the head, not refused."""
+    from sqlalchemy import create_engine
+
+    from sailor_tasks.ledger import Ledger
+    from sailor_tasks.ledger import schema as models
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    engine = create_engine(url)
+    models.metadata.create_all(engine)
+    engine.dispose()
+    ledger = Ledger(url)
+    assert ledger.latest_assignment() is None
+    ledger.publish_assignment({"t": {"r": 1.0}}, source="night/1")
+    assert ledger.latest_assignment().version == 1

@@ -76,3 +76,33 @@ def test_rebalance_nights_newest_first(tmp_path):
     newest = ledger.rebalance_nights(limit=1)[0]
     assert newest["run_id"] == "n2" and newest["report_uri"] == "file:///b.png"
     assert newest["region_ratio_after"] == {"r1": 0.9}
+
+
+def test_overlapping_publishes_of_one_rebalance_run_make_one_version(tmp_path):
+    """A retried publish while the first still runs: the idempotency check and the insert are one
+    serialised transaction, so the tries agree on one version."""
+    import threading
+
+    from sailor_tasks.ledger import Ledger
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    Ledger(url).dispose()
+    results, errors = [], []
+    barrier = threading.Barrier(4)
+
+    def publish():
+        ledger = Ledger(url)
+        barrier.wait()
+        try:
+            results.append(ledger.publish_assignment({"t": {"r": 1.0}}, source="night/1").version)
+        except Exception as exc:  # a lock timeout would show here
+            errors.append(repr(exc))
+        finally:
+            ledger.dispose()
+
+    threads = [threading.Thread(target=publish) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors and results == [1, 1, 1, 1]

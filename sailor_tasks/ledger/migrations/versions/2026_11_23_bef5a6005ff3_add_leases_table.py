@@ -23,7 +23,8 @@ def upgrade() -> None:
     sa.Column('holder', sa.String(length=200), nullable=False),
     sa.Column('acquired_at', sa.Float(), nullable=False),
     sa.Column('expires_at', sa.Float(), nullable=False),
-    sa.PrimaryKeyConstraint('name')
+    sa.PrimaryKeyConstraint('name'),
+    if_not_exists=True,  # a ledger made by create_all from the models already has it
     )
     # ### end Alembic commands ###
 

@@ -38,10 +38,10 @@ def upgrade() -> None:
     sa.Column('admitted_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('placement', sa.JSON(), nullable=True),
     sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
-    sa.PrimaryKeyConstraint('run_id')
+    sa.PrimaryKeyConstraint('run_id'),
+    if_not_exists=True,  # a ledger made by create_all from the models already has it
     )
-    with op.batch_alter_table('queue_entries', schema=None) as batch_op:
-        batch_op.create_index('ix_queue_entries_state', ['state', 'enqueued_at'], unique=False)
+    op.create_index('ix_queue_entries_state', 'queue_entries', ['state', 'enqueued_at'], unique=False, if_not_exists=True)
 
     op.create_table('reservation_leases',
     sa.Column('run_id', sa.String(length=250), nullable=False),
@@ -49,7 +49,8 @@ def upgrade() -> None:
     sa.Column('renewed_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('holder', sa.String(length=100), nullable=False),
     sa.Column('reclaimed_at', sa.DateTime(timezone=True), nullable=True),
-    sa.PrimaryKeyConstraint('run_id')
+    sa.PrimaryKeyConstraint('run_id'),
+    if_not_exists=True,  # a ledger made by create_all from the models already has it
     )
     # ### end Alembic commands ###
 
