@@ -52,10 +52,10 @@ def train(
     from sailor_tasks.stages.queueing import heartbeat, hold_lease
 
     ctx = resolve_ctx(ctx)
-    hold_lease(ctx, run_id, "train")
     done = completed_train(run_id, ctx)
-    if done is not None:
+    if done is not None:  # needs no capacity: also after a reclaim of what training no longer uses
         return done
+    hold_lease(ctx, run_id, "train")
     with timed(ctx, run_id, "train", try_number), heartbeat(ctx, run_id):
         return train_attempt(ctx, request, placement, data, run_id, try_number, max_tries)
 
