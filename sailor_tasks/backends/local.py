@@ -337,10 +337,15 @@ class LocalBackend:
     def cancel(self, run_key: str, grace_s: float = CANCEL_GRACE_S) -> int:
         """Stop every process of the run: SIGTERM to the workers (they checkpoint and exit, as on a
         preemption notice), then, after ``grace_s`` or at once when 0, SIGKILL to whatever of the
-        run is left, torchrun included, until none is. Returns how many processes were stopped."""
+        run is left, torchrun included, until none is. A process of the run is one started with the
+        run's key in its environment, or any descendant of one (a helper the training code started
+        with an environment of its own), or one already seen: a process that is exiting no longer
+        shows its environment. Returns how many processes were stopped."""
         procs = run_processes(run_key, self.settings.state_dir)
         if not procs:
             return 0
+        seen: dict[int, Any] = {}
+        _with_descendants(procs, seen)  # before any signal: a helper outlives its parent's exit
         for run_folder in {_run_folder(p) for p in procs} - {None}:  # before any signal: train reads it
             storage.write_json(paths.cancelled_uri(run_folder), {"at": time.time()})
         stopped = {p.pid for p in procs}
@@ -353,7 +358,7 @@ class LocalBackend:
                 _signal(p, signal.SIGTERM)
             _wait_gone(procs, grace_s)
         for _ in range(20):  # SIGKILL what is left, and anything started meanwhile
-            left = run_processes(run_key, self.settings.state_dir)
+            left = _still_running(_with_descendants(run_processes(run_key, self.settings.state_dir), seen))
             if not left:
                 break
             logger.warning("cancelling run %s: SIGKILL to %d process(es)", run_key, len(left))
@@ -362,7 +367,7 @@ class LocalBackend:
             _wait_gone(left, 5.0)
             stopped |= {p.pid for p in left}
         else:
-            raise RuntimeError(f"run {run_key}: processes still running after cancel: {run_processes(run_key, self.settings.state_dir)}")
+            raise RuntimeError(f"run {run_key}: processes still running after cancel: {left}")
         logger.warning("cancelled run %s: %d process(es) stopped", run_key, len(stopped))
         return len(stopped)
 
@@ -464,6 +469,32 @@ def run_processes(run_key: str, state_dir: str | None = None) -> list[Any]:
     return found
 
 
+def _with_descendants(procs: list[Any], seen: dict[int, Any]) -> list[Any]:
+    """``procs``, every process in ``seen``, and every descendant of theirs (the calling process
+    and its ancestors left out); ``seen`` gets them all."""
+    import psutil
+
+    for p in [*procs, *seen.values()]:
+        seen.setdefault(p.pid, p)
+        with contextlib.suppress(psutil.Error):
+            for child in p.children(recursive=True):
+                seen.setdefault(child.pid, child)
+    mine = {os.getpid(), *(a.pid for a in psutil.Process().parents())}
+    return [p for pid, p in seen.items() if pid not in mine]
+
+
+def _still_running(procs: list[Any]) -> list[Any]:
+    """The processes that still run: neither gone (nor their pid reused) nor zombies."""
+    import psutil
+
+    left = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+    return left
+
+
 def _run_folder(p: Any) -> str | None:
     """The run folder of the launch a process of the run belongs to (``RUN_FOLDER_ENV``), if any."""
     import psutil
@@ -486,18 +517,9 @@ def _cmdline(p: Any) -> list[str]:
 def _wait_gone(procs: list[Any], timeout_s: float) -> None:
     """Wait until every process has exited (a zombie counts: it runs no more) or the time is up.
     Polls instead of ``psutil.wait_procs``, which would reap torchrun from under ``Popen.wait``."""
-    import psutil
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        alive = []
-        for p in procs:
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.NoSuchProcess:
-                continue
-        if not alive:
+        if not _still_running(procs):
             return
         time.sleep(0.05)
 

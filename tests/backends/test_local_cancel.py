@@ -145,3 +145,36 @@ def test_cancel_stops_only_the_processes_of_its_own_deployment(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_cancel_stops_helpers_the_run_started_with_an_environment_of_their_own(tmp_path):
+    """Training code may start a helper with an environment of its own, without the run's key: it
+    is still the run's, as a descendant of one of its processes, and outlives its parent's exit."""
+    from sailor_tasks.backends.local import RUN_KEY_ENV, STATE_DIR_ENV, LocalBackend
+    from sailor_tasks.settings import Settings
+
+    settings = Settings.from_env({}).with_state_dir(str(tmp_path / "state"))
+    env = {**os.environ, RUN_KEY_ENV: "helper-key", STATE_DIR_ENV: os.path.realpath(settings.state_dir)}
+    pid_file = tmp_path / "helper.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "h = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], env={'PATH': ''})\n"
+        f"open({str(pid_file)!r}, 'w').write(str(h.pid))\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env)
+    helper = None
+    try:
+        deadline = time.time() + 20
+        while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+            time.sleep(0.05)
+        helper = psutil.Process(int(pid_file.read_text()))
+        assert [p.pid for p in run_processes("helper-key", settings.state_dir)] == [parent.pid]
+        assert LocalBackend(settings).cancel("helper-key", grace_s=0.0) == 2
+        assert parent.wait(timeout=10) == -9
+        assert alive([helper]) == []
+    finally:
+        parent.kill()
+        parent.wait()
+        if helper is not None and alive([helper]):
+            helper.kill()
