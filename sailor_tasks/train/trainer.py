@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from sailor_tasks import storage
+from sailor_tasks.errors import StaleAttemptError
 from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.data import ByteCorpus
@@ -313,6 +314,25 @@ class Trainer:
             self.last_checkpoint_step = info.step
             self._report_progress()
 
+    def _save_on_notice(self) -> None:
+        """The notice's checkpoint: the pending async save, when it commits this step, else a
+        blocking save of it. A failed async save (its error logged) does not prevent the blocking
+        one, which would leave the run only its last committed step. The save is collective: every
+        rank takes the same branch."""
+        failed = False
+        try:
+            self._collect_async(wait=True)
+        except StaleAttemptError:
+            raise
+        except Exception:
+            logger.exception("async checkpoint failed; saving step %d now", self.step)
+            failed = True
+        save = failed or self.last_checkpoint_step != self.step
+        if self.distributed:
+            save = any_rank(save, self._vote_group)
+        if save:
+            self.save()
+
     def _report_progress(self) -> None:
         if self.progress_path:
             write_progress(
@@ -372,9 +392,7 @@ class Trainer:
         elif self.step % cfg.checkpoint_every_steps == 0:
             self.save(blocking=False)
         if self.step < cfg.total_steps and self._stop_requested():
-            self._collect_async(wait=True)
-            if self.last_checkpoint_step != self.step:
-                self.save()
+            self._save_on_notice()
             if self.rank == 0:
                 logger.warning("preemption notice: saved step %d, stopping", self.step)
             return True

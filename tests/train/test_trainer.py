@@ -104,6 +104,53 @@ def test_retention_keeps_newest_k(data_uri, tmp_path):
     assert CheckpointManager(cfg.checkpoint_uri).committed_steps() == [6, 8]
 
 
+def test_a_notice_after_a_failed_async_save_still_saves_its_step(data_uri, tmp_path, monkeypatch):
+    """The async save of the notice's step fails (an object store's error): the notice still gets
+    a blocking save of that step, not the last committed one."""
+    cfg = config(
+        data_uri, f"file://{tmp_path}/o", total_steps=8, checkpoint_every_steps=2, async_checkpoint=True
+    )
+
+    def failing(self, step, *a, **k):
+        if step == 4:
+            raise OSError("503 Service Unavailable")
+        return real(self, step, *a, **k)
+
+    real = CheckpointManager._stage_and_save
+    monkeypatch.setattr(CheckpointManager, "_stage_and_save", failing)
+    stop = StopAfter(4)
+    trainer = Trainer(cfg, stop_event=stop)
+    stop.trainer = trainer
+    result = trainer.train()
+    assert (result.status, result.step) == ("preempted", 4)
+    assert result.checkpoint_uri == trainer.checkpoints.step_uri(4)
+    assert CheckpointManager(cfg.checkpoint_uri).latest_valid_step() == 4
+
+
+@pytest.mark.parametrize("async_checkpoint", [False, True])
+def test_a_failed_retention_fails_neither_the_save_nor_the_run(
+    data_uri, tmp_path, monkeypatch, async_checkpoint
+):
+    """Retiring old checkpoints fails (an object store's error): every save still commits, the run
+    completes, and the old checkpoints are kept."""
+
+    def failing(self):
+        raise OSError("503 Service Unavailable")
+
+    monkeypatch.setattr(CheckpointManager, "retain", failing)
+    cfg = config(
+        data_uri,
+        f"file://{tmp_path}/o",
+        total_steps=8,
+        checkpoint_every_steps=2,
+        keep_latest_k=2,
+        async_checkpoint=async_checkpoint,
+    )
+    result = Trainer(cfg).train()
+    assert (result.status, result.step) == ("completed", 8)
+    assert CheckpointManager(cfg.checkpoint_uri).committed_steps() == [2, 4, 6, 8]
+
+
 def test_config_rejects_keep_below_two():
     with pytest.raises(ValueError, match="keep_latest_k=1"):
         TrainConfig(

@@ -51,6 +51,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
 from sailor_tasks import storage
+from sailor_tasks.errors import StaleAttemptError
 from sailor_tasks.train.checkpoint.store import (
     DATA_SUFFIX,
     MARKER,
@@ -1069,7 +1070,7 @@ class CheckpointManager(CheckpointStore):
         writer = self._write(step, _resolve_stateful(state))
         info = self._finish(step, writer, start)
         if self.rank == 0:  # deleting old checkpoints need not hold up training
-            self._retention = self._background().submit(self.retain)
+            self._retention = self._background().submit(self._retain_after_save)
         return info
 
     def save_async(self, step: int, state: dict[str, Any], *, pipelined: bool = False) -> None:
@@ -1110,8 +1111,19 @@ class CheckpointManager(CheckpointStore):
         writer = self._write(step, snapshot, self.process_group)
         info = self._finish(step, writer, start)
         if self.rank == 0:
-            self.retain()
+            self._retain_after_save()
         return info
+
+    def _retain_after_save(self) -> None:
+        """Retention after a committed save. Failing to retire old checkpoints (an object store's
+        error, a full disk) keeps them until the next save's retention: it fails neither the save
+        it follows nor the run. A newer attempt's fence still stops this one."""
+        try:
+            self.retain()
+        except StaleAttemptError:
+            raise
+        except Exception:
+            logger.warning("retention failed: older checkpoints kept until the next save", exc_info=True)
 
     def _kept(self, step: int, process_group: Any = None) -> SaveInfo | None:
         """Step ``step``'s checkpoint when it is already committed and valid (a save on the notice
