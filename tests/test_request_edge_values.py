@@ -84,7 +84,17 @@ def test_huge_int_is_refused_with_invalid_request_error():
     assert "an integer of 16610 bits" in str(info.value) and len(str(info.value)) < 2_000
 
 
-def test_submit_refuses_a_price_cap_below_every_offer_before_triggering(settings, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("max_usd_per_hour=0.01", "max_usd_per_hour"),
+        ("deadline_hours=0.01", "deadline_hours"),
+        ("num_workers=256", "num_workers"),
+    ],
+)
+def test_submit_refuses_what_no_offer_can_ever_serve_before_triggering(
+    settings, monkeypatch, capsys, setting, field
+):
     from sailor_tasks.cli import submit
     from sailor_tasks.cli.main import main as sailor
 
@@ -100,10 +110,10 @@ def test_submit_refuses_a_price_cap_below_every_offer_before_triggering(settings
             return {"dag_run_id": "manual__x"}
 
     monkeypatch.setattr(submit, "client_from_args", lambda args: Fake())
-    rc = sailor(["submit", "--set", "max_usd_per_hour=0.01", "--no-wait"])
+    rc = sailor(["submit", "--set", setting, "--no-wait"])
     err = capsys.readouterr().err
     assert rc == 2 and "trigger" not in calls, (rc, calls, err)
-    assert "max_usd_per_hour" in err
+    assert field in err
 
 
 def test_late_injection_steps_are_named_under_their_own_field():
@@ -172,3 +182,22 @@ def test_a_request_no_offer_can_ever_serve_is_refused_by_validate(settings, demo
     assert "raise it to at least" not in str(info.value)
     assert ctx.ledger.get_run("never")["status"] == "rejected"
     assert ctx.ledger.queue_entry("never") is None and ctx.ledger.live_reservations() == []
+
+
+def test_a_deadline_shorter_than_the_fastest_possible_run_is_refused_by_validate(settings, demo_dataset):
+    """No queue position or placement could meet it: refused at validate, naming the fastest offer
+    and the least deadline that could; that deadline passes."""
+    import re
+
+    ctx = _ctx()
+    params = {"dataset_uri": demo_dataset, "total_steps": 200_000, "gpu_type": "T4"}
+    with pytest.raises(InvalidRequestErrors) as info:
+        stages.validate({**params, "deadline_hours": 0.05}, "hopeless", ctx)
+    assert info.value.field == "deadline_hours" and "shorter than the fastest possible run" in str(info.value)
+    assert "T4" in str(info.value)
+    assert ctx.ledger.get_run("hopeless")["status"] == "rejected"
+    assert ctx.ledger.queue_entry("hopeless") is None and ctx.ledger.live_reservations() == []
+    least = float(re.search(r"set at least ([0-9.]+)", str(info.value)).group(1))
+    assert least > 0.1  # the training itself, not only the launch
+    request = stages.validate({**params, "deadline_hours": least}, "possible", ctx)
+    assert request["deadline_hours"] == least

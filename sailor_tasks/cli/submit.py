@@ -62,8 +62,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     overrides; follow it."""
     from sailor_tasks.catalog import load_catalog
     from sailor_tasks.cli.airflow_api import AirflowAPIError
-    from sailor_tasks.errors import CatalogError, InvalidRequestError
-    from sailor_tasks.placement.engine import price_cap_error
+    from sailor_tasks.errors import CatalogError, InvalidRequestError, InvalidRequestErrors
+    from sailor_tasks.placement import catalog_errors
     from sailor_tasks.request import from_params
 
     if not args.params and not args.set:
@@ -78,9 +78,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         try:  # the same checks validate runs, minus the dataset lookup: fail here, before Airflow
             catalog = load_catalog()
             req = from_params(params, catalog)
-            cap = price_cap_error(req, catalog)
-            if cap:
-                raise InvalidRequestError("max_usd_per_hour", req.max_usd_per_hour, cap)
+            if errors := catalog_errors(req, catalog):
+                raise InvalidRequestErrors(errors)
         except InvalidRequestError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return ExitCode.BAD_INPUT

@@ -4,10 +4,19 @@ explain the decision rule by rule, and reserve the capacity without overcommitti
 from sailor_tasks.placement.engine import (
     PlanOutcome,
     QueuedRequest,
+    catalog_errors,
     explain,
     plan,
     plan_many,
     price_cap_error,
 )
 
-__all__ = ["PlanOutcome", "QueuedRequest", "explain", "plan", "plan_many", "price_cap_error"]
+__all__ = [
+    "PlanOutcome",
+    "QueuedRequest",
+    "catalog_errors",
+    "explain",
+    "plan",
+    "plan_many",
+    "price_cap_error",
+]

@@ -22,13 +22,14 @@ from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES
 from sailor_tasks.errors import CapacityUnavailableError, InvalidRequestError, NoFeasibleOfferError
 from sailor_tasks.model import ANY_GPU, ClusterState, JobRequest, Placement
 from sailor_tasks.placement import preferences as prefs
-from sailor_tasks.placement.context import PlanningView, RequestContext, build_context
+from sailor_tasks.placement.context import RESTART_HOURS, PlanningView, RequestContext, build_context
 from sailor_tasks.placement.index import MARKET_NAMES, CatalogIndex, index_for
 from sailor_tasks.placement.slack import describe_choice
 from sailor_tasks.placement.validators import (
     BLOCKED_ZONE,
     CAPACITY,
     DEADLINE,
+    MARKET,
     PRICE_CAP,
     PRICE_EPSILON_USD,
     VALIDATOR_NAMES,
@@ -483,12 +484,72 @@ def _unreserved_context(request: JobRequest, catalog: Catalog) -> RequestContext
     return build_context(index, request, _EMPTY_STATE, view_for(index, _EMPTY_STATE))
 
 
-def price_cap_error(request: JobRequest, catalog: Catalog) -> str | None:
+def catalog_errors(request: JobRequest, catalog: Catalog) -> list[InvalidRequestError]:
+    """Every way ``request`` can never be placed on ``catalog``, whatever is reserved or blocked:
+    no offer can run it (``never_feasible_error``), the price cap is below every offer that could
+    (``price_cap_error``), the deadline is shorter than any run can take (``deadline_error``). The
+    candidates are evaluated once for all three. Empty when the request itself is invalid (its own
+    validation reports that)."""
+    ctx = _unreserved_context(request, catalog)
+    if ctx is None:
+        return []
+    errors = []
+    never = never_feasible_error(request, catalog, ctx)
+    if never is not None:
+        field, exc = never
+        errors.append(InvalidRequestError(field, getattr(request, field), str(exc)))
+    if cap := price_cap_error(request, catalog, ctx):
+        errors.append(InvalidRequestError("max_usd_per_hour", request.max_usd_per_hour, cap))
+    if late := deadline_error(request, catalog, ctx):
+        errors.append(InvalidRequestError("deadline_hours", request.deadline_hours, late))
+    return errors
+
+
+def deadline_error(request: JobRequest, catalog: Catalog, ctx: RequestContext | None = None) -> str | None:
+    """Why the deadline can never be met (naming the fastest offer), or None: it is shorter than
+    the fastest run any allowed offer makes, its training and one launch, with the data already
+    there and no preemption. What planning's deadline rule adds to that (a transfer, the expected
+    preemption loss, the wait in the queue) depends on when and where the run is planned.
+
+    Args:
+        ctx: the request's candidates with nothing reserved (``_unreserved_context``), when the
+            caller has them.
+    """
+    if request.deadline_hours is None:
+        return None
+    ctx = ctx or _unreserved_context(request, catalog)
+    if ctx is None:
+        return None
+    # market=auto picks spot or on-demand by the deadline's slack: either may serve it.
+    ignore = {BLOCKED_ZONE, DEADLINE, PRICE_CAP} | ({MARKET} if request.market == "auto" else set())
+    fail = first_failure(ctx, ignore=frozenset(ignore))
+    ok = np.flatnonzero(fail < 0)
+    if ok.size == 0:
+        return None  # no offer runs it at all: never_feasible_error says why
+    i = int(ok[np.argmin(ctx.hours[ok])])
+    fastest = float(ctx.hours[i]) + RESTART_HOURS
+    if request.deadline_hours < fastest - 1e-9:
+        ev = Evaluation(ctx, fail, np.zeros((0, 0)), np.zeros(0), np.zeros(0))
+        return (
+            f"shorter than the fastest possible run, {fastest:.2f} h on {_describe(ev, i)}: "
+            f"{ctx.hours[i]:.2f} h of training and a {RESTART_HOURS * 60:.0f}-minute launch, with the "
+            f"data already there; set at least {math.ceil(fastest * 100) / 100:.2f}, or no deadline"
+        )
+    return None
+
+
+def price_cap_error(request: JobRequest, catalog: Catalog, ctx: RequestContext | None = None) -> str | None:
     """Why the price cap makes the request infeasible (naming the cheapest offer), or None.
 
     Capacity and blocked zones are ignored: they change over time, the cap is the user's choice.
+
+    Args:
+        ctx: the request's candidates with nothing reserved (``_unreserved_context``), when the
+            caller has them.
     """
-    ctx = _unreserved_context(request, catalog) if request.max_usd_per_hour is not None else None
+    if request.max_usd_per_hour is None:
+        return None
+    ctx = ctx or _unreserved_context(request, catalog)
     if ctx is None:
         return None
     index = ctx.index
@@ -522,13 +583,19 @@ FIELD_OF_RULE = {
 """The param a validator's rejection points at (what the user would change)."""
 
 
-def never_feasible_error(request: JobRequest, catalog: Catalog) -> tuple[str, NoFeasibleOfferError] | None:
+def never_feasible_error(
+    request: JobRequest, catalog: Catalog, ctx: RequestContext | None = None
+) -> tuple[str, NoFeasibleOfferError] | None:
     """(the param to change, the error) when no offer of the catalog can ever
     run the request, with nothing reserved and no zone blocked: more GPUs than any zone has, a
     ``data_residency`` no allowed region is on, a model no allowed GPU type runs. None when one
-    can. The price cap is ``price_cap_error``'s; deadlines are left to planning (where the data will
-    be decides the transfer time)."""
-    ctx = _unreserved_context(request, catalog)
+    can. The price cap is ``price_cap_error``'s, the deadline ``deadline_error``'s.
+
+    Args:
+        ctx: the request's candidates with nothing reserved (``_unreserved_context``), when the
+            caller has them.
+    """
+    ctx = ctx or _unreserved_context(request, catalog)
     if ctx is None:
         return None
     fail = first_failure(ctx, ignore=frozenset({BLOCKED_ZONE, DEADLINE, PRICE_CAP}))

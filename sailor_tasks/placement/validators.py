@@ -122,6 +122,7 @@ CAPACITY = VALIDATOR_NAMES.index("capacity")
 PRICE_CAP = VALIDATOR_NAMES.index("price_cap")
 DEADLINE = VALIDATOR_NAMES.index("deadline")
 BLOCKED_ZONE = VALIDATOR_NAMES.index("blocked_zone")
+MARKET = VALIDATOR_NAMES.index("market")
 
 
 _FIRST_EVALUATED = 2

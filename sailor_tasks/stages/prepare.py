@@ -42,7 +42,7 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
             is reserved, copied or provisioned.
     """
     ctx = resolve_ctx(ctx)
-    from sailor_tasks.placement.planner import never_feasible_error, price_cap_error
+    from sailor_tasks.placement import catalog_errors
     from sailor_tasks.request import check_data_access, check_local_command, from_params
 
     with timed(ctx, run_id, "validate"):
@@ -71,13 +71,9 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
                 command_err = check_local_command(request.command, ctx.settings.command_roots)
                 if command_err:
                     errors.append(command_err)
-            never = never_feasible_error(request, ctx.catalog)
-            if never is not None:  # no offer can ever run it: refused now, not after queueing
-                field, exc = never
-                errors.append(InvalidRequestError(field, getattr(request, field), str(exc)))
-            cap = price_cap_error(request, ctx.catalog)
-            if cap:
-                errors.append(InvalidRequestError("max_usd_per_hour", request.max_usd_per_hour, cap))
+            # What no offer can ever satisfy (GPUs, residency, price cap, deadline): refused now,
+            # not after queueing.
+            errors.extend(catalog_errors(request, ctx.catalog))
             try:
                 get_backend(request.backend, ctx.settings)
             except ValueError as exc:

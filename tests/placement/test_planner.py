@@ -5,8 +5,7 @@ import pytest
 from sailor_tasks.catalog.offers import Catalog
 from sailor_tasks.errors import NoFeasibleOfferError
 from sailor_tasks.model import Assignment, ClusterState, JobRequest, Offer
-from sailor_tasks.placement import plan
-from sailor_tasks.placement.planner import price_cap_error
+from sailor_tasks.placement import plan, price_cap_error
 
 
 def offer(zone, gpu="T4", per_node=1, od=1.0, spot=0.3, dirty=False):

@@ -204,15 +204,16 @@ def test_a_deadline_that_cannot_be_met_fails_early(tight, demo_dataset):
 def test_a_deadline_shorter_than_the_run_fails_on_arrival(tight, demo_dataset):
     ctx = tight
     stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
-    # The placement engine's deadline rule refuses every offer: no queueing for a hopeless run.
+    # validate refuses a deadline shorter than any run can take; planning's own deadline rule
+    # still refuses every offer to a request that reaches it: no queueing for a hopeless run.
     with pytest.raises(NoFeasibleOfferError, match="deadline: 102"):
-        stages.plan(submit(ctx, "run-2", demo_dataset, deadline_hours=0.001), "run-2", ctx)
+        stages.plan({**submit(ctx, "run-2", demo_dataset), "deadline_hours": 0.001}, "run-2", ctx)
     assert ctx.ledger.queue_entry("run-2") is None
     # Runs are waiting: the run is checked against its latest start when it would join them.
     with pytest.raises(RunQueuedError):
         stages.plan(submit(ctx, "run-3", demo_dataset), "run-3", ctx)
     with pytest.raises(DeadlineUnmeetableError, match="had to start by"):
-        stages.plan(submit(ctx, "run-4", demo_dataset, deadline_hours=0.001), "run-4", ctx)
+        stages.plan({**submit(ctx, "run-4", demo_dataset), "deadline_hours": 0.001}, "run-4", ctx)
     assert ctx.ledger.queue_entry("run-4") is None
 
 
