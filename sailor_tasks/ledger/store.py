@@ -170,6 +170,18 @@ class Ledger:
             )
         return True
 
+    def advance_run(self, run_id: str, status: str, *, from_statuses: Iterable[str]) -> bool:
+        """Set the run's ``status`` only while it is one of ``from_statuses``, in one statement: a
+        status another process wrote meanwhile (a teardown's end) is never overwritten. False when
+        the run is in none of them, or is not recorded (nothing changed)."""
+        with self.engine.begin() as c:
+            updated = c.execute(
+                update(t.runs)
+                .where(t.runs.c.run_id == run_id, t.runs.c.status.in_(list(from_statuses)))
+                .values(status=status, updated_at=utcnow())
+            )
+        return updated.rowcount > 0
+
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         with self.engine.connect() as c:
             row = c.execute(select(t.runs).where(t.runs.c.run_id == run_id)).mappings().first()

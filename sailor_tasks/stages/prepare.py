@@ -234,10 +234,8 @@ def place_data(request: JSON, placement: JSON, run_id: str, ctx: StageContext | 
 def _mark_provisioned(ctx: StageContext, run_id: str) -> None:
     """Record the run ``provisioned`` while it has not begun training: a recovery's capacity, or a
     GKE train task checking its capacity before each launch, leaves ``running``, ``preempted`` or
-    an end as they are."""
-    run = ctx.ledger.get_run(run_id)
-    if run is None or run["status"] in ("validated", "planned", "provisioned"):
-        ctx.ledger.upsert_run(run_id, status="provisioned")
+    an end as they are, also one a teardown writes while this runs."""
+    ctx.ledger.advance_run(run_id, "provisioned", from_statuses=("validated", "planned", "provisioned"))
 
 
 def provision(request: JSON, placement: JSON, run_id: str, ctx: StageContext | None = None) -> JSON:

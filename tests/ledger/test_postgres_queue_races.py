@@ -31,12 +31,13 @@ def _queued(ledger: Ledger, run_id: str) -> None:
 
 @contextlib.contextmanager
 def _racing_after_the_state_read(
-    ledger: Ledger, other: Callable[[], object], read: str = "queue_entries.state"
+    ledger: Ledger, other: Callable[[], object], read: str = "queue_entries.state", locking: bool = True
 ) -> Iterator[dict]:
     """While the block runs, the first time ``ledger`` runs a statement naming ``read`` (default:
-    a read of a queue entry's state) in a locking transaction, ``other`` (another process's call)
-    runs in a thread, given 2 s to finish before the transaction goes on; its result (or error) is
-    in the yielded dict under ``"other"`` once the block ends."""
+    a read of a queue entry's state) in a locking transaction (any, when not ``locking``),
+    ``other`` (another process's call) runs in a thread, given 2 s to finish before the
+    transaction goes on; its result (or error) is in the yielded dict under ``"other"`` once the
+    block ends."""
     out: dict = {}
 
     def run_other() -> None:
@@ -52,11 +53,12 @@ def _racing_after_the_state_read(
             thread.start()
             thread.join(2)  # returns at once unless the read holds the entry
 
-    event.listen(ledger._locking_engine, "after_cursor_execute", after_read)
+    engine = ledger._locking_engine if locking else ledger.engine
+    event.listen(engine, "after_cursor_execute", after_read)
     try:
         yield out
     finally:
-        event.remove(ledger._locking_engine, "after_cursor_execute", after_read)
+        event.remove(engine, "after_cursor_execute", after_read)
         thread.join(30)
 
 
@@ -131,3 +133,35 @@ def test_a_run_torn_down_while_it_is_recorded_planned_ends_failed(postgres):
     assert race["other"] is True and planned is True  # the teardown waited for the planned record
     assert tearing_down.get_run("run-p")["status"] == "failed"
     assert tearing_down.live_reservations() == []
+
+
+def test_a_run_torn_down_while_it_is_recorded_provisioned_keeps_its_end(postgres, tmp_path):
+    """``provision`` records the run ``provisioned`` while its teardown (another process) marks it
+    ``failed``: either order must end ``failed``, never ``provisioned`` after the teardown."""
+    from sailor_tasks.settings import Settings
+    from sailor_tasks.stages import StageContext
+    from sailor_tasks.stages.prepare import _mark_provisioned
+
+    url = postgres.create_database("provisioned_teardown_race")
+    provisioning, tearing_down = Ledger(url), Ledger(url)
+    provisioning.upsert_run(
+        "run-p",
+        job_name="j",
+        team="ml",
+        status="planned",
+        backend="local",
+        model="tiny_gpt",
+        dataset_uri="sailor://source/d",
+        request={},
+    )
+    ctx = StageContext(Settings.from_env({}).with_state_dir(str(tmp_path / "state")))
+    ctx.__dict__["ledger"] = provisioning
+
+    def teardown() -> None:
+        if tearing_down.get_run("run-p")["status"] not in RUN_STATUSES_DONE:
+            tearing_down.upsert_run("run-p", status="failed")
+
+    with _racing_after_the_state_read(provisioning, teardown, read="runs.run_id", locking=False) as race:
+        _mark_provisioned(ctx, "run-p")
+    assert "other" in race and not isinstance(race["other"], Exception), race
+    assert tearing_down.get_run("run-p")["status"] == "failed"
