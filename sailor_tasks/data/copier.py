@@ -20,7 +20,8 @@ lock file, and on any store by a ledger lease when the caller passes one (``leas
 do), which a copier killed with kill -9 stops renewing so that it expires. Temporary files a
 killed copier left are never listed as data, and the next copy into the replica deletes them. A
 source without manifest is compared with the replica's previous manifest: unchanged files (size
-and crc32c) are not copied again.
+and crc32c) are not copied again, and when no file changed the replica keeps its manifest (it is
+never incomplete while another run may be reading it).
 """
 
 from __future__ import annotations
@@ -357,6 +358,35 @@ def _damaged(manifest: DatasetManifest, listing: Mapping[str, Mapping[str, Any]]
     return None
 
 
+def _unchanged_files(
+    src_root: str,
+    dst_root: str,
+    existing: DatasetManifest,
+    src_listing: Mapping[str, Mapping[str, Any]],
+    dst_listing: Mapping[str, Mapping[str, Any]],
+    max_workers: int,
+) -> dict[str, ManifestEntry]:
+    """The replica's manifest entries (crc32c filled in) of the files a source without manifest
+    still has with the same bytes, the replica too (``_same_bytes``), checked in parallel."""
+    known = [e for e in existing.files if e.path in src_listing]
+
+    def same(e: ManifestEntry) -> ManifestEntry | None:
+        return _same_bytes(
+            storage.join(src_root, e.path),
+            storage.join(dst_root, e.path),
+            e,
+            dict(src_listing[e.path]),
+            None if e.path not in dst_listing else dict(dst_listing[e.path]),
+        )
+
+    if not known:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(known))) as pool:
+        return {
+            e.path: entry for e, entry in zip(known, pool.map(same, known), strict=True) if entry is not None
+        }
+
+
 def _remove_temporaries(dst_root: str) -> None:
     """Delete the temporary files a killed copier left in a local replica (called with the replica
     locked, so no live copier is writing them). Object stores have none: an upload is published
@@ -443,6 +473,19 @@ def _copy_locked(
             + (f" (and {len(resized) - 1} more files of other sizes)" if len(resized) > 1 else ""),
             what="source changed since its manifest was written",
         )
+    unchanged: dict[str, ManifestEntry] = {}
+    if existing is not None and src_manifest is None:
+        unchanged = _unchanged_files(src_root, dst_root, existing, src_listing, dst_files, max_workers)
+        if len(unchanged) == len(files) == len(existing.files):
+            # Every file of a source without manifest still holds the bytes the replica's
+            # manifest lists: the replica stays complete, never invalidated to be written again.
+            manifest = DatasetManifest(dataset_uri=src_root, files=tuple(unchanged[rel] for rel, _ in files))
+            if manifest != existing:  # a crc32c the old manifest lacked
+                storage.write_json(storage.join(dst_root, MANIFEST_NAME), manifest.to_json())
+            logger.info("%s already holds the source's files (%d); nothing to do", dst_root, len(files))
+            if on_complete is not None:
+                on_complete(manifest)
+            return CopyResult(manifest, 0, total, time.monotonic() - start)
     if existing is not None:
         # The replica is about to change: from now on it is incomplete, so no reader trusts a
         # manifest whose files are being replaced.
@@ -457,8 +500,8 @@ def _copy_locked(
 
     dst_listing = dst_files if expected or known else {}
 
-    entries: dict[str, ManifestEntry] = {}
-    copied = skipped = 0
+    entries: dict[str, ManifestEntry] = dict(unchanged)
+    copied, skipped = 0, sum(e.size for e in unchanged.values())
     with ThreadPoolExecutor(max_workers=min(max_workers, max(1, len(files)))) as pool:
         futures = {
             pool.submit(
@@ -473,6 +516,7 @@ def _copy_locked(
                 known.get(rel),
             ): (rel, size)
             for rel, size in files
+            if rel not in unchanged
         }
         for future in as_completed(futures):
             rel, size = futures[future]

@@ -199,11 +199,14 @@ def test_unchanged_files_of_a_source_without_manifest_are_not_copied_again(tmp_p
     storage.write_bytes(f"{src}/sub/b.bin", os.urandom(50_000))
     first = copy_dataset(src, dst)
     assert first.bytes_copied == 55_000 and read_manifest(src) is None
-    again = copy_dataset(src, dst)
+    invalidated, completed = [], []
+    again = copy_dataset(src, dst, on_invalidate=lambda: invalidated.append(1), on_complete=completed.append)
     assert (again.bytes_copied, again.bytes_skipped) == (0, 55_000)
+    # Nothing changed: the replica stayed complete throughout, its manifest as it was.
+    assert invalidated == [] and completed == [read_manifest(dst)] == [first.manifest]
     storage.write_bytes(f"{src}/a.txt", b"gamma" * 1000)  # same size, other bytes
-    third = copy_dataset(src, dst)
-    assert (third.bytes_copied, third.bytes_skipped) == (5000, 50_000)
+    third = copy_dataset(src, dst, on_invalidate=lambda: invalidated.append(1))
+    assert (third.bytes_copied, third.bytes_skipped) == (5000, 50_000) and invalidated == [1]
     verify(dst, read_manifest(dst))
     assert (tmp_path / "dst" / "a.txt").read_bytes() == b"gamma" * 1000
 
