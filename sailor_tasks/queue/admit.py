@@ -152,11 +152,16 @@ def admit(
         try:
             try:
                 admitted = reserver.reserve(run, None, left_h)
-            except (CapacityUnavailableError, NoFeasibleOfferError):
+            except (CapacityUnavailableError, NoFeasibleOfferError) as own:
                 if not r.urgent or run.market == "spot":
                     raise
                 # At its latest start: on-demand if its own market cannot take it.
-                admitted = reserver.reserve(run, "on_demand", left_h)
+                try:
+                    admitted = reserver.reserve(run, "on_demand", left_h)
+                except NoFeasibleOfferError:
+                    if isinstance(own, CapacityUnavailableError):
+                        raise own from None  # no on-demand offer at all: its own market may free
+                    raise
         except (CapacityUnavailableError, NoFeasibleOfferError) as exc:
             late = run.latest_start_s is not None and now_s >= run.latest_start_s
             if isinstance(exc, CapacityUnavailableError) and not late:

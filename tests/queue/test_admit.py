@@ -20,8 +20,9 @@ def q(run_id, team="a", arrival=0.0, gpus=2, **kw):
 class FakeReserver:
     """Free GPUs per market; records every reserve call and every end."""
 
-    def __init__(self, spot=0, on_demand=0, infeasible=(), gone=()):
+    def __init__(self, spot=0, on_demand=0, infeasible=(), gone=(), sells_on_demand=True):
         self.free = {"spot": spot, "on_demand": on_demand}
+        self.sells_on_demand = sells_on_demand
         self.infeasible, self.gone = set(infeasible), set(gone)
         self.calls, self.ended, self.held = [], {}, {}
 
@@ -32,6 +33,8 @@ class FakeReserver:
         if run.run_id in self.infeasible:
             raise NoFeasibleOfferError(f"{run.gpus}x T4", {"deadline": 1})
         m = market or "spot"
+        if m == "on_demand" and not self.sells_on_demand:
+            raise NoFeasibleOfferError(f"{run.gpus}x T4", {"market": 1})
         if self.free[m] < run.gpus:
             raise CapacityUnavailableError("r", "T4", run.gpus, [])
         self.free[m] -= run.gpus
@@ -63,6 +66,18 @@ def test_an_urgent_run_goes_on_demand_when_spot_cannot_take_it_unless_it_asked_f
     ]
     assert ("s", "on_demand", pytest.approx(10 - 100 / H)) not in res.calls
     assert out.failed == ["s"] and "cannot meet its deadline" in res.ended["s"][1]
+
+
+def test_an_urgent_run_with_no_on_demand_offer_waits_for_its_own_market_until_its_latest_start():
+    """Its market is full now but may free: the on-demand fallback having no offer at all does not
+    fail it before its latest start."""
+    run = q("u", deadline_s=10 * H, latest_start_s=1000.0)
+    res = FakeReserver(spot=0, sells_on_demand=False)
+    urgent = admit([run], [], CAP, 800.0, res)
+    assert [c[1] for c in res.calls] == [None, "on_demand"]  # urgent: the fallback was tried
+    assert urgent.failed == [] and [r.run_id for r in urgent.waiting] == ["u"] and res.ended == {}
+    late = admit([run], [], CAP, 1000.0, res)
+    assert late.failed == ["u"] and "no capacity at its latest start" in res.ended["u"][1]
 
 
 def test_a_run_fails_at_its_latest_start_not_before_and_waits_until_then():
