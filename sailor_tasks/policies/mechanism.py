@@ -447,8 +447,3 @@ class RoundMechanism:
     def realised_fractions(self, now: float) -> np.ndarray:
         """Fraction of its time so far each unit spent on each type (compare with X)."""
         return self.received / np.maximum(now - self.since, 1e-9)[:, None]
-
-    def forget(self, keys: Sequence[object]) -> None:
-        """Drop the history of units that will never come back (finished jobs)."""
-        for k in keys:
-            self._row_of.pop(k, None)
