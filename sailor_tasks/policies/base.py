@@ -81,10 +81,18 @@ class PolicyState:
     """Pair throughputs for space sharing (``ThroughputTable.pairs``)."""
     seed: int = 0
     """Seed of any randomised step (POP partitioning)."""
+    cluster_gpus: Mapping[GpuType, float] | None = None
+    """The whole cluster's GPUs per type when ``gpus`` is a POP partition's share of them."""
 
     @property
     def gpu_types(self) -> tuple[GpuType, ...]:
         return tuple(sorted(self.gpus))
+
+    @property
+    def runnable_gpus(self) -> Mapping[GpuType, float]:
+        """The GPUs that decide on which types a job can run at all: the whole cluster's. A
+        partition's share of a type may be smaller than a job that can run there (8 GPUs of 36)."""
+        return self.gpus if self.cluster_gpus is None else self.cluster_gpus
 
 
 @dataclass(frozen=True, slots=True, eq=False)

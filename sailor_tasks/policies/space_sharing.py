@@ -52,7 +52,7 @@ def _pair_gain(table, job_types: tuple, gpu_types: tuple) -> tuple[np.ndarray, n
 
 def pair_units(state: PolicyState, jobs: Sequence[PolicyJob], top_k: int = TOP_K_PARTNERS) -> Units:
     """Singles for every job plus the pairs (j, l) where l is among j's top-k partners."""
-    base = singles(jobs, state.gpus)
+    base = singles(jobs, state.runnable_gpus)
     table = state.table
     typed = [j for j, job in enumerate(base.jobs) if job.job_type is not None]
     if table is None or not typed or top_k <= 0:
@@ -101,7 +101,9 @@ def partitioned(
     """Solve ``solve_part`` on random job partitions, each with a proportional GPU share (POP).
 
     A partition's share of GPU type m is GPUs_m · (its jobs' scale factors / all scale factors),
-    so the union of partition allocations respects the whole cluster's capacity.
+    so the union of partition allocations respects the whole cluster's capacity. Whether a job can
+    run on a type at all is judged on the whole cluster (``PolicyState.runnable_gpus``): a share
+    smaller than the job's scale factor still bounds its time there, never rules it out.
     """
     from dataclasses import replace
 
@@ -116,7 +118,14 @@ def partitioned(
         jobs = tuple(state.jobs[i] for i in order[p::parts])
         share = sum(j.scale_factor * j.count for j in jobs) / total_scale
         allocations.append(
-            solve_part(replace(state, jobs=jobs, gpus={g: c * share for g, c in state.gpus.items()}))
+            solve_part(
+                replace(
+                    state,
+                    jobs=jobs,
+                    gpus={g: c * share for g, c in state.gpus.items()},
+                    cluster_gpus=state.runnable_gpus,
+                )
+            )
         )
     return concat(allocations)
 

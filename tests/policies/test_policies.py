@@ -69,6 +69,17 @@ def test_space_sharing_partitions_large_instances_and_stays_feasible(table):
     assert {j for unit in alloc.units for j in unit} == {j.job_id for j in state.jobs}
 
 
+def test_space_sharing_partitions_leave_big_jobs_a_share(table):
+    """With more jobs than one partition holds, a partition's share of 8 GPUs falls below an 8-GPU
+    job's scale factor: the job still gets time, as without space sharing."""
+    small = tuple(PolicyJob(f"s{i:02d}", {"V100": 1.0}) for i in range(70))
+    big = PolicyJob("big", {"V100": 8.0}, scale_factor=8)
+    state = PolicyState(jobs=(*small, big), gpus={"V100": 8}, space_sharing=True, table=table)
+    alloc = get_policy("las").allocate(state)
+    check_feasible(alloc, state)
+    assert alloc.shares()["big"]["V100"] > 1e-3
+
+
 def test_space_sharing_never_lowers_the_fair_share(table):
     state = random_state(table, n=24, gpus={"K80": 3, "P100": 3, "V100": 3}, seed=5, scales=(1,))
 
