@@ -66,9 +66,9 @@ class QueuedRun:
     wait_until_s: float | None = None
     """When it stops waiting (arrival + ``max_queue_hours``); None: it waits as long as it takes."""
     waiting_for: str = ""
+    """What it waits for, as its time-out message says it (e.g. ``2x T4 GPUs in us-central1``)."""
     regions: frozenset[str] = frozenset()
     """The regions it may be placed in (empty: any); its estimated start counts only their GPUs."""
-    """What it waits for, as its time-out message says it (e.g. ``2x T4 GPUs in us-central1``)."""
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -319,51 +319,73 @@ def estimate_starts(
     now_s: float,
     region_capacity: Mapping[tuple[str, str], int] | None = None,
 ) -> dict[str, float | None]:
-    """Start time of each run in ``order`` if they were admitted strictly in that order as the
-    held runs end at their expected ends (list scheduling, no backfill).
+    """Start time of each run in ``order`` if they were admitted in that order as the held runs
+    end at their expected ends (list scheduling), as ``admission_pass`` admits: no run starts
+    before an earlier run that may use one of its GPU types (no backfill past it).
 
-    One pool per GPU type; a run that may use several types is estimated on the pool of the
-    types it may use (their capacity and the runs holding them), which is what it waits for. A
-    run limited to some regions (``QueuedRun.regions``, with ``region_capacity``: GPUs per
-    (region, type)) is estimated on the pool of those regions' GPUs and the runs holding them.
+    The GPUs are simulated per type, or per (region, type) with ``region_capacity`` (GPUs per
+    (region, type)); a run takes all its GPUs from one of the pools it may use (its types, and
+    its regions, ``QueuedRun.regions``), the first to have them free. None: no pool it may use
+    ever holds that many GPUs.
     """
-    starts: dict[str, float | None] = {}
-    # pool (types, regions) → (free GPUs, heap of (end, gpus)); each pool is simulated apart.
-    pools: dict[tuple[frozenset[str], frozenset[str]], tuple[list[float], list[tuple[float, int]]]] = {}
+    # pool (region or None, type) → [free GPUs, heap of (end, gpus) of the runs holding it]
+    pools: dict[tuple[str | None, str], list] = {}
 
-    def total_of(types: frozenset[str], regions: frozenset[str]) -> int:
-        if not regions:
-            return sum(int(capacity.get(g, 0)) for g in types)
+    def cap_of(cell: tuple[str | None, str]) -> int:
+        region, g = cell
+        if region is None:
+            return int(capacity.get(g, 0))
         assert region_capacity is not None
-        return sum(int(region_capacity.get((r, g), 0)) for r in regions for g in types)
+        return int(region_capacity.get((region, g), 0))
 
-    def pool(types: frozenset[str], regions: frozenset[str]) -> tuple[list[float], list[tuple[float, int]]]:
-        if (types, regions) not in pools:
-            ends = [
-                (max(h.expected_end_s, now_s), h.gpus)
-                for h in held
-                if h.gpu_type in types and (not regions or h.region in regions)
-            ]
-            heapq.heapify(ends)
-            free = float(total_of(types, regions) - sum(g for _, g in ends))
-            pools[(types, regions)] = ([free, now_s], ends)
-        return pools[(types, regions)]
+    def pool(cell: tuple[str | None, str]) -> list:
+        if cell not in pools:
+            pools[cell] = [float(cap_of(cell)), []]
+        return pools[cell]
 
+    for h in held:
+        cell = (h.region if region_capacity is not None else None, h.gpu_type)
+        state = pool(cell)
+        state[0] -= h.gpus
+        heapq.heappush(state[1], (max(h.expected_end_s, now_s), h.gpus))
+
+    def first_free(cell: tuple[str | None, str], gpus: int, after: float) -> float:
+        """When ``gpus`` GPUs of the pool are free, at ``after`` or later."""
+        free, ends = pool(cell)
+        for end, n in sorted(ends):
+            if free >= gpus:
+                break
+            free += n
+            after = max(after, end)
+        return after if free >= gpus else math.inf
+
+    starts: dict[str, float | None] = {}
+    type_clock: dict[str, float] = {}
     for run in order:
-        types = frozenset(run.gpu_types) or frozenset(capacity)
-        regions = run.regions if region_capacity is not None else frozenset()
-        state, ends = pool(types, regions)
-        total = total_of(types, regions)
-        if run.gpus > total:
+        types = sorted(frozenset(run.gpu_types) or frozenset(capacity))
+        if region_capacity is None:
+            cells = [(None, g) for g in types]
+        else:
+            cells = [
+                (r, g)
+                for (r, g) in sorted(region_capacity)
+                if g in types and (not run.regions or r in run.regions)
+            ]
+        cells = [c for c in cells if cap_of(c) >= run.gpus]
+        if not cells:
             starts[run.run_id] = None
             continue
-        free, clock = state
-        while free < run.gpus and ends:
-            end, gpus = heapq.heappop(ends)
-            free += gpus
-            clock = max(clock, end)
-        start = max(clock, now_s)
-        heapq.heappush(ends, (start + max(run.expected_s, 0.0), run.gpus))
-        state[0], state[1] = free - run.gpus, start
-        starts[run.run_id] = start if math.isfinite(start) else None
+        earliest = max([now_s, *(type_clock.get(g, now_s) for g in types)])
+        start, cell = min((first_free(c, run.gpus, earliest), c) for c in cells)
+        for g in types:  # no run behind it on these types starts before it
+            type_clock[g] = start
+        if not math.isfinite(start):
+            starts[run.run_id] = None
+            continue
+        state = pool(cell)
+        while state[1] and state[1][0][0] <= start:  # what ended by its start is free again
+            state[0] += heapq.heappop(state[1])[1]
+        state[0] -= run.gpus
+        heapq.heappush(state[1], (start + max(run.expected_s, 0.0), run.gpus))
+        starts[run.run_id] = start
     return starts

@@ -108,12 +108,28 @@ def test_a_run_limited_to_some_regions_is_estimated_on_their_gpus_alone():
     running = [HeldRun("h", "a", 2, "T4", THR, started_s=0.0, expected_end_s=3600.0, region="r1")]
     waiting = [q("only-r1", "b", 0.0, regions=frozenset({"r1"})), q("any", "b", 1.0)]
     starts = estimate_starts(waiting, running, CAP, 100.0, by_region)
-    assert starts == {"only-r1": 3600.0, "any": 100.0}
+    # "any" waits behind it: the admission pass holds back runs on its GPU type (no backfill).
+    assert starts == {"only-r1": 3600.0, "any": 3600.0}
     assert estimate_starts(waiting, running, CAP, 100.0)["only-r1"] == 100.0  # regions not known: pooled
     nowhere = q("r3", "b", 2.0, regions=frozenset({"r3"}))  # no capacity there at all
     assert estimate_starts([nowhere], running, CAP, 100.0, by_region) == {"r3": None}
     ranked = rank(waiting, running, CAP, 100.0, "fifo", region_capacity=by_region)
-    assert [r.estimated_start_s for r in ranked] == [3600.0, 100.0]
+    assert [r.estimated_start_s for r in ranked] == [3600.0, 3600.0]
+    # Ahead of "any" nothing waits: it takes r2's free GPUs now.
+    assert estimate_starts(waiting[1:], running, CAP, 100.0, by_region) == {"any": 100.0}
+
+
+def test_a_run_that_may_use_several_types_counts_the_runs_ahead_on_each():
+    """A run pinned to T4 takes the T4s; a run behind it that may use T4 or V100 (the V100s held
+    for 10 h) starts when the T4 run ends, not now; a run needing more GPUs than any one type has
+    never starts."""
+    cap = {"T4": 4, "V100": 4}
+    running = [HeldRun("h", "a", 4, "V100", {"V100": 4.0}, started_s=0.0, expected_end_s=10 * 3600.0)]
+    both = {"T4": 2.0, "V100": 4.0}
+    pinned = QueuedRun("A", "a", 4, THR, arrival_s=0.0, expected_s=3600.0)
+    either = QueuedRun("B", "b", 4, both, arrival_s=1.0, expected_s=3600.0)
+    wide = QueuedRun("C", "b", 8, both, arrival_s=2.0, expected_s=3600.0)
+    assert estimate_starts([pinned, either, wide], running, cap, 0.0) == {"A": 0.0, "B": 3600.0, "C": None}
 
 
 def test_a_run_that_does_not_fit_holds_back_the_runs_behind_it_on_the_same_gpus():
