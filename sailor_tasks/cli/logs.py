@@ -181,14 +181,19 @@ class LocalLogs:
     def done(self) -> bool:
         """The ledger's status of a sailor_train run is final and teardown has recorded its end in
         the ledger (its log file appears when it starts, long before it has stopped and released
-        anything), or the run was rejected at ``validate``: teardown, whose setups are ``validate``
-        and ``plan``, never runs for it."""
+        anything), or the run was rejected at ``validate``, or ``validate`` failed before it
+        recorded the run (an error, not a rejection; it has no retries): teardown, whose setups are
+        ``validate`` and ``plan``, never runs for such a run."""
         if self.dag_id != "sailor_train":
             return False
         from sailor_tasks.stages.summary import RUN_STATUSES_DONE
 
         run = self._ledger_run()
-        if not run or run["status"] not in RUN_STATUSES_DONE:
+        if run is None:
+            return any(
+                s["stage"] == "validate" and not s["ok"] for s in self._ledger.stage_timings(self.run_id)
+            )
+        if run["status"] not in RUN_STATUSES_DONE:
             return False
         return run["status"] == "rejected" or any(
             s["stage"] == "teardown" for s in self._ledger.stage_timings(self.run_id)

@@ -156,6 +156,30 @@ def test_follow_of_a_run_rejected_at_validate_ends_with_its_status(tmp_path, ctx
     assert "less than the minimum of 1" in out.getvalue()
 
 
+def test_follow_of_a_run_whose_validate_failed_before_recording_it_ends(tmp_path, ctx, monkeypatch):
+    """validate failed with an error (not a rejection) before the run had a ledger row: it has no
+    retries and teardown never runs, so its failed try is the end."""
+    import pytest
+
+    from sailor_tasks import stages, storage
+
+    def denied(uri, *a, **k):
+        raise PermissionError(f"403 Forbidden: {uri}")
+
+    monkeypatch.setattr(storage, "exists", denied)
+    with pytest.raises(PermissionError):
+        stages.validate({"dataset_uri": "sailor://source/datasets/demo-text"}, RUN_ID, ctx)
+    assert ctx.ledger.get_run(RUN_ID) is None
+    write_log(tmp_path, "validate", 1, [record("PermissionError: 403 Forbidden", level="error")])
+    out = io.StringIO()
+    started = time.monotonic()
+    rc = print_logs(
+        LocalLogs(str(tmp_path), "sailor_train", RUN_ID), follow=True, poll_s=0.05, timeout_s=10, out=out
+    )
+    assert rc == 0 and time.monotonic() - started < 5
+    assert "403 Forbidden" in out.getvalue()
+
+
 class FakeAirflow:
     """The REST calls ``ApiLogs`` makes, over a scripted run."""
 
