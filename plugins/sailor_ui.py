@@ -234,17 +234,25 @@ def snapshot_json() -> JSONResponse:
 
 @app.get("/report.png")
 def report_png() -> Response:
-    """The last rebalance report chart, or 404 when no rebalance has recorded one or its file is
-    gone (its bucket cleaned up)."""
+    """The last rebalance report chart, read with the Airflow connection's Google Cloud
+    credentials (``gcp.install``, as every stage); 404 when no rebalance has recorded one or its
+    file is gone (its bucket cleaned up), 502 naming it when it cannot be read (access denied)."""
+    from sailor_tasks.airflow_glue import gcp
     from sailor_tasks.stages.dashboard import read_report, report_uri
 
     uri = report_uri()
     if not uri:
         return JSONResponse({"detail": "no report yet"}, status_code=404)
+    gcp.install()
     try:
         return Response(read_report(uri), media_type="image/png")
     except FileNotFoundError:
         return JSONResponse({"detail": f"the last report, {uri}, no longer exists"}, status_code=404)
+    except Exception as exc:  # a store's refusal or a credentials error: the page shows why
+        return JSONResponse(
+            {"detail": f"the last report, {uri}, cannot be read: {type(exc).__name__}: {exc}"},
+            status_code=502,
+        )
 
 
 def _json_default(value: Any) -> Any:

@@ -208,3 +208,28 @@ def test_a_nan_loss_and_a_report_file_that_is_gone_are_answered_not_500(plugin, 
     assert snap.json()["runs"] == [{"run_id": "r-1", "status": "failed", "final_loss": None, "initial_loss": None}]
     report = client.get("/report.png", headers=auth)
     assert report.status_code == 404 and gone in report.json()["detail"]
+
+
+def test_the_report_is_read_with_the_connection_credentials_and_a_refusal_is_named(
+    client, token, monkeypatch
+):
+    """On GKE the chart is in a bucket: it is read with the Airflow connection's credentials, as
+    every stage reads, and a refusal is a 502 naming the file, not a bare 500."""
+    import sailor_tasks.stages.dashboard as dashboard
+    from sailor_tasks import gcp_auth
+
+    uri = "gs://corp-sailor/reports/ratio.png"
+    seen = []
+
+    def denied(u):
+        seen.append(gcp_auth.has_provider())
+        raise PermissionError(f"403 Forbidden: {u}")
+
+    monkeypatch.setattr(dashboard, "report_uri", lambda: uri)
+    monkeypatch.setattr(dashboard, "read_report", denied)
+    try:
+        report = client.get("/report.png", headers={"Authorization": f"Bearer {token}"})
+    finally:
+        gcp_auth.set_provider(None)
+    assert seen == [True]  # the connection's credentials were in place when it was read
+    assert report.status_code == 502 and uri in report.json()["detail"] and "403" in report.json()["detail"]
