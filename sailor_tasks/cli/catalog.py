@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from sailor_tasks.cli.output import print_table
+from sailor_tasks.cli.output import print_json, print_table
 from sailor_tasks.errors import ExitCode
 
 
@@ -64,7 +63,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
             row["preemption_rate_per_hour"] = round(rate.rate, 6)
         rows.append(row)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
     else:
         print_table(
             rows,
@@ -125,7 +124,7 @@ def cmd_catalog_transfer(args: argparse.Namespace) -> int:
         for b in regions
     ]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
     else:
         print_table(
             rows, ("src_region", "dst_region", "usd_per_gb", "gbps", "src_continent", "dst_continent")

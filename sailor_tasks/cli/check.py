@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import sys
 from typing import Any
 
+from sailor_tasks.cli.output import print_json
 from sailor_tasks.errors import ExitCode
 from sailor_tasks.settings import BACKENDS
 
@@ -121,7 +121,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             "checks": [c.to_dict() for c in checks],
             "supply_file": supply_file,
         }
-        print(json.dumps(out, indent=2))
+        print_json(out)
     else:
         print("\n".join(format_checks(backend, checks)))
     return code

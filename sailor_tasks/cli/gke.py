@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from sailor_tasks.cli.output import load_params
+from sailor_tasks.cli.output import load_params, print_json
 from sailor_tasks.settings import SOURCE_BUCKET, Settings
 
 
@@ -91,5 +90,5 @@ def cmd_render(args: argparse.Namespace) -> int:
     except (SailorError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(out, indent=2))
+    print_json(out)
     return 0

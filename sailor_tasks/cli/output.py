@@ -3,35 +3,62 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
-def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> list[str]:
-    """A header line and one line per row, columns aligned (floats to 4 significant digits)."""
+def format_table(
+    rows: Sequence[dict[str, Any]], columns: Sequence[str], formats: Mapping[str, str] | None = None
+) -> list[str]:
+    """A header line and one line per row, columns aligned. Numbers take the column's format in
+    ``formats`` (money: ``",.2f"``), else floats 4 significant digits, never in scientific notation
+    from 10,000 up (12,346, not 1.235e+04)."""
+    formats = formats or {}
 
-    def fmt(v: Any) -> str:
+    def fmt(v: Any, column: str) -> str:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and column in formats:
+            return format(v, formats[column])
         if isinstance(v, float):
-            return f"{v:.4g}"
+            return f"{v:,.0f}" if math.isfinite(v) and abs(v) >= 1e4 else f"{v:.4g}"
         if hasattr(v, "strftime"):
             return v.strftime("%Y-%m-%d %H:%M")
         return "" if v is None else str(v)
 
-    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+    cells = [[fmt(r.get(c), c) for c in columns] for r in rows]
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     return lines
 
 
-def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    print("\n".join(format_table(rows, columns)))
+def print_table(
+    rows: Sequence[dict[str, Any]], columns: Sequence[str], formats: Mapping[str, str] | None = None
+) -> None:
+    print("\n".join(format_table(rows, columns, formats)))
 
 
 def json_default(value: Any) -> Any:
     if hasattr(value, "isoformat"):
         return value.isoformat()
     raise TypeError(type(value).__name__)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as None: JSON has no such numbers (a diverged run's loss
+    is NaN in the ledger)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def print_json(value: Any, indent: int | None = 2) -> None:
+    """``value`` as strict JSON (dates as ISO 8601, NaN and infinities as null)."""
+    print(json.dumps(finite(value), indent=indent, default=json_default, allow_nan=False))
 
 
 def load_params(path: str | None, overrides: Sequence[str] | None) -> dict[str, Any]:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from sailor_tasks.cli.output import load_params
+from sailor_tasks.cli.output import load_params, print_json
 from sailor_tasks.errors import ExitCode
 from sailor_tasks.settings import Settings
 
@@ -43,7 +42,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         ledger = Ledger(Settings.from_env().ledger_url)
         state = ledger_state(ledger, request, run_id="cli-plan")
         if args.json:  # the whole decision: winner, runners-up, regions, every rejected candidate
-            print(json.dumps(explain(request, catalog, state, run_id="cli-plan"), indent=2))
+            print_json(explain(request, catalog, state, run_id="cli-plan"))
             return ExitCode.OK
         placement = plan(request, catalog, state, run_id="cli-plan")
     except SailorError as exc:

@@ -4,10 +4,9 @@ reason and the estimated start; ``--all`` adds the ones that left it (admitted, 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from sailor_tasks.cli.output import json_default, print_table
+from sailor_tasks.cli.output import print_json, print_table
 from sailor_tasks.errors import ExitCode
 from sailor_tasks.settings import Settings
 
@@ -77,7 +76,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     rows = queue_rows(Ledger(settings.ledger_url), include_done=args.all)
     if args.json:
-        print(json.dumps({"policy": settings.queue_policy, "entries": rows}, indent=2, default=json_default))
+        print_json({"policy": settings.queue_policy, "entries": rows})
         return ExitCode.OK
     print(f"queue policy: {settings.queue_policy}; {sum(r['state'] == 'queued' for r in rows)} waiting")
     if rows:
@@ -92,5 +91,6 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 for r in rows
             ],
             TABLE_COLUMNS,
+            {"waited_min": ",.1f"},
         )
     return ExitCode.OK

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from sailor_tasks.cli.argtypes import nonnegative_float, positive_float, seed
+from sailor_tasks.cli.output import print_json
 
 
 def add_parser(sub: Any) -> None:
@@ -97,10 +98,15 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
     except RebalanceInfeasibleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    out = solution.to_json() if args.full else solution.summary()
+    summary = solution.summary()
     if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        for key, value in solution.summary().items():
-            print(f"{key:24s} {value}")
+        print_json(solution.to_json() if args.full else summary)
+        return 0
+    for key, value in summary.items():
+        print(f"{key:24s} {value}")
+    if args.full:  # the rest of the solution (placement, shares, replicas), each as JSON
+        for key, value in solution.to_json().items():
+            if key not in summary:
+                print(f"\n{key}:")
+                print_json(value)
     return 0

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from sailor_tasks.cli.output import json_default, print_table
+from sailor_tasks.cli.output import print_json, print_table
 from sailor_tasks.errors import ExitCode
 from sailor_tasks.model import RUN_STATUSES
 from sailor_tasks.settings import Settings
@@ -62,9 +61,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
     found = ledger.list_runs(limit=args.limit, team=args.team, status=statuses)
     rows = [{k: r[k] for k in RUN_LIST_FIELDS} for r in found]
     if args.json:
-        print(json.dumps(rows, indent=2, default=json_default))
+        print_json(rows)
     else:
         print_table(
-            [{**r, "created": r["created_at"], "usd": r["usd_estimate"]} for r in rows], TABLE_COLUMNS
+            [{**r, "created": r["created_at"], "usd": r["usd_estimate"]} for r in rows],
+            TABLE_COLUMNS,
+            {"usd": ",.2f"},
         )
     return ExitCode.OK

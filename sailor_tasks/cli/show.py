@@ -4,11 +4,10 @@ checkpoints, cost and summary."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from sailor_tasks.cli.output import format_table, json_default
+from sailor_tasks.cli.output import format_table, print_json
 from sailor_tasks.errors import ExitCode
 
 ATTEMPT_COLUMNS = ("attempt", "try", "zone", "gpu", "market", "$/h", "hours", "usd", "outcome", "why")
@@ -41,7 +40,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"error: {not_found_message(ctx.ledger, args.run_id)}", file=sys.stderr)
         return ExitCode.NOT_FOUND
     if args.json:
-        print(json.dumps(report, indent=2, default=json_default))
+        print_json(report)
         return ExitCode.OK
     print(render_report(report))
     print()

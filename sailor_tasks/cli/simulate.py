@@ -4,14 +4,13 @@ through SAILOR's live queue (``--admission queue``); spot market: spot.py."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
 
 from sailor_tasks.catalog.throughput import GAVEL_GPUS
 from sailor_tasks.cli.argtypes import positive_float, seed
-from sailor_tasks.cli.output import print_table
+from sailor_tasks.cli.output import print_json, print_table
 from sailor_tasks.errors import SailorError
 
 
@@ -31,7 +30,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(result))
+        print_json(result, indent=None)
         return 0
     teams = result.pop("teams", None)
     print_table([result], list(result))

@@ -88,3 +88,30 @@ def test_every_status_the_stages_record_is_a_known_status():
                     if kw.arg == "status" and isinstance(kw.value, ast.Constant):
                         written.add(kw.value.value)
     assert written and written <= set(RUN_STATUSES), written - set(RUN_STATUSES)
+
+
+def test_a_diverged_loss_is_null_in_json_and_money_is_never_in_scientific_notation(
+    settings, capsys, monkeypatch
+):
+    """A diverged run's loss is NaN in the ledger: ``--json`` stays strict JSON (null); the table
+    shows $12,345.68, not 1.235e+04."""
+    ledger = Ledger(settings.ledger_url)
+    _record(ledger, "r-nan", "vision", "failed")
+    ledger.upsert_run("r-nan", usd_estimate=12345.678)
+    real = Ledger.list_runs
+
+    def with_nan(self, *a, **k):
+        return [{**r, "final_loss": float("nan")} for r in real(self, *a, **k)]
+
+    monkeypatch.setattr(Ledger, "list_runs", with_nan)
+    capsys.readouterr()
+    assert sailor(["runs", "--json"]) == 0
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    (row,) = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert row["final_loss"] is None
+    assert sailor(["runs"]) == 0
+    table = capsys.readouterr().out
+    assert "12,345.68" in table and "e+04" not in table

@@ -210,6 +210,9 @@ def test_problem_json_round_trip_and_cli(tmp_path, capsys):
     assert main(["rebalance", "--scenario", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["bytes_moved"] <= out["budget_bytes"] and out["max_ratio_after"] <= out["max_ratio_before"]
+    assert main(["rebalance", "--scenario", str(path), "--full"]) == 0  # text: the summary, then the rest
+    text = capsys.readouterr().out
+    assert text.startswith("status") and "\nplacement:\n" in text and "\nshares:\n" in text
     assert main(["rebalance", "--scenario", str(tmp_path / "missing.json")]) == 2
     assert "neither 'generated' nor a problem JSON file" in capsys.readouterr().err
     unwritable = tmp_path / "no-such-folder" / "out.json"
