@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from typing import Any
@@ -37,16 +38,17 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_submit)
 
 
-def next_steps(run_id: str, dag_id: str = "sailor_train") -> str:
-    """The commands to follow, see and cancel a run (printed after it is started)."""
+def next_steps(run_id: str, dag_id: str = "sailor_train", airflow_url: str | None = None) -> str:
+    """The commands to follow, see and cancel a run (printed after it is started), with the DAG
+    and, when given, the Airflow API server the run was started through (its logs are read there:
+    a deployment's log folder may not be on this machine)."""
     dag = "" if dag_id == "sailor_train" else f" --dag-id {dag_id}"
-    return "\n".join(
-        [
-            f"Follow its logs:  sailor logs {run_id} --follow",
-            f"See the run:      sailor show {run_id}",
-            f"Cancel it:        sailor cancel {run_id}{dag}",
-        ]
-    )
+    api = f" --airflow-url {shlex.quote(airflow_url)}" if airflow_url else ""
+    lines = [f"Follow its logs:  sailor logs {shlex.quote(run_id)} --follow{dag}{api}"]
+    if dag_id == "sailor_train":  # the ledger records sailor_train runs only
+        lines.append(f"See the run:      sailor show {shlex.quote(run_id)}")
+    lines.append(f"Cancel it:        sailor cancel {shlex.quote(run_id)}{dag}{api}")
+    return "\n".join(lines)
 
 
 def paused_message(dag_id: str, url: str) -> str:
@@ -102,7 +104,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     run_id = run["dag_run_id"]
     print(run_id, flush=True)
     print(f"{args.airflow_url.rstrip('/')}/dags/{args.dag_id}/runs/{run_id}", file=sys.stderr)
-    print(next_steps(run_id, args.dag_id), file=sys.stderr, flush=True)
+    print(next_steps(run_id, args.dag_id, args.airflow_url), file=sys.stderr, flush=True)
     if args.no_wait:
         return ExitCode.OK
 

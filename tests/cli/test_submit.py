@@ -72,6 +72,19 @@ def test_unpause_flag_unpauses_then_triggers_and_prints_the_next_commands(params
         assert command in err
 
 
+def test_the_next_commands_name_the_api_server_and_the_dag_it_was_submitted_to(params, airflow, capsys):
+    """Its logs are read where it was submitted (a deployment's log folder may not be on this
+    machine), of its own DAG; a rebalance run is not in the ledger, so there is no show line."""
+    airflow.paused = False
+    url = "http://airflow.corp:8080"
+    assert sailor(["submit", params, "--no-wait", "--airflow-url", url, "--dag-id", "sailor_rebalance"]) == 0
+    err = capsys.readouterr().err
+    run_id = "manual__2026-11-22T10:00:00+00:00"
+    assert f"sailor logs {run_id} --follow --dag-id sailor_rebalance --airflow-url {url}" in err
+    assert f"sailor cancel {run_id} --dag-id sailor_rebalance --airflow-url {url}" in err
+    assert "sailor show" not in err
+
+
 def test_an_unpaused_dag_is_triggered_without_touching_its_pause_state(params, airflow):
     airflow.paused = False
     assert sailor(["submit", params, "--no-wait"]) == 0
