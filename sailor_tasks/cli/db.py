@@ -43,11 +43,28 @@ def add_parser(sub: Any) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    """The settings, with ``--ledger-url`` when given.
+
+    Raises:
+        SettingsError: ``--ledger-url`` is not a SQLAlchemy URL (named, its password redacted).
+    """
     settings = Settings.from_env()
     if getattr(args, "ledger_url", None):
         from dataclasses import replace
 
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        from sailor_tasks.errors import SettingsError
+
         settings = replace(settings, ledger_url=args.ledger_url)
+        try:
+            make_url(args.ledger_url)
+        except ArgumentError as exc:
+            raise SettingsError(
+                f"--ledger-url {settings.ledger_url_redacted!r} is not a usable SQLAlchemy URL: {exc} "
+                "(e.g. postgresql+psycopg2://user:password@host/db or sqlite:////path/ledger.db)"
+            ) from None
     return settings
 
 

@@ -39,6 +39,14 @@ def test_ledger_url_option_and_redacted_password(settings, tmp_path, capsys):
     assert "s3cret" not in err
 
 
+def test_a_bad_ledger_url_option_is_bad_input_naming_the_option_not_the_environment(settings, capsys):
+    for action in ("current", "upgrade"):
+        assert sailor(["db", action, "--ledger-url", "notaurl"]) == 2
+        err = capsys.readouterr().err
+        assert "--ledger-url 'notaurl' is not a usable SQLAlchemy URL" in err
+        assert "SAILOR_LEDGER_URL" not in err
+
+
 def test_an_unknown_revision_is_bad_input_naming_the_valid_ones(settings, capsys):
     assert sailor(["db", "upgrade", "--revision", "nope"]) == 2
     err = capsys.readouterr().err
