@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from typing import Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
@@ -222,14 +221,16 @@ def page() -> HTMLResponse:
 
 @app.get("/api/snapshot")
 def snapshot_json() -> JSONResponse:
-    """The page's data as JSON."""
+    """The page's data as JSON (NaN and infinities as null)."""
     import dataclasses
+
+    from sailor_tasks.model import finite, json_default
 
     snap = _snapshot()
     data = dataclasses.asdict(snap)
     for row, region in zip(data["regions"], snap.regions, strict=True):
         row["ratio"] = region.ratio
-    return JSONResponse(_finite(json.loads(json.dumps(data, default=_json_default))))
+    return JSONResponse(finite(json.loads(json.dumps(data, default=json_default))))
 
 
 @app.get("/report.png")
@@ -253,24 +254,6 @@ def report_png() -> Response:
             {"detail": f"the last report, {uri}, cannot be read: {type(exc).__name__}: {exc}"},
             status_code=502,
         )
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    raise TypeError(type(value).__name__)
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with NaN and infinities as null: JSON has no such numbers (a diverged run's loss
-    is NaN in the ledger)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 class SailorPlugin(AirflowPlugin):

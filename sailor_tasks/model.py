@@ -7,6 +7,7 @@ what crosses Airflow task boundaries (XCom) and what the ledger stores.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -37,6 +38,25 @@ T = TypeVar("T")
 def to_dict(obj: Any) -> dict[str, Any]:
     """Dataclass → plain JSON-able dict (tuples become lists)."""
     return dataclasses.asdict(obj)
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps``'s ``default`` for dates and times (ISO 8601)."""
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as None: JSON has no such numbers (a diverged run's loss
+    is NaN in the ledger)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:

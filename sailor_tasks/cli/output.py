@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sailor_tasks.model import finite, json_default
+
 
 def format_table(
     rows: Sequence[dict[str, Any]], columns: Sequence[str], formats: Mapping[str, str] | None = None
@@ -36,24 +38,6 @@ def print_table(
     rows: Sequence[dict[str, Any]], columns: Sequence[str], formats: Mapping[str, str] | None = None
 ) -> None:
     print("\n".join(format_table(rows, columns, formats)))
-
-
-def json_default(value: Any) -> Any:
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    raise TypeError(type(value).__name__)
-
-
-def finite(value: Any) -> Any:
-    """``value`` with NaN and infinities as None: JSON has no such numbers (a diverged run's loss
-    is NaN in the ledger)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
 
 
 def print_json(value: Any, indent: int | None = 2) -> None:
