@@ -8,12 +8,15 @@ datasets a team reads come from its runs; their sizes and current replicas from 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sailor_tasks.ledger.store import aware
 from sailor_tasks.rebalance.problem import ANY_REGION, Dataset, Problem, Team, is_gpu_count
+
+logger = logging.getLogger(__name__)
 
 QUOTA_KINDS = ("max", "min")
 """Keys of a team's quotas: at most / at least this many GPUs of the team per region."""
@@ -71,6 +74,27 @@ def peak_concurrency(rows: Iterable[Mapping[str, Any]], since: dt.datetime, unti
     return float(peak)
 
 
+def _team_residency(
+    current: Mapping[str, Mapping[str, float]],
+    restricted: Mapping[str, Iterable[str]],
+    supply: Mapping[tuple[str, str], float],
+) -> tuple[set[str] | None, str | None]:
+    """(the regions every dataset in ``restricted`` (URI → the regions it may be stored in) may
+    be stored in, None when none restricts them; why the team cannot be placed anywhere whole,
+    when those regions supply none of its GPU types, else None)."""
+    if not restricted:
+        return None, None
+    allowed = set.intersection(*(set(r) for r in restricted.values()))
+    gpu_types = {g for per in current.values() for g, n in per.items() if n > 0}
+    missing = sorted(g for g in gpu_types if not any(supply.get((r, g), 0) > 0 for r in allowed))
+    if not missing:
+        return allowed, None
+    where = ", ".join(sorted(allowed)) or "no region (their restrictions do not overlap)"
+    reads = ", ".join(sorted(restricted))
+    why = f"it reads {reads}, which may be stored only in {where}: none supplies {', '.join(missing)}"
+    return allowed, why
+
+
 def build_problem(
     rows: Iterable[Mapping[str, Any]],
     replica_rows: Iterable[Mapping[str, Any]],
@@ -90,9 +114,14 @@ def build_problem(
         rows: ledger utilization rows with the run's ``dataset_uri``.
         replica_rows: ledger replica rows (dataset_uri, region, bytes).
         supply: (region, GPU type) → GPUs from the catalog.
-        size_of: bytes of a dataset that has no recorded replica (e.g. from its source manifest);
-            None: unknown. A dataset of unknown size is left out of the problem (no replica of it
-            is planned: its copy could not be charged to the budget) and listed in the stats.
+        size_of: bytes of a dataset that is in a region but has no recorded replica (a
+            ``sailor://<region>/...`` dataset, from its manifest); None: unknown. A dataset of
+            unknown size is left out of the problem (no replica of it is planned: its copy could
+            not be charged to the budget) and listed in the stats (``unknown_size_datasets``). A
+            dataset in no region yet is left out too (``unplaced_datasets``): its run's
+            ``place_data`` copies it wherever the run is placed. A team whose datasets may be
+            stored in no common region that supplies its GPU types stays where it ran
+            (``kept_in_place``, with the reason), and the others are rebalanced.
         quotas: team → {"max": {region: GPUs}, "min": {region: GPUs}}; ``"*"`` in max caps every
             region not listed. A bad entry raises ValueError (``check_quotas``).
         residency: the regions a dataset may be stored in (its runs' ``data_residency``), None
@@ -127,42 +156,60 @@ def build_problem(
         sizes[rep["dataset_uri"]] = max(sizes.get(rep["dataset_uri"], 0), int(rep["bytes"]))
         where[rep["dataset_uri"]].add(rep["region"])
     supply_regions = {r for r, _g in supply}
-    unknown = []
+    unknown, unplaced = [], []
     datasets: dict[str, Dataset] = {}
+    stored_in: dict[str, tuple[str, ...] | None] = {}  # every dataset read: where it may be stored
     for uri in sorted({d for ds in reads.values() for d in ds}):
+        allowed = residency(uri) if residency is not None else None
+        stored_in[uri] = None if allowed is None else tuple(sorted(set(allowed)))
         # a sailor://<region>/... dataset is complete in that region's bucket (as the placement
         # engine's ``dataset_sources`` counts it): no copy needed there
         scheme, _, rest = uri.partition("://")
         if scheme == "sailor" and rest.split("/", 1)[0] in supply_regions:
             where[uri].add(rest.split("/", 1)[0])
+        if not where.get(uri):
+            # In no region yet (a waiting run's new dataset): its run's place_data copies it from
+            # its source wherever the run is placed, whatever the rebalance decides; it neither
+            # ties the team to the regions of a planned copy nor spends the budget (its residency
+            # still confines the team, below).
+            unplaced.append(uri)
+            continue
         size = sizes.get(uri)
         if size is None:
             size = size_of(uri) if size_of else None
             if size is None:  # a copy that cannot be priced is not planned (never counted free)
                 unknown.append(uri)
                 continue
-        allowed = residency(uri) if residency is not None else None
-        datasets[uri] = Dataset(
-            uri,
-            int(size),
-            tuple(sorted(where.get(uri, ()))),
-            None if allowed is None else tuple(sorted(set(allowed))),
-        )
+        datasets[uri] = Dataset(uri, int(size), tuple(sorted(where.get(uri, ()))), stored_in[uri])
     priorities = priorities or {}
     teams = []
+    kept_in_place: dict[str, str] = {}
     for team in sorted(gpu_hours):
         q = quotas.get(team, {})
+        per_region = sorted(gpu_hours[team].items())
+        current = {r: {g: round(h / hours, 9) for g, h in per.items()} for r, per in per_region}
+        read = tuple(sorted(d for d in reads.get(team, ()) if d in datasets))
+        quota_max, quota_min = dict(q.get("max", {})), dict(q.get("min", {}))
+        restricted = {d: stored_in[d] for d in reads.get(team, ()) if stored_in[d] is not None}
+        allowed, stuck = _team_residency(current, restricted, supply)
+        if allowed is not None:  # also what data outside the problem (not placed yet) allows
+            quota_max = {**quota_max, **{r: 0.0 for r in sorted(supply_regions - allowed)}}
+        if stuck is not None:
+            # Each of its runs kept its own data's residency, but no one region can hold all its
+            # data: the team stays where it ran (its runs' data is already there), and the other
+            # teams are still rebalanced.
+            logger.warning("team %s is not rebalanced: %s", team, stuck)
+            kept_in_place[team] = stuck
+            here = {r: round(sum(per.values()), 9) for r, per in current.items()}
+            read, quota_max, quota_min = (), {**here, ANY_REGION: 0.0}, dict(here)
         teams.append(
             Team(
                 name=team,
-                current={
-                    r: {g: round(h / hours, 9) for g, h in per.items()}
-                    for r, per in sorted(gpu_hours[team].items())
-                },
-                datasets=tuple(sorted(d for d in reads.get(team, ()) if d in datasets)),
+                current=current,
+                datasets=read,
                 priority=float(priorities.get(team, 1.0)),
-                quota_max=dict(q.get("max", {})),
-                quota_min=dict(q.get("min", {})),
+                quota_max=quota_max,
+                quota_min=quota_min,
                 peak_gpus=peak_concurrency(by_team[team], since, until),
             )
         )
@@ -182,6 +229,8 @@ def build_problem(
         "window_hours": round(hours, 6),
         "peak_gpus": {t.name: t.peak_gpus for t in teams},
         "unknown_size_datasets": unknown,
+        "unplaced_datasets": unplaced,
+        "kept_in_place": kept_in_place,
         "unsupplied_gpu_hours": {g: round(h, 6) for g, h in sorted(unsupplied.items())},
     }
     return problem, stats

@@ -29,7 +29,7 @@ def test_demand_is_mean_gpus_over_the_window_and_peak_is_concurrency():
     rows = [
         _row("a", "r1", "T4", 8, 0, 12),  # 96 GPU-hours
         _row("a", "r1", "T4", 4, 6, 30),  # 18 h inside a 24 h window → 72 GPU-hours
-        _row("b", "r2", "L4", 2, -10, 2, dataset="sailor://source/e"),  # 2 h inside → 4 GPU-hours
+        _row("b", "r2", "L4", 2, -10, 2, dataset="sailor://r2/e"),  # 2 h inside → 4 GPU-hours
     ]
     problem, stats = build_problem(
         rows,
@@ -48,13 +48,18 @@ def test_demand_is_mean_gpus_over_the_window_and_peak_is_concurrency():
     assert teams["a"].quota_max == {"r2": 0}
     assert problem.datasets["sailor://source/d"].bytes == 500
     assert problem.datasets["sailor://source/d"].replicas == ("r1",)
-    assert problem.datasets["sailor://source/e"].bytes == 77  # from size_of (no replica yet)
+    # in r2's bucket with no replica recorded: sized by size_of, complete in r2
+    e = problem.datasets["sailor://r2/e"]
+    assert e.bytes == 77 and e.replicas == ("r2",)
     assert stats["gpu_hours"] == pytest.approx(172)
     assert problem.supply == {"r1": {"T4": 10.0}, "r2": {"L4": 4.0}}
 
 
 def test_a_dataset_of_unknown_size_is_left_out_never_counted_free():
-    rows = [_row("a", "r1", "T4", 8, 0, 12), _row("b", "r1", "T4", 2, 0, 12, dataset="sailor://source/gone")]
+    rows = [
+        _row("a", "r1", "T4", 8, 0, 12, dataset="sailor://r1/d"),
+        _row("b", "r1", "T4", 2, 0, 12, dataset="sailor://r1/gone"),
+    ]
     problem, stats = build_problem(
         rows,
         [],
@@ -64,22 +69,82 @@ def test_a_dataset_of_unknown_size_is_left_out_never_counted_free():
         budget_bytes=1000,
         size_of=lambda uri: None if uri.endswith("gone") else 400,
     )
-    assert (
-        set(problem.datasets) == {"sailor://source/d"} and problem.datasets["sailor://source/d"].bytes == 400
+    assert set(problem.datasets) == {"sailor://r1/d"} and problem.datasets["sailor://r1/d"].bytes == 400
+    assert {t.name: t.datasets for t in problem.teams} == {"a": ("sailor://r1/d",), "b": ()}
+    assert stats["unknown_size_datasets"] == ["sailor://r1/gone"]
+
+
+def test_a_waiting_runs_new_dataset_neither_ties_its_team_nor_spends_the_budget():
+    """A dataset in no region yet is copied by its run's place_data wherever the run goes: one
+    larger than the whole budget does not make the night infeasible for every team, and its
+    residency still keeps the team in its continent."""
+    rows = [
+        _row("nlp", "r1", "T4", 8, 0, 24),
+        _row("nlp", "r1", "T4", 8, 20, 24, dataset="gs://corp/new-600gb"),
+        _row("cv", "r1", "T4", 20, 0, 24, dataset="sailor://source/cv"),
+    ]
+    replicas = [
+        {"dataset_uri": "sailor://source/d", "region": "r1", "bytes": 100},
+        {"dataset_uri": "sailor://source/cv", "region": "r1", "bytes": 100},
+    ]
+    supply = {("r1", "T4"): 16, ("r2", "T4"): 16, ("r3", "T4"): 16}
+    problem, stats = build_problem(
+        rows,
+        replicas,
+        supply,
+        since=T0,
+        until=T0 + dt.timedelta(hours=24),
+        budget_bytes=500,
+        size_of=lambda uri: 600e9,
+        residency=lambda uri: ["r1", "r2"] if uri == "gs://corp/new-600gb" else None,
     )
-    assert {t.name: t.datasets for t in problem.teams} == {"a": ("sailor://source/d",), "b": ()}
-    assert stats["unknown_size_datasets"] == ["sailor://source/gone"]
+    assert stats["unplaced_datasets"] == ["gs://corp/new-600gb"]
+    assert "gs://corp/new-600gb" not in problem.datasets
+    nlp = next(t for t in problem.teams if t.name == "nlp")
+    assert nlp.datasets == ("sailor://source/d",) and nlp.quota_max == {"r3": 0.0}
+    solution = solve(problem, seed=0, time_limit_s=20.0)
+    assert solution.max_ratio_after < solution.max_ratio_before  # the crowded r1 was relieved
+    assert "r3" not in solution.shares["nlp"]
+
+
+def test_a_team_whose_datasets_share_no_region_stays_where_it_ran_and_the_others_are_rebalanced():
+    """One run on EU-only data, another on US-only data: no single region may hold all the team
+    reads; it is kept where it ran, and the crowded team beside it is still rebalanced."""
+    rows = [
+        _row("nlp", "eu", "A100", 4, 0, 24, dataset="sailor://source/eu-corpus"),
+        _row("nlp", "us", "A100", 4, 0, 24, dataset="sailor://source/us-corpus"),
+        _row("vision", "us", "A100", 20, 0, 24, dataset="sailor://source/images"),
+    ]
+    replicas = [
+        {"dataset_uri": "sailor://source/eu-corpus", "region": "eu", "bytes": 100},
+        {"dataset_uri": "sailor://source/us-corpus", "region": "us", "bytes": 100},
+        {"dataset_uri": "sailor://source/images", "region": "us", "bytes": 100},
+    ]
+    only = {"sailor://source/eu-corpus": ["eu"], "sailor://source/us-corpus": ["us", "us2"]}
+    problem, stats = build_problem(
+        rows,
+        replicas,
+        {("eu", "A100"): 16, ("us", "A100"): 16, ("us2", "A100"): 16},
+        since=T0,
+        until=T0 + dt.timedelta(hours=24),
+        budget_bytes=1000,
+        residency=only.get,
+    )
+    assert "no region (their restrictions do not overlap)" in stats["kept_in_place"]["nlp"]
+    solution = solve(problem, seed=0, time_limit_s=20.0)
+    assert solution.shares["nlp"] == {"eu": pytest.approx(0.5), "us": pytest.approx(0.5)}
+    assert solution.max_ratio_after < solution.max_ratio_before and len(solution.shares["vision"]) > 1
 
 
 def test_collect_sizes_a_dataset_without_a_manifest_from_its_files(ctx):
     """A source the copier accepts without a manifest is sized by listing it (it was 0 bytes)."""
     from sailor_tasks import stages, storage
 
-    raw = "sailor://source/datasets/raw-text"
+    raw = "sailor://us-central1/datasets/raw-text"  # in a region's bucket, no replica recorded
     for i in range(4):
         storage.write_bytes(storage.join(storage.resolve(raw, ctx.settings), f"part-{i}.txt"), b"x" * 250)
     now = dt.datetime.now(dt.UTC)
-    for team, uri in (("nlp", raw), ("cv", "sailor://source/datasets/missing")):
+    for team, uri in (("nlp", raw), ("cv", "sailor://us-central1/datasets/missing")):
         ctx.ledger.enqueue(
             f"q-{team}",
             team=team,
@@ -92,7 +157,7 @@ def test_collect_sizes_a_dataset_without_a_manifest_from_its_files(ctx):
         )
     util = stages.collect_utilization(1.0, as_of=(now + dt.timedelta(hours=2)).isoformat(), ctx=ctx)
     assert {d["uri"]: d["bytes"] for d in util["problem"]["datasets"]} == {raw: 1000}
-    assert util["unknown_size_datasets"] == ["sailor://source/datasets/missing"]
+    assert util["unknown_size_datasets"] == ["sailor://us-central1/datasets/missing"]
 
 
 def test_peak_counts_back_to_back_runs_once():

@@ -17,6 +17,8 @@ def _eu_only_dataset(ctx) -> str:
     root = storage.resolve(uri, ctx.settings)
     storage.write_bytes(storage.join(root, "part-0.bin"), b"x" * 10_000)
     seal(root)
+    # the copy its runs in europe-west4 made
+    ctx.ledger.record_replica(uri, "europe-west4", "sailor://europe-west4/eu-only", 10_000, 1)
     for i, residency in enumerate((["EU"], None, ["EU", "NA"])):  # the runs that declared one: EU
         ctx.ledger.upsert_run(
             f"eu-{i}",
