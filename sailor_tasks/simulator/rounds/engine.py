@@ -337,6 +337,10 @@ def simulate(
                     ]
                     for ri in changed:
                         for j, remaining in lost.get(ri, ()):
+                            if region_of[j] != ri:
+                                # Moved away at the end of the last round (offer_free_gpus): the
+                                # shard learns it at the next plan; it was not preempted.
+                                continue
                             preemptions += 1
                             dest = strategy.on_preemption(
                                 jobs[j], ri, t, available, load_for(j, ri), free=free_view()

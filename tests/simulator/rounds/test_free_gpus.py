@@ -186,3 +186,29 @@ def test_a_job_larger_than_a_server_is_allocated_with_the_throughput_it_runs_at(
     # The offered load counts the same speed.
     assert total_gpu_seconds([job], table, "P100", gpus_per_server=4) == pytest.approx(8 * 3600)
     assert total_gpu_seconds([job], table, "P100") < 8 * 3600
+
+
+def test_a_job_moved_to_faster_gpus_is_not_preempted_in_the_region_it_left():
+    """The long jobs move from the spot K80s to the V100s the short jobs free at the end of a
+    round; the K80s' capacity goes at the next boundary, before the region's shard has heard of
+    the move: no job there is preempted, and none recovered."""
+    from sailor_tasks.simulator.rounds.hooks import TraceAvailability
+    from sailor_tasks.traces.availability import AvailabilityTrace
+
+    table = load_packaged()
+    key = ("ResNet-18 (batch size 64)", 1)
+    regions = [Region("spot", {"K80": 4}, spot=True), Region("dedicated", {"V100": 4})]
+    jobs = [_job(table, f"short{i}", 600, key=key) for i in range(4)]
+    jobs += [_job(table, f"long{i}", 20 * 3600, arrival_s=1.0, key=key) for i in range(4)]
+    placement = SimPlacement(regions, table)
+    result = simulate(
+        jobs,
+        regions,
+        table,
+        SimConfig(),
+        availability=TraceAvailability({"spot": AvailabilityTrace(360.0, (0, 0, 0, 1, 0, 0))}),
+        router=PlacementRouter(placement),
+        strategy=make_recovery("same_zone_first", placement),
+    )
+    assert result.completed == 8 and result.faster_moves == 4
+    assert (result.preemptions, result.recovery_moves) == (0, 0)
