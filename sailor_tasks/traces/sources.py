@@ -85,8 +85,16 @@ def _from_times(points: list[dict], source: str) -> AvailabilityTrace:
 
 
 def load_json(path: Path) -> list[ZoneTrace]:
-    with path.open() as f:
-        doc = json.load(f)
+    """The traces of one JSON file (none when it is another JSON file).
+
+    Raises:
+        ValueError: the file is not JSON, naming it.
+    """
+    try:
+        with path.open() as f:
+            doc = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
     zone, gpu = _from_stem(path.stem)
     if isinstance(doc, list) and doc and isinstance(doc[0], dict) and {"Time", "GPUs"} <= doc[0].keys():
         return [ZoneTrace(path.stem, _from_times(doc, str(path)), zone, gpu)]

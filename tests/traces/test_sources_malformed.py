@@ -18,6 +18,7 @@ from sailor_tasks.traces.sources import load_sources
         ("V100_us-west1-b.json", json.dumps([{"Time": 0, "GPUs": 2}, {"Time": 60, "GPUs": -4}]), "-4"),
         ("sailor.csv", ",Timestamp,V100-16_us-west1-b\n0,0,2\n1,60\n", "sailor.csv"),
         ("sailor.csv", ",Timestamp,V100-16_us-west1-b\n0,0,2\n1,60,-1\n", "-1"),
+        ("V100_us-west1-b.json", "not json", "not valid JSON"),
     ],
 )
 def test_a_malformed_trace_source_is_a_value_error_naming_the_file(tmp_path, name, text, fragment):
@@ -26,3 +27,10 @@ def test_a_malformed_trace_source_is_a_value_error_naming_the_file(tmp_path, nam
     with pytest.raises(ValueError) as info:
         load_sources([str(path)])
     assert name in str(info.value) and fragment in str(info.value)
+
+
+def test_a_file_that_is_not_text_names_the_file(tmp_path):
+    path = tmp_path / "V100_us-west1-b.json"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ValueError, match="V100_us-west1-b.json: not valid JSON"):
+        load_sources([str(tmp_path)])

@@ -139,6 +139,12 @@ def generate_jobs(
         if table.throughput(key, DURATION_BASELINE_GPU) > 0:
             by_scale.setdefault(key[1], []).append(key)
     scales = [s for s in SCALE_FACTORS if s in by_scale and (multi_gpu or s == 1)]
+    if not scales:  # durations are drawn on the baseline GPU: the table must measure it
+        have = "1-GPU job types" if not multi_gpu else "job types"
+        raise ValueError(
+            f"the throughput table has no {have} measured on {DURATION_BASELINE_GPU}, the GPU type "
+            f"generated job durations are defined on; GPU types it measures: {', '.join(table.gpu_types)}"
+        )
     probs = np.array([SCALE_PROBS[SCALE_FACTORS.index(s)] for s in scales])
     probs /= probs.sum()
     arrivals = np.cumsum(rng.exponential(3600.0 / jobs_per_hour, num_jobs))

@@ -159,3 +159,12 @@ def test_cli_workers_option(capsys):
     assert runs[0] == runs[1] and runs[0]["completed"] == 30
     assert main([*base, "--workers", "0", "--json"]) == 2
     assert "--workers 0: need ≥ 1" in capsys.readouterr().err
+
+
+def test_generated_jobs_need_the_baseline_gpu_in_the_table_and_say_so():
+    """Durations are drawn on V100: a table without it is refused naming what it measures."""
+    from sailor_tasks.catalog.throughput import ThroughputTable
+
+    table = ThroughputTable({("ResNet-18 (batch size 64)", 1): {"K80": 1.0, "P100": 2.0}})
+    with pytest.raises(ValueError, match=r"measured on V100.*GPU types it measures: K80, P100"):
+        generate_jobs(5, 10.0, table)
