@@ -168,10 +168,15 @@ class Run:
         device = devices.select_device(self.device_plan)
         if self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group(self.device_plan.backend)
-        if dist.is_available() and dist.is_initialized() and self._ckpt_group is None and self._checkpoints is None:
+        if dist.is_available() and dist.is_initialized() and self._ckpt_group is None:
             # Async saves run their collectives in a background thread: on the training group they
-            # would pair up with other ranks' training collectives (a hang). Every rank is here.
+            # would pair up with other ranks' training collectives (a hang). Every rank is here,
+            # whatever it did before (``latest_step`` builds the manager on every rank too).
             self._ckpt_group = dist.new_group(backend="gloo")
+            if self._checkpoints is not None:
+                # Built before the group (``load_latest`` first): saves go through the group from now on.
+                self._checkpoints.wait()
+                self._checkpoints = None
         return device
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -203,10 +208,21 @@ class Run:
         return self._checkpoints
 
     def latest_step(self) -> int | None:
-        """The newest checkpoint that verifies against its marker (rank 0 decides, every rank agrees)."""
+        """The newest checkpoint that verifies against its marker (rank 0 decides, every rank agrees).
+
+        Raises:
+            RuntimeError: several workers and no process group yet: the ranks could not agree.
+        """
+        if self.world_size > 1 and not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                f"{self.world_size} workers and no process group: call run.init_distributed() (or "
+                "torch.distributed.init_process_group) before latest_step/load_latest, so that every "
+                "rank resumes from the step rank 0 finds"
+            )
+        checkpoints = self.checkpoints  # built on every rank: the group choice must not differ
         if self.rank == 0:
-            self.checkpoints.claim(self.attempt)  # older attempts' workers may write no more
-        step = self.checkpoints.latest_valid_step() if self.rank == 0 else None
+            checkpoints.claim(self.attempt)  # older attempts' workers may write no more
+        step = checkpoints.latest_valid_step() if self.rank == 0 else None
         if dist.is_available() and dist.is_initialized():
             box = [step]
             dist.broadcast_object_list(box, src=0)

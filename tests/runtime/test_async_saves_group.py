@@ -55,3 +55,42 @@ def test_an_async_save_and_a_training_all_reduce_in_either_order_on_two_ranks(tm
     mp.spawn(_worker, args=(port, str(tmp_path / "ckpt"), str(tmp_path / "out")), nprocs=2)
     for rank in (0, 1):
         assert (tmp_path / "out" / f"rank-{rank}").read_text() == "[3.0, 3.0, 3.0]"
+
+
+def _resuming_worker(rank: int, port: int, ckpt: str, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+    )  # fmt: skip
+    from sailor_tasks.runtime.run import Run
+
+    env = dict(
+        os.environ, SAILOR_RUN_ID="r", SAILOR_ATTEMPT="1", SAILOR_DATA_DIR="file:///x",
+        SAILOR_CHECKPOINT_DIR=f"file://{ckpt}", SAILOR_TOTAL_STEPS="10", SAILOR_SEED="0",
+    )  # fmt: skip
+    run = Run.from_env(env, handle_sigterm=False)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))  # a hang shows as an error
+    state = {"w": torch.zeros(1000)}
+    resumed = run.load_latest(state)  # before init_distributed: the manager exists on rank 0 only
+    run.init_distributed()
+    run.checkpoints.save_async(1, {"w": torch.full((1000,), 1.0)})
+    info = run.save(2, {"w": torch.full((1000,), 2.0)})
+    run.close()
+    with open(os.path.join(out, f"rank-{rank}"), "w") as f:
+        f.write(f"{resumed} {info.step}")
+    os._exit(0)
+
+
+def test_resuming_before_init_distributed_then_saving_on_two_ranks(tmp_path):
+    """The documented order with a group made by hand: ``load_latest`` first, then
+    ``init_distributed`` for async saves; every rank makes the same groups and both saves commit."""
+    from sailor_tasks.train.checkpoint.dcp import CheckpointManager
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "out").mkdir()
+    mp.spawn(_resuming_worker, args=(port, str(tmp_path / "ckpt"), str(tmp_path / "out")), nprocs=2)
+    for rank in (0, 1):
+        assert (tmp_path / "out" / f"rank-{rank}").read_text() == "None 2"
+    assert CheckpointManager(f"file://{tmp_path / 'ckpt'}").committed_steps() == [1, 2]
