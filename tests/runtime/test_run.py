@@ -137,3 +137,31 @@ def test_resuming_reports_the_step_reached_before_any_new_step(environ, tmp_path
         progress = json.load(f)
     assert progress["step"] == 6 and progress["resumed_from"] == 6
     again.close()
+
+
+def test_a_save_after_a_failed_async_save_still_saves_its_step(environ, monkeypatch):
+    """The async save of step 20 fails (a full disk, for a moment): the notice's save of step 25
+    is still written, not refused with the async save's error."""
+    from sailor_tasks.train.checkpoint import dcp as dcp_mod
+
+    run = Run.from_env(environ, handle_sigterm=False)
+    run.save(10, {"w": torch.arange(3.0), "step": 10})
+    real, failed = dcp_mod.ChecksummingFsspecWriter._write_file, []
+
+    def failing_once(self, *a, **k):
+        if not failed:
+            failed.append(1)
+            raise OSError(28, "No space left on device")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(dcp_mod.ChecksummingFsspecWriter, "_write_file", failing_once)
+    run.checkpoints.save_async(20, {"w": torch.arange(3.0) + 1, "step": 20})
+    info = run.save(25, {"w": torch.arange(3.0) + 2, "step": 25})
+    assert failed and info.step == 25 and run.checkpoints.latest_valid_step() == 25
+    run.close()
+
+
+def test_several_workers_without_a_process_group_cannot_resume_and_are_told_why(environ):
+    run = Run.from_env({**environ, "WORLD_SIZE": "2"}, handle_sigterm=False)
+    with pytest.raises(RuntimeError, match=r"2 workers and no process group: call run.init_distributed\(\)"):
+        run.load_latest({"w": torch.zeros(3)})

@@ -1061,8 +1061,15 @@ class CheckpointManager(CheckpointStore):
 
     def save(self, step: int, state: dict[str, Any]) -> SaveInfo:
         """Save ``state`` (DCP state dict, Stateful values allowed) as step ``step`` and commit it;
-        a step already committed and valid is kept as it is (``_kept``)."""
-        self.wait()
+        a step already committed and valid is kept as it is (``_kept``). A pending async save that
+        failed (its error is logged) does not stop this one: a save on a notice still keeps the
+        run's latest step. A newer attempt's fence does."""
+        try:
+            self.wait()
+        except StaleAttemptError:
+            raise
+        except Exception:
+            logger.exception("the pending async checkpoint failed; saving step %d now", step)
         kept = self._kept(step)
         if kept is not None:
             return kept
