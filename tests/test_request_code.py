@@ -111,7 +111,23 @@ def test_bad_env_is_refused_naming_the_field(env, fragment):
     assert err.errors[0].field == "env" and fragment in str(err), str(err)
 
 
-@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PATH", "HOME"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "PYTHONPATH",
+        "PYTHONSTARTUP",
+        "PATH",
+        "HOME",
+        "OPENSSL_CONF",
+        "OPENSSL_MODULES",
+        "CUDA_INJECTION64_PATH",
+        "BASH_ENV",
+        "NCCL_NET_PLUGIN",
+        "GLIBC_TUNABLES",
+    ],
+)
 def test_env_that_loads_other_code_is_refused_on_the_local_backend(name):
     assert schema_accepts("env", {name: "/tmp/x"})  # a container's own business elsewhere
     err = rejected({"env": {name: "/tmp/x"}})

@@ -35,13 +35,24 @@ LOCAL_ENV_REFUSED = (
     "RES_OPTIONS",
     "TMPDIR",
     "TZDIR",
+    "GLIBC_TUNABLES",
+    "BASH_ENV",
+    "ENV",
+    "CUDA_INJECTION64_PATH",
+    "NCCL_NET_PLUGIN",
+    "NCCL_TUNER_PLUGIN",
+    "NCCL_PROFILER_PLUGIN",
+    "NCCL_ENV_PLUGIN",
 )
-"""Env names a local run may not set: each makes the loader or Python run or read other files than
-the command's (glibc's list of variables it drops for setuid programs, plus PATH and HOME, which
-decide the interpreter and Python's user site-packages)."""
-LOCAL_ENV_REFUSED_PREFIXES = ("LD_", "DYLD_", "PYTHON")
-"""Prefixes a local run's env names may not have: the dynamic loader's (``LD_PRELOAD``, ...) and
-Python's (``PYTHONPATH``, ``PYTHONSTARTUP``, ...) ways to load code from elsewhere."""
+"""Env names a local run may not set: each makes the loader, a shell, a library or Python run or
+read other files than the command's: glibc's list of variables it drops for setuid programs (and
+``GLIBC_TUNABLES``), PATH and HOME (the interpreter and Python's user site-packages), a shell's
+start-up file, and the libraries CUDA and NCCL load by name."""
+LOCAL_ENV_REFUSED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "OPENSSL_")
+"""Prefixes a local run's env names may not have: the dynamic loader's (``LD_PRELOAD``, ...),
+Python's (``PYTHONPATH``, ``PYTHONSTARTUP``, ...) and OpenSSL's (``OPENSSL_CONF``, whose providers
+are shared libraries it loads when Python imports ``ssl`` or ``hashlib``) ways to load code from
+elsewhere."""
 
 
 @dataclass(frozen=True, slots=True)
