@@ -708,6 +708,7 @@ class ClusterManager(Protocol):
     def set_node_pool_autoscaling(self, *, name: str, autoscaling: Any) -> Any: ...
     def delete_node_pool(self, *, name: str) -> Any: ...
     def get_operation(self, *, name: str) -> Any: ...
+    def list_operations(self, *, parent: str) -> Any: ...
 
 
 PodRunner = Callable[[GkeConfig, TrainLaunch, Sequence[Any], Any], int]
@@ -736,9 +737,13 @@ def _status_name(operation: Any) -> str:
 
 
 def _is_already_exists(exc: BaseException) -> bool:
+    """409: ``AlreadyExists`` over gRPC, a plain ``Conflict`` over REST; never ``Aborted`` (also a
+    ``Conflict``: the request was not carried out)."""
     from google.api_core import exceptions
 
-    return isinstance(exc, exceptions.AlreadyExists | exceptions.Conflict)
+    return isinstance(exc, exceptions.AlreadyExists | exceptions.Conflict) and not isinstance(
+        exc, exceptions.Aborted
+    )
 
 
 def _is_not_found(exc: BaseException) -> bool:
@@ -979,6 +984,11 @@ class GkeBackend:
                     pool_name,
                     entry["grace_s"],
                 )
+            if known is None:
+                # Recorded before it is asked for: a call that fails after GKE took it (a timeout,
+                # a lost worker) leaves a pool the run's teardown still deletes.
+                record = {**record, "pools": [*record["pools"], entry]}
+                storage.write_json(self._record_uri(run_key), record)
             try:
                 op = self._client().create_node_pool(
                     parent=cfg.cluster_path(region), node_pool=validate_node_pool_body(body)
@@ -1065,11 +1075,18 @@ class GkeBackend:
         return self._pending(op, "cluster", f"delete failed node pool {pool_path}", placement.region)
 
     def _ensure_cluster(self, region: str, system_zone: str | None) -> tuple[str, PendingOperation | None]:
-        """The region's cluster: ("exists", None), or ("created", its creation still running)."""
+        """The region's cluster: ("exists", None) when it takes node pools now, ("exists", the
+        operation it is busy with) while another run creates it or GKE upgrades it, or ("created",
+        its creation still running).
+
+        Raises:
+            RuntimeError: the cluster is in ERROR (a creation that failed: its message and the
+                command that deletes it) or being deleted.
+        """
         body = build_cluster_body(self.cfg, region, system_zone)
         try:
-            self._client().get_cluster(name=self.cfg.cluster_path(region))
-            return "exists", None
+            cluster = self._client().get_cluster(name=self.cfg.cluster_path(region))
+            return "exists", self._cluster_busy(cluster, region)
         except Exception as exc:
             if not _is_not_found(exc):
                 raise
@@ -1081,9 +1098,45 @@ class GkeBackend:
         except Exception as exc:
             if _is_already_exists(exc):
                 logger.info("GKE cluster %s already exists (created concurrently); reusing it", body["name"])
-                return "exists", None
+                cluster = self._client().get_cluster(name=self.cfg.cluster_path(region))
+                return "exists", self._cluster_busy(cluster, region)
             raise
         return "created", self._pending(op, "cluster", f"create cluster {body['name']}", region)
+
+    def _cluster_busy(self, cluster: Any, region: str) -> PendingOperation | None:
+        """What an existing cluster must finish before it takes a node pool (GKE runs one cluster
+        operation at a time and refuses others meanwhile): its running operation while it is
+        PROVISIONING or RECONCILING, None when it takes one now.
+
+        Raises:
+            RuntimeError: the cluster is in ERROR or STOPPING, or busy with no operation listed.
+        """
+        status = _status_name(cluster)
+        name = self.cfg.cluster_name(region)
+        if status == "ERROR":
+            message = getattr(cluster, "status_message", "") or "no message"
+            raise RuntimeError(
+                f"GKE cluster {name} in {region} is in ERROR ({message}): a creation that failed "
+                f"leaves it so; delete it (gcloud container clusters delete {name} --region {region} "
+                f"--project {self.cfg.project}) and SAILOR creates it anew"
+            )
+        if status == "STOPPING":
+            raise RuntimeError(f"GKE cluster {name} in {region} is being deleted; provision once it is gone")
+        if status not in ("PROVISIONING", "RECONCILING"):
+            return None
+        listed = self._client().list_operations(parent=f"projects/{self.cfg.project}/locations/{region}")
+        running = [
+            op
+            for op in getattr(listed, "operations", ())
+            if str(getattr(op, "target_link", "")).endswith(f"/clusters/{name}")
+            and _status_name(op) not in ("DONE", "ABORTING")
+        ]
+        if not running:  # between operations: a retry finds it RUNNING or busy with the next one
+            raise RuntimeError(f"GKE cluster {name} in {region} is {status} with no operation listed; retry")
+        op = running[0]
+        kind = getattr(getattr(op, "operation_type", None), "name", "") or "an operation"
+        logger.info("GKE cluster %s is %s (%s): a node pool waits for it", name, status, kind)
+        return self._pending(op, "cluster", f"cluster {name} {status.lower()} ({kind})", region)
 
     def ensure_cluster(self, region: str, system_zone: str | None = None) -> str:
         """Create the region's cluster unless it exists, waiting here; "created" or "exists"."""

@@ -87,3 +87,10 @@ class InMemoryClusterManager:
 
     def get_operation(self, *, name: str) -> Any:
         return self._op()
+
+    def list_operations(self, *, parent: str) -> Any:
+        """The operations still running in ``parent`` (none: every operation ends at once)."""
+        from google.cloud.container_v1 import types
+
+        self.calls.append("list_operations")
+        return types.ListOperationsResponse(operations=[])

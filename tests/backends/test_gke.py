@@ -364,6 +364,88 @@ def test_train_without_the_airflow_glue_says_how_to_run_it(settings, monkeypatch
         backend.train(_launch(_placement("T4", 1, 1)))
 
 
+class ExistingCluster(FakeClusterManager):
+    """The region's cluster exists with ``status``; while it is busy, ``list_operations`` lists
+    the operation it runs (another run's creation)."""
+
+    def __init__(self, region: str, status: str, message: str = ""):
+        from google.cloud.container_v1 import types
+
+        super().__init__()
+        self.path = CONFIG.cluster_path(region)
+        self.clusters[self.path] = types.Cluster(
+            name=CONFIG.cluster_name(region),
+            status=getattr(types.Cluster.Status, status),
+            status_message=message,
+            current_master_version=self.version,
+        )
+        self.region = region
+
+    def list_operations(self, *, parent):
+        from google.cloud.container_v1 import types
+
+        self.calls.append("list_operations")
+        cluster = self.clusters[self.path]
+        busy = cluster.status.name in ("PROVISIONING", "RECONCILING")
+        other = types.Operation(
+            name="op-other-run",
+            status=types.Operation.Status.RUNNING,
+            operation_type=types.Operation.Type.CREATE_CLUSTER,
+            location=self.region,
+            target_link=f"https://container.googleapis.com/v1/{self.path}",
+        )
+        return types.ListOperationsResponse(operations=[other] if busy else [])
+
+
+@pytest.mark.gcs
+def test_a_pool_waits_for_a_cluster_another_run_is_still_creating(gke_settings):
+    """GKE refuses a node pool while its cluster is PROVISIONING (one cluster operation at a
+    time): provisioning waits for the cluster's running operation, then creates the pool."""
+    pl = _placement("T4", 1, 1)
+    fake = ExistingCluster(pl.region, "PROVISIONING")
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    pending = backend.provision_step("run-1", pl)
+    assert isinstance(pending, PendingOperation) and pending.phase == "cluster"
+    assert pending.name == "op-other-run" and "CREATE_CLUSTER" in pending.what
+    assert "create_node_pool" not in fake.calls and "create_cluster" not in fake.calls
+    fake.clusters[fake.path].status = fake.clusters[fake.path].Status.RUNNING
+    record = backend.provision_step("run-1", pl, after="cluster")
+    assert record["status"] == "ready" and len(fake.pools) == 1
+
+
+@pytest.mark.gcs
+def test_a_cluster_left_in_error_is_named_with_its_message_and_how_to_remove_it(gke_settings):
+    pl = _placement("T4", 1, 1)
+    fake = ExistingCluster(pl.region, "ERROR", message="Insufficient regional quota: CPUS")
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    with pytest.raises(RuntimeError) as info:
+        backend.provision("run-1", pl)
+    assert "is in ERROR (Insufficient regional quota: CPUS)" in str(info.value)
+    assert f"gcloud container clusters delete {CONFIG.cluster_name(pl.region)}" in str(info.value)
+    assert "create_node_pool" not in fake.calls
+
+
+@pytest.mark.gcs
+def test_a_pool_whose_creation_call_failed_after_gke_took_it_is_still_torn_down(gke_settings):
+    """The create call times out although GKE took it: the pool was recorded before it was asked
+    for, so the run's teardown deletes it."""
+    from google.api_core.exceptions import DeadlineExceeded
+
+    class TimesOut(FakeClusterManager):
+        def create_node_pool(self, *, parent, node_pool):
+            super().create_node_pool(parent=parent, node_pool=node_pool)
+            raise DeadlineExceeded("deadline exceeded while waiting for the response")
+
+    pl = _placement("T4", 1, 1)
+    fake = TimesOut()
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    backend.ensure_cluster(pl.region)
+    with pytest.raises(DeadlineExceeded):
+        backend.provision("run-1", pl)
+    assert len(fake.pools) == 1
+    assert backend.teardown("run-1") is True and fake.pools == {}
+
+
 class SlowOperations(FakeClusterManager):
     """Operations that run for a few polls, then end as ``final`` (with an error message if given)."""
 
@@ -763,3 +845,13 @@ def test_a_retry_deletes_the_pool_whose_creation_failed_and_creates_it_anew(gke_
     calls = [c for c in fake.calls if c != "get_cluster"]
     assert calls == ["create_cluster", "create_node_pool", "delete_node_pool", "create_node_pool"]
     assert len(fake.pools) == 1
+
+
+def test_an_aborted_request_is_not_taken_for_one_that_found_the_resource_there():
+    from google.api_core import exceptions
+
+    from sailor_tasks.backends.gke import _is_already_exists
+
+    assert _is_already_exists(exceptions.AlreadyExists("pool"))
+    assert _is_already_exists(exceptions.Conflict("409 over REST"))
+    assert not _is_already_exists(exceptions.Aborted("the operation was aborted"))
