@@ -1032,25 +1032,31 @@ class Ledger:
     def measured_throughputs(
         self, exclude_backends: Iterable[str] = ("local",)
     ) -> list[tuple[str, str, float]]:
-        """(model, GPU type, steps/s) of successful runs: steps over their recorded training time.
-
-        Runs on ``exclude_backends`` are left out (the local backend trains on this machine's CPU
-        whatever GPU type the placement named, so its speed says nothing about that GPU).
+        """(model, GPU type, steps/s) of successful runs: their steps over their recorded training
+        time, every attempt's (one row per attempt: a run preempted k times trained its steps in
+        k + 1 attempts, not in each of them). A run whose attempts ran on several GPU types is
+        left out (its steps cannot be split between them), and so are runs on
+        ``exclude_backends`` (the local backend trains on this machine's CPU whatever GPU type the
+        placement named, so its speed says nothing about that GPU).
         """
         r, u = t.runs.c, t.utilization.c
         q = (
-            select(r.model, u.gpu_type, r.steps, u.started_at, u.ended_at)
+            select(r.run_id, r.model, u.gpu_type, r.steps, u.started_at, u.ended_at)
             .join(t.utilization, u.run_id == r.run_id)
             .where(r.status == "success", r.steps > 0, r.backend.not_in(list(exclude_backends)))
             .order_by(u.ended_at)
         )
-        out = []
+        runs: dict[str, dict[str, Any]] = {}  # in the order of their first attempt's end
         with self.engine.connect() as c:
-            for model, gpu, steps, started, ended in c.execute(q):
-                seconds = (ended - started).total_seconds()
-                if seconds > 0:
-                    out.append((model, gpu, steps / seconds))
-        return out
+            for run_id, model, gpu, steps, started, ended in c.execute(q):
+                run = runs.setdefault(run_id, {"model": model, "steps": steps, "gpus": set(), "s": 0.0})
+                run["gpus"].add(gpu)
+                run["s"] += max((ended - started).total_seconds(), 0.0)
+        return [
+            (run["model"], next(iter(run["gpus"])), run["steps"] / run["s"])
+            for run in runs.values()
+            if len(run["gpus"]) == 1 and run["s"] > 0
+        ]
 
     # --- leases ----------------------------------------------------------------------------
     def try_lease(self, name: str, holder: str, ttl_s: float) -> bool:

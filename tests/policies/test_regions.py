@@ -60,6 +60,23 @@ def test_measured_throughput_from_the_ledger_feeds_back_into_the_table(ctx):
     )
     measured = ledger.measured_throughputs()
     assert measured == [("tiny_gpt", "A100", 20.0)]  # the local (CPU) run is left out
+    # A run preempted once trained its 1200 steps in two attempts of 60 s: 10 steps/s, not 20 twice.
+    add_run(ledger, "p", "success", "us-central1", model="tiny_gpt", steps=1200, backend="gke")
+    later = start + dt.timedelta(hours=1)
+    for i in range(2):
+        begin = later + dt.timedelta(seconds=100 * i)
+        ledger.record_utilization(
+            "p", "research", "us-central1", "A100", 1, begin, begin + dt.timedelta(seconds=60)
+        )
+    assert ledger.measured_throughputs() == [("tiny_gpt", "A100", 20.0), ("tiny_gpt", "A100", 10.0)]
+    # One on two GPU types cannot split its steps between them: left out.
+    add_run(ledger, "moved", "success", "us-central1", model="tiny_gpt", steps=1200, backend="gke")
+    for i, gpu in enumerate(("A100", "T4")):
+        begin = later + dt.timedelta(hours=1, seconds=100 * i)
+        ledger.record_utilization(
+            "moved", "research", "us-central1", gpu, 1, begin, begin + dt.timedelta(seconds=60)
+        )
+    assert len(ledger.measured_throughputs()) == 2
     table = load_packaged()
     key = MODEL_JOB_TYPES["tiny_gpt"]
     before = table.throughput(key, "A100")
