@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from sailor_tasks.errors import SettingsError
 
@@ -136,12 +135,20 @@ class Settings:
 
     @property
     def ledger_url_redacted(self) -> str:
-        """The ledger URL with its password replaced by ``***``, for messages and logs."""
-        parts = urlsplit(self.ledger_url)
-        if parts.password is None:
+        """The ledger URL with its password replaced by ``***``, for messages and logs. Parsed as
+        SQLAlchemy parses it (a password may hold ``/``, ``?`` or ``#``); a URL it cannot parse
+        keeps nothing of what stands before its last ``@``."""
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(self.ledger_url)
+        except (ArgumentError, ValueError):
+            head, sep, rest = self.ledger_url.partition("://")
+            return f"{head}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else self.ledger_url
+        if url.password is None:
             return self.ledger_url
-        userinfo, _, hostport = parts.netloc.rpartition("@")
-        return urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hostport}"))
+        return url.render_as_string(hide_password=True)
 
     @property
     def gcp_project(self) -> str:

@@ -60,3 +60,12 @@ def test_the_demo_summary_masks_the_ledger_password(tmp_path):
 def test_a_ledger_url_without_credentials_is_shown_unchanged(tmp_path):
     settings = Settings.from_env({"SAILOR_STATE_DIR": str(tmp_path)})
     assert settings.ledger_url_redacted == settings.ledger_url == f"sqlite:///{tmp_path}/ledger.db"
+
+
+def test_a_password_holding_url_delimiters_is_masked_too(tmp_path):
+    """SQLAlchemy reads ``Xy7/Qm+9z`` as the password (generated passwords often hold ``/``)."""
+    for password in ("Xy7/Qm+9z", "ab#cd", "ab?cd"):
+        url = f"postgresql+psycopg2://sailor:{password}@db.internal:5432/sailor"
+        settings = Settings.from_env({"SAILOR_STATE_DIR": str(tmp_path), "SAILOR_LEDGER_URL": url})
+        shown = settings.ledger_url_redacted
+        assert password not in shown and shown == "postgresql+psycopg2://sailor:***@db.internal:5432/sailor"
