@@ -94,19 +94,24 @@ def _put_lease(conn: Any, run_id: str, lease_s: float, holder: str) -> None:
 
 
 def _replace_reservation(conn: Any, r: Reservation, lease_s: float = DEFAULT_LEASE_S) -> None:
-    """Inside the caller's transaction: the run's reservation becomes ``r``, with a fresh lease."""
+    """Inside the caller's transaction: the run's reservation becomes ``r``, with a fresh lease.
+    The reservation's row first, then the lease's: the order renewals, claims and reclaims lock
+    them in (``_lock_live_reservation``), so two of them on one run never deadlock on PostgreSQL.
+    An existing row is updated in place (not deleted and inserted): a renewal waiting for its lock
+    then finds the run's new reservation, not a row that vanished."""
+    values = {
+        "region": r.region,
+        "zone": r.zone,
+        "gpu_type": r.gpu_type,
+        "gpus": r.gpus,
+        "market": r.market,
+        "created_at": utcnow(),
+        "released_at": None,
+    }
+    updated = conn.execute(update(t.reservations).where(t.reservations.c.run_id == r.run_id).values(**values))
+    if updated.rowcount == 0:
+        conn.execute(insert(t.reservations).values(run_id=r.run_id, **values))
     _put_lease(conn, r.run_id, lease_s, "reserve")
-    _replace_row(
-        conn,
-        t.reservations,
-        {"run_id": r.run_id},
-        region=r.region,
-        zone=r.zone,
-        gpu_type=r.gpu_type,
-        gpus=r.gpus,
-        market=r.market,
-        created_at=utcnow(),
-    )
 
 
 def _aware_row(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -165,3 +165,22 @@ def test_a_run_torn_down_while_it_is_recorded_provisioned_keeps_its_end(postgres
         _mark_provisioned(ctx, "run-p")
     assert "other" in race and not isinstance(race["other"], Exception), race
     assert tearing_down.get_run("run-p")["status"] == "failed"
+
+
+def test_re_reserving_a_run_while_its_lease_is_renewed_never_deadlocks(postgres):
+    """A recovery re-reserves the run (``reserve_if_free`` into another zone) while its training
+    heartbeat renews the lease: both lock the reservation's row, then the lease's, so one waits
+    for the other and both succeed."""
+    url = postgres.create_database("reserve_renew_order")
+    reserving, renewing = Ledger(url), Ledger(url)
+    reserving.reserve(Reservation("run-x", "us-east1", "us-east1-c", "A100", 8, "spot"))
+
+    with _racing_after_the_state_read(
+        reserving, lambda: renewing.renew_reservation_lease("run-x"), read="DELETE FROM reservation_leases"
+    ) as race:
+        moved = reserving.reserve_if_free(
+            Reservation("run-x", "us-east1", "us-east1-b", "A100", 8, "spot"), capacity_gpus=16
+        )
+    assert moved is True and race["other"] is True, race
+    (live,) = renewing.live_reservations()
+    assert live.zone == "us-east1-b"
