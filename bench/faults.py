@@ -12,7 +12,9 @@ Totals:
 - ``corrupt_loaded``: torn or corrupt bytes a loader accepted (checkpoint or dataset);
 - ``leaked_pools``: clusters (local cluster records, torchrun processes) left after teardown;
 - ``leaked_reservations``: live ledger reservations left after teardown;
-- ``hung``: scenarios that overran their bound.
+- ``hung``: scenarios that overran their bound;
+- ``unmeasured``: scenarios that crashed or overran before they could count the above (their
+  counters are null, left out of the totals; such a scenario has failed).
 
 Run: .venv/bin/python bench/faults.py [--quick] [--only NAME[,NAME]]
 (``--quick`` skips the scenarios that train through the whole pipeline.)
@@ -61,6 +63,10 @@ class Outcome:
     corrupt_loaded: int = 0
     leaked_pools: int = 0
     leaked_reservations: int = 0
+
+
+COUNTERS = ("data_lost", "corrupt_loaded", "leaked_pools", "leaked_reservations")
+"""What a scenario counts; null for one that crashed or overran before it could (``unmeasured``)."""
 
 
 class Harness:
@@ -888,7 +894,7 @@ def _alarm(signum: int, frame: Any) -> None:
 
 def run_scenario(name: str, bound_s: int, fn: Callable[[Harness], Outcome], gcs_url: str) -> dict[str, Any]:
     started = time.monotonic()
-    hung = False
+    hung, measured = False, True
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(bound_s)
     harness: Harness | None = None
@@ -896,9 +902,10 @@ def run_scenario(name: str, bound_s: int, fn: Callable[[Harness], Outcome], gcs_
         harness = Harness(gcs_url)
         out = fn(harness)
     except _Overrun:
-        hung = True
+        hung, measured = True, False
         out = Outcome(False, f"did not end within {bound_s} s")
     except Exception as exc:
+        measured = False
         out = Outcome(
             False, f"{type(exc).__name__}: {exc}"[:300] + " | " + traceback.format_exc(limit=3)[-300:]
         )
@@ -908,6 +915,8 @@ def run_scenario(name: str, bound_s: int, fn: Callable[[Harness], Outcome], gcs_
             shutil.rmtree(harness.dir, ignore_errors=True)
     seconds = round(time.monotonic() - started, 2)
     row = {"scenario": name, **dataclasses.asdict(out), "hung": hung, "seconds": seconds, "bound_s": bound_s}
+    if not measured:  # it stopped before it could count what was lost or leaked: not 0, unknown
+        row.update(dict.fromkeys(COUNTERS))
     print(json.dumps(row), file=sys.stderr, flush=True)
     return row
 
@@ -940,10 +949,7 @@ def main() -> None:
     with gcs_emulator() as url:
         os.environ["STORAGE_EMULATOR_HOST"] = url
         rows = [run_scenario(name, bound, fn, url) for name, bound, fn in chosen]
-    total = {
-        key: sum(int(r[key]) for r in rows)
-        for key in ("data_lost", "corrupt_loaded", "leaked_pools", "leaked_reservations", "hung")
-    }
+    total = {key: sum(int(r[key]) for r in rows if r[key] is not None) for key in (*COUNTERS, "hung")}
     print(
         json.dumps(
             {
@@ -952,6 +958,7 @@ def main() -> None:
                 "passed": sum(r["ok"] for r in rows),
                 "failed": [r["scenario"] for r in rows if not r["ok"]],
                 **total,
+                "unmeasured": [r["scenario"] for r in rows if r["data_lost"] is None],
                 "seconds": round(time.monotonic() - started, 1),
                 "outcomes": {
                     r["scenario"]: {"ok": r["ok"], "seconds": r["seconds"], "detail": r["detail"]}

@@ -39,9 +39,20 @@ SCENARIOS = {"open": None, "capped": ON_DEMAND_CAPPED}
 POLICIES = ("las", "fifo", "ftf", "edf")
 
 
-def ratio(value: float | None) -> float:
-    """A team share ratio for comparison (None: one team got nothing, unbounded)."""
-    return math.inf if value is None else value
+def las_fairer(open_: dict) -> bool | None:
+    """Whether las's team share ratio is at most fifo's; None when neither had contention to share
+    (no team held GPUs while every team had a run waiting: nothing compared). A ratio of None with
+    contention means a team got none of it: unbounded, and never a pass for las."""
+    las, fifo = open_["las"]["team_share_ratio"], open_["fifo"]["team_share_ratio"]
+
+    def contended(result: dict) -> bool:
+        return any(t["gpu_h_while_contended"] > 0 for t in result["teams"].values())
+
+    if not contended(open_["las"]) and not contended(open_["fifo"]):
+        return None
+    if las is None:
+        return False
+    return las <= (math.inf if fifo is None else fifo)
 
 
 def one_seed(runs: int, seed: int, hours: float) -> dict:
@@ -63,7 +74,7 @@ def one_seed(runs: int, seed: int, hours: float) -> dict:
         "avg_jct_h": {p: open_[p]["avg_jct_h"] for p in POLICIES},
         "on_demand_gpu_h": {p: open_[p]["on_demand_gpu_h"] for p in POLICIES},
         "las_vs_fifo_team_fairness": {"las": las, "fifo": fifo},
-        "las_fairer_than_fifo": ratio(las) <= ratio(fifo),
+        "las_fairer_than_fifo": las_fairer(open_),
         "latest_start_misses": sum(open_[p]["latest_start_misses"] for p in POLICIES),
         "open_deadline_runs": open_["las"]["deadline_runs"],
         "capped_deadline_misses": {p: capped[p]["deadline_misses"] for p in POLICIES},

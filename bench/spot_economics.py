@@ -39,16 +39,18 @@ def spot_price_bound_usd(jobs, market) -> float:
     """What the jobs would cost with each one on the cheapest spot VM of its size that any spot zone
     sells, for exactly its work: no launches, transfers, preemptions or competition. on_demand's
     USD over this is the most any strategy could save on these jobs, which bounds the savings ratio
-    by the job mix (GPU types whose spot price is close to on-demand cap it)."""
+    by the job mix (GPU types whose spot price is close to on-demand cap it). A job that no spot
+    zone sells (with exact binding, a GPU type without a trace) can only run on demand: its
+    cheapest on-demand VM counts."""
     total = 0.0
     for job in jobs:
+        fits = [z for z in market.zones if z.gpu_type == job.gpu_type]
         prices = [
-            z.spot_usd[job.num_gpus]
-            for z in market.zones
-            if z.gpu_type == job.gpu_type and z.trace is not None and job.num_gpus in z.spot_usd
+            z.spot_usd[job.num_gpus] for z in fits if z.trace is not None and job.num_gpus in z.spot_usd
         ]
+        prices = prices or [z.on_demand_usd[job.num_gpus] for z in fits if job.num_gpus in z.on_demand_usd]
         if not prices:
-            raise ValueError(f"{job.job_id}: no spot zone sells {job.num_gpus} x {job.gpu_type}")
+            raise ValueError(f"{job.job_id}: no zone sells {job.num_gpus} x {job.gpu_type}")
         total += min(prices) * job.work_h
     return total
 
@@ -98,6 +100,7 @@ def main() -> None:
     market, jobs = spot_inputs(
         args.availability, args.jobs, args.seed, args.slack, args.jobs_per_hour, args.bind
     )
+    bound_usd = spot_price_bound_usd(jobs, market)  # before the simulations: a bad mix fails at once
     slacks = sorted({float(s) for s in args.plot_slacks.split(",") if s} | {args.slack})
     table: dict[str, dict] = {}
     points: dict[str, list[tuple[float, float, float]]] = {s: [] for s in MARKET_STRATEGIES}
@@ -117,7 +120,7 @@ def main() -> None:
     )
     sailor, od, eager = table["sailor"], table["on_demand"], table["eager_next_region"]
     savings = od["usd_per_finished_job"] / sailor["usd_per_finished_job"]
-    bound = od["usd_total"] / spot_price_bound_usd(jobs, market)
+    bound = od["usd_total"] / bound_usd
     spot_zones = sum(z.trace is not None for z in market.zones)
     out = {
         "headline": (
