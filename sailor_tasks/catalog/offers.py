@@ -28,25 +28,58 @@ def _packaged(name: str) -> str:
     return str(resources.files("sailor_tasks.catalog").joinpath("data", name))
 
 
+_OFFER_FIELDS = (
+    "cloud",
+    "region",
+    "zone",
+    "gpu_type",
+    "gpus_per_node",
+    "instance_type",
+    "ondemand_usd_per_hour",
+    "spot_usd_per_hour",
+    "spot_above_ondemand",
+)
+
+
 def read_offers(path: str | None = None) -> list[Offer]:
-    """Read offers from a CSV with the columns of ``derive.OFFER_COLUMNS`` (``#`` lines skipped)."""
+    """Read offers from a CSV with the columns of ``derive.OFFER_COLUMNS`` (``#`` lines skipped).
+
+    Raises:
+        ValueError: a row lacks a column or has a value of the wrong type, naming the file, the
+            row (its number among the data rows) and the column.
+    """
     path = path or _packaged(DEFAULT_OFFERS_FILE)
+    offers = []
     with open(path, newline="") as f:
         rows = csv.DictReader(line for line in f if not line.startswith("#"))
-        return [
-            Offer(
-                cloud=r["cloud"],
-                region=r["region"],
-                zone=r["zone"],
-                gpu_type=r["gpu_type"],
-                gpus_per_node=int(r["gpus_per_node"]),
-                instance_type=r["instance_type"],
-                ondemand_usd_per_hour=float(r["ondemand_usd_per_hour"]),
-                spot_usd_per_hour=float(r["spot_usd_per_hour"]),
-                spot_above_ondemand=r["spot_above_ondemand"] == "1",
+        for n, r in enumerate(rows, start=1):
+            where = f"{path}: data row {n}"
+            missing = [k for k in _OFFER_FIELDS if r.get(k) in (None, "")]
+            if missing:
+                raise ValueError(f"{where}: no value for {', '.join(missing)}")
+            column = "gpus_per_node"
+            try:
+                gpus = int(r[column])
+                column = "ondemand_usd_per_hour"
+                ondemand = float(r[column])
+                column = "spot_usd_per_hour"
+                spot = float(r[column])
+            except ValueError:
+                raise ValueError(f"{where}: {column}={r[column]!r} is not a number") from None
+            offers.append(
+                Offer(
+                    cloud=r["cloud"],
+                    region=r["region"],
+                    zone=r["zone"],
+                    gpu_type=r["gpu_type"],
+                    gpus_per_node=gpus,
+                    instance_type=r["instance_type"],
+                    ondemand_usd_per_hour=ondemand,
+                    spot_usd_per_hour=spot,
+                    spot_above_ondemand=r["spot_above_ondemand"] == "1",
+                )
             )
-            for r in rows
-        ]
+    return offers
 
 
 @dataclass(frozen=True)

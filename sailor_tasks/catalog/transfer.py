@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from sailor_tasks.errors import CatalogError
+
 PACKAGED_TRANSFER = "transfer.yaml"
 UNKNOWN_CONTINENT = "?"
 
@@ -90,14 +92,20 @@ def _region_of_zone(zone: str) -> str:
 
 def parse_transfer(doc: Mapping[str, Any]) -> TransferTable:
     """Build a ``TransferTable`` from the YAML document; ValueError names the bad entry."""
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"the document is {type(doc).__name__} {doc!r:.80}: need a mapping with version: 1")
     if doc.get("version") != 1:
         raise ValueError(f"transfer file version={doc.get('version')!r}; valid: 1")
-    prefixes = dict(doc.get("continent_of_prefix") or {})
+    for key in ("continent_of_prefix", "within", "between"):
+        if not isinstance(doc.get(key) or {}, Mapping):
+            raise ValueError(f"{key}={doc[key]!r:.80}: need a mapping")
+    prefixes = {str(k): str(v) for k, v in (doc.get("continent_of_prefix") or {}).items()}
     continents = set(prefixes.values())
-    within = {c: _link(f"within.{c}", v) for c, v in (doc.get("within") or {}).items()}
+    within = {str(c): _link(f"within.{c}", v) for c, v in (doc.get("within") or {}).items()}
     between: dict[frozenset[str], Link] = {}
     default = Link(0.0, 1.0)
-    for pair, spec in (doc.get("between") or {}).items():
+    for key, spec in (doc.get("between") or {}).items():
+        pair = str(key)
         link = _link(f"between.{pair}", spec)
         if pair == "default":
             default = link
@@ -123,11 +131,20 @@ def parse_transfer(doc: Mapping[str, Any]) -> TransferTable:
 
 @functools.lru_cache(maxsize=4)
 def load_transfer(path: str | None = None) -> TransferTable:
-    """The transfer table from ``path`` / ``$SAILOR_TRANSFER_FILE`` / the packaged file (cached)."""
+    """The transfer table from ``path`` / ``$SAILOR_TRANSFER_FILE`` / the packaged file (cached).
+
+    Raises:
+        CatalogError: the file cannot be read, is not YAML, or has a bad entry (named, with the
+            file).
+    """
     path = path or os.environ.get("SAILOR_TRANSFER_FILE") or None
-    if path is None:
-        text = resources.files("sailor_tasks.catalog").joinpath("data", PACKAGED_TRANSFER).read_text()
-    else:
-        with open(path) as f:
-            text = f.read()
-    return parse_transfer(yaml.safe_load(text))
+    try:
+        if path is None:
+            text = resources.files("sailor_tasks.catalog").joinpath("data", PACKAGED_TRANSFER).read_text()
+        else:
+            with open(path) as f:
+                text = f.read()
+        return parse_transfer(yaml.safe_load(text))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        where = path or PACKAGED_TRANSFER
+        raise CatalogError(f"transfer file {where}: {exc}") from None

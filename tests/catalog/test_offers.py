@@ -105,3 +105,23 @@ def test_derive_refuses_a_source_that_is_not_the_catalog_and_leaves_the_offers_f
     assert "us-east1-b,V100,1,n1-standard-8,2.86000,0.82000" in dest.read_text()
     assert os.stat(dest).st_mode & 0o777 == 0o644  # replaced in one step, with the mode it had
     assert sorted(os.listdir(tmp_path)) == ["offers.csv", "source0.csv", "source1.csv", "source2.csv", "vms.csv"]
+
+
+def test_a_truncated_or_bad_offers_file_is_a_catalog_error_naming_the_row_and_column(tmp_path):
+    import pytest
+
+    from sailor_tasks.catalog.offers import DEFAULT_OFFERS_FILE, _packaged
+    from sailor_tasks.errors import CatalogError
+
+    lines = [line for line in open(_packaged(DEFAULT_OFFERS_FILE)) if not line.startswith("#")][:4]
+    cut = tmp_path / "cut.csv"
+    cut.write_text("".join(lines[:3]) + ",".join(lines[3].split(",")[:3]) + "\n")
+    with pytest.raises(CatalogError, match=rf"{cut}: data row 3: no value for gpu_type, gpus_per_node"):
+        load_catalog(str(cut))
+    header, first = lines[0], lines[1].split(",")
+    col = header.strip().split(",").index("spot_usd_per_hour")
+    first[col] = "cheap"
+    bad = tmp_path / "bad.csv"
+    bad.write_text(header + ",".join(first))
+    with pytest.raises(CatalogError, match=rf"{bad}: data row 1: spot_usd_per_hour='cheap' is not a number"):
+        load_catalog(str(bad))

@@ -47,3 +47,24 @@ def test_bad_transfer_file_names_the_entry():
     doc["between"]["NA-MARS"] = {"usd_per_gb": 0.1, "gbps": 1}
     with pytest.raises(ValueError, match="between.NA-MARS"):
         parse_transfer(doc)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "need a mapping with version: 1"),
+        ("- a\n", "need a mapping with version: 1"),
+        ("version: 1\nbetween: [\n", "while parsing"),
+        ("version: 1\nbetween: [a, b]\n", "between=['a', 'b']: need a mapping"),
+        ("version: 1\nbetween:\n  1: {usd_per_gb: 0.1, gbps: 1}\n", "between.1: need '<A>-<B>'"),
+    ],
+    ids=["empty", "list", "not-yaml", "between-list", "between-number"],
+)
+def test_a_bad_transfer_file_is_a_catalog_error_naming_the_file(tmp_path, text, fragment):
+    from sailor_tasks.errors import CatalogError
+
+    path = tmp_path / "transfer.yaml"
+    path.write_text(text)
+    with pytest.raises(CatalogError) as info:
+        load_transfer(str(path))
+    assert str(path) in str(info.value) and fragment in str(info.value), str(info.value)
