@@ -151,7 +151,7 @@ assignments = Table(
 replicas = Table(
     "replicas",
     metadata,
-    Column("dataset_uri", String(500), primary_key=True),
+    Column("dataset_uri", Text, primary_key=True),  # as long as a request's dataset_uri may be
     Column("region", String(50), primary_key=True),
     Column("uri", Text, nullable=False),
     Column("bytes", BigInteger, nullable=False),
@@ -278,7 +278,7 @@ leases = Table(
     # lease while it works; a holder killed with kill -9 stops renewing and the lease expires.
     "leases",
     metadata,
-    Column("name", String(500), primary_key=True),
+    Column("name", Text, primary_key=True),  # "replica:" and a replica's URI, of any length
     Column("holder", String(200), nullable=False),
     Column("acquired_at", Float, nullable=False),  # epoch seconds
     Column("expires_at", Float, nullable=False),  # epoch seconds

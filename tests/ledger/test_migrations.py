@@ -365,3 +365,16 @@ def test_a_ledger_made_by_create_all_from_the_models_is_adopted(tmp_path):
     assert ledger.latest_assignment() is None
     ledger.publish_assignment({"t": {"r": 1.0}}, source="night/1")
     assert ledger.latest_assignment().version == 1
+
+
+def test_postgresql_records_a_replica_and_a_copy_lease_of_a_dataset_uri_as_long_as_a_request_allows(postgres):
+    """The request schema allows a 1,024-character dataset_uri: its replica row and its copy's
+    lease ("replica:" + the replica's URI) are stored, where VARCHAR(500) refused them once the
+    copy was done."""
+    ledger = Ledger(postgres.create_database("long_uris"))
+    uri = "gs://my-data/" + "/".join(f"partition-{i:03d}" for i in range(70)) + "/shards"
+    assert 900 < len(uri) <= 1024
+    ledger.record_replica(uri, "us-central1", "gs://acme-sailor-us-central1/datasets/x", 1, 1)
+    assert ledger.replicas([uri]) == {uri: ("us-central1",)}
+    assert ledger.try_lease(f"replica:gs://acme-sailor-us-central1/{uri}", "copier", 60.0)
+    ledger.dispose()
