@@ -97,7 +97,7 @@ class Postgres:
                     break
                 os.chmod(parent, os.stat(parent).st_mode | 0o011)
         env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
-        subprocess.run(
+        made = subprocess.run(
             [
                 pg_bin("initdb"),
                 "-D",
@@ -110,12 +110,14 @@ class Postgres:
                 "UTF8",
                 "--no-sync",
             ],
-            check=True,
             capture_output=True,
+            text=True,
             cwd=self.root,
             env=env,
             **as_user,
         )
+        if made.returncode != 0:  # what initdb said, not only its exit status
+            raise RuntimeError(f"initdb {self.data_dir} failed ({made.returncode}): {made.stderr[-2000:]}")
         opts = (
             f"-p {self.port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
