@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from sailor_tasks.catalog.derive import OFFER_COLUMNS
 from sailor_tasks.errors import CatalogError
 from sailor_tasks.model import Offer
 
@@ -26,19 +27,6 @@ DEFAULT_OFFERS_FILE = "gcp_gpu_offers.csv"
 
 def _packaged(name: str) -> str:
     return str(resources.files("sailor_tasks.catalog").joinpath("data", name))
-
-
-_OFFER_FIELDS = (
-    "cloud",
-    "region",
-    "zone",
-    "gpu_type",
-    "gpus_per_node",
-    "instance_type",
-    "ondemand_usd_per_hour",
-    "spot_usd_per_hour",
-    "spot_above_ondemand",
-)
 
 
 def read_offers(path: str | None = None) -> list[Offer]:
@@ -54,7 +42,7 @@ def read_offers(path: str | None = None) -> list[Offer]:
         rows = csv.DictReader(line for line in f if not line.startswith("#"))
         for n, r in enumerate(rows, start=1):
             where = f"{path}: data row {n}"
-            missing = [k for k in _OFFER_FIELDS if r.get(k) in (None, "")]
+            missing = [k for k in OFFER_COLUMNS if r.get(k) in (None, "")]
             if missing:
                 raise ValueError(f"{where}: no value for {', '.join(missing)}")
             column = "gpus_per_node"
