@@ -16,7 +16,8 @@ import torch.multiprocessing as mp
 pytestmark = pytest.mark.slow
 
 
-def _worker(rank: int, port: int, ckpt: str, out: str) -> None:
+def _run(rank: int, port: int, ckpt: str):
+    """Rank ``rank`` of two workers: torchrun's variables and the run contract's, then its Run."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
@@ -27,7 +28,11 @@ def _worker(rank: int, port: int, ckpt: str, out: str) -> None:
         os.environ, SAILOR_RUN_ID="r", SAILOR_ATTEMPT="1", SAILOR_DATA_DIR="file:///x",
         SAILOR_CHECKPOINT_DIR=f"file://{ckpt}", SAILOR_TOTAL_STEPS="10", SAILOR_SEED="0",
     )  # fmt: skip
-    run = Run.from_env(env, handle_sigterm=False)
+    return Run.from_env(env, handle_sigterm=False)
+
+
+def _worker(rank: int, port: int, ckpt: str, out: str) -> None:
+    run = _run(rank, port, ckpt)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))  # a hang shows as an error
     run.init_distributed()
     grad = torch.full((1000,), float(rank + 1))
@@ -58,17 +63,7 @@ def test_an_async_save_and_a_training_all_reduce_in_either_order_on_two_ranks(tm
 
 
 def _resuming_worker(rank: int, port: int, ckpt: str, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-    )  # fmt: skip
-    from sailor_tasks.runtime.run import Run
-
-    env = dict(
-        os.environ, SAILOR_RUN_ID="r", SAILOR_ATTEMPT="1", SAILOR_DATA_DIR="file:///x",
-        SAILOR_CHECKPOINT_DIR=f"file://{ckpt}", SAILOR_TOTAL_STEPS="10", SAILOR_SEED="0",
-    )  # fmt: skip
-    run = Run.from_env(env, handle_sigterm=False)
+    run = _run(rank, port, ckpt)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))  # a hang shows as an error
     state = {"w": torch.zeros(1000)}
     resumed = run.load_latest(state)  # before init_distributed: the manager exists on rank 0 only
