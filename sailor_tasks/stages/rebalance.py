@@ -44,16 +44,20 @@ def in_flight_rows(ctx: StageContext, until: dt.datetime) -> list[dict[str, Any]
 
 def queued_rows(ctx: StageContext, until: dt.datetime) -> list[dict[str, Any]]:
     """Utilization-shaped rows for runs waiting in the queue (unmet demand), from their arrival
-    until ``until``, each in the allowed region with the most capacity of a GPU type it may use
-    (where it would most likely run), so a region that turns runs away shows as overloaded."""
+    until ``until``, each in the allowed region (its ``regions``, ``exclude_regions`` and
+    ``data_residency``) with the most capacity of a GPU type it may use (where it would most likely
+    run), so a region that turns runs away shows as overloaded."""
     from sailor_tasks.catalog.supply import region_supply
 
     supply = region_supply(ctx.catalog.offers)
+    continent = ctx.catalog.transfer.continent
     rows = []
     for e in ctx.ledger.queue_entries(("queued",)):
         req = e["request"] or {}
         allowed = set(req.get("regions") or ()) or {r for r, _ in supply}
         allowed -= set(req.get("exclude_regions") or ())
+        if req.get("data_residency"):
+            allowed = {r for r in allowed if continent(r) in set(req["data_residency"])}
         options = [
             (n, region, gpu)
             for (region, gpu), n in supply.items()

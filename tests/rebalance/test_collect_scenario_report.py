@@ -442,3 +442,26 @@ def test_an_attempt_ended_without_its_report_still_counts_its_gpu_hours(ctx):
     end_orphaned_attempt(ctx, "run-1")  # its train task died; teardown ended it
     ended = collect_utilization(1.0, as_of=now.isoformat(), ctx=ctx)["gpu_hours"]
     assert running == ended == pytest.approx(80.0, rel=1e-3)
+
+
+def test_a_waiting_run_counts_as_demand_only_in_regions_its_data_residency_allows(ctx):
+    """Its unmet demand shows in the allowed region with the most capacity of its GPU type: within
+    the continents its data_residency names, where alone it could ever run."""
+    from sailor_tasks.stages.rebalance import queued_rows
+
+    now = dt.datetime.now(dt.UTC)
+    for run_id, residency in (("q-any", None), ("q-eu", ["EU"])):
+        ctx.ledger.enqueue(
+            run_id,
+            team="nlp",
+            priority="normal",
+            gpu_type="T4",
+            gpus=8,
+            request={"dataset_uri": "sailor://source/d", "data_residency": residency},
+            policy="fifo",
+            max_wait_until=now + dt.timedelta(hours=5),
+        )
+    rows = {r["run_id"]: r for r in queued_rows(ctx, now + dt.timedelta(hours=1))}
+    continent = ctx.catalog.transfer.continent
+    assert continent(rows["q-eu"]["region"]) == "EU"
+    assert continent(rows["q-any"]["region"]) != "EU"  # the largest T4 supply is elsewhere
