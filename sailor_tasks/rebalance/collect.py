@@ -213,6 +213,11 @@ def build_problem(
                 peak_gpus=peak_concurrency(by_team[team], since, until),
             )
         )
+    # A quota of a team with no demand in the window changes nothing tonight (an idle team, or a
+    # misspelt name): said, not silently dropped.
+    idle_quotas = sorted(set(quotas) - set(gpu_hours))
+    if idle_quotas:
+        logger.warning("quotas of teams with no demand in the window, unused: %s", ", ".join(idle_quotas))
     nested: dict[str, dict[str, float]] = defaultdict(dict)
     for (r, g), n in supply.items():
         if n > 0:
@@ -231,6 +236,7 @@ def build_problem(
         "unknown_size_datasets": unknown,
         "unplaced_datasets": unplaced,
         "kept_in_place": kept_in_place,
+        "quotas_without_demand": idle_quotas,
         "unsupplied_gpu_hours": {g: round(h, 6) for g, h in sorted(unsupplied.items())},
     }
     return problem, stats

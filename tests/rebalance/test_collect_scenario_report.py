@@ -46,6 +46,7 @@ def test_demand_is_mean_gpus_over_the_window_and_peak_is_concurrency():
     assert teams["b"].current == {"r2": {"L4": pytest.approx(4 / 24)}}
     assert teams["a"].peak_gpus == 12 and teams["b"].peak_gpus == 2
     assert teams["a"].quota_max == {"r2": 0}
+    assert stats["quotas_without_demand"] == []
     assert problem.datasets["sailor://source/d"].bytes == 500
     assert problem.datasets["sailor://source/d"].replicas == ("r1",)
     # in r2's bucket with no replica recorded: sized by size_of, complete in r2
@@ -465,3 +466,16 @@ def test_a_waiting_run_counts_as_demand_only_in_regions_its_data_residency_allow
     continent = ctx.catalog.transfer.continent
     assert continent(rows["q-eu"]["region"]) == "EU"
     assert continent(rows["q-any"]["region"]) != "EU"  # the largest T4 supply is elsewhere
+
+
+def test_a_quota_of_a_team_with_no_demand_is_reported_not_silently_dropped():
+    _, stats = build_problem(
+        [_row("a", "r1", "T4", 8, 0, 12)],
+        [],
+        {("r1", "T4"): 10, ("r2", "T4"): 10},
+        since=T0,
+        until=T0 + dt.timedelta(hours=24),
+        budget_bytes=1000,
+        quotas={"a": {"max": {"r2": 4}}, "visoin": {"max": {"r1": 2}}},
+    )
+    assert stats["quotas_without_demand"] == ["visoin"]
