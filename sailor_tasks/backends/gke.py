@@ -1086,10 +1086,12 @@ class GkeBackend:
         body = build_cluster_body(self.cfg, region, system_zone)
         try:
             cluster = self._client().get_cluster(name=self.cfg.cluster_path(region))
-            return "exists", self._cluster_busy(cluster, region)
         except Exception as exc:
             if not _is_not_found(exc):
                 raise
+            cluster = None
+        if cluster is not None:
+            return "exists", self._cluster_busy(cluster, region)
         logger.info("creating GKE cluster %s in %s (takes several minutes)", body["name"], region)
         try:
             op = self._client().create_cluster(
