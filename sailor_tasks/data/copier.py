@@ -480,6 +480,8 @@ def _copy_locked(
             # Every file of a source without manifest still holds the bytes the replica's
             # manifest lists: the replica stays complete, never invalidated to be written again.
             manifest = DatasetManifest(dataset_uri=src_root, files=tuple(unchanged[rel] for rel, _ in files))
+            if still_held is not None:
+                still_held()  # as before any manifest is written or the replica recorded
             if manifest != existing:  # a crc32c the old manifest lacked
                 storage.write_json(storage.join(dst_root, MANIFEST_NAME), manifest.to_json())
             logger.info("%s already holds the source's files (%d); nothing to do", dst_root, len(files))
