@@ -21,8 +21,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from sailor_tasks import storage
-from sailor_tasks.errors import StaleAttemptError
-from sailor_tasks.train.checkpoint.dcp import CheckpointManager
+from sailor_tasks.train.checkpoint.dcp import CheckpointManager, unless_fenced
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.data import ByteCorpus
 from sailor_tasks.train.device import CPU_PLAN, DevicePlan, any_rank, autocast, to_device, vote_group
@@ -319,15 +318,10 @@ class Trainer:
         blocking save of it. A failed async save (its error logged) does not prevent the blocking
         one, which would leave the run only its last committed step. The save is collective: every
         rank takes the same branch."""
-        failed = False
-        try:
-            self._collect_async(wait=True)
-        except StaleAttemptError:
-            raise
-        except Exception:
-            logger.exception("async checkpoint failed; saving step %d now", self.step)
-            failed = True
-        save = failed or self.last_checkpoint_step != self.step
+        _, collected = unless_fenced(
+            lambda: self._collect_async(wait=True), f"async checkpoint failed; saving step {self.step} now"
+        )
+        save = not collected or self.last_checkpoint_step != self.step
         if self.distributed:
             save = any_rank(save, self._vote_group)
         if save:

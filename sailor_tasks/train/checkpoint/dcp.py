@@ -62,6 +62,19 @@ from sailor_tasks.train.checkpoint.store import (
 
 logger = logging.getLogger(__name__)
 
+def unless_fenced(fn: Callable[[], Any], what: str, level: int = logging.ERROR) -> tuple[Any, bool]:
+    """``(fn(), True)``; ``(None, False)`` when ``fn`` raised anything but ``StaleAttemptError``
+    (a newer attempt's fence, which goes on up), logged with its traceback as ``what``: checkpoint
+    work that may fail without losing what the caller does next."""
+    try:
+        return fn(), True
+    except StaleAttemptError:
+        raise
+    except Exception:
+        logger.log(level, what, exc_info=True)
+        return None, False
+
+
 if DEFAULT_SUFFIX != DATA_SUFFIX:  # the store recycles data files by this suffix
     raise ImportError(f"DCP's data file suffix is {DEFAULT_SUFFIX!r}, the store expects {DATA_SUFFIX!r}")
 
@@ -1064,12 +1077,7 @@ class CheckpointManager(CheckpointStore):
         a step already committed and valid is kept as it is (``_kept``). A pending async save that
         failed (its error is logged) does not stop this one: a save on a notice still keeps the
         run's latest step. A newer attempt's fence does."""
-        try:
-            self.wait()
-        except StaleAttemptError:
-            raise
-        except Exception:
-            logger.exception("the pending async checkpoint failed; saving step %d now", step)
+        unless_fenced(self.wait, f"the pending async checkpoint failed; saving step {step} now")
         kept = self._kept(step)
         if kept is not None:
             return kept
@@ -1125,12 +1133,9 @@ class CheckpointManager(CheckpointStore):
         """Retention after a committed save. Failing to retire old checkpoints (an object store's
         error, a full disk) keeps them until the next save's retention: it fails neither the save
         it follows nor the run. A newer attempt's fence still stops this one."""
-        try:
-            self.retain()
-        except StaleAttemptError:
-            raise
-        except Exception:
-            logger.warning("retention failed: older checkpoints kept until the next save", exc_info=True)
+        unless_fenced(
+            self.retain, "retention failed: older checkpoints kept until the next save", logging.WARNING
+        )
 
     def _kept(self, step: int, process_group: Any = None) -> SaveInfo | None:
         """Step ``step``'s checkpoint when it is already committed and valid (a save on the notice
