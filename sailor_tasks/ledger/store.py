@@ -79,6 +79,21 @@ def _replace_row(conn: Any, table: Any, key: Mapping[str, Any], **values: Any) -
     conn.execute(insert(table).values(**key, **values))
 
 
+def _update_or_insert(
+    conn: Any,
+    table: Any,
+    key: Mapping[str, Any],
+    values: Mapping[str, Any],
+    on_insert: Mapping[str, Any] | None = None,
+) -> None:
+    """Inside the caller's transaction: the row of ``table`` identified by ``key`` gets ``values``,
+    updated in place (a transaction waiting for its lock then finds it, not a row that vanished),
+    or inserted with ``on_insert`` too when there is none."""
+    updated = conn.execute(update(table).where(*(table.c[k] == v for k, v in key.items())).values(**values))
+    if updated.rowcount == 0:
+        conn.execute(insert(table).values(**key, **values, **(on_insert or {})))
+
+
 def _put_lease(conn: Any, run_id: str, lease_s: float, holder: str) -> None:
     """Inside the caller's transaction: the run's lease runs ``lease_s`` seconds from now."""
     now = utcnow()
@@ -97,20 +112,22 @@ def _replace_reservation(conn: Any, r: Reservation, lease_s: float = DEFAULT_LEA
     """Inside the caller's transaction: the run's reservation becomes ``r``, with a fresh lease.
     The reservation's row first, then the lease's: the order renewals, claims and reclaims lock
     them in (``_lock_live_reservation``), so two of them on one run never deadlock on PostgreSQL.
-    An existing row is updated in place (not deleted and inserted): a renewal waiting for its lock
-    then finds the run's new reservation, not a row that vanished."""
-    values = {
-        "region": r.region,
-        "zone": r.zone,
-        "gpu_type": r.gpu_type,
-        "gpus": r.gpus,
-        "market": r.market,
-        "created_at": utcnow(),
-        "released_at": None,
-    }
-    updated = conn.execute(update(t.reservations).where(t.reservations.c.run_id == r.run_id).values(**values))
-    if updated.rowcount == 0:
-        conn.execute(insert(t.reservations).values(run_id=r.run_id, **values))
+    The reservation's row is updated in place: a renewal waiting for its lock then finds the run's
+    new reservation."""
+    _update_or_insert(
+        conn,
+        t.reservations,
+        {"run_id": r.run_id},
+        {
+            "region": r.region,
+            "zone": r.zone,
+            "gpu_type": r.gpu_type,
+            "gpus": r.gpus,
+            "market": r.market,
+            "created_at": utcnow(),
+            "released_at": None,
+        },
+    )
     _put_lease(conn, r.run_id, lease_s, "reserve")
 
 
@@ -153,11 +170,9 @@ class Ledger:
         """Create the run row or update the given fields (idempotent for task retries)."""
         now = utcnow()
         with self.engine.begin() as c:
-            updated = c.execute(
-                update(t.runs).where(t.runs.c.run_id == run_id).values(updated_at=now, **fields)
+            _update_or_insert(
+                c, t.runs, {"run_id": run_id}, {"updated_at": now, **fields}, {"created_at": now}
             )
-            if updated.rowcount == 0:
-                c.execute(insert(t.runs).values(run_id=run_id, created_at=now, updated_at=now, **fields))
 
     def mark_planned(self, run_id: str, **fields: Any) -> bool:
         """Record the run ``planned`` (with ``fields``) only while it holds a live reservation,
