@@ -29,6 +29,14 @@ def _packaged(name: str) -> str:
     return str(resources.files("sailor_tasks.catalog").joinpath("data", name))
 
 
+def _number(row: dict[str, str], column: str, where: str, kind: type[float] | type[int] = float) -> float:
+    """``row[column]`` as a ``kind``; ValueError naming ``where``, the column and the value."""
+    try:
+        return kind(row[column])
+    except ValueError:
+        raise ValueError(f"{where}: {column}={row[column]!r} is not a number") from None
+
+
 def read_offers(path: str | None = None) -> list[Offer]:
     """Read offers from a CSV with the columns of ``derive.OFFER_COLUMNS`` (``#`` lines skipped).
 
@@ -45,25 +53,16 @@ def read_offers(path: str | None = None) -> list[Offer]:
             missing = [k for k in OFFER_COLUMNS if r.get(k) in (None, "")]
             if missing:
                 raise ValueError(f"{where}: no value for {', '.join(missing)}")
-            column = "gpus_per_node"
-            try:
-                gpus = int(r[column])
-                column = "ondemand_usd_per_hour"
-                ondemand = float(r[column])
-                column = "spot_usd_per_hour"
-                spot = float(r[column])
-            except ValueError:
-                raise ValueError(f"{where}: {column}={r[column]!r} is not a number") from None
             offers.append(
                 Offer(
                     cloud=r["cloud"],
                     region=r["region"],
                     zone=r["zone"],
                     gpu_type=r["gpu_type"],
-                    gpus_per_node=gpus,
+                    gpus_per_node=_number(r, "gpus_per_node", where, int),
                     instance_type=r["instance_type"],
-                    ondemand_usd_per_hour=ondemand,
-                    spot_usd_per_hour=spot,
+                    ondemand_usd_per_hour=_number(r, "ondemand_usd_per_hour", where),
+                    spot_usd_per_hour=_number(r, "spot_usd_per_hour", where),
                     spot_above_ondemand=r["spot_above_ondemand"] == "1",
                 )
             )
