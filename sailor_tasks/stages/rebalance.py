@@ -56,8 +56,8 @@ def queued_rows(ctx: StageContext, until: dt.datetime) -> list[dict[str, Any]]:
         req = e["request"] or {}
         allowed = set(req.get("regions") or ()) or {r for r, _ in supply}
         allowed -= set(req.get("exclude_regions") or ())
-        if req.get("data_residency"):
-            allowed = {r for r in allowed if continent(r) in set(req["data_residency"])}
+        if residency := set(req.get("data_residency") or ()):
+            allowed = {r for r in allowed if continent(r) in residency}
         options = [
             (n, region, gpu)
             for (region, gpu), n in supply.items()
