@@ -21,8 +21,10 @@ HERE = Placement("r", "local", "us-central1", "us-central1-a", "cpu", 2, 1, 2, "
 
 WORKER = """\
 import os, sys, time
-with open(os.path.join(sys.argv[1], f"worker-{os.environ['RANK']}.pid"), "w") as f:
+path = os.path.join(sys.argv[1], f"worker-{os.environ['RANK']}.pid")
+with open(path + ".tmp", "w") as f:
     f.write(str(os.getpid()))
+os.replace(path + ".tmp", path)  # the test reads whole pids only
 while True:
     time.sleep(0.1)  # training, as far as anyone can tell
 """
