@@ -395,7 +395,7 @@ NOTICE_PATH = f"{NOTICE_DIR}/notice.json"
 """``SAILOR_NOTICE_FILE`` inside a training pod."""
 COLLECTIVE_TIMEOUT_S = 300
 """``SAILOR_COLLECTIVE_TIMEOUT_S``: how long a collective may wait for a peer before it fails (the
-built-in trainer's process group timeout). Short next to torch's 30 min, so the peers of a node
+timeout of every process group the built-in trainer and ``Run.init_distributed`` make). Short next to torch's 30 min, so the peers of a node
 that died give up by themselves too (SAILOR already ends the attempt as soon as any pod ends);
 long enough for a checkpoint save behind a barrier."""
 
@@ -1196,12 +1196,32 @@ class GkeBackend:
         regions = dict.fromkeys([record["placement"]["region"], *(p["region"] for p in record["pools"])])
         return sum(_pod_canceller(self.cfg, region, run_key) for region in regions)
 
+    def _wait_until_over(self, pending: PendingOperation) -> None:
+        """Wait for an operation provisioning started, whatever its outcome (teardown removes
+        what it left either way); one GKE no longer knows is over."""
+        try:
+            self.wait(pending)
+        except RuntimeError as exc:  # it failed: what it left is torn down like the rest
+            logger.info("%s; tearing down what it left", exc)
+        except Exception as exc:
+            if not _is_not_found(exc):
+                raise
+
     def teardown(self, run_key: str) -> bool:
-        """Delete (or scale to zero) every node pool the run created, in every region it ran."""
+        """Delete (or scale to zero) every node pool the run created, in every region it ran,
+        once an operation provisioning started and recorded is over."""
         record = self.record(run_key)
         if record is None:
             return False
         uri = self._record_uri(run_key)
+        started = record.pop("pending", None)
+        if started is not None:
+            # Provisioning may still be running an operation (a run cancelled while its pool is
+            # being created): GKE refuses another operation on the cluster until it ends.
+            self._wait_until_over(
+                PendingOperation(**{k: started[k] for k in ("name", "location", "project", "phase", "what")})
+            )
+            storage.write_json(uri, record)
         pools = record.get("pools", [])
         for pool in pools:
             if pool.get("state") in ("deleted", "scaled_to_zero") and self.cfg.teardown != "delete":

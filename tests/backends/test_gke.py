@@ -527,6 +527,54 @@ def test_a_retry_after_a_failed_pool_creation_deletes_the_failed_pool_and_create
     assert backend.record("run-1")["node_pool"] == node_pool_name("run-1", pl) and len(fake.pools) == 1
 
 
+class PoolCreationRuns(FakeClusterManager):
+    """A node pool's creation runs for ``polls`` reads of its operation; meanwhile GKE refuses
+    any other operation on the cluster, as it does."""
+
+    def __init__(self, polls: int):
+        super().__init__()
+        self.polls, self.reads = polls, 0
+
+    def create_node_pool(self, *, parent, node_pool):
+        from google.cloud.container_v1 import types
+
+        super().create_node_pool(parent=parent, node_pool=node_pool)
+        return types.Operation(name="op-pool", status=types.Operation.Status.RUNNING)
+
+    def _running(self) -> bool:
+        return "create_node_pool" in self.calls and self.reads < self.polls
+
+    def get_operation(self, *, name):
+        from google.cloud.container_v1 import types
+
+        if name.endswith("/op-pool"):
+            self.reads += 1
+            status = types.Operation.Status
+            return types.Operation(name="op-pool", status=status.RUNNING if self._running() else status.DONE)
+        return super().get_operation(name=name)
+
+    def delete_node_pool(self, *, name):
+        from google.api_core.exceptions import FailedPrecondition
+
+        if self._running():
+            self.calls.append("delete_node_pool refused")
+            raise FailedPrecondition("Cluster is running incompatible operation op-pool.")
+        return super().delete_node_pool(name=name)
+
+
+@pytest.mark.gcs
+def test_teardown_during_a_pool_creation_waits_for_it_then_deletes_the_pool(gke_settings):
+    """A run cancelled while its pool is being created (the provision task deferred on it)."""
+    fake = PoolCreationRuns(polls=3)
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    pl = _placement("T4", 1, 1)
+    pending = backend.provision_step("run-1", pl)
+    assert isinstance(pending, PendingOperation) and pending.phase == "pool"
+    assert backend.teardown("run-1") is True
+    assert fake.pools == {} and "delete_node_pool refused" not in fake.calls
+    assert backend.record("run-1") is None
+
+
 def test_gke_run_with_local_buckets_is_rejected_at_validate(ctx, demo_dataset):
     from sailor_tasks import stages
     from sailor_tasks.errors import InvalidRequestError
