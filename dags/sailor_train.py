@@ -52,6 +52,13 @@ TRAIN_RECOVERY_ATTEMPTS = 5
 1 s: 1-2 s, 2-4 s, 4-8 s, ..., at most 10 min)."""
 
 
+MAX_ACTIVE_RUNS = 10_000
+"""Runs of this DAG Airflow lets be active at once: far above any queue, so that SAILOR's queue
+decides who waits. A run waiting there is an active DAG run (its ``plan`` is deferred): with a
+lower cap Airflow would hold new runs back before they reach ``plan``, out of ``sailor queue``,
+with their priority, latest start and ``max_queue_hours`` not counted yet."""
+
+
 def _param(spec: dict) -> Param:
     spec = dict(spec)
     return Param(spec.pop("default"), description=spec.pop("description"), **spec)
@@ -63,7 +70,7 @@ def _param(spec: dict) -> Param:
     schedule=None,
     start_date=datetime(2026, 1, 1),
     catchup=False,
-    max_active_runs=8,
+    max_active_runs=MAX_ACTIVE_RUNS,
     tags=["sailor", "training"],
     default_args={
         "retries": 2,

@@ -49,6 +49,13 @@ def test_sailor_train_stages_and_teardown(dagbag):
     assert dag.get_task("plan").is_setup
 
 
+def test_airflow_does_not_cap_the_runs_waiting_in_sailors_queue(dagbag):
+    """A run waiting in SAILOR's queue is an active DAG run (its plan is deferred): Airflow's
+    ``max_active_runs`` would hold later runs back before they reach the queue. Far above any
+    queue: a queue of a thousand runs is all in it."""
+    assert dagbag.dags["sailor_train"].max_active_runs >= 1000
+
+
 def test_dag_params_are_typed_and_described(dagbag):
     params = dagbag.dags["sailor_train"].params
     expected = {
