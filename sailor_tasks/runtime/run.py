@@ -11,6 +11,7 @@ checkpoint code; never Airflow.
 
 from __future__ import annotations
 
+import datetime
 import gc
 import logging
 import os
@@ -65,6 +66,9 @@ class Run:
     """Workers on this node (torchrun's ``LOCAL_WORLD_SIZE``): GPUs are used when each has one."""
     keep_latest_k: int = 2
     """Committed checkpoints kept (older ones are retired after each save)."""
+    collective_timeout: datetime.timedelta | None = None
+    """How long a collective of the groups ``init_distributed`` makes may wait for a peer
+    (``SAILOR_COLLECTIVE_TIMEOUT_S``, set on ``gke``); None: torch's default."""
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _checkpoints: CheckpointManager | None = field(default=None, repr=False)
     _resumed_from: int | None = field(default=None, repr=False)
@@ -107,6 +111,7 @@ class Run:
                 world_size=int(env.get("WORLD_SIZE", "1")),
                 local_rank=int(env.get("LOCAL_RANK", "0")),
                 local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
+                collective_timeout=devices.collective_timeout(env),
             )
         except ValueError as exc:
             raise ValueError(f"malformed run contract variable: {exc}") from exc
@@ -145,7 +150,7 @@ class Run:
         """The group the per-step vote runs on (``devices.vote_group``), made on the first vote,
         which every rank takes at the same point."""
         if self._vote is None:
-            self._vote = devices.vote_group()
+            self._vote = devices.vote_group(self.collective_timeout)
         return self._vote
 
     # --- the device -------------------------------------------------------------------------
@@ -164,15 +169,15 @@ class Run:
 
     def init_distributed(self) -> torch.device:
         """Make the plan's GPU current and, with several workers, join the process group with the
-        plan's backend. Returns the device to put the model and batches on."""
+        plan's backend and ``collective_timeout``. Returns the device to put the model and batches on."""
         device = devices.select_device(self.device_plan)
         if self.world_size > 1 and not dist.is_initialized():
-            dist.init_process_group(self.device_plan.backend)
+            devices.init_process_group(self.device_plan, self.collective_timeout)
         if dist.is_available() and dist.is_initialized() and self._ckpt_group is None:
             # Async saves run their collectives in a background thread: on the training group they
             # would pair up with other ranks' training collectives (a hang). Every rank is here,
             # whatever it did before (``latest_step`` builds the manager on every rank too).
-            self._ckpt_group = dist.new_group(backend="gloo")
+            self._ckpt_group = devices.gloo_group(self.collective_timeout)
             if self._checkpoints is not None:
                 # Built before the group (``load_latest`` first): saves go through the group from now on.
                 self._checkpoints.wait()

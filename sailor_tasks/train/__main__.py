@@ -17,7 +17,6 @@ STOP = threading.Event()
 signal.signal(signal.SIGTERM, lambda signum, frame: STOP.set())
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
@@ -30,30 +29,14 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 from sailor_tasks import storage  # noqa: E402
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE  # noqa: E402
 from sailor_tasks.train.config import TrainConfig  # noqa: E402
-from sailor_tasks.train.device import detect_device_plan, select_device  # noqa: E402
+from sailor_tasks.train.device import (  # noqa: E402
+    collective_timeout,
+    detect_device_plan,
+    init_process_group,
+    select_device,
+)
 from sailor_tasks.train.progress import PROGRESS_ENV  # noqa: E402
 from sailor_tasks.train.trainer import Trainer  # noqa: E402
-
-COLLECTIVE_TIMEOUT_ENV = "SAILOR_COLLECTIVE_TIMEOUT_S"
-"""Seconds a collective may wait for a peer (set by the gke backend); unset: torch's default."""
-
-
-def collective_timeout(environ: dict[str, str] | os._Environ[str]) -> datetime.timedelta | None:
-    """The process group's timeout from ``SAILOR_COLLECTIVE_TIMEOUT_S`` (None: torch's default).
-
-    Raises:
-        ValueError: the value is not a positive number of seconds (names it).
-    """
-    raw = environ.get(COLLECTIVE_TIMEOUT_ENV, "")
-    if not raw:
-        return None
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a positive number of seconds")
-    return datetime.timedelta(seconds=seconds)
 
 
 def _setup_logging(rank: int) -> None:
@@ -82,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     select_device(plan)
     logging.getLogger(__name__).info("device %s, %s backend: %s", plan.device, plan.backend, plan.reason)
     stop = STOP
+    timeout = collective_timeout(os.environ)
     if world_size > 1:
-        timeout = collective_timeout(os.environ)
-        dist.init_process_group(backend=plan.backend, **({"timeout": timeout} if timeout else {}))
+        init_process_group(plan, timeout)
     trainer = Trainer(
         config,
         rank=rank,
@@ -92,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_event=stop,
         progress_path=os.environ.get(PROGRESS_ENV) or None,
         device_plan=plan,
+        collective_timeout=timeout,
     )
     try:
         status = trainer.train().status

@@ -11,6 +11,9 @@ the runtime helper (``runtime.Run.init_distributed``) both use it.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,14 +132,58 @@ def autocast(plan: DevicePlan) -> Any:
     return torch.autocast(device_type=plan.device_type, dtype=getattr(torch, plan.autocast_dtype))
 
 
-def vote_group() -> Any:
+COLLECTIVE_TIMEOUT_ENV = "SAILOR_COLLECTIVE_TIMEOUT_S"
+"""Seconds a collective may wait for a peer (set by the gke backend); unset: torch's default."""
+
+
+def collective_timeout(environ: Mapping[str, str] | None = None) -> datetime.timedelta | None:
+    """The process groups' timeout from ``SAILOR_COLLECTIVE_TIMEOUT_S`` in ``environ`` (default:
+    this process's environment); None: torch's default.
+
+    Raises:
+        ValueError: the value is not a positive number of seconds (names it).
+    """
+    raw = (os.environ if environ is None else environ).get(COLLECTIVE_TIMEOUT_ENV, "")
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a positive number of seconds")
+    return datetime.timedelta(seconds=seconds)
+
+
+def _timeout_kwargs(timeout: datetime.timedelta | None) -> dict[str, datetime.timedelta]:
+    return {"timeout": timeout} if timeout else {}
+
+
+def init_process_group(plan: DevicePlan, timeout: datetime.timedelta | None = None) -> None:
+    """Join the default process group with the plan's backend (``timeout``: ``collective_timeout``;
+    None: torch's default)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend=plan.backend, **_timeout_kwargs(timeout))
+
+
+def gloo_group(timeout: datetime.timedelta | None = None) -> Any:
+    """A new gloo group of every rank (creating it is a collective: every rank calls this at the
+    same point). Give it the default group's ``timeout``: torch gives a new group its backend's
+    default (30 minutes), not the default group's."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", **_timeout_kwargs(timeout))
+
+
+def vote_group(timeout: datetime.timedelta | None = None) -> Any:
     """The group ``any_rank`` votes on: None (the default group) when that is gloo; over NCCL a new
     gloo group of every rank (creating it is a collective: every rank calls this at the same point),
     as a vote on a GPU tensor read back every step would make the host wait for the GPU to drain
     its queue."""
     import torch.distributed as dist
 
-    return dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
+    return gloo_group(timeout) if dist.get_backend() == "nccl" else None
 
 
 def any_rank(flag: bool, group: Any = None) -> bool:

@@ -8,6 +8,7 @@ schedule, step, tokens seen, the loss measured before training, and this rank's 
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import threading
@@ -24,7 +25,15 @@ from sailor_tasks import storage
 from sailor_tasks.train.checkpoint.dcp import CheckpointManager, unless_fenced
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.data import ByteCorpus
-from sailor_tasks.train.device import CPU_PLAN, DevicePlan, any_rank, autocast, to_device, vote_group
+from sailor_tasks.train.device import (
+    CPU_PLAN,
+    DevicePlan,
+    any_rank,
+    autocast,
+    gloo_group,
+    to_device,
+    vote_group,
+)
 from sailor_tasks.train.models import build_model
 from sailor_tasks.train.progress import write_progress
 from sailor_tasks.train.specs import MODEL_SPECS
@@ -181,7 +190,10 @@ class Trainer:
         stop_event: threading.Event | None = None,
         progress_path: str | None = None,
         device_plan: DevicePlan = CPU_PLAN,
+        collective_timeout: datetime.timedelta | None = None,
     ):
+        """``collective_timeout``: that of the groups it makes (the default group's, from
+        ``SAILOR_COLLECTIVE_TIMEOUT_S``); None: torch's default."""
         self.config, self.rank, self.world_size = config, rank, world_size
         self.plan = device_plan
         self.distributed = world_size > 1 or (dist.is_available() and dist.is_initialized())
@@ -209,9 +221,9 @@ class Trainer:
         torch.manual_seed(config.seed * 7_919 + rank)  # per-rank dropout stream
         self.corpus = ByteCorpus.load(config.data_uri, spec.seq_len, config.seed)
         # Async saves run their collectives in a background thread: give them their own group.
-        ckpt_group = dist.new_group(backend="gloo") if config.async_checkpoint and self.distributed else None
+        ckpt_group = gloo_group(collective_timeout) if config.async_checkpoint and self.distributed else None
         # The per-step preemption vote runs on the CPU (over NCCL, a gloo group of its own).
-        self._vote_group = vote_group() if self.distributed else None
+        self._vote_group = vote_group(collective_timeout) if self.distributed else None
         self.checkpoints = CheckpointManager(
             config.checkpoint_uri,
             rank=rank,
