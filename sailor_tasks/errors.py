@@ -121,6 +121,21 @@ class QueueTimeoutError(SailorError):
         )
 
 
+class ReconcileIncompleteError(SailorError):
+    """The reconciler could not stop or remove what some runs with expired leases left on their
+    backend: their capacity stays held (nothing else is planned onto it) and every later pass
+    tries again. Raised after the pass did the rest (reclaims, admission), so the failure shows."""
+
+    retryable = True
+
+    def __init__(self, errors: list[str], result: dict):
+        self.errors, self.result = errors, result
+        super().__init__(
+            f"{len(errors)} run(s) with an expired lease could not be stopped and removed from their "
+            "backend (capacity still held; the next pass retries): " + "; ".join(errors)
+        )
+
+
 class LeaseReclaimedError(SailorError):
     """The run's reservation was reclaimed when its lease expired (its task stopped renewing it):
     the run may not train on capacity that is no longer its own. Not retried."""

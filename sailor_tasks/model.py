@@ -31,6 +31,10 @@ RUN_STATUSES = (
     "cancelled",
 )
 """Every value of a run's status in the ledger (``runs.status``), in pipeline order."""
+RUN_STATUSES_DONE = ("success", "failed", "rejected", "cancelled")
+"""Ledger statuses after which a run changes no more."""
+RUN_STATUSES_LIVE = tuple(s for s in RUN_STATUSES if s not in RUN_STATUSES_DONE)
+"""Ledger statuses of a run that has not ended."""
 
 T = TypeVar("T")
 

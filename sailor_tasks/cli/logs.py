@@ -186,7 +186,7 @@ class LocalLogs:
         ``validate`` and ``plan``, never runs for such a run."""
         if self.dag_id != "sailor_train":
             return False
-        from sailor_tasks.stages.summary import RUN_STATUSES_DONE
+        from sailor_tasks.model import RUN_STATUSES_DONE
 
         run = self._ledger_run()
         if run is None:

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from sailor_tasks.ledger import migrate
 from sailor_tasks.ledger import schema as t
 from sailor_tasks.ledger.lease import Lease
-from sailor_tasks.model import Assignment, Placement, Reservation
+from sailor_tasks.model import RUN_STATUSES_DONE, Assignment, Placement, Reservation
 from sailor_tasks.settings import DEFAULT_LEASE_S
 
 RUN_LIST_FIELDS = (
@@ -279,7 +279,8 @@ class Ledger:
 
         ``admit``: the placement of a queued run being admitted. The same transaction then moves
         the run's queue entry from ``queued`` to ``admitted`` with that placement; if the entry is
-        no longer queued (another admission pass got there first, or it left), nothing changes.
+        no longer queued (another admission pass got there first, or it left), nothing changes; if
+        the run has ended (its teardown could not take it out of the queue), it leaves the queue.
         The reservation starts a lease of ``lease_s`` seconds.
         """
         r = reservation
@@ -294,6 +295,20 @@ class Ledger:
                     select(q.state).where(q.run_id == r.run_id).with_for_update()
                 ).scalar_one_or_none()
                 if state != "queued":
+                    return False
+                status = c.execute(select(t.runs.c.status).where(t.runs.c.run_id == r.run_id)).scalar()
+                if status in RUN_STATUSES_DONE:
+                    # Its teardown could not take it out of the queue: it leaves now, unreserved.
+                    c.execute(
+                        update(t.queue_entries)
+                        .where(t.queue_entries.c.run_id == r.run_id)
+                        .values(
+                            state="left",
+                            reason=f"the run had ended ({status}) while still queued",
+                            position=None,
+                            updated_at=utcnow(),
+                        )
+                    )
                     return False
             if self._locking_engine.dialect.name == "postgresql":
                 key = zlib.crc32(f"{r.zone}|{r.gpu_type}".encode()) - (1 << 31)

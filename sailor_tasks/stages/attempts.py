@@ -29,6 +29,7 @@ from typing import Any
 from sailor_tasks import paths, storage
 from sailor_tasks.backends import TrainLaunch, get_backend
 from sailor_tasks.errors import (
+    LeaseReclaimedError,
     NoFeasibleOfferError,
     PreemptedError,
     RecoveryExhaustedError,
@@ -36,7 +37,7 @@ from sailor_tasks.errors import (
     TrainingFailedError,
 )
 from sailor_tasks.ledger.store import aware, utcnow
-from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
+from sailor_tasks.model import RUN_STATUSES_LIVE, JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages import prepare
 from sailor_tasks.stages.context import JSON, StageContext
 from sailor_tasks.stages.summary import attempt_markets, describe_attempts
@@ -468,8 +469,14 @@ def finish_attempt(
 
     if report.get("cancelled"):  # stopped on purpose: not a preemption, not a failure to retry
         reached = max(report.get("step") or 0, result["step"] if result else 0)
+        reclaimed = (ctx.ledger.reservation_leases().get(run_id) or {}).get("reclaimed_at")
+        if reclaimed is not None:  # stopped by the reconciler, which has ended the run
+            ctx.ledger.end_attempt(
+                run_id, attempt, "failed", step=reached, resumed_from_step=resumed, detail="lease reclaimed"
+            )
+            raise LeaseReclaimedError(run_id, reclaimed.isoformat(timespec="seconds"))
         ctx.ledger.end_attempt(run_id, attempt, "cancelled", step=reached, resumed_from_step=resumed)
-        ctx.ledger.upsert_run(run_id, status="cancelled")
+        ctx.ledger.advance_run(run_id, "cancelled", from_statuses=RUN_STATUSES_LIVE)
         raise RunCancelledError(run_id, reached)
 
     if preemption is None and not (result and result["status"] == "preempted"):
@@ -485,7 +492,8 @@ def finish_attempt(
     at = _ts(preemption["at"] if preemption else report.get("ended_at")) or ended
     ctx.ledger.end_attempt(run_id, attempt, "preempted", step=reached, resumed_from_step=resumed)
     ctx.ledger.record_preemption(run_id, attempt, pl.region, pl.zone, noticed, reached, lost, None, at=at)
-    ctx.ledger.upsert_run(run_id, status="preempted", steps=resume_step)
+    ctx.ledger.upsert_run(run_id, steps=resume_step)
+    ctx.ledger.advance_run(run_id, "preempted", from_statuses=RUN_STATUSES_LIVE)  # not over an end
     logger.warning(
         "attempt %d preempted in %s %s notice at step %d; checkpoint at step %d (%d steps lost)",
         attempt,

@@ -16,10 +16,9 @@ from sailor_tasks import paths, storage
 from sailor_tasks.backends import get_backend
 from sailor_tasks.data.copier import copy_dataset, empty_dataset_reason, list_files
 from sailor_tasks.errors import PERMANENT_ERRORS, InvalidRequestError, InvalidRequestErrors, RunQueuedError
-from sailor_tasks.model import JobRequest, Placement, from_dict, run_key, to_dict
+from sailor_tasks.model import RUN_STATUSES_DONE, JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
 from sailor_tasks.stages.queueing import heartbeat, hold_lease
-from sailor_tasks.stages.summary import RUN_STATUSES_DONE
 
 logger = logging.getLogger(__name__)
 

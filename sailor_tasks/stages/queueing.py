@@ -37,6 +37,7 @@ from sailor_tasks.errors import (
     NoFeasibleOfferError,
     QueueRejectedError,
     QueueTimeoutError,
+    ReconcileIncompleteError,
     ReservationReleasedError,
     RunQueuedError,
 )
@@ -229,7 +230,14 @@ def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:
         DeadlineUnmeetableError: its latest start passed with no capacity for it.
         QueueRejectedError: the queue turned it away (cancelled, or no longer feasible).
         NoFeasibleOfferError, InvalidRequestError: nothing in the catalog can run it.
+        ReservationReleasedError: the run has ended (a plan retried after its lease was reclaimed,
+            or after its teardown): it reserves nothing.
     """
+    from sailor_tasks.model import RUN_STATUSES_DONE
+
+    status = (ctx.ledger.get_run(run_id) or {}).get("status")
+    if status in RUN_STATUSES_DONE:
+        raise ReservationReleasedError(run_id, f"and the run ended ({status}) before this plan ran")
     entry = ctx.ledger.queue_entry(run_id)
     if entry is not None and entry["state"] != "queued":
         return _settled(ctx, req, run_id, entry)
@@ -627,10 +635,15 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
     """Reclaim every live reservation whose lease expired: stop and remove what the run left on its
     backend, release the capacity (only if the lease is still expired: a renewal wins), mark the
     run failed (unless it ended, or its training completed: finalize records its success), then
-    run an admission pass for the queue."""
+    run an admission pass for the queue.
+
+    Raises:
+        ReconcileIncompleteError: what some runs left could not be stopped or removed (after the
+            rest of the pass; its ``result`` is what the pass returns otherwise).
+    """
     from sailor_tasks.backends import get_backend
+    from sailor_tasks.model import RUN_STATUSES_DONE
     from sailor_tasks.settings import BACKENDS
-    from sailor_tasks.stages.summary import RUN_STATUSES_DONE
 
     ctx = resolve_ctx(ctx)
     now = now or utcnow()
@@ -676,4 +689,7 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
                         res.run_id, att["attempt"], "failed", detail="lease expired; reclaimed"
                     )
     admission = admit_queued(ctx, now) if reclaimed or ctx.ledger.queue_entries(("queued",)) else None
-    return {"reclaimed": reclaimed, "errors": errors, "admission": admission}
+    result = {"reclaimed": reclaimed, "errors": errors, "admission": admission}
+    if errors:
+        raise ReconcileIncompleteError(errors, result)
+    return result

@@ -11,8 +11,6 @@ from sailor_tasks.train.checkpoint.store import CheckpointStore
 
 JSON = dict[str, Any]
 
-RUN_STATUSES_DONE = ("success", "failed", "rejected", "cancelled")
-"""Ledger statuses after which a run changes no more."""
 
 
 def describe_attempts(ctx: StageContext, run_id: str) -> list[str]:

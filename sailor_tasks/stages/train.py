@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from sailor_tasks import paths, storage
 from sailor_tasks.backends import get_backend
 from sailor_tasks.ledger.store import utcnow
-from sailor_tasks.model import JobRequest, Placement, from_dict, run_key
+from sailor_tasks.model import RUN_STATUSES_DONE, JobRequest, Placement, from_dict, run_key
 from sailor_tasks.settings import BACKENDS
 from sailor_tasks.stages.attempts import (
     begin_attempt,
@@ -23,7 +23,7 @@ from sailor_tasks.stages.attempts import (
     train_attempt,
 )
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
-from sailor_tasks.stages.summary import RUN_STATUSES_DONE, queue_wait, render_summary
+from sailor_tasks.stages.summary import queue_wait, render_summary
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -292,8 +292,13 @@ def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | Non
     # can no longer admit this run, and whatever one admitted before is released next.
     left = False
     try:
-        left = leave_queue(ctx, run_id, "the run ended while waiting in the queue")
-    except Exception as exc:  # released below all the same; a stale entry times out on its own
+        left = _with_retries(
+            "leave the queue",
+            run_id,
+            lambda: leave_queue(ctx, run_id, "the run ended while waiting in the queue"),
+        )
+    except Exception as exc:  # released below all the same; the next admission pass finds the
+        # run ended and takes its entry out of the queue (``Ledger.reserve_if_free``)
         logger.warning("teardown of %s: could not take it out of the queue: %s", run_id, exc)
     released = _with_retries("ledger release", run_id, release)
     # Also when nothing was released now: a retried teardown whose first try released the run and

@@ -12,8 +12,7 @@ from collections.abc import Callable, Iterator
 from sqlalchemy import event
 
 from sailor_tasks.ledger.store import Ledger, utcnow
-from sailor_tasks.model import Reservation
-from sailor_tasks.stages.summary import RUN_STATUSES_DONE
+from sailor_tasks.model import RUN_STATUSES_DONE, Reservation
 
 
 def _queued(ledger: Ledger, run_id: str) -> None:

@@ -247,6 +247,80 @@ def test_an_expired_lease_is_reclaimed_and_the_queue_moves_on(tight, demo_datase
         stages.train(request, placement, {"data_uri": "x"}, "run-1", ctx)
 
 
+def test_a_plan_retried_after_the_run_was_reclaimed_reserves_nothing(tight, demo_dataset):
+    """plan's first try reserved, then its task died; the reconciler reclaimed the lease and
+    ended the run before Airflow's retry of plan came: the retry may not bring the run back."""
+    from sailor_tasks.errors import ReservationReleasedError
+
+    ctx = tight
+    request = submit(ctx, "run-1", demo_dataset)
+    stages.plan(request, "run-1", ctx)
+    expired = ctx.ledger.reservation_leases()["run-1"]["expires_at"] + dt.timedelta(seconds=1)
+    assert stages.reconcile(ctx, now=expired)["reclaimed"] == ["run-1"]
+    with pytest.raises(ReservationReleasedError, match=r"the run ended \(failed\) before this plan ran"):
+        stages.plan(request, "run-1", ctx)
+    run = ctx.ledger.get_run("run-1")
+    assert run["status"] == "failed" and "lease expired" in run["error"]
+    assert ctx.ledger.live_reservations() == []
+
+
+def test_a_reclaim_whose_backend_cleanup_fails_keeps_the_capacity_and_fails_the_pass(
+    tight, demo_dataset, monkeypatch
+):
+    """The reconciler cannot remove what the run left (its backend refuses): the capacity stays
+    held, and the pass fails naming the run (the task shows red; the next pass retries)."""
+    from sailor_tasks.backends.local import LocalBackend
+    from sailor_tasks.errors import ReconcileIncompleteError
+
+    ctx = tight
+    request = submit(ctx, "run-1", demo_dataset)
+    stages.provision(request, stages.plan(request, "run-1", ctx), "run-1", ctx)
+
+    real, refusing = LocalBackend.teardown, [True]
+
+    def refused(self, run_key):
+        if refusing:
+            raise PermissionError("cluster API refused the delete")
+        return real(self, run_key)
+
+    monkeypatch.setattr(LocalBackend, "teardown", refused)
+    expired = ctx.ledger.reservation_leases()["run-1"]["expires_at"] + dt.timedelta(seconds=1)
+    with pytest.raises(ReconcileIncompleteError, match="run-1: PermissionError: cluster API refused") as info:
+        stages.reconcile(ctx, now=expired)
+    assert info.value.result["reclaimed"] == [] and info.value.result["errors"]
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-1"]
+    refusing.clear()
+    assert stages.reconcile(ctx, now=expired)["reclaimed"] == ["run-1"]  # the next pass
+
+
+def test_a_training_stopped_by_the_reconciler_stays_failed_not_cancelled(tight, demo_dataset, monkeypatch):
+    """The reconciler stops a run whose lease expired (the local backend's cancel) while its train
+    task still runs: the task ends the attempt as failed and raises LeaseReclaimedError; the
+    run keeps the reconciler's end, not ``cancelled``."""
+    from sailor_tasks import paths, storage
+    from sailor_tasks.backends.local import LocalBackend
+
+    ctx = tight
+    request = submit(ctx, "run-1", demo_dataset, num_workers=1, total_steps=4, checkpoint_every_steps=2)
+    placement = stages.plan(request, "run-1", ctx)
+    data = stages.place_data(request, placement, "run-1", ctx)
+    stages.provision(request, placement, "run-1", ctx)
+
+    def reclaimed_while_training(self, launch):
+        expires = ctx.ledger.reservation_leases()["run-1"]["expires_at"]
+        assert stages.reconcile(ctx, now=expires + dt.timedelta(seconds=1))["reclaimed"] == ["run-1"]
+        # What train reports for workers its cancel stopped.
+        storage.write_json(paths.launch_report_uri(launch.run_folder), {"cancelled": True, "step": 2})
+        return -9
+
+    monkeypatch.setattr(LocalBackend, "train", reclaimed_while_training)
+    with pytest.raises(LeaseReclaimedError):
+        stages.train(request, placement, data, "run-1", ctx)
+    run = ctx.ledger.get_run("run-1")
+    assert run["status"] == "failed" and "lease expired" in run["error"]
+    assert ctx.ledger.attempts("run-1")[-1]["outcome"] == "failed"
+
+
 def test_a_data_copy_longer_than_the_lease_keeps_the_run_leased(tight, demo_dataset, monkeypatch):
     """place_data holds its task while it copies: it renews the lease every third of ``lease_s``
     (as train does), so a copy longer than the lease is not reclaimed under it."""
@@ -286,6 +360,38 @@ def test_teardown_of_a_queued_run_takes_it_out_of_the_queue(tight, demo_dataset)
     assert out["left_queue"] and not out["reservation_released"]
     assert ctx.ledger.queue_entry("run-2")["state"] == "left"
     assert stages.teardown("run-1", ctx)["admitted"] == []
+
+
+@pytest.mark.parametrize("failures", [1, 3])
+def test_a_queued_run_whose_teardown_could_not_leave_the_queue_is_never_admitted(
+    tight, demo_dataset, monkeypatch, failures
+):
+    """Teardown retries taking the run out of the queue; if the ledger refuses every try, the
+    next admission pass finds the run ended and takes its entry out instead of reserving for it."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("sailor_tasks.stages.train"), "TEARDOWN_BACKOFF_S", 0.0)
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)
+    real, tries = ctx.ledger.end_queue_entry, []
+
+    def flaky(*args, **kwargs):
+        tries.append(args)
+        if len(tries) <= failures:
+            raise OSError("ledger unreachable")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ctx.ledger, "end_queue_entry", flaky)
+    out = stages.teardown("run-2", ctx)
+    assert out["left_queue"] is (failures < 3)  # 3 tries
+    assert ctx.ledger.get_run("run-2")["status"] == "failed"
+    assert stages.teardown("run-1", ctx)["admitted"] == []  # the capacity frees
+    entry = ctx.ledger.queue_entry("run-2")
+    assert entry["state"] == "left" and (failures < 3 or "had ended (failed)" in entry["reason"])
+    assert ctx.ledger.get_run("run-2")["status"] == "failed"
+    assert [r.run_id for r in ctx.ledger.live_reservations()] == []
 
 
 def test_a_queued_run_torn_down_while_another_frees_capacity_is_not_left_holding_it(
