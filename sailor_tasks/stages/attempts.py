@@ -321,6 +321,24 @@ def resume_attempt(
     )
 
 
+def _record_completed(ctx: StageContext, run_id: str, result: JSON) -> None:
+    """Record what a completed attempt's result says on the run: its final checkpoint (once) and
+    its steps, losses and checkpoint URI. Idempotent, so a retried try records what the try that
+    ended the attempt did not."""
+    uri = result["checkpoint_uri"]
+    if uri:
+        step = result.get("checkpoint_step", result["step"])
+        if not any(c["step"] == step and c["uri"] == uri for c in ctx.ledger.checkpoints(run_id)):
+            ctx.ledger.record_checkpoint(run_id, step, uri)
+    ctx.ledger.upsert_run(
+        run_id,
+        steps=result["step"],
+        initial_loss=result["initial_loss"],
+        final_loss=result["final_loss"],
+        checkpoint_uri=uri,
+    )
+
+
 def completed_result(ctx: StageContext, run_id: str) -> JSON | None:
     """The run's train result when its last attempt already completed, rebuilt as
     ``finish_attempt`` returned it (the trainer's result, that attempt's placement, data and wall
@@ -341,6 +359,7 @@ def completed_result(ctx: StageContext, run_id: str) -> JSON | None:
             "run %s: attempt %d completed but its result is unreadable (%s)", run_id, row["attempt"], exc
         )
         return None
+    _record_completed(ctx, run_id, result)  # the try that ended the attempt may have died first
     wall_s = (aware(row["ended_at"] or row["started_at"]) - aware(row["started_at"])).total_seconds()
     return {
         **result,
@@ -449,15 +468,7 @@ def finish_attempt(
     preemption = report.get("preemption")
     if rc == 0 and result and result["status"] == "completed":
         ctx.ledger.end_attempt(run_id, attempt, "completed", step=result["step"], resumed_from_step=resumed)
-        if result["checkpoint_uri"]:
-            ctx.ledger.record_checkpoint(run_id, result.get("checkpoint_step", result["step"]), result["checkpoint_uri"])
-        ctx.ledger.upsert_run(
-            run_id,
-            steps=result["step"],
-            initial_loss=result["initial_loss"],
-            final_loss=result["final_loss"],
-            checkpoint_uri=result["checkpoint_uri"],
-        )
+        _record_completed(ctx, run_id, result)
         return {
             **result,
             "train_wall_s": (ended - started).total_seconds(),

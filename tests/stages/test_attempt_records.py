@@ -1,5 +1,6 @@
 """What an attempt leaves in the ledger when its task is retried: one utilization record per
-attempt, however many times the task that ends it runs."""
+attempt, however many times the task that ends it runs, and the run's results even when the try
+that ended the attempt died before recording them."""
 
 from __future__ import annotations
 
@@ -58,3 +59,45 @@ def test_a_retried_finish_of_one_attempt_records_its_utilization_once(ctx, demo_
         if r["run_id"] == run_id
     ]
     assert len(rows) == 1 and rows[0]["gpus"] == 2
+
+
+def test_a_try_that_died_after_its_attempt_completed_leaves_the_runs_results_to_the_retry(
+    ctx, demo_dataset, monkeypatch
+):
+    run_id = "manual__died-after"
+    params = {"dataset_uri": demo_dataset, "num_workers": 1, "total_steps": 20, "checkpoint_every_steps": 10}
+    req = stages.validate(params, run_id, ctx)
+    pl = stages.plan(req, run_id, ctx)
+    data = stages.place_data(req, pl, run_id, ctx)
+    att = TRAIN_STAGE.launch_train(req, pl, data, run_id, ctx, try_number=1)
+    result = {
+        "run_id": run_id,
+        "status": "completed",
+        "step": 20,
+        "total_steps": 20,
+        "resumed_from_step": None,
+        "initial_loss": 5.0,
+        "final_loss": 2.0,
+        "checkpoint_uri": "file:///ckpt/step-20",
+        "checkpoint_step": 20,
+        "samples_per_s": 1.0,
+        "wall_s": 1.0,
+        "world_size": 1,
+    }
+    storage.write_json(att.config.result_uri, result)
+    record = ctx.ledger.record_checkpoint
+
+    def worker_lost(*args, **kwargs):  # the try dies right after the attempt was ended
+        raise SystemExit("worker lost")
+
+    monkeypatch.setattr(ctx.ledger, "record_checkpoint", worker_lost)
+    with pytest.raises(SystemExit):
+        TRAIN_STAGE.finish_train(req, run_id, att.number, 0, ctx, try_number=1)
+    assert ctx.ledger.attempts(run_id)[-1]["outcome"] == "completed"
+    monkeypatch.setattr(ctx.ledger, "record_checkpoint", record)
+    out = TRAIN_STAGE.train(req, pl, data, run_id, ctx, try_number=2)  # Airflow's retry
+    assert out["step"] == 20
+    TRAIN_STAGE.train(req, pl, data, run_id, ctx, try_number=3)  # once more: recorded once
+    run = ctx.ledger.get_run(run_id)
+    assert (run["steps"], run["final_loss"], run["checkpoint_uri"]) == (20, 2.0, "file:///ckpt/step-20")
+    assert [(c["step"], c["uri"]) for c in ctx.ledger.checkpoints(run_id)] == [(20, "file:///ckpt/step-20")]
