@@ -237,6 +237,16 @@ class TrainingFailedError(SailorError):
         super().__init__(f"training of run {run_id} failed with exit code {returncode}\n{log_tail}")
 
 
+class PodUnstartableError(SailorError):
+    """A training pod cannot start, and waiting will not change it: its image cannot be pulled
+    (no such image or tag, an invalid name, no access) or its container cannot be created. Its
+    pods are stopped and the attempt failed; not retried (a retry would wait on the same pods)."""
+
+    def __init__(self, run_id: str, pod: str, message: str):
+        self.run_id, self.pod = run_id, pod
+        super().__init__(f"run {run_id}: pod {pod} cannot start: {message}")
+
+
 class PreemptedError(SailorError):
     """The run's capacity was preempted; the recovery strategy decides what happens next."""
 
@@ -316,5 +326,6 @@ PERMANENT_ERRORS: tuple[type[Exception], ...] = (
     LeaseReclaimedError,
     ReservationReleasedError,
     LedgerSchemaError,
+    PodUnstartableError,
 )
 """Errors that retrying cannot fix (or must not undo: a cancel): the task fails at once."""

@@ -275,6 +275,7 @@ class SailorTrainOperator(BaseOperator):
         """Re-entry from ``AttemptPodsTrigger``: judge the pods, stop the rest, end the attempt."""
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue import gcp
+        from sailor_tasks.airflow_glue.triggers import UNSTARTABLE
         from sailor_tasks.stages import attempts
 
         self._run_id = context["run_id"]
@@ -286,6 +287,10 @@ class SailorTrainOperator(BaseOperator):
             raise AirflowFailException(
                 f"train resumed by an event without SAILOR's state ({gcp.TRIGGER_STATE_KEY!r}): {event!r}"
             )
+        if event.get("status") == UNSTARTABLE:
+            # An image that cannot be pulled: a retry would wait on the same pods, GPUs idle.
+            pod, _, why = str(event.get("message") or "").partition(": ")
+            run_stage(stages.stop_unstartable, context["run_id"], pod, why)
         if event.get("status") not in ("success", "ended"):
             # The pods did not start or the API kept failing: Airflow's retry reattaches to them.
             raise RuntimeError(f"following attempt {state['attempt']}'s pods failed: {event.get('message')}")

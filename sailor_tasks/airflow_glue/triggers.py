@@ -36,6 +36,8 @@ CLASSPATH = "sailor_tasks.airflow_glue.triggers.AttemptPodsTrigger"
 OPERATION_CLASSPATH = "sailor_tasks.airflow_glue.triggers.LeasedOperationTrigger"
 PENDING_PHASES = ("Pending", "")
 LEASE_RECLAIMED = "lease_reclaimed"
+UNSTARTABLE = "unstartable"
+"""``AttemptPodsTrigger``'s event when a pod cannot start (its message: ``<pod>: <why>``)."""
 """Event status: the run's reservation lease was reclaimed while the attempt was deferred."""
 LEASE_HOLDER = "train (deferred)"
 OPERATION_LEASE_HOLDER = "gke operation (deferred)"
@@ -225,7 +227,11 @@ class AttemptPodsTrigger(BaseTrigger):
         )
 
     async def _read(self, hook: Any, name: str) -> dict[str, Any]:
-        """The pod's phase and training container's exit status (``Gone`` on a 404)."""
+        """The pod's phase, training container's exit status and, while it waits, why it cannot
+        start when waiting will not help (``unstartable``: the provider's own judgement of image
+        pulls and container creation); ``Gone`` on a 404."""
+        from airflow.providers.cncf.kubernetes.utils.pod_manager import detect_pod_terminate_early_issues
+
         try:
             pod = await hook.get_pod(name, self.namespace)
         except Exception as exc:
@@ -237,7 +243,11 @@ class AttemptPodsTrigger(BaseTrigger):
             terminated = status.state.terminated if status.state else None
             if status.name == self.container and terminated is not None:
                 code = int(terminated.exit_code)
-        return {"phase": (pod.status.phase if pod.status else "") or "", "exit_code": code}
+        phase = (pod.status.phase if pod.status else "") or ""
+        unstartable = None
+        if phase in PENDING_PHASES and pod.status:
+            unstartable = detect_pod_terminate_early_issues(pod)
+        return {"phase": phase, "exit_code": code, **({"unstartable": unstartable} if unstartable else {})}
 
     async def _stream_logs(self, hook: Any, name: str) -> None:
         """Log the lines the pod wrote since the last read (timestamped lines, deduplicated)."""
@@ -302,6 +312,10 @@ class AttemptPodsTrigger(BaseTrigger):
                 return
             if all(p["phase"] == "Succeeded" for p in pods.values()):
                 yield self._event("success", pods, "every pod succeeded")
+                return
+            stuck = [n for n, p in pods.items() if p.get("unstartable")]
+            if stuck:
+                yield self._event(UNSTARTABLE, pods, f"{stuck[0]}: {pods[stuck[0]]['unstartable']}")
                 return
             waiting = [n for n, p in pods.items() if p["phase"] in PENDING_PHASES]
             if waiting and time.time() - self.started_at > self.startup_timeout:

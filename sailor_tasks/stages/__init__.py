@@ -27,6 +27,7 @@ from sailor_tasks.stages.train import (
     launch_train,
     stop_reclaimed,
     stop_training,
+    stop_unstartable,
     teardown,
     train,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "review_assignment",
     "solve_assignment",
     "stop_reclaimed",
+    "stop_unstartable",
     "stop_training",
     "teardown",
     "train",

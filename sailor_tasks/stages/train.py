@@ -118,6 +118,22 @@ def stop_reclaimed(run_id: str, ctx: StageContext | None = None) -> None:
     raise LeaseReclaimedError(run_id, reclaimed.isoformat(timespec="seconds"))
 
 
+def stop_unstartable(run_id: str, pod: str, message: str, ctx: StageContext | None = None) -> None:
+    """A training pod of the run's deferred attempt cannot start (``PodUnstartableError``): stop
+    the attempt's pods and end it as ``failed``; the run's teardown removes its capacity.
+
+    Raises:
+        PodUnstartableError: always, naming the pod and why.
+    """
+    from sailor_tasks.errors import PodUnstartableError
+
+    ctx = resolve_ctx(ctx)
+    stopped = _backend_of(ctx, run_id).cancel(run_key(run_id))
+    logger.error("run %s: pod %s cannot start (%s); stopped %d pod(s)", run_id, pod, message, stopped)
+    end_orphaned_attempt(ctx, run_id, f"pod {pod} cannot start: {message}"[:2000])
+    raise PodUnstartableError(run_id, pod, message)
+
+
 def finish_train(
     request: JSON,
     run_id: str,

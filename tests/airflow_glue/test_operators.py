@@ -135,6 +135,10 @@ class FakeCoreV1:
             else k8s.V1ContainerState(terminated=k8s.V1ContainerStateTerminated(exit_code=code))
         )
         phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
+        if pod.get("waiting"):  # (reason, message): the container has not started
+            reason, message = pod["waiting"]
+            state = k8s.V1ContainerState(waiting=k8s.V1ContainerStateWaiting(reason=reason, message=message))
+            phase = "Pending"
         status = k8s.V1ContainerStatus(
             name=gke.CONTAINER_NAME, image="i", image_id="", ready=code is None, restart_count=0, state=state
         )
@@ -797,6 +801,50 @@ def test_a_reclaimed_lease_fires_and_the_operator_stops_the_pods_and_fails(gke_e
     (attempt,) = gke_env.ctx.ledger.attempts(run_id)
     assert attempt["outcome"] == "failed" and "reservation was lost" in attempt["detail"]
     assert gke_env.ctx.ledger.get_run(run_id)["status"] != "cancelled"  # nobody cancelled it
+
+
+@pytest.mark.parametrize(
+    ("reason", "message", "fails"),
+    [
+        ("ErrImagePull", 'failed to pull "us-docker.pkg.dev/p/r/train:v9": manifest unknown', True),
+        ("InvalidImageName", 'couldn\'t parse image name "Train:latest"', True),
+        ("ImagePullBackOff", "Back-off pulling image: 429 Too Many Requests", False),  # transient
+    ],
+)
+def test_a_pod_whose_image_cannot_be_pulled_fails_the_run_at_once(gke_env, reason, message, fails):
+    """An image that cannot be pulled keeps the pod Pending for ever: the trigger fires at once,
+    the operator stops the pods and fails the attempt without a retry (the retry would wait on
+    the same pods while the GPU nodes idle). A transient pull error keeps waiting."""
+    from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+
+    run_id = f"manual__pull-{reason.lower()}"
+    request, placement, data = gke_env.prepare(run_id)
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    names = deferred.value.trigger.pod_names
+    gke_env.core.pods[names[-1]]["waiting"] = (reason, message)
+    if not fails:
+        polls = []
+
+        def start_after_a_few_polls():
+            polls.append(1)
+            if len(polls) == 20:
+                gke_env.core.pods[names[-1]]["waiting"] = None
+                for name in names:
+                    gke_env.core.pods[name]["exit"] = 0
+
+        event = _trigger_event(gke_env, deferred.value, timeout_s=30, on_poll=start_after_a_few_polls)
+        assert event["status"] == "success"
+        return
+    event = _trigger_event(gke_env, deferred.value, timeout_s=30)
+    assert event["status"] == "unstartable" and event["message"].startswith(f"{names[-1]}: ")
+    why = f"PodUnstartableError: run {run_id}: pod {names[-1]} cannot start"
+    with pytest.raises(AirflowFailException, match=why):
+        op.resume_train(context, event=event)
+    assert sorted(gke_env.core.deleted) == sorted(names)
+    (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "failed" and reason in attempt["detail"]
 
 
 def test_a_reservation_released_while_deferred_fires_and_the_operator_stops_the_pods(gke_env):
