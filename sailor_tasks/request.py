@@ -151,7 +151,8 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "title": "Command",
             "section": SECTION_CODE,
             "description": 'Your training command as an argv list (never a shell string), run under torchrun with '
-            'SAILOR\'s run contract, e.g. ["python", "plain_ddp.py", "--lr", "0.1"]. Empty: the built-in model. '
+            'SAILOR\'s run contract, e.g. ["python", "plain_ddp.py", "--lr", "0.1"] (in the trigger form: one argument '
+            "per line). Empty: the built-in model. "
             "Local backend: only scripts or executables in the allowed folders (SAILOR_COMMAND_ROOTS); "
             "gke: run as given in the image (which needs torch).",
         },
@@ -788,9 +789,43 @@ LOCAL_ONLY_PARAMS = {
 """The params of injected preemptions (the local backend's) and their unset value."""
 
 
+def _not_text(value: str) -> bool:
+    """``value`` holds a lone surrogate (valid JSON, ``"\\ud800"``): no process can be given it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _check_code(values: Mapping[str, Any]) -> list[InvalidRequestError]:
     """Cross-field rules of the run's own code: what each backend can run."""
     errors = []
+    command = values["command"]
+    if any(_not_text(a) for a in command):
+        errors.append(
+            InvalidRequestError(
+                "command",
+                _short(next(a for a in command if _not_text(a)).encode("utf-8", "backslashreplace").decode()),
+                "every argument must be Unicode text (no lone surrogate such as \\ud800)",
+            )
+        )
+    if len(command) == 1 and any(c.isspace() for c in command[0].strip()):
+        errors.append(
+            InvalidRequestError(
+                "command",
+                _short(command),
+                "one argument per list item (one per line in the trigger form): "
+                '["python", "train.py", "--lr", "0.1"], never one string with spaces',
+            )
+        )
+    bad_env = [n for n, v in values["env"].items() if _not_text(v)]
+    if bad_env:
+        errors.append(
+            InvalidRequestError(
+                "env", bad_env[:5], "values must be Unicode text (no lone surrogate such as \\ud800)"
+            )
+        )
     image, backend = values["image"], values["backend"]
     name = image.split("@", 1)[0]
     name = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name

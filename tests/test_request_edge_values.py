@@ -29,6 +29,39 @@ def test_lone_surrogate_job_name_is_rejected_cleanly(settings, demo_dataset):
 
 
 @pytest.mark.parametrize(
+    ("params", "field", "why"),
+    [
+        ('{"env": {"FOO": "ok", "BAR": "\\ud800"}}', "env", "values must be Unicode text"),
+        ('{"command": ["python", "x.py", "\\udfff"]}', "command", "every argument must be Unicode text"),
+        (
+            '{"command": ["python train.py --lr 0.1"], "backend": "gke"}',
+            "command",
+            "one argument per list item",
+        ),
+    ],
+)
+def test_code_params_no_process_could_run_are_refused_at_validate(settings, demo_dataset, params, field, why):
+    """A lone surrogate (valid JSON) cannot reach a process's argv or environment; a whole command
+    line typed on one line of the trigger form is one argument: both refused before any capacity
+    is reserved, not at launch."""
+    ctx = _ctx()
+    values = {**json.loads(params), "dataset_uri": demo_dataset}
+    with pytest.raises(InvalidRequestErrors, match=why) as info:
+        stages.validate(values, "bad-code", ctx)
+    assert info.value.field == field
+    assert ctx.ledger.get_run("bad-code")["status"] == "rejected"
+
+
+def test_a_command_with_spaces_inside_one_of_several_arguments_is_kept():
+    from sailor_tasks.request import from_params
+
+    assert from_params({"command": ["python", "my train.py"], "backend": "gke"}).command == (
+        "python",
+        "my train.py",
+    )
+
+
+@pytest.mark.parametrize(
     ("text", "why"),
     [
         ("[" * 200_000 + "]" * 200_000, "JSON nested too deeply"),
