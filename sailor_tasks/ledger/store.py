@@ -563,6 +563,21 @@ class Ledger:
             )
             return res.rowcount > 0
 
+    def forget_spent_queue_entry(self, run_id: str) -> bool:
+        """Delete the run's queue entry once the queue is done with it (admitted, timed out, failed
+        or left) and the run holds no live reservation, in one transaction: a run validated
+        again (its Airflow tasks cleared) then goes through the queue afresh. False when there
+        was none, it still waits, or its admission still holds capacity (nothing changed)."""
+        q = t.queue_entries.c
+        with self._locking_engine.begin() as c:
+            state = c.execute(
+                select(q.state).where(q.run_id == run_id).with_for_update()
+            ).scalar_one_or_none()
+            if state is None or state == "queued" or _lock_live_reservation(c, run_id):
+                return False
+            c.execute(delete(t.queue_entries).where(q.run_id == run_id))
+        return True
+
     def set_queue_placement(self, run_id: str, placement: Mapping[str, Any]) -> None:
         """The admitted run's final placement (with the market decision in its explanation)."""
         with self.engine.begin() as c:

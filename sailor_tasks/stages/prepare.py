@@ -122,6 +122,10 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
             total_steps=request.total_steps,
             error=None,
         )
+        # Validated again: the run's tasks were cleared in Airflow, which runs the setups again.
+        # What the queue decided on its earlier pass is spent once nothing holds capacity for it.
+        if ctx.ledger.forget_spent_queue_entry(run_id):
+            logger.info("run %s: validated again; its earlier queue entry is forgotten", run_id)
     logger.info("validated run %s: %s", run_id, request.summary())
     return to_dict(request)
 

@@ -247,6 +247,35 @@ def test_an_expired_lease_is_reclaimed_and_the_queue_moves_on(tight, demo_datase
         stages.train(request, placement, {"data_uri": "x"}, "run-1", ctx)
 
 
+@pytest.mark.parametrize("ending", ["admitted", "timed_out"])
+def test_a_run_whose_tasks_are_cleared_goes_through_the_queue_afresh(tight, demo_dataset, ending):
+    """Clearing a task of an ended run re-runs its setups (validate, plan): the queue's verdict
+    on the earlier pass (an admission whose capacity teardown released, a time-out) is spent,
+    and plan reserves anew instead of returning a placement nothing holds or failing again."""
+    ctx = tight
+    params = {"dataset_uri": demo_dataset, "num_workers": 2, "gpu_type": "T4", "team": "b"}
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    request = stages.validate(params, "run-2", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(request, "run-2", ctx)
+    if ending == "admitted":
+        assert stages.teardown("run-1", ctx)["admitted"] == ["run-2"]
+        stages.plan(request, "run-2", ctx)  # the deferred plan resumes with the admission
+    else:
+        later = utcnow() + dt.timedelta(hours=request["max_queue_hours"] + 1)
+        assert stages.admit_queued(ctx, now=later)["timed_out"] == ["run-2"]
+        with pytest.raises(QueueTimeoutError):
+            stages.plan(request, "run-2", ctx)
+        stages.teardown("run-1", ctx)
+    stages.teardown("run-2", ctx)
+    assert ctx.ledger.live_reservations() == []
+
+    request = stages.validate(params, "run-2", ctx)  # the user clears the run's failed task
+    placement = stages.plan(request, "run-2", ctx)
+    assert [(r.run_id, r.zone) for r in ctx.ledger.live_reservations()] == [("run-2", placement["zone"])]
+    assert ctx.ledger.get_run("run-2")["status"] == "planned"
+
+
 def test_a_plan_retried_after_the_run_was_reclaimed_reserves_nothing(tight, demo_dataset):
     """plan's first try reserved, then its task died; the reconciler reclaimed the lease and
     ended the run before Airflow's retry of plan came: the retry may not bring the run back."""
