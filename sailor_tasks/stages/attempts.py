@@ -211,6 +211,19 @@ class Attempt:
     """True when a retried task took over this attempt from a try that died while it ran."""
 
 
+def _planned_anew(ctx: StageContext, run_id: str, placement: Placement, last: Placement) -> bool:
+    """The run was planned again after its last attempt ended (its tasks cleared in Airflow, which
+    re-runs ``plan``): its live reservation is ``placement``'s, in another zone or of another GPU
+    type than the ``last`` attempt ran on. Otherwise (a retried ``train``) the last attempt's
+    placement is the run's current one: a recovery may have moved it since ``plan``."""
+    held = next((r for r in ctx.ledger.live_reservations() if r.run_id == run_id), None)
+    return (
+        held is not None
+        and (held.zone, held.gpu_type) == (placement.zone, placement.gpu_type)
+        and (held.zone, held.gpu_type) != (last.zone, last.gpu_type)
+    )
+
+
 def begin_attempt(
     ctx: StageContext,
     request: JSON,
@@ -235,7 +248,15 @@ def begin_attempt(
     pl = from_dict(Placement, placement)
     if attempts:
         last = attempts[-1]
-        pl, data = from_dict(Placement, last["placement"]), last["data"]
+        last_pl = from_dict(Placement, last["placement"])
+        if last["outcome"] in ("running", "preempted") or not _planned_anew(ctx, run_id, pl, last_pl):
+            pl, data = last_pl, last["data"]
+        elif pl.region != last_pl.region:
+            # Planned anew into another region: it resumes from the checkpoint the last attempt left.
+            step = CheckpointStore(paths.checkpoint_uri(ctx.run_uri(last_pl.region, run_id))).copy_latest_to(
+                paths.checkpoint_uri(ctx.run_uri(pl.region, run_id))
+            )
+            logger.info("run %s planned anew in %s; checkpoint step %s copied there", run_id, pl.region, step)
         if last["outcome"] == "running" and reattach:
             logger.info(
                 "attempt %d of run %s is still recorded as running: reattaching", last["attempt"], run_id

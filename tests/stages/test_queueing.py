@@ -276,6 +276,66 @@ def test_a_run_whose_tasks_are_cleared_goes_through_the_queue_afresh(tight, demo
     assert ctx.ledger.get_run("run-2")["status"] == "planned"
 
 
+def test_a_cleared_run_planned_into_another_region_trains_there(ctx, tmp_path, demo_dataset, monkeypatch):
+    """Its first attempt failed and the run ended; other runs took that zone; the user clears
+    the failed task: plan reserves the other region, and the next attempt trains there (with
+    the last attempt's checkpoint copied over), not where the last attempt ran."""
+    from sailor_tasks import storage
+    from sailor_tasks.backends.local import LocalBackend
+    from sailor_tasks.errors import TrainingFailedError
+    from sailor_tasks.train.checkpoint.store import CheckpointStore
+    from sailor_tasks.train.config import TrainConfig
+
+    supply = tmp_path / "supply.yaml"
+    supply.write_text(
+        "version: 1\ndefaults:\n  capacity_gpus: {}\nzones:\n"
+        "  us-central1-a:\n    T4: {capacity_gpus: 2}\n  us-east1-b:\n    T4: {capacity_gpus: 2}\n"
+    )
+    ctx.__dict__["catalog"] = load_catalog(None, str(supply))
+    params = {"dataset_uri": demo_dataset, "num_workers": 2, "gpu_type": "T4", "total_steps": 4}
+    params["checkpoint_every_steps"] = 2
+    launched, resumed = [], []
+
+    def fake_train(self, launch):
+        launched.append(launch.placement.zone)
+        config = TrainConfig.from_json(storage.read_bytes(launch.config_uri).decode())
+        store = CheckpointStore(config.checkpoint_uri)
+        if len(launched) == 1:  # it saved step 2, then the user's code crashed
+            storage.write_bytes(storage.join(store.step_uri(2), ".metadata"), b"step 2")
+            store.commit(2)
+            return 1
+        resumed.append(store.latest_valid_step())
+        storage.write_json(
+            config.result_uri,
+            {"run_id": launch.run_id, "status": "completed", "step": 4, "total_steps": 4,
+             "resumed_from_step": None, "initial_loss": 2.0, "final_loss": 1.0, "checkpoint_uri": None,
+             "samples_per_s": 1.0, "wall_s": 1.0, "world_size": 2},
+        )  # fmt: skip
+        return 0
+
+    monkeypatch.setattr(LocalBackend, "train", fake_train)
+
+    def through_train(run_id, params):
+        request = stages.validate(params, run_id, ctx)
+        placement = stages.plan(request, run_id, ctx)
+        data = stages.place_data(request, placement, run_id, ctx)
+        stages.provision(request, placement, run_id, ctx)
+        return placement, stages.train(request, placement, data, run_id, ctx)
+
+    with pytest.raises(TrainingFailedError):
+        through_train("run-1", params)
+    first = launched[0]
+    stages.teardown("run-1", ctx)
+    region = "us-central1" if first == "us-central1-a" else "us-east1"
+    stages.plan(stages.validate({**params, "regions": [region]}, "other", ctx), "other", ctx)  # takes it
+
+    placement, result = through_train("run-1", params)  # the user clears run-1's failed task
+    assert placement["zone"] != first and launched[1] == placement["zone"]
+    assert resumed == [2]  # the checkpoint moved with it
+    assert result["status"] == "completed"
+    assert [a["placement"]["zone"] for a in ctx.ledger.attempts("run-1")] == [first, placement["zone"]]
+
+
 def test_a_plan_retried_after_the_run_was_reclaimed_reserves_nothing(tight, demo_dataset):
     """plan's first try reserved, then its task died; the reconciler reclaimed the lease and
     ended the run before Airflow's retry of plan came: the retry may not bring the run back."""
