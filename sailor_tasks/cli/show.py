@@ -108,7 +108,7 @@ def render_report(r: dict[str, Any]) -> str:
     if not r["checkpoints"]:
         lines.append("Checkpoints  none committed")
     lines.append(
-        f"Cost         {_usd(run['usd_estimate'])} estimated (price x training wall time); "
+        f"Cost         {_usd(run['usd_estimate'])} estimated (price x training wall time, every attempt); "
         f"attempts {_usd(r['usd_attempts'])}"
     )
     if r["summary_md"]:

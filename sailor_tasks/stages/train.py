@@ -176,7 +176,11 @@ def finalize(
     req, pl = from_dict(JobRequest, request), from_dict(Placement, placement)
     with timed(ctx, run_id, "finalize"):
         hours = result["train_wall_s"] / 3600.0
-        usd = round(pl.usd_per_hour * hours, 6)
+        markets = result.get("markets", [])
+        usd_attempts = sum(m["usd"] or 0.0 for m in markets)
+        # The run's cost: every attempt's price x its training time (the attempts a preemption
+        # ended included); the last attempt's alone without the ledger's market records.
+        usd = round(usd_attempts if markets else pl.usd_per_hour * hours, 6)
         summary = {
             "run_id": run_id,
             "job_name": req.job_name,
@@ -202,8 +206,8 @@ def finalize(
             "attempts": result.get("attempts", []),
             "strategy": req.strategy,
             "deadline_hours": req.deadline_hours,
-            "markets": result.get("markets", []),
-            "usd_attempts": sum(m["usd"] or 0.0 for m in result.get("markets", [])),
+            "markets": markets,
+            "usd_attempts": usd_attempts,
             "queue": queue_wait(ctx, run_id),
         }
         summary_uri = paths.summary_uri(ctx.run_uri(pl.region, run_id))

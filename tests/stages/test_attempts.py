@@ -57,6 +57,10 @@ def test_noticed_and_unnoticed_preemptions_end_bit_identical_to_an_uninterrupted
     assert attempts[2]["region"] not in (attempts[0]["region"], attempts[1]["region"])
     assert attempts[1]["resumed_from_step"] == noticed["step"]
     assert len(summary["attempts"]) == 3 and summary["region"] == attempts[2]["region"]
+    # The run's cost counts the preempted attempts too.
+    assert len(summary["markets"]) == 3
+    assert ledger.get_run("preempted")["usd_estimate"] == pytest.approx(summary["usd_attempts"], abs=1e-6)
+    assert summary["usd_estimate"] == pytest.approx(summary["usd_attempts"], abs=1e-6)
     # each recovery was planned knowing the checkpoint it resumes from and where it was saved
     plans = {p["attempt"]: p for p in ledger.placements("preempted")}
     for attempt in (2, 3):
