@@ -14,12 +14,17 @@ from typing import Any, TypeVar
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from sailor_tasks.errors import PERMANENT_ERRORS, StageSkipped
+from sailor_tasks.model import finite
 
 R = TypeVar("R")
 
 
 def run_stage(stage: Callable[..., R], *args: Any, **kwargs: Any) -> R:
     """Run ``stage`` with the Airflow connection's credentials installed (``gcp.install``).
+
+    Returns:
+        The stage's result; a dict with NaN and infinities as None (``model.finite``): it becomes
+        the task's XCom.
 
     Raises:
         AirflowFailException: the stage raised a configuration error (no retries).
@@ -29,8 +34,11 @@ def run_stage(stage: Callable[..., R], *args: Any, **kwargs: Any) -> R:
 
     gcp.install()
     try:
-        return stage(*args, **kwargs)
+        result = stage(*args, **kwargs)
     except StageSkipped as exc:
         raise AirflowSkipException(str(exc)) from exc
     except PERMANENT_ERRORS as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+    # A task's return value is its XCom, stored as JSON (JSONB on PostgreSQL, which refuses NaN):
+    # a diverged run's NaN loss becomes null there, as in every other JSON SAILOR writes.
+    return finite(result) if isinstance(result, dict) else result

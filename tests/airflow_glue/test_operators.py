@@ -909,6 +909,27 @@ def test_run_stage_fails_at_once_on_what_a_retry_cannot_fix(error, retried):
     assert isinstance(raised.value, AirflowFailException) is not retried
 
 
+def test_a_stage_result_becomes_an_xcom_postgresql_can_store():
+    """A diverged run's loss is NaN; the task's return value is its XCom, which PostgreSQL keeps
+    as JSONB, and JSONB has no NaN or infinity: run_stage gives them as null."""
+    import json
+    import math
+
+    from sailor_tasks.airflow_glue.stage import run_stage
+
+    def stage():
+        return {
+            "final_loss": math.nan,
+            "losses": [1.5, math.inf],
+            "attempts": [{"usd": -math.inf}],
+            "step": 4,
+        }
+
+    out = run_stage(stage)
+    assert out == {"final_loss": None, "losses": [1.5, None], "attempts": [{"usd": None}], "step": 4}
+    json.dumps(out, allow_nan=False)
+
+
 def test_cancel_while_a_recoverys_pool_is_created_cancels_the_attempt(gke_env):
     """The train task waits (deferred) for the node pool of a recovery whose attempt has begun:
     cancelling the run ends that attempt, and the run, as cancelled, not failed."""
