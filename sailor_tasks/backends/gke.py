@@ -1215,9 +1215,10 @@ class GkeBackend:
             return False
         uri = self._record_uri(run_key)
         started = record.pop("pending", None)
-        if started is not None:
-            # Provisioning may still be running an operation (a run cancelled while its pool is
-            # being created): GKE refuses another operation on the cluster until it ends.
+        if started is not None and started.get("phase") == "pool":
+            # Provisioning may still be creating (or resizing) the run's pool (a run cancelled
+            # meanwhile): GKE refuses another operation on the cluster until it ends. A cluster's
+            # creation holds no pool of the run: nothing waits for it.
             self._wait_until_over(
                 PendingOperation(**{k: started[k] for k in ("name", "location", "project", "phase", "what")})
             )
