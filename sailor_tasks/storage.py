@@ -8,6 +8,7 @@ Paths stay ``str`` URIs throughout (``pathlib`` mangles ``gs://``).
 from __future__ import annotations
 
 import base64
+import glob
 import json
 import os
 import posixpath
@@ -161,10 +162,25 @@ def write_json(uri: str, data: Mapping[str, Any] | list[Any]) -> None:
     write_bytes(uri, json.dumps(data, indent=2, sort_keys=True).encode())
 
 
+def _local(uri: str) -> bool:
+    return scheme_of(uri) in ("", "file")
+
+
 def remove(uri: str, recursive: bool = False) -> None:
+    """Remove a file (or, ``recursive``, a folder and everything under it); nothing when absent.
+
+    fsspec's ``rm`` reads the path as a glob pattern on an object store ('?', '*', '[...]' in a
+    name would match other objects): one object goes by name (``rm_file``), and a folder's path
+    is escaped (its contents are found by listing, so their names are taken as they are)."""
     fs, path = filesystem(uri)
-    if fs.exists(path):
+    if not fs.exists(path):
+        return
+    if _local(uri):
         fs.rm(path, recursive=recursive)
+    elif not recursive or fs.isfile(path):
+        fs.rm_file(path)
+    else:
+        fs.rm(glob.escape(path) if glob.has_magic(path) else path, recursive=True)
 
 
 def listdir(uri: str) -> list[str]:
@@ -185,11 +201,11 @@ def rename(src: str, dst: str) -> None:
     copy then a delete (what gcsfs falls back to anyway, without its moveTo round trip)."""
     fs, spath = filesystem(src)
     _, dpath = filesystem(dst)
-    if scheme_of(src) in ("", "file"):
+    if _local(src):
         fs.mv(spath, dpath)
-    else:
-        fs.copy(spath, dpath)
-        fs.rm(spath)
+    else:  # by name: copy and rm would read glob characters in it as a pattern
+        fs.cp_file(spath, dpath)
+        fs.rm_file(spath)
 
 
 def copy_object(src: str, dst: str) -> None:
@@ -199,7 +215,7 @@ def copy_object(src: str, dst: str) -> None:
         raise ValueError(f"copy_object needs two object-store URIs of one scheme, got {src!r} and {dst!r}")
     fs, spath = filesystem(src)
     _, dpath = filesystem(dst)
-    fs.copy(spath, dpath)
+    fs.cp_file(spath, dpath)  # by name: copy would read glob characters in it as a pattern
 
 
 def stored_crc32c(uri: str) -> str | None:

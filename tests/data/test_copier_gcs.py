@@ -242,3 +242,33 @@ def test_copier_killed_mid_copy_into_gcs_lets_the_next_copy_finish(gcs, tmp_path
     assert result.bytes_skipped >= 400_000  # the killed copier's finished file is kept
     verify(dst, read_manifest(dst))
     assert ledger.live_leases() == []
+
+
+def test_names_with_glob_characters_are_names_on_gcs(gcs, tmp_path):
+    """fsspec reads a path given to rm or copy as a glob pattern: '?', '*' and '[...]' in an object's
+    name would match other objects. Removing, renaming and copying one touch that object only."""
+    bucket = gcs()
+    for name in ("a?.txt", "ab.txt", "x[1].txt", "x1.txt", "d[1]/f", "d1/f", "s*.txt", "sx.txt"):
+        storage.write_bytes(f"{bucket}/{name}", name.encode())
+    storage.remove(f"{bucket}/a?.txt")
+    storage.remove(f"{bucket}/x[1].txt")
+    storage.remove(f"{bucket}/d[1]", recursive=True)
+    storage.rename(f"{bucket}/s*.txt", f"{bucket}/moved/s*.txt")
+    storage.copy_object(f"{bucket}/sx.txt", f"{bucket}/copied/what?.txt")
+    fs, root = storage.filesystem(bucket)
+    left = sorted(p[len(root) + 1 :] for p in fs.find(root))
+    assert left == ["ab.txt", "copied/what?.txt", "d1/f", "moved/s*.txt", "sx.txt", "x1.txt"]
+    assert storage.read_bytes(f"{bucket}/copied/what?.txt") == b"sx.txt"
+
+
+def test_a_dropped_file_with_a_glob_name_leaves_the_rest_of_the_replica(gcs, tmp_path):
+    """The source drops 'a?.txt'; the next copy removes it from the replica, not 'ab.txt' too."""
+    src = f"file://{tmp_path}/src"
+    storage.write_bytes(f"{src}/ab.txt", b"b" * 100)
+    storage.write_bytes(f"{src}/a?.txt", b"q" * 100)
+    dst = f"{gcs()}/datasets/d"
+    copy_dataset(src, dst)
+    os.remove(tmp_path / "src" / "a?.txt")
+    copy_dataset(src, dst)
+    assert [e.path for e in read_manifest(dst).files] == ["ab.txt"]
+    verify(dst, read_manifest(dst))

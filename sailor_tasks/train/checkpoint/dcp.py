@@ -1032,9 +1032,8 @@ class CheckpointManager(CheckpointStore):
     def _writer(self, step: int) -> ChecksummingFsspecWriter:
         uri = self.step_uri(step)
         self.check_fence()  # a stale attempt writes nothing into a root a newer one claimed
-        fs, path = storage.filesystem(uri)
-        if self.rank == 0 and fs.exists(path):
-            fs.rm(path, recursive=True)  # a partial folder from a killed save of the same step
+        if self.rank == 0:
+            storage.remove(uri, recursive=True)  # a partial folder from a killed save of the same step
         if self._write_pool is None and self.thread_count > 1:
             self._write_pool = ThreadPoolExecutor(
                 self.thread_count - 1, thread_name_prefix="sailor-ckpt-write"
