@@ -74,7 +74,8 @@ class CopyResult:
 
 def _listing(root: str) -> dict[str, dict]:
     """relative path → fsspec info (size; on GCS also crc32c, md5Hash) of every file under ``root``
-    except the manifest, from one recursive listing. Raises FileNotFoundError when ``root`` is absent."""
+    except the manifest and folder placeholders, from one recursive listing. Raises
+    FileNotFoundError when ``root`` is absent."""
     fs, base = storage.filesystem(root)
     if not fs.exists(base):
         raise FileNotFoundError(root)
@@ -83,6 +84,8 @@ def _listing(root: str) -> dict[str, dict]:
     out = {}
     for path, info in found.items():
         rel = path[len(base) :].lstrip("/") if path.startswith(base) else path
+        if rel.endswith("/") or info.get("name", path).endswith("/"):
+            continue  # a folder placeholder (a zero-byte object "sub/" the Cloud Console makes)
         if (
             rel
             and rel != MANIFEST_NAME

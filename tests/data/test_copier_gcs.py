@@ -272,3 +272,21 @@ def test_a_dropped_file_with_a_glob_name_leaves_the_rest_of_the_replica(gcs, tmp
     copy_dataset(src, dst)
     assert [e.path for e in read_manifest(dst).files] == ["ab.txt"]
     verify(dst, read_manifest(dst))
+
+
+def test_a_folder_placeholder_in_a_gcs_dataset_is_no_file(gcs, tmp_path):
+    """The Cloud Console's "create folder" leaves a zero-byte object named "sub/": copies, seal
+    and server-side replication skip it instead of failing on it or listing it as a file."""
+    bucket = gcs()
+    fs, root = storage.filesystem(bucket)
+    storage.write_bytes(f"{bucket}/ds/sub/x.txt", b"x" * 100)
+    storage.write_bytes(f"{bucket}/ds/top.txt", b"t" * 50)
+    fs.pipe_file(f"{root}/ds/sub/", b"")
+    src = f"{bucket}/ds"
+    files = ["sub/x.txt", "top.txt"]
+    assert [e.path for e in copy_dataset(src, f"file://{tmp_path}/dst").manifest.files] == files
+    assert [e.path for e in copy_dataset(src, f"{gcs()}/datasets/d").manifest.files] == files
+    assert [e.path for e in seal(src).files] == files
+    east = f"{gcs()}/datasets/e"
+    assert [e.path for e in copy_dataset(src, east).manifest.files] == files
+    verify(east, read_manifest(east))
