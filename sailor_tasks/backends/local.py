@@ -283,9 +283,25 @@ class LocalBackend:
     def _watch(
         proc: subprocess.Popen, events: list[PreemptionEvent], injection: dict[str, Any], progress_path: str
     ) -> PreemptionEvent | None:
-        """Poll the trainer's progress until an event is due (returned) or training ends (None)."""
+        """Poll the trainer's progress until an event is due (returned) or training ends (None).
+
+        Training ends as soon as one worker (a child of torchrun) has exited: the workers finished,
+        or one failed and torchrun is stopping the others (it waits up to 30 s for them). An event
+        due then would turn a completed run, or a crash, into a preemption: none fires."""
+        import psutil
+
         fired = set(injection["fired"])
+        try:
+            agent = psutil.Process(proc.pid)
+        except psutil.NoSuchProcess:
+            return None
+        workers: dict[int, psutil.Process] = {}
         while proc.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                workers.update((w.pid, w) for w in agent.children())
+            if any(_exited(w) for w in workers.values()):
+                logger.info("a worker exited: training is ending, no preemption is injected")
+                return None
             step = read_progress(progress_path).get("step")
             event = due(events, fired, step, time.time() - injection["run_started"])
             if event is not None:
@@ -522,6 +538,16 @@ def _wait_gone(procs: list[Any], timeout_s: float) -> None:
         if not _still_running(procs):
             return
         time.sleep(0.05)
+
+
+def _exited(process: Any) -> bool:
+    """The psutil process has exited (gone, or a zombie its parent has not reaped yet)."""
+    import psutil
+
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _signal(p: Any, sig: int) -> None:
