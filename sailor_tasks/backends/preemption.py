@@ -77,6 +77,13 @@ class InjectionSpec:
         return cls(**data)
 
 
+def _exact(seconds: float) -> str:
+    """A time in an event's key, exactly: two events never share a key (``:g`` keeps 6 digits,
+    so 1000000 and 1000004 would both be 1e+06, and the second would count as fired)."""
+    value = float(seconds)
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
 def step_events(spec: InjectionSpec) -> list[PreemptionEvent]:
     events = [PreemptionEvent(f"notice@step{s}", True, step=s) for s in spec.notice_steps]
     events += [PreemptionEvent(f"kill@step{s}", False, step=s) for s in spec.kill_steps]
@@ -89,7 +96,7 @@ def time_events(spec: InjectionSpec, attempt: int, attempt_offset_s: float) -> l
     Events whose time fell while the run was down (between attempts) do not fire: no capacity was
     held then, so there was nothing to preempt.
     """
-    events = [PreemptionEvent(f"time@{t:g}s", True, at_s=float(t)) for t in spec.times_s]
+    events = [PreemptionEvent(f"time@{_exact(t)}s", True, at_s=float(t)) for t in spec.times_s]
     if spec.rate_per_hour > 0:
         rng = random.Random(f"{spec.seed}:{attempt}")  # str seeds are stable across processes
         gap_s = rng.expovariate(spec.rate_per_hour / 3600.0)
@@ -99,7 +106,7 @@ def time_events(spec: InjectionSpec, attempt: int, attempt_offset_s: float) -> l
 
         trace = load_availability_trace(spec.trace_uri)
         events += [
-            PreemptionEvent(f"trace@{t:g}s", True, at_s=t / spec.trace_time_scale)
+            PreemptionEvent(f"trace@{_exact(t)}s", True, at_s=t / spec.trace_time_scale)
             for t in trace.preemption_times()
         ]
     return sorted(

@@ -37,6 +37,15 @@ def test_trace_events_are_scaled_and_skip_times_the_run_was_down(tmp_path):
     assert [e.at_s for e in time_events(spec, 2, 20.0)] == [40.0]
 
 
+def test_close_times_have_keys_of_their_own():
+    """A fired event is remembered by its key: two times must never share one."""
+    spec = InjectionSpec(times_s=(1_000_000.0, 1_000_004.0, 2.5, 2.5000001))
+    keys = [e.key for e in time_events(spec, 1, 0.0)]
+    assert len(set(keys)) == 4 and "time@1000000s" in keys and "time@2.5s" in keys
+    fired = {k for k in keys if k != "time@1000004s"}
+    assert due(time_events(spec, 1, 0.0), fired, step=None, elapsed_s=1_000_005).key == "time@1000004s"
+
+
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
