@@ -262,12 +262,15 @@ class SailorTrainOperator(BaseOperator):
         """Stop every worker process or pod this task started (the task is being killed)."""
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue import gcp
+        from sailor_tasks.backends.local import stop_launching
+        from sailor_tasks.model import run_key
 
         run_id = getattr(self, "_run_id", None)
         if run_id is None:  # killed before execute began: nothing started
             return
         gcp.install()
         self.log.warning("train of run %s killed: stopping its training processes or pods", run_id)
+        stop_launching(run_key(run_id))  # a launch this task has not reached yet never starts
         stopped = stages.stop_training(run_id)
         self.log.warning("stopped %d training process(es) or pod(s) of run %s", stopped, run_id)
 

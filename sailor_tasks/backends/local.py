@@ -33,6 +33,8 @@ from sailor_tasks.train.progress import read_progress
 
 POLL_S = 0.02
 """How often the injector reads the trainer's progress file (a step of tiny_gpt takes ~10 ms+)."""
+_STOPPED: set[str] = set()
+"""Run keys whose launches this process stopped for good (``stop_launching``)."""
 LOG_TAIL_LINES = 40
 """Lines of the process group's output kept for the error of a failed attempt (and launch.json)."""
 
@@ -210,7 +212,9 @@ class LocalBackend:
         reader.start()
         event = preempted_at = None
         try:
-            if not spec.empty:
+            if launch.run_key in _STOPPED:  # its task was killed before (or while) it started
+                self.cancel(launch.run_key, grace_s=0.0)
+            elif not spec.empty:
                 events = step_events(spec) + time_events(
                     spec, launch.attempt, started - injection["run_started"]
                 )
@@ -538,6 +542,14 @@ def _wait_gone(procs: list[Any], timeout_s: float) -> None:
         if not _still_running(procs):
             return
         time.sleep(0.05)
+
+
+def stop_launching(run_key: str) -> None:
+    """This process (a train task being killed) starts no training of the run from now on:
+    ``train`` stops at once what it starts. The task's ``on_kill`` runs, then the task goes on
+    until the supervisor's SIGKILL; killed before its launch, it would otherwise start torchrun,
+    in a session of its own, after the stop, with nothing left to stop it."""
+    _STOPPED.add(run_key)
 
 
 def _exited(process: Any) -> bool:

@@ -97,6 +97,29 @@ def test_killing_the_train_task_leaves_no_process_of_the_run(ctx, demo_dataset):
     assert os.listdir(ctx.settings.clusters_dir) == []  # nothing of the cluster left behind
 
 
+def test_a_train_task_killed_before_its_launch_starts_no_training(ctx, demo_dataset):
+    """on_kill ran while the task still prepared the attempt (nothing to stop yet); the task goes
+    on until the supervisor's SIGKILL: the launch it then reaches stops at once, as cancelled,
+    instead of leaving torchrun training in a session of its own."""
+    from sailor_tasks import gcp_auth
+    from sailor_tasks.airflow_glue.operators import SailorTrainOperator
+
+    run_id = "manual__killed-early"
+    request, placement, data = prepare(ctx, run_id, demo_dataset)
+    op = SailorTrainOperator(task_id="train", request=request, placement=placement, data=data)
+    op._run_id = run_id
+    try:
+        op.on_kill()
+    finally:
+        gcp_auth.set_provider(None)
+    started = time.monotonic()
+    with pytest.raises(RunCancelledError):
+        stages.train(request, placement, data, run_id, ctx)
+    assert time.monotonic() - started < 60  # LONG trains for minutes
+    assert run_processes(run_key(run_id)) == []
+    assert ctx.ledger.attempts(run_id)[-1]["outcome"] == "cancelled"
+
+
 def test_teardown_stops_workers_that_outlived_a_hard_killed_task(ctx, demo_dataset):
     """A task process killed with SIGKILL cannot run on_kill; torchrun and its workers, in their
     own sessions, go on. teardown, which Airflow still runs, stops them before releasing."""
