@@ -310,18 +310,26 @@ def copy_dataset(
     if max_workers < 1:
         raise ValueError(f"max_workers={max_workers} must be >= 1")
     start = time.monotonic()
-    src_manifest = read_manifest(src_root)
-    try:
-        src_listing = _listing(src_root)
-    except FileNotFoundError:
-        raise InvalidRequestError(
-            "dataset_uri", src_root, "dataset not found (no such folder or object)"
-        ) from None
-    if not src_listing:  # nothing would be placed, yet the replica would be recorded complete
-        raise InvalidRequestError("dataset_uri", src_root, empty_dataset_reason(src_root))
+
+    def source() -> tuple[DatasetManifest | None, dict[str, dict]]:
+        manifest = read_manifest(src_root)
+        try:
+            listing = _listing(src_root)
+        except FileNotFoundError:
+            raise InvalidRequestError(
+                "dataset_uri", src_root, "dataset not found (no such folder or object)"
+            ) from None
+        if not listing:  # nothing would be placed, yet the replica would be recorded complete
+            raise InvalidRequestError("dataset_uri", src_root, empty_dataset_reason(src_root))
+        return manifest, listing
+
+    source()  # a bad source fails now, not after waiting for another copy's lease
     with contextlib.ExitStack() as locks:
         held = locks.enter_context(lease(f"replica:{dst_root}")) if lease is not None else None
         locks.enter_context(_replica_lock(dst_root))
+        # Read again under the lease: while this copy waited, the source may have been sealed
+        # anew and another copy may have placed that version.
+        src_manifest, src_listing = source()
         _remove_temporaries(dst_root)
         return _copy_locked(
             src_root,

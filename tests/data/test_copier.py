@@ -316,3 +316,25 @@ def test_a_failed_refresh_of_a_replica_is_forgotten_by_the_ledger_until_a_copy_c
     stages.replicate_dataset(copy, ctx=ctx)  # the next copy completes it: listed again
     assert ctx.ledger.replicas([demo_dataset]) == {demo_dataset: ("europe-west4",)}
     assert read_manifest(dst).files == read_manifest(src).files
+
+
+def test_a_copy_that_waited_for_the_lease_copies_the_source_as_it_is_then(src, tmp_path):
+    """While this copy waited for the replica's lease, the source was sealed anew and another copy
+    placed that version: this one finds the replica complete, instead of judging it by the
+    manifest it read before waiting (it would invalidate the good replica and fail)."""
+    import contextlib
+
+    dst = f"file://{tmp_path}/dst"
+    copy_dataset(src, dst)
+
+    @contextlib.contextmanager
+    def lease_after_another_copy(name):
+        storage.write_bytes(f"{src}/a.txt", b"beta" * 1000)  # the owner's new version
+        seal(src)
+        copy_dataset(src, dst)  # the copy that held the lease meanwhile
+        yield None
+
+    result = copy_dataset(src, dst, lease=lease_after_another_copy)
+    assert result.bytes_copied == 0
+    assert read_manifest(dst).files == read_manifest(src).files
+    verify(dst, read_manifest(dst))
