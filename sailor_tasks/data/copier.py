@@ -450,7 +450,14 @@ def _copy_locked(
 ) -> CopyResult:
     files = sorted((rel, int(info["size"])) for rel, info in src_listing.items())
     total = sum(size for _, size in files)
-    existing = read_manifest(dst_root)
+    try:
+        existing = read_manifest(dst_root)
+    except DataIntegrityError as exc:  # the replica's own manifest is damaged: copied again
+        logger.warning("%s; copying the replica again", exc)
+        if on_invalidate is not None:
+            on_invalidate()
+        storage.remove(manifest_uri(dst_root))
+        existing = None
     try:
         dst_files = _listing(dst_root)
     except FileNotFoundError:

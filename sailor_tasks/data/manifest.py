@@ -17,11 +17,21 @@ def manifest_uri(dataset_root: str) -> str:
 
 
 def read_manifest(dataset_root: str) -> DatasetManifest | None:
-    """The manifest of a complete copy at ``dataset_root``, or None when the copy is incomplete."""
+    """The manifest of a complete copy at ``dataset_root``, or None when the copy is incomplete.
+
+    Raises:
+        DataIntegrityError: the manifest is there but is no SAILOR manifest (cut short, edited,
+            written by something else), naming its URI.
+    """
     uri = manifest_uri(dataset_root)
     if not storage.exists(uri):
         return None
-    return DatasetManifest.from_json(storage.read_json(uri))
+    try:
+        return DatasetManifest.from_json(storage.read_json(uri))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise DataIntegrityError(
+            uri, "a SAILOR dataset manifest", f"{type(exc).__name__}: {exc}"[:300], what="unreadable manifest"
+        ) from exc
 
 
 def sha256_of(uri: str) -> tuple[str, int]:

@@ -338,3 +338,17 @@ def test_a_copy_that_waited_for_the_lease_copies_the_source_as_it_is_then(src, t
     assert result.bytes_copied == 0
     assert read_manifest(dst).files == read_manifest(src).files
     verify(dst, read_manifest(dst))
+
+
+def test_an_unreadable_source_manifest_is_named_and_a_damaged_replica_manifest_is_copied_again(src, tmp_path):
+    dst = f"file://{tmp_path}/dst"
+    copy_dataset(src, dst)
+    storage.write_bytes(f"{dst}/{MANIFEST_NAME}", b'{"dataset_uri": "x", "files": [')  # cut short
+    assert copy_dataset(src, dst).bytes_copied == 0  # its files were sound: checked, not re-sent
+    verify(dst, read_manifest(dst))
+
+    manifest = storage.read_json(f"{src}/{MANIFEST_NAME}")
+    manifest["files"][0]["md5"] = "00"  # a field SAILOR does not write
+    storage.write_json(f"{src}/{MANIFEST_NAME}", manifest)
+    with pytest.raises(DataIntegrityError, match=f"unreadable manifest for {src}/{MANIFEST_NAME}"):
+        copy_dataset(src, f"file://{tmp_path}/other")
