@@ -448,6 +448,18 @@ def _copy_locked(
     on_invalidate: Callable[[], None] | None = None,
     on_complete: Callable[[DatasetManifest], None] | None = None,
 ) -> CopyResult:
+    if src_manifest is not None:
+        # A sealed source is the files its manifest lists: others (added after sealing) are not
+        # part of that version, and copying them would make the replica differ from it for ever.
+        listed = {e.path for e in src_manifest.files}
+        if extra := sorted(set(src_listing) - listed):
+            logger.warning(
+                "%s holds %d file(s) its manifest does not list (%s): not copied; seal it again to include them",
+                src_root,
+                len(extra),
+                ", ".join(extra[:5]),
+            )
+        src_listing = {rel: info for rel, info in src_listing.items() if rel in listed}
     files = sorted((rel, int(info["size"])) for rel, info in src_listing.items())
     total = sum(size for _, size in files)
     try:

@@ -352,3 +352,14 @@ def test_an_unreadable_source_manifest_is_named_and_a_damaged_replica_manifest_i
     storage.write_json(f"{src}/{MANIFEST_NAME}", manifest)
     with pytest.raises(DataIntegrityError, match=f"unreadable manifest for {src}/{MANIFEST_NAME}"):
         copy_dataset(src, f"file://{tmp_path}/other")
+
+
+def test_files_a_sealed_source_does_not_list_are_not_copied(src, tmp_path):
+    """Files added to a sealed source after sealing are not part of that version: copied, the
+    replica would never equal the source's manifest and every copy would redo it."""
+    storage.write_bytes(f"{src}/later.txt", b"l" * 500)
+    dst = f"file://{tmp_path}/dst"
+    first = copy_dataset(src, dst)
+    assert [e.path for e in first.manifest.files] == ["a.txt", "sub/b.bin"]
+    assert not storage.exists(f"{dst}/later.txt")
+    assert copy_dataset(src, dst).bytes_copied == 0  # complete: nothing invalidated or copied again
