@@ -346,6 +346,12 @@ def copy_dataset(
         )
 
 
+def _parents(rel: str) -> list[str]:
+    """The folders a relative path lies in: ``a/b/c`` → ``a``, ``a/b``."""
+    parts = rel.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
 def _same_files(a: DatasetManifest, b: DatasetManifest) -> bool:
     """Whether two manifests list the same files with the same bytes (crc32c compared where both
     record it)."""
@@ -531,6 +537,19 @@ def _copy_locked(
         )
 
     dst_listing = dst_files if expected or known else {}
+    # A path that is a file on one side and a folder on the other (the source's "a" became
+    # "a/part", or the reverse): the replica's goes first, or the source's could never be written.
+    src_dirs = {d for rel in src_listing for d in _parents(rel)}
+    dst_dirs = {d for rel in dst_files for d in _parents(rel)}
+    for rel in sorted(set(dst_files) & src_dirs):
+        logger.info("removing %s from %s: a folder in the source", rel, dst_root)
+        storage.remove(storage.join(dst_root, rel))
+        del dst_files[rel]
+    for folder in sorted(dst_dirs & set(src_listing)):
+        logger.info("removing folder %s from %s: a file in the source", folder, dst_root)
+        storage.remove(storage.join(dst_root, folder), recursive=True)
+        for rel in [r for r in dst_files if r.startswith(f"{folder}/")]:
+            del dst_files[rel]
 
     entries: dict[str, ManifestEntry] = dict(unchanged)
     copied, skipped = 0, sum(e.size for e in unchanged.values())

@@ -363,3 +363,19 @@ def test_files_a_sealed_source_does_not_list_are_not_copied(src, tmp_path):
     assert [e.path for e in first.manifest.files] == ["a.txt", "sub/b.bin"]
     assert not storage.exists(f"{dst}/later.txt")
     assert copy_dataset(src, dst).bytes_copied == 0  # complete: nothing invalidated or copied again
+
+
+@pytest.mark.parametrize(("before", "after"), [("a", "a/part"), ("a/part", "a")])
+def test_a_path_that_turned_from_file_to_folder_or_back_is_copied(tmp_path, before, after):
+    """The source's "a" became a folder "a/part" (or the reverse): the replica's old path is in the
+    way of the new one, and goes before it is written (else every retry failed)."""
+    src, dst = f"file://{tmp_path}/src", f"file://{tmp_path}/dst"
+    storage.write_bytes(f"{src}/keep.txt", b"k" * 100)
+    storage.write_bytes(f"{src}/{before}", b"old" * 100)
+    copy_dataset(src, dst)
+    storage.remove(f"{src}/a", recursive=True)
+    storage.write_bytes(f"{src}/{after}", b"new" * 100)
+    copy_dataset(src, dst)
+    assert [e.path for e in read_manifest(dst).files] == sorted([after, "keep.txt"])
+    assert storage.read_bytes(f"{dst}/{after}") == b"new" * 100
+    verify(dst, read_manifest(dst))
