@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import fsspec
-from fsspec.core import url_to_fs
+from fsspec.core import strip_protocol, url_to_fs
 
 from sailor_tasks import gcp_auth
 from sailor_tasks.settings import Settings
@@ -84,8 +84,14 @@ def join(uri: str, *parts: str) -> str:
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(filesystem, path) for a concrete URI; local writes create parent folders."""
-    return url_to_fs(uri, **fs_options(scheme_of(uri) or "file"))
+    """(filesystem, path) for a concrete URI; local writes create parent folders.
+
+    On ``gs://`` the path is the object's name as written: ``url_to_fs`` would read a name
+    ending in ``#<digits>`` (or holding ``?generation=<digits>``) as an object version."""
+    scheme = scheme_of(uri) or "file"
+    if scheme == "gs":
+        return fsspec.filesystem("gs", **fs_options(scheme)), strip_protocol(uri)
+    return url_to_fs(uri, **fs_options(scheme))
 
 
 def exists(uri: str) -> bool:

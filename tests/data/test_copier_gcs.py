@@ -290,3 +290,16 @@ def test_a_folder_placeholder_in_a_gcs_dataset_is_no_file(gcs, tmp_path):
     east = f"{gcs()}/datasets/e"
     assert [e.path for e in copy_dataset(src, east).manifest.files] == files
     verify(east, read_manifest(east))
+
+
+def test_an_object_name_ending_in_hash_digits_is_a_name_not_a_version(gcs, tmp_path):
+    """gcsfs reads "name#123" in a URL as generation 123 of "name": SAILOR's paths are names."""
+    src = f"file://{tmp_path}/src"
+    storage.write_bytes(f"{src}/chapter#2", b"second" * 10)
+    storage.write_bytes(f"{src}/chapter", b"first" * 10)
+    dst = f"{gcs()}/datasets/d"
+    copy_dataset(src, dst)
+    fs, root = storage.filesystem(dst)
+    assert sorted(p[len(root) + 1 :] for p in fs.find(root)) == [MANIFEST_NAME, "chapter", "chapter#2"]
+    assert storage.read_bytes(f"{dst}/chapter#2") == b"second" * 10
+    verify(dst, read_manifest(dst))
