@@ -74,18 +74,26 @@ class CopyResult:
 
 def _listing(root: str) -> dict[str, dict]:
     """relative path → fsspec info (size; on GCS also crc32c, md5Hash) of every file under ``root``
-    except the manifest and folder placeholders, from one recursive listing. Raises
-    FileNotFoundError when ``root`` is absent."""
+    except the manifest and folder placeholders, from one recursive listing.
+
+    Raises:
+        FileNotFoundError: ``root`` is absent.
+        InvalidRequestError: ``root`` holds symbolic links (named).
+    """
     fs, base = storage.filesystem(root)
     if not fs.exists(base):
         raise FileNotFoundError(root)
     found = fs.find(base, detail=True)
     base = base.rstrip("/")
     out = {}
+    links = []
     for path, info in found.items():
         rel = path[len(base) :].lstrip("/") if path.startswith(base) else path
         if rel.endswith("/") or info.get("name", path).endswith("/"):
             continue  # a folder placeholder (a zero-byte object "sub/" the Cloud Console makes)
+        if info.get("islink"):
+            links.append(rel)
+            continue
         if (
             rel
             and rel != MANIFEST_NAME
@@ -93,6 +101,14 @@ def _listing(root: str) -> dict[str, dict]:
             and not storage.is_temporary(rel)
         ):
             out[rel] = info
+    if links:
+        # Never followed (a link could lead out of the dataset), and never silently dropped.
+        raise InvalidRequestError(
+            "dataset_uri",
+            root,
+            f"holds {len(links)} symbolic link(s) ({', '.join(sorted(links)[:5])}): SAILOR copies files, "
+            "not links; give a folder of the files themselves",
+        )
     return out
 
 

@@ -379,3 +379,23 @@ def test_a_path_that_turned_from_file_to_folder_or_back_is_copied(tmp_path, befo
     assert [e.path for e in read_manifest(dst).files] == sorted([after, "keep.txt"])
     assert storage.read_bytes(f"{dst}/{after}") == b"new" * 100
     verify(dst, read_manifest(dst))
+
+
+def test_a_dataset_holding_symbolic_links_is_refused_naming_them(tmp_path):
+    """Links are never followed (one could lead out of the dataset), and never silently dropped:
+    a folder of links (a Hugging Face snapshot) was refused as "no files", a mix copied partly."""
+    from sailor_tasks.data.copier import list_files
+    from sailor_tasks.errors import InvalidRequestError
+
+    root = tmp_path / "src"
+    (root / "blobs").mkdir(parents=True)
+    (root / "blobs" / "x").write_bytes(b"x" * 100)
+    (root / "real.txt").write_bytes(b"r" * 100)
+    (root / "train.txt").symlink_to("blobs/x")
+    for call in (
+        lambda: list_files(f"file://{root}"),
+        lambda: copy_dataset(f"file://{root}", f"file://{tmp_path}/d"),
+    ):
+        with pytest.raises(InvalidRequestError, match=r"holds 1 symbolic link\(s\) \(train.txt\)"):
+            call()
+    assert not os.path.exists(tmp_path / "d")
