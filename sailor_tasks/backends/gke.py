@@ -395,9 +395,10 @@ NOTICE_PATH = f"{NOTICE_DIR}/notice.json"
 """``SAILOR_NOTICE_FILE`` inside a training pod."""
 COLLECTIVE_TIMEOUT_S = 300
 """``SAILOR_COLLECTIVE_TIMEOUT_S``: how long a collective may wait for a peer before it fails (the
-timeout of every process group the built-in trainer and ``Run.init_distributed`` make). Short next to torch's 30 min, so the peers of a node
-that died give up by themselves too (SAILOR already ends the attempt as soon as any pod ends);
-long enough for a checkpoint save behind a barrier."""
+timeout of every process group the built-in trainer and ``Run.init_distributed`` make). Short
+next to torch's 30 min, so the peers of a node that died give up by themselves too (SAILOR
+already ends the attempt as soon as any pod ends); long enough for a checkpoint save behind a
+barrier."""
 
 
 def train_command(
