@@ -7,10 +7,11 @@ candidate: expected hours, price, the catalog's preemption rate of that zone), t
 the hours since the run was submitted. Before the first placement nothing has run (elapsed 0);
 after a preemption, ``stages.attempts`` passes the elapsed hours and the checkpointed step.
 
-Simplifications (documented, conservative for the deadline): launches are taken as one
-``RESTART_HOURS`` each (data transfer hours are left to the placement's own preferences), and a
-preemption is taken to lose half a checkpoint interval (the trainer saves on the notice, but an
-unnoticed kill loses that much on average).
+A launch on a market takes one ``RESTART_HOURS`` plus the data transfer its best candidate needs
+(dataset and checkpoint copies into that region), as the planner's deadline rule counts them: a
+market the strategy picks is one the planner can place before the deadline. A preemption is taken
+to lose half a checkpoint interval (the trainer saves on the notice, but an unnoticed kill loses
+that much on average).
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def launch_context(
         remaining_h=hours,
         deadline_h=req.deadline_hours,
         requested_market=req.market,
-        spot_launch_h=RESTART_HOURS if spot else math.inf,
-        on_demand_launch_h=RESTART_HOURS if od else math.inf,
+        spot_launch_h=RESTART_HOURS + spot["data_hours"] if spot else math.inf,
+        on_demand_launch_h=RESTART_HOURS + od["data_hours"] if od else math.inf,
         spot_usd_per_hour=spot["usd_per_hour"] if spot else 0.0,
         on_demand_usd_per_hour=od["usd_per_hour"] if od else 0.0,
         preemption_rate_per_hour=rate,

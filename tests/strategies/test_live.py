@@ -66,3 +66,37 @@ def test_a_market_without_feasible_offers_falls_back_to_the_other(catalog):
     # below every on-demand price but above spot leaves only spot.
     d = decide_market(request(max_usd_per_hour=2.0, deadline_hours=1.0), catalog, ClusterState())
     assert d.market == "spot" and "no feasible on_demand offer" in d.reason
+
+
+def test_a_launch_counts_the_data_copy_the_planner_counts():
+    """The dataset must be copied into the only region the run allows: the copy takes most of the
+    time before the deadline. The strategy's spot slack counts it, as the planner's deadline rule
+    does, so the market it picks is one the planner can place (spot had looked 1.6 h slack and
+    then been refused by the deadline, a permanent failure on a first launch)."""
+    import dataclasses
+
+    from sailor_tasks.catalog.offers import Catalog
+    from sailor_tasks.model import Offer
+    from sailor_tasks.placement import plan
+    from sailor_tasks.placement.context import RESTART_HOURS
+
+    def offer(zone):
+        return Offer("gcp", zone.rsplit("-", 1)[0], zone, "V100", 1, "vm-v100-1", 2.0, 0.6, False, None, 0.2)
+
+    catalog = Catalog((offer("europe-west4-a"), offer("us-east1-b")))
+    uri = "sailor://us-east1/d"
+    req = JobRequest(
+        job_name="j", team="t", dataset_uri=uri, model="gpt_25m", num_workers=1, total_steps=20_000,
+        checkpoint_every_steps=500, regions=("europe-west4",),
+    )  # fmt: skip
+    one_gb = launch_context(req, catalog, ClusterState(dataset_bytes={uri: 10**9}))[1]["spot"]
+    hours, per_gb = one_gb["expected_hours"], one_gb["data_hours"]
+    deadline = 2 * hours + 1.1  # on-demand fits with 1.6 h of copying, spot's expected losses do not
+    state = ClusterState(dataset_bytes={uri: int((deadline - hours - 0.11) / per_gb * 1e9)})
+    req = dataclasses.replace(req, deadline_hours=deadline)
+    ctx, est = launch_context(req, catalog, state)
+    assert est["spot"]["data_hours"] > 1
+    assert ctx.spot_launch_h == pytest.approx(RESTART_HOURS + est["spot"]["data_hours"])
+    decision = decide_market(req, catalog, state)
+    placed = plan(dataclasses.replace(req, market=decision.market), catalog, state, "r")
+    assert placed.market == decision.market == "on_demand"
