@@ -553,7 +553,10 @@ def price_cap_error(request: JobRequest, catalog: Catalog, ctx: RequestContext |
     if ctx is None:
         return None
     index = ctx.index
-    fail = first_failure(ctx, ignore=frozenset({PRICE_CAP, CAPACITY, BLOCKED_ZONE}))
+    # market=auto: the run's strategy picks the market before it is placed, so either market's row
+    # of an offer may be the one under the cap (as deadline_error).
+    ignore = {PRICE_CAP, CAPACITY, BLOCKED_ZONE} | ({MARKET} if request.market == "auto" else set())
+    fail = first_failure(ctx, ignore=frozenset(ignore))
     ok = np.flatnonzero(fail < 0)
     # Only offers whose zone can hold the run at all: raising the cap to one that never fits
     # would not help (``never_feasible_error`` says so instead).

@@ -100,3 +100,30 @@ def test_a_launch_counts_the_data_copy_the_planner_counts():
     decision = decide_market(req, catalog, state)
     placed = plan(dataclasses.replace(req, market=decision.market), catalog, state, "r")
     assert placed.market == decision.market == "on_demand"
+
+
+def test_validate_accepts_an_auto_run_whose_spot_row_is_under_the_cap():
+    """On-demand $1.20, spot $1.00 (often preempted), cap $1.10, market auto: the run's strategy
+    picks spot and the planner places it; validate must not refuse it for the on-demand price."""
+    import dataclasses
+
+    from sailor_tasks.catalog.offers import Catalog
+    from sailor_tasks.model import Offer
+    from sailor_tasks.placement import catalog_errors, plan
+
+    catalog = Catalog(
+        (Offer("gcp", "us-east1", "us-east1-b", "V100", 1, "vm-v100-1", 1.2, 1.0, False, None, 2.0),)
+    )
+    req = JobRequest(
+        job_name="j", team="t", dataset_uri="sailor://source/d", model="gpt_25m", num_workers=1,
+        total_steps=20_000, checkpoint_every_steps=500, max_usd_per_hour=1.1,
+    )  # fmt: skip
+    assert catalog_errors(req, catalog) == []
+    decision = decide_market(req, catalog, ClusterState())
+    assert decision.market == "spot"
+    assert (
+        plan(dataclasses.replace(req, market=decision.market), catalog, ClusterState(), "r").usd_per_hour
+        == 1.0
+    )
+    over = dataclasses.replace(req, max_usd_per_hour=0.9)  # under both rows: still refused
+    assert [e.field for e in catalog_errors(over, catalog)] == ["max_usd_per_hour"]
