@@ -104,29 +104,34 @@ def recover(
         constraint.reason,
         ", ".join(sorted(blocked)) or "none",
     )
-    try:
-        placed = prepare.plan(
-            to_dict(plan_req),
-            run_id,
-            ctx,
-            blocked_zones=blocked,
-            attempt=attempt,
-            checkpoint=checkpoint,
-            **progress,
-        )
-    except NoFeasibleOfferError:
-        if blocked <= {lost.zone}:
-            raise
-        logger.warning("no offer outside %d blocked zones; blocking only %s", len(blocked), lost.zone)
-        placed = prepare.plan(
-            to_dict(plan_req),
-            run_id,
-            ctx,
-            blocked_zones=frozenset({lost.zone}),
-            attempt=attempt,
-            checkpoint=checkpoint,
-            **progress,
-        )
+    # Blocked zones are a preference: with no offer outside them, only the lost zone is avoided;
+    # with none outside that either (every offer the request allows is there), the run resumes
+    # there, once it has capacity again, rather than fail for good.
+    tries = [blocked]
+    if not blocked <= {lost.zone}:
+        tries.append(frozenset({lost.zone}))
+    if blocked:
+        tries.append(frozenset())
+    for k, zones in enumerate(tries):
+        try:
+            placed = prepare.plan(
+                to_dict(plan_req),
+                run_id,
+                ctx,
+                blocked_zones=zones,
+                attempt=attempt,
+                checkpoint=checkpoint,
+                **progress,
+            )
+            break
+        except NoFeasibleOfferError:
+            if k == len(tries) - 1:
+                raise
+            logger.warning(
+                "no offer outside the blocked zones %s; %s",
+                ", ".join(sorted(zones)),
+                f"blocking only {lost.zone}" if tries[k + 1] else f"resuming in {lost.zone}",
+            )
     pl = from_dict(Placement, placed)
     if pl.region != lost.region:
         data = prepare.place_data(to_dict(req), placed, run_id, ctx)

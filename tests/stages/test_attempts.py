@@ -130,3 +130,15 @@ def test_a_preemption_whose_row_was_never_recorded_does_not_stop_the_recovery(ct
     assert summary["steps"] == 20
     assert [a["outcome"] for a in ctx.ledger.attempts("lost-row")] == ["preempted", "completed"]
     assert ctx.ledger.preemptions("lost-row") == []
+
+
+def test_a_run_allowed_in_one_zone_resumes_there_after_a_preemption(settings, ctx, demo_dataset):
+    """The request allows one region whose only zone has its GPU type: the recovery's blocked zone
+    leaves no offer, so the run resumes in the zone it lost (once it has capacity) instead of
+    failing for good."""
+    params = {**BASE, "dataset_uri": demo_dataset, "regions": ["asia-east1"], "gpu_type": "V100"}
+    summary = run_inline({**params, "inject_preemptions": [12]}, "one-zone", ctx)
+    assert summary["steps"] == 30 and summary["zone"] == "asia-east1-c"
+    attempts = Ledger(settings.ledger_url).attempts("one-zone")
+    assert [a["outcome"] for a in attempts] == ["preempted", "completed"]
+    assert {a["zone"] for a in attempts} == {"asia-east1-c"}
