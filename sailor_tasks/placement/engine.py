@@ -218,16 +218,20 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
     if never.size:  # waiting cannot help: no zone of these offers ever holds the run
         i = int(never[np.argmax(idx.g_capacity[ctx.c.group[never]])])
         hints.append(
-            f"{request.num_gpus} GPUs are more than any zone has: the largest, {idx.zones[ctx.c.zone[i]]}, has "
+            f"{request.num_gpus} GPUs are more than any zone has (of the offers within the request's other "
+            f"limits): the largest, {idx.zones[ctx.c.zone[i]]}, has "
             f"{int(idx.g_capacity[ctx.c.group[i]])} {idx.gpu_types[ctx.c.gpu[i]]} in all; ask for fewer GPUs"
         )
-    over_cap = np.flatnonzero(ev.fail == PRICE_CAP)
+    # Hints name only offers whose zone can hold the run at all: raising the cap or the deadline
+    # to one that never fits would not help.
+    holds = idx.g_capacity[ctx.c.group] >= ctx.num_gpus
+    over_cap = np.flatnonzero((ev.fail == PRICE_CAP) & holds)
     if over_cap.size:
         i = int(over_cap[np.argmin(ctx.usd_per_hour[over_cap])])
         hints.append(
             f"cheapest offer: {_describe(ev, i)}; raise max_usd_per_hour to at least {ctx.usd_per_hour[i]:.2f}"
         )
-    too_slow = np.flatnonzero(ev.fail == DEADLINE)
+    too_slow = np.flatnonzero((ev.fail == DEADLINE) & holds)
     if request.max_usd_per_hour is not None:  # raising the deadline alone must be enough
         too_slow = too_slow[ctx.usd_per_hour[too_slow] <= request.max_usd_per_hour + PRICE_EPSILON_USD]
     if too_slow.size:

@@ -65,6 +65,19 @@ def test_capacity_taken_everywhere_is_a_transient_capacity_error():
     assert err.value.retryable
 
 
+def test_a_price_cap_hint_names_an_offer_whose_zone_can_hold_the_run():
+    """The cheapest spot zone has only 2 GPUs: a 4-GPU run can never go there, so the hint names
+    the zone that can hold it, and plan and validate name the same price."""
+    from sailor_tasks.placement import catalog_errors
+
+    cat = Catalog((offer("us-east1-b", spot=0.3, cap=2), offer("us-east1-c", spot=0.5)))
+    r = req(num_workers=4, market="spot", max_usd_per_hour=1.0)
+    with pytest.raises(NoFeasibleOfferError, match=r"cheapest offer: us-east1-c .* at least 2\.00$"):
+        plan(r, cat, ClusterState(), "r")
+    assert [str(e).rsplit(" ", 1)[-1] for e in catalog_errors(r, cat)] == ["2.00"]
+    assert plan(dataclasses.replace(r, max_usd_per_hour=2.0), cat, ClusterState(), "r").zone == "us-east1-c"
+
+
 def test_price_cap_validator():
     cat = Catalog((offer("us-east1-b", spot=0.6), offer("us-east1-c", gpu="T4", spot=0.2, od=0.4)))
     r = req(max_usd_per_hour=0.3, market="spot")

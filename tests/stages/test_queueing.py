@@ -147,7 +147,7 @@ def test_a_run_larger_than_any_zone_fails_at_once_and_holds_back_nobody(tight, d
     from sailor_tasks.request import from_params
 
     ctx = tight
-    too_big = rf"4 GPUs are more than any zone has: .*{ZONE}, has 2 T4"
+    too_big = rf"4 GPUs are more than any zone has.*: the largest, {ZONE}, has 2 T4"
     with pytest.raises(InvalidRequestErrors, match=rf"num_workers=4: .*{too_big}"):
         submit(ctx, "big", demo_dataset, num_workers=4)
     assert ctx.ledger.get_run("big")["status"] == "rejected"
