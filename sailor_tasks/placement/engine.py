@@ -215,6 +215,17 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
             [f"best blocked offer {_describe(ev, int(i))}: {free} GPUs free in {idx.zones[ctx.c.zone[i]]}"],
         )
     hints = []
+    if idx.num_candidates == 0:
+        hints.append("the catalog has no offers")
+    elif ctx.n == 0 and counts.get("gpu_count"):  # every VM shape of the GPU type divides it badly
+        shapes: dict[str, set[int]] = {}
+        for o in idx.offers:
+            if request.gpu_type in (ANY_GPU, o.gpu_type):
+                shapes.setdefault(o.gpu_type, set()).add(o.gpus_per_node)
+        hints.append(
+            "the GPUs must be a whole number of VMs; GPUs per VM: "
+            + ", ".join(f"{g} {'/'.join(map(str, sorted(n)))}" for g, n in sorted(shapes.items()))
+        )
     if never.size:  # waiting cannot help: no zone of these offers ever holds the run
         i = int(never[np.argmax(idx.g_capacity[ctx.c.group[never]])])
         hints.append(

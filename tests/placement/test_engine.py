@@ -78,6 +78,14 @@ def test_a_price_cap_hint_names_an_offer_whose_zone_can_hold_the_run():
     assert plan(dataclasses.replace(r, max_usd_per_hour=2.0), cat, ClusterState(), "r").zone == "us-east1-c"
 
 
+def test_a_gpu_count_no_vm_shape_divides_names_the_shapes_and_an_empty_catalog_says_so():
+    cat = Catalog((offer("us-east1-b", gpu="H100", per_node=8, od=80, spot=30),))
+    with pytest.raises(NoFeasibleOfferError, match="whole number of VMs; GPUs per VM: H100 8$"):
+        plan(req(num_workers=4), cat, ClusterState(), "r")
+    with pytest.raises(NoFeasibleOfferError, match="the catalog has no offers"):
+        plan(req(), Catalog(()), ClusterState(), "r")
+
+
 def test_price_cap_validator():
     cat = Catalog((offer("us-east1-b", spot=0.6), offer("us-east1-c", gpu="T4", spot=0.2, od=0.4)))
     r = req(max_usd_per_hour=0.3, market="spot")
