@@ -15,29 +15,37 @@ from sailor_tasks.train.checkpoint.store import CheckpointStore
 TRAIN_STAGE = importlib.import_module("sailor_tasks.stages.train")  # ``stages.train`` is the function
 
 
-def test_a_retried_finish_of_one_attempt_records_its_utilization_once(ctx, demo_dataset, monkeypatch):
-    run_id = "manual__retried"
-    params = {"dataset_uri": demo_dataset, "num_workers": 2, "total_steps": 20, "checkpoint_every_steps": 10}
+def _launched(ctx, run_id: str, dataset: str, workers: int):
+    """(request, placement, data, attempt) of a run validated, planned, placed and launched."""
+    params = {"dataset_uri": dataset, "num_workers": workers, "total_steps": 20, "checkpoint_every_steps": 10}
     req = stages.validate(params, run_id, ctx)
     pl = stages.plan(req, run_id, ctx)
     data = stages.place_data(req, pl, run_id, ctx)
-    att = TRAIN_STAGE.launch_train(req, pl, data, run_id, ctx, try_number=1)
-    storage.write_json(  # what the workers leave behind once training completed
-        att.config.result_uri,
-        {
-            "run_id": run_id,
-            "status": "completed",
-            "step": 20,
-            "total_steps": 20,
-            "resumed_from_step": None,
-            "initial_loss": 5.0,
-            "final_loss": 2.0,
-            "checkpoint_uri": None,
-            "samples_per_s": 1.0,
-            "wall_s": 1.0,
-            "world_size": 2,
-        },
-    )
+    return req, pl, data, TRAIN_STAGE.launch_train(req, pl, data, run_id, ctx, try_number=1)
+
+
+def _completed(run_id: str, workers: int, checkpoint_uri: str | None = None) -> dict:
+    """The result the built-in trainer writes once training completed (20 steps)."""
+    return {
+        "run_id": run_id,
+        "status": "completed",
+        "step": 20,
+        "total_steps": 20,
+        "resumed_from_step": None,
+        "initial_loss": 5.0,
+        "final_loss": 2.0,
+        "checkpoint_uri": checkpoint_uri,
+        **({"checkpoint_step": 20} if checkpoint_uri else {}),
+        "samples_per_s": 1.0,
+        "wall_s": 1.0,
+        "world_size": workers,
+    }
+
+
+def test_a_retried_finish_of_one_attempt_records_its_utilization_once(ctx, demo_dataset, monkeypatch):
+    run_id = "manual__retried"
+    req, pl, data, att = _launched(ctx, run_id, demo_dataset, workers=2)
+    storage.write_json(att.config.result_uri, _completed(run_id, 2))  # what the workers leave behind
     seal = CheckpointStore.seal
     failures = [OSError("503 Service Unavailable")]
 
@@ -65,26 +73,8 @@ def test_a_try_that_died_after_its_attempt_completed_leaves_the_runs_results_to_
     ctx, demo_dataset, monkeypatch
 ):
     run_id = "manual__died-after"
-    params = {"dataset_uri": demo_dataset, "num_workers": 1, "total_steps": 20, "checkpoint_every_steps": 10}
-    req = stages.validate(params, run_id, ctx)
-    pl = stages.plan(req, run_id, ctx)
-    data = stages.place_data(req, pl, run_id, ctx)
-    att = TRAIN_STAGE.launch_train(req, pl, data, run_id, ctx, try_number=1)
-    result = {
-        "run_id": run_id,
-        "status": "completed",
-        "step": 20,
-        "total_steps": 20,
-        "resumed_from_step": None,
-        "initial_loss": 5.0,
-        "final_loss": 2.0,
-        "checkpoint_uri": "file:///ckpt/step-20",
-        "checkpoint_step": 20,
-        "samples_per_s": 1.0,
-        "wall_s": 1.0,
-        "world_size": 1,
-    }
-    storage.write_json(att.config.result_uri, result)
+    req, pl, data, att = _launched(ctx, run_id, demo_dataset, workers=1)
+    storage.write_json(att.config.result_uri, _completed(run_id, 1, "file:///ckpt/step-20"))
     record = ctx.ledger.record_checkpoint
 
     def worker_lost(*args, **kwargs):  # the try dies right after the attempt was ended
