@@ -33,6 +33,8 @@ from sailor_tasks.train.progress import read_progress
 
 POLL_S = 0.02
 """How often the injector reads the trainer's progress file (a step of tiny_gpt takes ~10 ms+)."""
+WORKER_LIST_S = 0.25
+"""How often the injector lists torchrun's workers (to stop injecting once one has exited)."""
 _STOPPED: set[str] = set()
 """Run keys whose launches this process stopped for good (``stop_launching``)."""
 LOG_TAIL_LINES = 40
@@ -300,9 +302,12 @@ class LocalBackend:
         except psutil.NoSuchProcess:
             return None
         workers: dict[int, psutil.Process] = {}
+        listed = 0.0
         while proc.poll() is None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                workers.update((w.pid, w) for w in agent.children())
+            if time.monotonic() - listed >= WORKER_LIST_S:  # a scan of every process: not each poll
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    workers.update((w.pid, w) for w in agent.children())
+                listed = time.monotonic()
             if any(_exited(w) for w in workers.values()):
                 logger.info("a worker exited: training is ending, no preemption is injected")
                 return None
