@@ -27,6 +27,14 @@ PROBE = textwrap.dedent(
     names = [n for n in env if n.startswith("SAILOR_") or n in ("RANK", "WORLD_SIZE", "PROBE_DIR")]
     with open(os.path.join(env["PROBE_DIR"], f"env-{attempt}-{rank}.json"), "w") as f:
         json.dump({n: env[n] for n in names}, f)
+    # Training starts once every rank is up (its SIGTERM handler set), as a first collective would
+    # make it: a notice at step 2 must not find a rank still starting on a slow machine.
+    started = time.time()
+    while not all(
+        os.path.exists(os.path.join(env["PROBE_DIR"], f"env-{attempt}-{r}.json"))
+        for r in range(int(env["WORLD_SIZE"]))
+    ) and time.time() - started < 60:
+        time.sleep(0.02)
     if env.get("PROBE_EXIT"):
         if env.get("PROBE_NOISE"):  # bytes that are not UTF-8, then more than a pipe holds
             sys.stdout.buffer.write(b"latin-1 label: caf\\xe9\\n")
