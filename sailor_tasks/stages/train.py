@@ -127,10 +127,8 @@ def stop_unstartable(run_id: str, pod: str, message: str, ctx: StageContext | No
     """
     from sailor_tasks.errors import PodUnstartableError
 
-    ctx = resolve_ctx(ctx)
-    stopped = _backend_of(ctx, run_id).cancel(run_key(run_id))
-    logger.error("run %s: pod %s cannot start (%s); stopped %d pod(s)", run_id, pod, message, stopped)
-    end_orphaned_attempt(ctx, run_id, f"pod {pod} cannot start: {message}"[:2000])
+    logger.error("run %s: pod %s cannot start (%s); stopping its pods", run_id, pod, message)
+    stop_training(run_id, ctx, cancelled=False, failed_because=f"pod {pod} cannot start: {message}"[:2000])
     raise PodUnstartableError(run_id, pod, message)
 
 
@@ -244,7 +242,13 @@ def _backend_of(ctx: StageContext, run_id: str) -> Any:
     return get_backend(run["backend"] if run and run["backend"] in BACKENDS else "local", ctx.settings)
 
 
-def stop_training(run_id: str, ctx: StageContext | None = None, *, cancelled: bool = True) -> int:
+def stop_training(
+    run_id: str,
+    ctx: StageContext | None = None,
+    *,
+    cancelled: bool = True,
+    failed_because: str = "its reservation was lost while it ran (reclaimed or released)",
+) -> int:
     """Stop everything the run's training started: every worker process (local) or every pod still
     running (gke). Called when the train task is killed (a run marked failed: ``sailor cancel``),
     from the operator or, while it is deferred, its trigger, and when the run lost its
@@ -253,7 +257,7 @@ def stop_training(run_id: str, ctx: StageContext | None = None, *, cancelled: bo
 
     A backend whose attempts run detached from the task (gke) has no task left to end the running
     attempt: it ends here, as ``cancelled`` (and the run with it) or, with ``cancelled`` False,
-    as ``failed``. A local attempt's own task ends it from what its workers report."""
+    as ``failed`` (``failed_because``). A local attempt's own task ends it from what its workers report."""
     ctx = resolve_ctx(ctx)
     backend = _backend_of(ctx, run_id)
     stopped = backend.cancel(run_key(run_id))
@@ -262,7 +266,7 @@ def stop_training(run_id: str, ctx: StageContext | None = None, *, cancelled: bo
     if backend.detached_attempts and cancelled:
         cancel_running_attempt(ctx, run_id)
     elif backend.detached_attempts:
-        end_orphaned_attempt(ctx, run_id, "its reservation was lost while it ran (reclaimed or released)")
+        end_orphaned_attempt(ctx, run_id, failed_because)
     return stopped
 
 
