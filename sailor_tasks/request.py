@@ -720,6 +720,15 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
                     field, late, f"injection steps must be below total_steps={values['total_steps']}"
                 )
             )
+    if values["strategy"] == "on_demand" and values["market"] == "spot":
+        errors.append(
+            InvalidRequestError(
+                "market",
+                "spot",
+                "strategy=on_demand never uses spot: ask for market on_demand or auto, or a spot strategy",
+                [m for m in MARKET_CHOICES if m != "spot"],
+            )
+        )
     errors.extend(_check_code(values))
     regions = tuple(values["regions"])
     if catalog is not None:

@@ -56,6 +56,7 @@ def test_integral_floats_that_json_schema_counts_as_integers_become_ints(catalog
         ),
         ({"checkpoint_every_steps": 500, "total_steps": 100}, "checkpoint_every_steps", "total_steps=100"),
         ({"colour": "blue"}, "colour", "unknown parameter"),
+        ({"strategy": "on_demand", "market": "spot"}, "market", "strategy=on_demand never uses spot"),
     ],
 )
 def test_bad_param_names_field_value_and_choices(catalog, params, field, fragment):
@@ -63,6 +64,12 @@ def test_bad_param_names_field_value_and_choices(catalog, params, field, fragmen
         from_params(params, catalog)
     assert any(e.field == field for e in info.value.errors), str(info.value)
     assert field in str(info.value) and fragment in str(info.value)
+
+
+def test_the_on_demand_strategy_takes_the_markets_it_can_keep(catalog):
+    for market in ("on_demand", "auto"):
+        assert from_params({"strategy": "on_demand", "market": market}, catalog).market == market
+    assert from_params({"strategy": "spot_restart", "market": "spot"}, catalog).market == "spot"
 
 
 def test_all_errors_are_reported_together(catalog):

@@ -101,13 +101,15 @@ def decide_market(
     """Spot or on-demand for the run's next attempt, by its strategy (see the module doc).
 
     When only one market has a feasible offer (price cap, GPU type, regions), that market is used
-    and the reason says so; the planner then explains any further infeasibility.
+    and the reason says so, except by a strategy with one market (``on_demand``); the planner then
+    explains any further infeasibility.
     """
     strategy = get_strategy(req.strategy)
     ctx, est = launch_context(req, catalog, state, elapsed_h=elapsed_h, steps_done=steps_done, index=index)
     decision = strategy.choose_market(ctx)
     other = "on_demand" if decision.market == "spot" else "spot"
-    if est[decision.market] is None and est[other] is not None and req.market == "auto":
+    switches = getattr(strategy, "only_market", None) is None
+    if est[decision.market] is None and est[other] is not None and req.market == "auto" and switches:
         return MarketDecision(
             other, f"{strategy.name}: no feasible {decision.market} offer; {other} instead", decision.slack_h
         )

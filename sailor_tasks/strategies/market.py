@@ -53,9 +53,12 @@ from sailor_tasks.strategies.base import (
 @register("on_demand")
 class OnDemand:
     """Never spot. Events: launch on-demand in the cheapest zone → run to completion (a preemption
-    cannot happen; a failed attempt re-plans on-demand)."""
+    cannot happen; a failed attempt re-plans on-demand). With ``market=auto`` it stays on-demand
+    where only spot has a feasible offer: the planner then explains why on-demand is infeasible."""
 
     checkpoint_on_notice = True
+    only_market = "on_demand"
+    """The one market this strategy uses (``live.decide_market`` never switches it)."""
 
     def choose_market(self, ctx: MarketContext) -> MarketDecision:
         return MarketDecision("on_demand", "on_demand: never spot", slack_of(ctx))

@@ -68,6 +68,15 @@ def test_a_market_without_feasible_offers_falls_back_to_the_other(catalog):
     assert d.market == "spot" and "no feasible on_demand offer" in d.reason
 
 
+def test_the_on_demand_strategy_never_switches_to_spot(catalog):
+    # The same cap leaves only spot feasible: the on_demand strategy stays on-demand (the planner
+    # then says the cap refuses it) instead of running on preemptible GPUs.
+    d = decide_market(
+        request(max_usd_per_hour=2.0, deadline_hours=1.0, strategy="on_demand"), catalog, ClusterState()
+    )
+    assert d.market == "on_demand" and d.reason == "on_demand: never spot"
+
+
 def test_a_launch_counts_the_data_copy_the_planner_counts():
     """The dataset must be copied into the only region the run allows: the copy takes most of the
     time before the deadline. The strategy's spot slack counts it, as the planner's deadline rule
