@@ -131,6 +131,18 @@ def _replace_reservation(conn: Any, r: Reservation, lease_s: float = DEFAULT_LEA
     _put_lease(conn, r.run_id, lease_s, "reserve")
 
 
+def _end_queue_entry(conn: Any, run_id: str, state: str, reason: str) -> bool:
+    """Inside the caller's transaction: the run's entry, if still queued, leaves the queue as
+    ``state`` with ``reason``; False when it was not queued."""
+    q = t.queue_entries.c
+    res = conn.execute(
+        update(t.queue_entries)
+        .where(q.run_id == run_id, q.state == "queued")
+        .values(state=state, reason=reason[:2000], position=None, updated_at=utcnow())
+    )
+    return res.rowcount > 0
+
+
 def _aware_row(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: aware(v) if isinstance(v, dt.datetime) else v for k, v in row.items()}
 
@@ -299,16 +311,7 @@ class Ledger:
                 status = c.execute(select(t.runs.c.status).where(t.runs.c.run_id == r.run_id)).scalar()
                 if status in RUN_STATUSES_DONE:
                     # Its teardown could not take it out of the queue: it leaves now, unreserved.
-                    c.execute(
-                        update(t.queue_entries)
-                        .where(t.queue_entries.c.run_id == r.run_id)
-                        .values(
-                            state="left",
-                            reason=f"the run had ended ({status}) while still queued",
-                            position=None,
-                            updated_at=utcnow(),
-                        )
-                    )
+                    _end_queue_entry(c, r.run_id, "left", f"the run had ended ({status}) while still queued")
                     return False
             if self._locking_engine.dialect.name == "postgresql":
                 key = zlib.crc32(f"{r.zone}|{r.gpu_type}".encode()) - (1 << 31)
@@ -554,14 +557,8 @@ class Ledger:
         False when it was not queued (admitted meanwhile, or already out)."""
         if state not in QUEUE_STATES or state in ("queued", "admitted"):
             raise ValueError(f"queue state {state!r}: valid end states are timed_out, failed, left")
-        q = t.queue_entries.c
         with self._locking_engine.begin() as c:
-            res = c.execute(
-                update(t.queue_entries)
-                .where(q.run_id == run_id, q.state == "queued")
-                .values(state=state, reason=reason[:2000], position=None, updated_at=utcnow())
-            )
-            return res.rowcount > 0
+            return _end_queue_entry(c, run_id, state, reason)
 
     def forget_spent_queue_entry(self, run_id: str) -> bool:
         """Delete the run's queue entry once the queue is done with it (admitted, timed out, failed
