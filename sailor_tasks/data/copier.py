@@ -236,6 +236,35 @@ def _same_bytes(
     return replace(known, crc32c=dst_crc)
 
 
+def _placed_before(
+    rel: str, src: str, dst: str, src_info: dict, dst_info: dict | None
+) -> ManifestEntry | None:
+    """The entry of a file of a source without manifest that an earlier, interrupted copy already
+    placed (no replica manifest records it): equal sizes and crc32c (from the listings on an
+    object store, computed on a local disk); its sha256 from the local side when there is one,
+    else read from the replica, in its own region (no egress). None when the replica lacks it or
+    holds other bytes."""
+    if dst_info is None or int(src_info["size"]) != int(dst_info["size"]):
+        return None
+    sums: tuple[str, int, str] | None = None
+    src_crc = _stored_crc(src_info)
+    if src_crc is None:
+        sums = checksums_of(src)
+        src_crc = sums[2]
+    dst_crc = _stored_crc(dst_info)
+    if dst_crc is None:
+        sums = checksums_of(dst)
+        dst_crc = sums[2]
+    if src_crc != dst_crc:
+        return None
+    if sums is None:  # both on object stores: read the replica's copy, never the distant source
+        sums = checksums_of(dst)
+    sha, size, crc = sums
+    if crc != dst_crc or size != int(dst_info["size"]):  # changed while it was read
+        return None
+    return ManifestEntry(path=rel, size=size, sha256=sha, crc32c=crc)
+
+
 def _verify_stored(dst: str, crc: str, size: int) -> None:
     """An object store's recorded crc32c must equal what we sent (catches corrupted uploads)."""
     stored = storage.stored_crc32c(dst) if _is_object_store(dst) else None
@@ -265,6 +294,10 @@ def _place_file(
         same = _same_bytes(src, dst, known, src_info, dst_info)
         if same is not None:
             return same, False
+    if want is None and known is None:
+        placed = _placed_before(rel, src, dst, src_info, dst_info)
+        if placed is not None:
+            return placed, False
     if want is not None and server_side and want.crc32c is not None:
         expected = f"crc32c {want.crc32c} ({want.size} B), as the source manifest lists"
         src_crc = _stored_crc(src_info)
@@ -552,7 +585,7 @@ def _copy_locked(
             src_manifest is not None and storage.scheme_of(src_root) == storage.scheme_of(dst_root) == "gs"
         )
 
-    dst_listing = dst_files if expected or known else {}
+    dst_listing = dst_files
     # A path that is a file on one side and a folder on the other (the source's "a" became
     # "a/part", or the reverse): the replica's goes first, or the source's could never be written.
     src_dirs = {d for rel in src_listing for d in _parents(rel)}

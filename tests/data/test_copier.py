@@ -211,6 +211,26 @@ def test_unchanged_files_of_a_source_without_manifest_are_not_copied_again(tmp_p
     assert (tmp_path / "dst" / "a.txt").read_bytes() == b"gamma" * 1000
 
 
+def test_a_retried_copy_of_a_source_without_manifest_keeps_the_files_already_placed(tmp_path, monkeypatch):
+    src, dst = f"file://{tmp_path}/src", f"file://{tmp_path}/dst"
+    storage.write_bytes(f"{src}/a.txt", b"alpha" * 1000)
+    storage.write_bytes(f"{src}/sub/b.bin", os.urandom(50_000))
+    copy_with_b_broken(src, dst, monkeypatch)  # a.txt placed, then the copy died: no manifest anywhere
+    assert read_manifest(dst) is None and (tmp_path / "dst" / "a.txt").exists()
+    again = copy_dataset(src, dst, max_workers=1)
+    assert (again.bytes_copied, again.bytes_skipped) == (50_000, 5000)
+    fresh = copy_dataset(src, f"file://{tmp_path}/fresh")
+    assert read_manifest(dst).files == fresh.manifest.files
+    verify(dst, read_manifest(dst))
+    # A file the source changed between the tries (same size, other bytes) is copied again.
+    storage.remove(f"{dst}/{MANIFEST_NAME}")
+    storage.write_bytes(f"{src}/a.txt", b"gamma" * 1000)
+    third = copy_dataset(src, dst, max_workers=1)
+    assert (third.bytes_copied, third.bytes_skipped) == (5000, 50_000)
+    assert (tmp_path / "dst" / "a.txt").read_bytes() == b"gamma" * 1000
+    verify(dst, read_manifest(dst))
+
+
 def test_concurrent_copies_of_one_replica_run_one_after_the_other(src, tmp_path, monkeypatch):
     import threading
     import time

@@ -144,6 +144,28 @@ def test_gcs_source_without_manifest_is_streamed_and_sealed_at_destination(gcs, 
     verify(dst, read_manifest(dst))
 
 
+def test_a_retried_copy_between_buckets_of_an_unsealed_source_reads_no_placed_file_from_the_source(
+    gcs, monkeypatch
+):
+    from sailor_tasks.data import copier
+
+    src = f"{gcs()}/raw"
+    storage.write_bytes(f"{src}/a.txt", b"alpha" * 500)
+    storage.write_bytes(f"{src}/b/c.txt", b"gamma" * 700)
+    dst = f"{gcs()}/placed"
+    copy_dataset(src, dst)
+    storage.remove(f"{dst}/{MANIFEST_NAME}")  # as if killed before the manifest was written
+    storage.remove(f"{dst}/b/c.txt")
+    streamed, hashed = [], []
+    real_copy, real_sums = copier._copy_one, copier.checksums_of
+    monkeypatch.setattr(copier, "_copy_one", lambda s, d: streamed.append(s) or real_copy(s, d))
+    monkeypatch.setattr(copier, "checksums_of", lambda u: hashed.append(u) or real_sums(u))
+    again = copy_dataset(src, dst)
+    assert (again.bytes_copied, again.bytes_skipped) == (3500, 2500)
+    assert streamed == [f"{src}/b/c.txt"] and hashed == [f"{dst}/a.txt"]  # a.txt: read in the replica only
+    verify(dst, read_manifest(dst))
+
+
 def test_concurrent_copies_into_one_gcs_replica_run_one_after_the_other(
     gcs, local_src, tmp_path, monkeypatch
 ):
