@@ -259,6 +259,21 @@ class PreemptedError(SailorError):
         )
 
 
+class TrainingInterruptedError(SailorError):
+    """The train task was stopped by Airflow, not by a user (a worker's graceful shutdown, a
+    timeout, the task cleared while it ran): its workers saved and stopped. Retried: the next try
+    resumes from the last checkpoint."""
+
+    retryable = True
+
+    def __init__(self, run_id: str, step: int | None = None):
+        self.run_id, self.step = run_id, step
+        at = "" if step is None else f" at step {step}"
+        super().__init__(
+            f"the train task of run {run_id} was stopped{at} (not the run): the next try resumes it"
+        )
+
+
 class RunCancelledError(SailorError):
     """The run's training was stopped on purpose (``sailor cancel``, the run marked failed) while it
     ran; not retried."""

@@ -88,3 +88,21 @@ def gcs(gcs_server, monkeypatch):
     yield make_bucket
     fs, _ = filesystem("gs://x")
     fs.invalidate_cache()
+
+
+@pytest.fixture
+def airflow_task_state(monkeypatch):
+    """Set the state Airflow's API gives a task (``RuntimeTaskInstance.get_task_states``, which
+    ``SailorTrainOperator.on_kill`` asks to tell a user's stop from Airflow's)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    def set_state(state: str) -> None:
+        monkeypatch.setattr(
+            RuntimeTaskInstance,
+            "get_task_states",
+            staticmethod(
+                lambda dag_id, task_ids, run_ids: {r: dict.fromkeys(task_ids, state) for r in run_ids}
+            ),
+        )
+
+    return set_state

@@ -15,6 +15,12 @@ from sailor_tasks.airflow_glue.stage import run_stage
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 from sailor_tasks.model import to_dict
 
+USER_END_STATES = frozenset({"failed", "success", "skipped", "upstream_failed", "removed"})
+"""Task states a user sets on a running task (or that marking its run sets): its ``on_kill`` then
+stops the run for good. A task cleared while it runs is ``restarting``: retried, not cancelled."""
+STATE_QUERY_S = 1.0
+"""Seconds ``on_kill`` waits to learn who stopped the task (it has 5 in all before SIGKILL)."""
+
 
 class SailorProvisionOperator(BaseOperator):
     """Create (or reuse) the run's capacity: ``stages.provision`` inline on the local backend; on
@@ -197,7 +203,10 @@ class SailorTrainOperator(BaseOperator):
 
     **on_kill** (the run marked failed, e.g. by ``sailor cancel``, while the task runs): stops
     everything it started, every local worker process or every pod still running and the
-    rendezvous services (``stages.stop_training``, which ends a GKE attempt as ``cancelled``). A
+    rendezvous services (``stages.stop_training``, which ends a GKE attempt as ``cancelled``).
+    Stopped by Airflow instead (a worker's graceful shutdown, a timeout, a clear: the task is
+    still ``running`` or ``restarting``), it stops them too, but not the run: the attempt ends
+    ``failed`` (``TrainingInterruptedError``, retried) and the next try resumes it. A
     task that was deferred is not running, so it has nothing to kill: its trigger's ``on_kill``
     does the same in the triggerer. ``teardown``, which still runs, stops whatever is left (an
     attempt nothing ended is then ``failed``) and releases the capacity.
@@ -269,10 +278,56 @@ class SailorTrainOperator(BaseOperator):
         if run_id is None:  # killed before execute began: nothing started
             return
         gcp.install()
-        self.log.warning("train of run %s killed: stopping its training processes or pods", run_id)
-        stop_launching(run_key(run_id))  # a launch this task has not reached yet never starts
-        stopped = stages.stop_training(run_id)
+        by_user = self._stopped_by_user(run_id)
+        self.log.warning(
+            "train of run %s killed (%s): stopping its training processes or pods",
+            run_id,
+            "by a user: the run is cancelled" if by_user else "by Airflow, not a user: a next try resumes it",
+        )
+        stop_launching(run_key(run_id), for_good=by_user)  # a launch not reached yet never starts
+        stopped = stages.stop_training(
+            run_id,
+            for_good=by_user,
+            failed_because="its train task was stopped by Airflow, not by a user: a next try resumes it",
+        )
         self.log.warning("stopped %d training process(es) or pod(s) of run %s", stopped, run_id)
+
+    def _stopped_by_user(self, run_id: str) -> bool:
+        """Whether a user stopped this task: Airflow has it in a state a user sets (the task or its
+        run marked failed, as ``sailor cancel`` does, or success). Else Airflow itself stops it: a
+        worker's graceful shutdown forwards SIGTERM, a timeout, the task cleared while it runs
+        (it is retried), the API server unreachable; the run then goes on in the next try. Asked
+        of the task's supervisor in a thread, for at most ``STATE_QUERY_S`` (``on_kill`` may run
+        in a signal handler while the task talks to it); no answer counts as not a user's."""
+        import threading
+
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        answer: list[Any] = []
+
+        def ask() -> None:
+            try:
+                answer.append(
+                    RuntimeTaskInstance.get_task_states(
+                        dag_id=self.dag_id, task_ids=[self.task_id], run_ids=[run_id]
+                    )
+                )
+            except Exception as exc:  # the supervisor or the API server cannot say
+                answer.append(exc)
+
+        thread = threading.Thread(target=ask, name="sailor-on-kill-state", daemon=True)
+        thread.start()
+        thread.join(STATE_QUERY_S)
+        if not answer or isinstance(answer[0], Exception):
+            self.log.warning(
+                "run %s: could not read the train task's state (%s); stopping it as Airflow's stop, "
+                "not a user's",
+                run_id,
+                answer[0] if answer else f"no answer in {STATE_QUERY_S:.0f} s",
+            )
+            return False
+        state = ((answer[0] or {}).get(run_id) or {}).get(self.task_id)
+        return state in USER_END_STATES
 
     def resume_train(self, context: Any, event: Mapping[str, Any] | None = None, **_: Any) -> Any:
         """Re-entry from ``AttemptPodsTrigger``: judge the pods, stop the rest, end the attempt."""

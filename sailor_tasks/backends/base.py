@@ -53,9 +53,11 @@ class ClusterBackend(Protocol):
         (see ``LocalBackend``); the train stage reads it when present.
         """
 
-    def cancel(self, run_key: str) -> int:
+    def cancel(self, run_key: str, *, for_good: bool = True) -> int:
         """Stop everything the run's training started (every worker process, or every pod still
-        running); the number stopped. Idempotent; the capacity stays until ``teardown``."""
+        running); the number stopped. Idempotent; the capacity stays until ``teardown``.
+        ``for_good`` False: only the task running the training is being stopped, not the run (an
+        attempt whose task ends it, as on local, ends as interrupted, not cancelled)."""
 
     def teardown(self, run_key: str) -> bool:
         """Release the run's capacity; True when something was released. Idempotent."""

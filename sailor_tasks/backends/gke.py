@@ -1181,9 +1181,11 @@ class GkeBackend:
         pods, service = self.launch_manifests(launch)
         return runner(self.cfg, launch, pods, service)
 
-    def cancel(self, run_key: str) -> int:
+    def cancel(self, run_key: str, *, for_good: bool = True) -> int:
         """Delete the run's pods that still run and its rendezvous services, in the region of its
-        node pool (each pod gets its termination grace period: the trainer saves on SIGTERM)."""
+        node pool (each pod gets its termination grace period: the trainer saves on SIGTERM).
+        ``for_good`` changes nothing here: the caller ends the detached attempt
+        (``stages.stop_training``)."""
         record = self.record(run_key)
         if record is None or "placement" not in record:
             return 0

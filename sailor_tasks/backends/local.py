@@ -35,8 +35,9 @@ POLL_S = 0.02
 """How often the injector reads the trainer's progress file (a step of tiny_gpt takes ~10 ms+)."""
 WORKER_LIST_S = 0.25
 """How often the injector lists torchrun's workers (to stop injecting once one has exited)."""
-_STOPPED: set[str] = set()
-"""Run keys whose launches this process stopped for good (``stop_launching``)."""
+_STOPPED: dict[str, bool] = {}
+"""Run keys whose launches this process stopped (``stop_launching``) → whether for good (the
+run cancelled) or only with its task."""
 LOG_TAIL_LINES = 40
 """Lines of the process group's output kept for the error of a failed attempt (and launch.json)."""
 
@@ -215,7 +216,7 @@ class LocalBackend:
         event = preempted_at = None
         try:
             if launch.run_key in _STOPPED:  # its task was killed before (or while) it started
-                self.cancel(launch.run_key, grace_s=0.0)
+                self.cancel(launch.run_key, grace_s=0.0, for_good=_STOPPED[launch.run_key])
             elif not spec.empty:
                 events = step_events(spec) + time_events(
                     spec, launch.attempt, started - injection["run_started"]
@@ -238,10 +239,12 @@ class LocalBackend:
                 "with" if event.noticed else "without",
             )
         progress = read_progress(progress_path)
+        stop = _stop_marker(cancelled_uri)
         report = {
             "attempt": launch.attempt,
             "rc": rc,
-            "cancelled": storage.exists(cancelled_uri),
+            "cancelled": stop is not None and stop.get("for_good", True),
+            "interrupted": stop is not None and not stop.get("for_good", True),
             "exit_code": trainer_exit_code(rc, failures),
             "worker_exit_codes": {str(rank): code for rank, code in sorted(failures.exit_codes.items())},
             "started_at": started,
@@ -359,20 +362,26 @@ class LocalBackend:
             _signal(p, signal.SIGKILL)
         return time.time()
 
-    def cancel(self, run_key: str, grace_s: float = CANCEL_GRACE_S) -> int:
+    def cancel(self, run_key: str, grace_s: float = CANCEL_GRACE_S, *, for_good: bool = True) -> int:
         """Stop every process of the run: SIGTERM to the workers (they checkpoint and exit, as on a
         preemption notice), then, after ``grace_s`` or at once when 0, SIGKILL to whatever of the
         run is left, torchrun included, until none is. A process of the run is one started with the
         run's key in its environment, or any descendant of one (a helper the training code started
         with an environment of its own), or one already seen: a process that is exiting no longer
-        shows its environment. Returns how many processes were stopped."""
+        shows its environment. Returns how many processes were stopped.
+
+        The launch's report then says ``cancelled`` (the run was stopped for good) or, with
+        ``for_good`` False, ``interrupted`` (only its task was stopped: the next try resumes it);
+        a cancel is never turned back into an interruption."""
         procs = run_processes(run_key, self.settings.state_dir)
         if not procs:
             return 0
         seen: dict[int, Any] = {}
         _with_descendants(procs, seen)  # before any signal: a helper outlives its parent's exit
         for run_folder in {_run_folder(p) for p in procs} - {None}:  # before any signal: train reads it
-            storage.write_json(paths.cancelled_uri(run_folder), {"at": time.time()})
+            uri = paths.cancelled_uri(run_folder)
+            if for_good or _stop_marker(uri) is None:
+                storage.write_json(uri, {"at": time.time(), "for_good": for_good})
         stopped = {p.pid for p in procs}
         if grace_s > 0:
             workers = [p for p in procs if "torch.distributed.run" not in " ".join(_cmdline(p))]
@@ -549,12 +558,25 @@ def _wait_gone(procs: list[Any], timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def stop_launching(run_key: str) -> None:
+def stop_launching(run_key: str, for_good: bool = True) -> None:
     """This process (a train task being killed) starts no training of the run from now on:
-    ``train`` stops at once what it starts. The task's ``on_kill`` runs, then the task goes on
-    until the supervisor's SIGKILL; killed before its launch, it would otherwise start torchrun,
-    in a session of its own, after the stop, with nothing left to stop it."""
-    _STOPPED.add(run_key)
+    ``train`` stops at once what it starts (``cancel``, ``for_good`` or not). The task's
+    ``on_kill`` runs, then the task goes on until the supervisor's SIGKILL; killed before its
+    launch, it would otherwise start torchrun, in a session of its own, after the stop, with
+    nothing left to stop it."""
+    _STOPPED[run_key] = _STOPPED.get(run_key, False) or for_good
+
+
+def _stop_marker(uri: str) -> dict[str, Any] | None:
+    """The marker ``cancel`` wrote in a run folder, or None (none, or unreadable: it is written
+    whole, so only a foreign file could be)."""
+    try:
+        marker = storage.read_json(uri)
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {"for_good": True}
+    return marker if isinstance(marker, dict) else {"for_good": True}
 
 
 def _exited(process: Any) -> bool:

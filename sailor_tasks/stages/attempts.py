@@ -35,6 +35,7 @@ from sailor_tasks.errors import (
     RecoveryExhaustedError,
     RunCancelledError,
     TrainingFailedError,
+    TrainingInterruptedError,
 )
 from sailor_tasks.ledger.store import aware, utcnow
 from sailor_tasks.model import RUN_STATUSES_LIVE, JobRequest, Placement, from_dict, run_key, to_dict
@@ -515,6 +516,18 @@ def finish_attempt(
         ctx.ledger.end_attempt(run_id, attempt, "cancelled", step=reached, resumed_from_step=resumed)
         ctx.ledger.advance_run(run_id, "cancelled", from_statuses=RUN_STATUSES_LIVE)
         raise RunCancelledError(run_id, reached)
+
+    if report.get("interrupted"):  # its task was stopped, not the run: the next try resumes it
+        reached = max(report.get("step") or 0, result["step"] if result else 0)
+        ctx.ledger.end_attempt(
+            run_id,
+            attempt,
+            "failed",
+            step=reached,
+            resumed_from_step=resumed,
+            detail="its train task was stopped by Airflow, not by a user: the next try resumes it",
+        )
+        raise TrainingInterruptedError(run_id, reached)
 
     if preemption is None and not (result and result["status"] == "preempted"):
         tail = report.get("log_tail") or []

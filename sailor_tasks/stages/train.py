@@ -248,22 +248,25 @@ def stop_training(
     *,
     cancelled: bool = True,
     failed_because: str = "its reservation was lost while it ran (reclaimed or released)",
+    for_good: bool = True,
 ) -> int:
     """Stop everything the run's training started: every worker process (local) or every pod still
     running (gke). Called when the train task is killed (a run marked failed: ``sailor cancel``),
     from the operator or, while it is deferred, its trigger, and when the run lost its
     reservation (``stop_reclaimed``: ``cancelled`` False). Returns how many processes or pods were
-    stopped.
+    stopped. ``for_good`` False: only the train task is being stopped (by Airflow, not by a user),
+    not the run: a local attempt then ends interrupted and the task's next try resumes it.
 
     A backend whose attempts run detached from the task (gke) has no task left to end the running
     attempt: it ends here, as ``cancelled`` (and the run with it) or, with ``cancelled`` False,
-    as ``failed`` (``failed_because``). A local attempt's own task ends it from what its workers report."""
+    as ``failed`` (``failed_because``; so also with ``for_good`` False). A local attempt's own task
+    ends it from what its workers report."""
     ctx = resolve_ctx(ctx)
     backend = _backend_of(ctx, run_id)
-    stopped = backend.cancel(run_key(run_id))
+    stopped = backend.cancel(run_key(run_id), for_good=for_good)
     if stopped:
         logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
-    if backend.detached_attempts and cancelled:
+    if backend.detached_attempts and cancelled and for_good:
         cancel_running_attempt(ctx, run_id)
     elif backend.detached_attempts:
         end_orphaned_attempt(ctx, run_id, failed_because)

@@ -401,12 +401,13 @@ def test_the_trigger_streams_every_pods_log_and_fires_when_one_fails(gke_env, ca
         assert logged.count(f"[{pod}] {line}") == 1, logged  # streamed once, not repeated per poll
 
 
-def test_on_kill_deletes_the_running_pods_and_services_and_cancels_the_attempt(gke_env):
+def test_on_kill_deletes_the_running_pods_and_services_and_cancels_the_attempt(gke_env, airflow_task_state):
     """The run marked failed while train runs (sailor cancel): every pod still running and the
     rendezvous service are deleted through the provider's GKE Kubernetes hook, in the region's
     cluster; an ended pod is kept; the attempt is ``cancelled``."""
     from airflow.sdk.exceptions import TaskDeferred
 
+    airflow_task_state("failed")  # marking the run failed marks its running tasks
     run_id = "manual__kill-1"
     request, placement, data = gke_env.prepare(run_id)
     op = _operator(request, placement, data)
@@ -430,6 +431,59 @@ def test_on_kill_deletes_the_running_pods_and_services_and_cancels_the_attempt(g
     assert stages.teardown(run_id, gke_env.ctx)["training_stopped"] == 0
     assert "delete_node_pool" in gke_env.clusters.calls
     assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"
+
+
+def test_a_train_task_airflow_stops_ends_its_attempt_failed_and_keeps_the_run(gke_env, airflow_task_state):
+    """Airflow stops the running train task (a worker's shutdown): the task is still ``running``
+    in Airflow. Its pods go, as they would with no task to watch them, but the run is not
+    cancelled: the attempt ends ``failed`` and the task's next try begins the next one."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    airflow_task_state("running")
+    run_id = "manual__worker-stop"
+    request, placement, data = gke_env.prepare(run_id)
+    op = _operator(request, placement, data)
+    with pytest.raises(TaskDeferred):
+        op.execute(_context(run_id))
+    op.on_kill()
+    assert gke_env.core.deleted  # the attempt's pods
+    (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "failed" and "not by a user" in attempt["detail"]
+    assert gke_env.ctx.ledger.get_run(run_id)["status"] not in ("cancelled", "failed")
+
+
+def test_on_kill_without_an_answer_from_airflow_stops_the_training_but_not_the_run(monkeypatch):
+    """Asked in a thread for at most ``STATE_QUERY_S``: a supervisor that cannot answer (a
+    failure, or no answer while ``on_kill`` runs in a signal handler) is no user's stop."""
+    import threading
+    import time
+
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    from sailor_tasks.airflow_glue import operators
+
+    op = _operator({}, {}, {})
+    monkeypatch.setattr(operators, "STATE_QUERY_S", 0.2)
+
+    def fails(**_):
+        raise ConnectionError("the API server is unreachable")
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(fails))
+    assert op._stopped_by_user("r") is False
+    hang = threading.Event()
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(lambda **_: hang.wait(5)))
+    started = time.monotonic()
+    assert op._stopped_by_user("r") is False and time.monotonic() - started < 1.0
+    hang.set()
+    for state, by_user in (("failed", True), ("success", True), ("running", False), ("restarting", False)):
+        monkeypatch.setattr(
+            RuntimeTaskInstance,
+            "get_task_states",
+            staticmethod(
+                lambda state=state, **kw: {r: dict.fromkeys(kw["task_ids"], state) for r in kw["run_ids"]}
+            ),
+        )
+        assert op._stopped_by_user("r") is by_user, state
 
 
 def test_cancelling_a_deferred_run_stops_its_pods_from_the_trigger_and_cancels_its_attempt(gke_env):

@@ -15,7 +15,7 @@ import pytest
 
 from sailor_tasks import paths, stages, storage
 from sailor_tasks.backends.local import run_processes
-from sailor_tasks.errors import RunCancelledError
+from sailor_tasks.errors import RunCancelledError, TrainingInterruptedError
 from sailor_tasks.model import run_key
 from sailor_tasks.testing.first_hour import alive
 
@@ -67,11 +67,12 @@ def wait_for_workers(run_id: str, n: int, timeout_s: float = 120.0) -> list[psut
     raise TimeoutError(f"run {run_id}: {n} workers not up after {timeout_s} s")
 
 
-def test_killing_the_train_task_leaves_no_process_of_the_run(ctx, demo_dataset):
+def test_killing_the_train_task_leaves_no_process_of_the_run(ctx, demo_dataset, airflow_task_state):
     """What Airflow does when a run is marked failed: the task's on_kill, while train runs."""
     from sailor_tasks import gcp_auth
     from sailor_tasks.airflow_glue.operators import SailorTrainOperator
 
+    airflow_task_state("failed")  # marking the run failed marks its running tasks
     run_id = "manual__cancel"
     request, placement, data = prepare(ctx, run_id, demo_dataset)
     thread, outcome = train_in_thread(ctx, run_id, (request, placement, data))
@@ -97,13 +98,73 @@ def test_killing_the_train_task_leaves_no_process_of_the_run(ctx, demo_dataset):
     assert os.listdir(ctx.settings.clusters_dir) == []  # nothing of the cluster left behind
 
 
-def test_a_train_task_killed_before_its_launch_starts_no_training(ctx, demo_dataset):
+def test_a_train_task_airflow_stops_stops_its_processes_but_not_the_run(
+    ctx, demo_dataset, monkeypatch, airflow_task_state
+):
+    """A worker's graceful shutdown forwards SIGTERM to the task: its on_kill stops the training
+    (the workers save), but the task is still running in Airflow: the run is not cancelled, the
+    attempt fails as interrupted (retried), and the next try resumes from the saved step."""
+    from sailor_tasks import gcp_auth
+    from sailor_tasks.airflow_glue.operators import SailorTrainOperator
+    from sailor_tasks.backends import local
+    from sailor_tasks.train.progress import read_progress
+
+    def wait_for_progress(key: str, timeout_s: float = 120.0) -> dict:
+        """The launch's progress once ``key`` is set and it trained 20 steps past where it began."""
+        path = local.LocalBackend(ctx.settings)._progress_path(run_key(run_id))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            progress = read_progress(path)
+            if (progress.get("step") or 0) > 20 + (progress.get("resumed_from") or 0) and progress.get(key):
+                return progress
+            time.sleep(0.1)
+        raise TimeoutError(f"no progress with {key} after {timeout_s} s")
+
+    airflow_task_state("running")
+    run_id = "manual__worker-restart"
+    request, placement, data = prepare(ctx, run_id, demo_dataset)
+    thread, outcome = train_in_thread(ctx, run_id, (request, placement, data))
+    try:
+        tree = wait_for_workers(run_id, 2)
+        wait_for_progress("step")
+        op = SailorTrainOperator(task_id="train", request=request, placement=placement, data=data)
+        op._run_id = run_id
+        op.on_kill()
+    finally:
+        gcp_auth.set_provider(None)
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert alive(tree) == [] and run_processes(run_key(run_id)) == []
+    assert isinstance(outcome[0], TrainingInterruptedError), outcome
+    (first,) = ctx.ledger.attempts(run_id)
+    assert first["outcome"] == "failed" and "not by a user" in first["detail"]
+    assert ctx.ledger.get_run(run_id)["status"] not in ("cancelled", "failed")
+    saved = ctx.ledger.attempts(run_id)[0]["step"]
+    # The next try (a new task process) trains again, from what the stopped workers saved; a
+    # user's cancel then ends it.
+    airflow_task_state("failed")
+    monkeypatch.setattr(local, "_STOPPED", {})  # the next try is another process
+    thread, outcome = train_in_thread(ctx, run_id, (request, placement, data))
+    try:
+        resumed = wait_for_progress("resumed_from")["resumed_from"]
+        op.on_kill()
+    finally:
+        gcp_auth.set_provider(None)
+        thread.join(timeout=60)
+    assert isinstance(outcome[0], RunCancelledError), outcome
+    second = ctx.ledger.attempts(run_id)[1]
+    assert second["outcome"] == "cancelled" and resumed == saved > 20
+    assert ctx.ledger.get_run(run_id)["status"] == "cancelled"
+
+
+def test_a_train_task_killed_before_its_launch_starts_no_training(ctx, demo_dataset, airflow_task_state):
     """on_kill ran while the task still prepared the attempt (nothing to stop yet); the task goes
     on until the supervisor's SIGKILL: the launch it then reaches stops at once, as cancelled,
     instead of leaving torchrun training in a session of its own."""
     from sailor_tasks import gcp_auth
     from sailor_tasks.airflow_glue.operators import SailorTrainOperator
 
+    airflow_task_state("failed")
     run_id = "manual__killed-early"
     request, placement, data = prepare(ctx, run_id, demo_dataset)
     op = SailorTrainOperator(task_id="train", request=request, placement=placement, data=data)
