@@ -23,10 +23,12 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_show)
 
 
-def not_found_message(ledger: Any, run_id: str) -> str:
-    recent = [r["run_id"] for r in ledger.list_runs(limit=5)]
+def not_found_message(ctx: Any, run_id: str) -> str:
+    """The error for a run the ledger does not have; the ledger's URL without its password."""
+    recent = [r["run_id"] for r in ctx.ledger.list_runs(limit=5)]
     hint = f"recent runs: {', '.join(recent)}" if recent else "the ledger has no run yet"
-    return f"no run {run_id!r} in the ledger {ledger.url}; {hint} (`sailor runs` lists them)"
+    where = ctx.settings.ledger_url_redacted
+    return f"no run {run_id!r} in the ledger {where}; {hint} (`sailor runs` lists them)"
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -37,7 +39,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     ctx = StageContext.from_env()
     report = run_report(ctx, args.run_id)
     if report is None:
-        print(f"error: {not_found_message(ctx.ledger, args.run_id)}", file=sys.stderr)
+        print(f"error: {not_found_message(ctx, args.run_id)}", file=sys.stderr)
         return ExitCode.NOT_FOUND
     if args.json:
         print_json(report)

@@ -104,6 +104,19 @@ def test_show_of_an_unknown_run_exits_3_and_names_the_recent_runs(ctx, capsys):
     assert "no run 'manual__typo'" in err and "manual__known" in err
 
 
+def test_an_unknown_run_names_the_ledger_without_its_password(ctx):
+    import dataclasses
+    import types
+
+    from sailor_tasks.cli.show import not_found_message
+
+    settings = dataclasses.replace(
+        ctx.settings, ledger_url="postgresql+psycopg2://sailor:s3cret@db:5432/ledger"
+    )
+    message = not_found_message(types.SimpleNamespace(ledger=ctx.ledger, settings=settings), "manual__typo")
+    assert "s3cret" not in message and "postgresql+psycopg2://sailor:***@db:5432/ledger" in message
+
+
 def test_show_of_a_run_that_has_not_been_placed_yet(ctx, capsys):
     ctx.ledger.upsert_run(
         "manual__new",
