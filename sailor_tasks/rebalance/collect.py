@@ -200,6 +200,17 @@ def build_problem(
             # teams are still rebalanced.
             logger.warning("team %s is not rebalanced: %s", team, stuck)
             kept_in_place[team] = stuck
+            # Where it ran and the supply still has its GPU types. Its demand elsewhere (a region
+            # or GPU type gone from the catalog) cannot stay there and may not move: it is left
+            # out tonight, not made a minimum no region can meet.
+            kept = {
+                r: {g: v for g, v in per.items() if supply.get((r, g), 0) > 0} for r, per in current.items()
+            }
+            if gone := sorted(f"{g} in {r}" for r, per in current.items() for g in per if g not in kept[r]):
+                logger.warning(
+                    "team %s: its demand for %s is left out: the supply has none there", team, ", ".join(gone)
+                )
+            current = {r: per for r, per in kept.items() if per}
             here = {r: round(sum(per.values()), 9) for r, per in current.items()}
             read, quota_max, quota_min = (), {**here, ANY_REGION: 0.0}, dict(here)
         teams.append(

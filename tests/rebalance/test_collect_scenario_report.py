@@ -137,6 +137,37 @@ def test_a_team_whose_datasets_share_no_region_stays_where_it_ran_and_the_others
     assert solution.max_ratio_after < solution.max_ratio_before and len(solution.shares["vision"]) > 1
 
 
+def test_a_team_kept_where_it_ran_in_a_region_gone_from_the_supply_keeps_the_night_feasible():
+    """The team is kept where it ran, but one of those regions no longer supplies its GPUs: its
+    demand there is left out (a minimum nothing can meet made the whole night infeasible), and
+    the rest of the night is solved."""
+    rows = [
+        _row("nlp", "eu", "A100", 4, 0, 24, dataset="sailor://source/eu-corpus"),
+        _row("nlp", "gone", "A100", 4, 0, 24, dataset="sailor://source/us-corpus"),
+        _row("vision", "us", "A100", 20, 0, 24, dataset="sailor://source/images"),
+    ]
+    replicas = [
+        {"dataset_uri": "sailor://source/eu-corpus", "region": "eu", "bytes": 100},
+        {"dataset_uri": "sailor://source/us-corpus", "region": "us", "bytes": 100},
+        {"dataset_uri": "sailor://source/images", "region": "us", "bytes": 100},
+    ]
+    only = {"sailor://source/eu-corpus": ["eu"], "sailor://source/us-corpus": ["us", "gone"]}
+    problem, stats = build_problem(
+        rows,
+        replicas,
+        {("eu", "A100"): 16, ("us", "A100"): 16},
+        since=T0,
+        until=T0 + dt.timedelta(hours=24),
+        budget_bytes=1000,
+        residency=only.get,
+    )
+    assert "nlp" in stats["kept_in_place"]
+    nlp = next(t for t in problem.teams if t.name == "nlp")
+    assert nlp.quota_min == {"eu": 4.0} and nlp.current == {"eu": {"A100": 4.0}}
+    solution = solve(problem, seed=0, time_limit_s=20.0)
+    assert solution.shares["nlp"] == {"eu": pytest.approx(1.0)}
+
+
 def test_collect_sizes_a_dataset_without_a_manifest_from_its_files(ctx):
     """A source the copier accepts without a manifest is sized by listing it (it was 0 bytes)."""
     from sailor_tasks import stages, storage
