@@ -63,6 +63,15 @@ class InvalidRequestErrors(InvalidRequestError):
         self.field, self.value, self.reason, self.valid = first.field, first.value, first.reason, first.valid
 
 
+class InvalidQuotaError(InvalidRequestError):
+    """A rebalance quota is malformed (a misspelt key or region, a bad count): the message names
+    the entry and the valid choices. Configuration error: retrying does not help."""
+
+    def __init__(self, message: str):
+        self.field, self.value, self.reason, self.valid = "quotas", None, message, None
+        SailorError.__init__(self, message)
+
+
 class NoFeasibleOfferError(SailorError):
     """No catalog offer satisfies the request; ``rejections`` counts offers per validator."""
 

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from sailor_tasks.errors import InvalidQuotaError
 from sailor_tasks.ledger.store import aware
 from sailor_tasks.rebalance.problem import ANY_REGION, Dataset, Problem, Team, is_gpu_count
 
@@ -28,31 +29,31 @@ def check_quotas(quotas: Mapping[str, Any], regions: Iterable[str]) -> None:
     otherwise be ignored and the quota silently not applied.
 
     Raises:
-        ValueError: the first bad entry.
+        InvalidQuotaError: the first bad entry (a ``ValueError``; not retried in a task).
     """
     known = sorted(regions)
     shape = 'team → {"max": {region: GPUs}, "min": {region: GPUs}}'
     if not isinstance(quotas, Mapping):
-        raise ValueError(f"quotas={quotas!r:.80}: need {shape}")
+        raise InvalidQuotaError(f"quotas={quotas!r:.80}: need {shape}")
     for team, q in quotas.items():
         if not isinstance(q, Mapping):
-            raise ValueError(f"quotas[{team!r}]={q!r:.80}: need {shape}")
+            raise InvalidQuotaError(f"quotas[{team!r}]={q!r:.80}: need {shape}")
         unknown = sorted(set(q) - set(QUOTA_KINDS))
         if unknown:
-            raise ValueError(f"quotas[{team!r}]: unknown key {', '.join(map(repr, unknown))}; valid: max, min")
+            raise InvalidQuotaError(f"quotas[{team!r}]: unknown key {', '.join(map(repr, unknown))}; valid: max, min")
         for kind in QUOTA_KINDS:
             per = q.get(kind, {})
             if not isinstance(per, Mapping):
-                raise ValueError(f"quotas[{team!r}][{kind!r}]={per!r:.80}: need {{region: GPUs}}")
+                raise InvalidQuotaError(f"quotas[{team!r}][{kind!r}]={per!r:.80}: need {{region: GPUs}}")
             for region, n in per.items():
                 if region not in known and not (kind == "max" and region == ANY_REGION):
                     star = f" and {ANY_REGION!r} (every other region)" if kind == "max" else ""
-                    raise ValueError(
+                    raise InvalidQuotaError(
                         f"quotas[{team!r}][{kind!r}]: {region!r} is not a region of the supply; "
                         f"valid: {', '.join(known)}{star}"
                     )
                 if not is_gpu_count(n):
-                    raise ValueError(f"quotas[{team!r}][{kind!r}][{region!r}]={n!r}: need a number of GPUs ≥ 0")
+                    raise InvalidQuotaError(f"quotas[{team!r}][{kind!r}][{region!r}]={n!r}: need a number of GPUs ≥ 0")
 
 
 def _overlap_hours(start: dt.datetime, end: dt.datetime, since: dt.datetime, until: dt.datetime) -> float:
@@ -123,7 +124,7 @@ def build_problem(
             stored in no common region that supplies its GPU types stays where it ran
             (``kept_in_place``, with the reason), and the others are rebalanced.
         quotas: team → {"max": {region: GPUs}, "min": {region: GPUs}}; ``"*"`` in max caps every
-            region not listed. A bad entry raises ValueError (``check_quotas``).
+            region not listed. A bad entry raises ``InvalidQuotaError`` (``check_quotas``).
         residency: the regions a dataset may be stored in (its runs' ``data_residency``), None
             when it may be stored anywhere; without it, every dataset may.
     """

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from sailor_tasks.errors import PERMANENT_ERRORS, InvalidQuotaError
 from sailor_tasks.rebalance.collect import build_problem, peak_concurrency
 from sailor_tasks.rebalance.scenario import generate, philly_team_demand, reader_counts
 from sailor_tasks.rebalance.solver import solve
@@ -274,9 +275,10 @@ def test_quotas_with_a_misspelt_key_unknown_region_or_bad_number_are_refused_by_
         ({"a": {"min": {"r1": -2}}}, "quotas['a']['min']['r1']=-2: need a number of GPUs ≥ 0"),
         ({"a": ["max"]}, "quotas['a']=['max']: need team → {"),
     ):
-        with pytest.raises(ValueError) as err:
+        with pytest.raises(InvalidQuotaError) as err:
             collect(quotas)
         assert message in str(err.value), (quotas, str(err.value))
+        assert isinstance(err.value, PERMANENT_ERRORS)  # a task fails at once: a retry cannot fix it
 
 
 def test_philly_team_demand_reads_plain_pairs_only(tmp_path):
