@@ -10,7 +10,7 @@ from typing import Any
 
 from sailor_tasks import paths, storage
 from sailor_tasks.data.copier import copy_dataset, list_files
-from sailor_tasks.errors import InvalidRequestError, StageSkipped
+from sailor_tasks.errors import DataIntegrityError, InvalidRequestError, StageSkipped
 from sailor_tasks.ledger.store import utcnow
 from sailor_tasks.request import canonical_dataset_uri
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx
@@ -114,14 +114,15 @@ def collect_utilization(
     since = until - dt.timedelta(days=window_days)
 
     def size_of(uri: str) -> int | None:
-        """The dataset's bytes: its manifest's, else its files' (None: it cannot be read)."""
-        root = storage.resolve(uri, ctx.settings)
-        manifest = read_manifest(root)
-        if manifest:
-            return manifest.total_bytes
+        """The dataset's bytes: its manifest's, else its files' (None: it cannot be read, or its
+        manifest is damaged)."""
         try:
+            root = storage.resolve(uri, ctx.settings)
+            manifest = read_manifest(root)
+            if manifest:
+                return manifest.total_bytes
             return sum(size for _, size in list_files(root))
-        except (InvalidRequestError, OSError) as exc:
+        except (InvalidRequestError, DataIntegrityError, OSError) as exc:
             logger.warning("dataset %s: size unknown (%s); no replica of it is planned", uri, exc)
             return None
 

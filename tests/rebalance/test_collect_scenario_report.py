@@ -176,8 +176,11 @@ def test_collect_sizes_a_dataset_without_a_manifest_from_its_files(ctx):
     raw = "sailor://us-central1/datasets/raw-text"  # in a region's bucket, no replica recorded
     for i in range(4):
         storage.write_bytes(storage.join(storage.resolve(raw, ctx.settings), f"part-{i}.txt"), b"x" * 250)
+    torn = "sailor://us-central1/datasets/torn"  # its manifest was cut short
+    storage.write_bytes(storage.join(storage.resolve(torn, ctx.settings), "part-0.txt"), b"x" * 10)
+    storage.write_bytes(storage.join(storage.resolve(torn, ctx.settings), "_SAILOR_MANIFEST.json"), b'{"files": ')
     now = dt.datetime.now(dt.UTC)
-    for team, uri in (("nlp", raw), ("cv", "sailor://us-central1/datasets/missing")):
+    for team, uri in (("nlp", raw), ("cv", "sailor://us-central1/datasets/missing"), ("asr", torn)):
         ctx.ledger.enqueue(
             f"q-{team}",
             team=team,
@@ -190,7 +193,7 @@ def test_collect_sizes_a_dataset_without_a_manifest_from_its_files(ctx):
         )
     util = stages.collect_utilization(1.0, as_of=(now + dt.timedelta(hours=2)).isoformat(), ctx=ctx)
     assert {d["uri"]: d["bytes"] for d in util["problem"]["datasets"]} == {raw: 1000}
-    assert util["unknown_size_datasets"] == ["sailor://us-central1/datasets/missing"]
+    assert util["unknown_size_datasets"] == ["sailor://us-central1/datasets/missing", torn]
 
 
 def test_peak_counts_back_to_back_runs_once():
