@@ -178,7 +178,9 @@ def test_collect_sizes_a_dataset_without_a_manifest_from_its_files(ctx):
         storage.write_bytes(storage.join(storage.resolve(raw, ctx.settings), f"part-{i}.txt"), b"x" * 250)
     torn = "sailor://us-central1/datasets/torn"  # its manifest was cut short
     storage.write_bytes(storage.join(storage.resolve(torn, ctx.settings), "part-0.txt"), b"x" * 10)
-    storage.write_bytes(storage.join(storage.resolve(torn, ctx.settings), "_SAILOR_MANIFEST.json"), b'{"files": ')
+    storage.write_bytes(
+        storage.join(storage.resolve(torn, ctx.settings), "_SAILOR_MANIFEST.json"), b'{"files": '
+    )
     now = dt.datetime.now(dt.UTC)
     for team, uri in (("nlp", raw), ("cv", "sailor://us-central1/datasets/missing"), ("asr", torn)):
         ctx.ledger.enqueue(
