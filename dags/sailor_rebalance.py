@@ -8,8 +8,8 @@ datasets it reads), solves region shares and new dataset replicas with HiGHS (wo
 overload first, then soft balance, then bytes moved; data locality, byte budget, storage caps and
 quotas as hard constraints), publishes a new assignment version (asset `sailor_assignment`) that
 every `sailor_train` run's `plan` reads (and `sailor_assignment_review` reviews), copies the
-planned replicas (one mapped task per copy, same checksummed copier as `place_data`, each copy an
-event of the asset alias `sailor_datasets`) and writes a chart + summary under
+planned replicas (mapped tasks, each a batch of copies, at most 256; the same checksummed copier
+as `place_data`; each copy an event of the asset alias `sailor_datasets`) and writes a chart + summary under
 `sailor://source/reports/rebalance/<run>/`. `dry_run` computes and reports, publishes and copies
 nothing.
 """
@@ -133,17 +133,21 @@ def sailor_rebalance():
             stages.publish_assignment, solution, source=source, dry_run=bool(ctx["params"]["dry_run"])
         )
         ctx["outlet_events"][ASSIGNMENT_ASSET].extra["version"] = published["version"]
-        return published["copies"]  # one mapped replicate_data task per copy
+        return published["batches"]  # one mapped replicate_data task per batch of copies
 
     @task(max_active_tis_per_dag=4, outlets=[lineage.DATASETS])
-    def replicate_data(copy: dict) -> dict:
+    def replicate_data(copies: list) -> dict:
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue.stage import run_stage
 
         ctx = get_current_context()
-        replica = run_stage(stages.replicate_dataset, copy)
-        lineage.emit_replica(ctx["outlet_events"], replica, ctx["run_id"])
-        return replica
+        ti = ctx["ti"]
+        # Every copy of the batch is tried; failures fail the try (a retry makes what is missing)
+        # except on the last, which hands them to report.
+        result = run_stage(stages.replicate_datasets, copies, final=ti.try_number > ti.max_tries)
+        for replica in result["done"]:
+            lineage.emit_replica(ctx["outlet_events"], replica, ctx["run_id"])
+        return result
 
     @task(trigger_rule="none_failed")
     def report(utilization: dict, solution: dict, replicated: list | None) -> dict:
@@ -163,7 +167,7 @@ def sailor_rebalance():
     utilization = collect_utilization()
     solution = solve_assignment(utilization)
     published = publish_assignment(solution)
-    copies = replicate_data.expand(copy=published)
+    copies = replicate_data.expand(copies=published)
     report(utilization, solution, copies)
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 PREEMPTED_EXIT_CODE = 75
 """Exit status of a trainer that stopped on a preemption notice after saving (EX_TEMPFAIL)."""
@@ -204,6 +205,25 @@ class DataIntegrityError(SailorError):
         super().__init__(f"{what} for {uri}: expected {expected}, got {actual}")
 
 
+class ReplicationIncompleteError(SailorError):
+    """Planned dataset copies failed (each named with its error). Transient: a retry copies what is
+    missing (copies already made are kept)."""
+
+    retryable = True
+
+    def __init__(self, failed: Sequence[Mapping[str, Any]], planned: int):
+        self.failed = list(failed)
+        listed = "; ".join(f"{f['dataset_uri']} → {f['region']}: {f['error']}" for f in self.failed[:5])
+        more = f" (and {len(self.failed) - 5} more)" if len(self.failed) > 5 else ""
+        super().__init__(f"{len(self.failed)} of {planned} planned copies failed: {listed}{more}")
+
+
+class ReplicationFailedError(ReplicationIncompleteError):
+    """Planned dataset copies still failed after every try: the night is reported, then fails."""
+
+    retryable = False
+
+
 class LeaseBusyError(SailorError):
     """Another holder kept a ledger lease (e.g. a copy into the same replica) past the wait.
     Transient: the holder finishes or its lease expires, so a retry goes through."""
@@ -351,5 +371,6 @@ PERMANENT_ERRORS: tuple[type[Exception], ...] = (
     ReservationReleasedError,
     LedgerSchemaError,
     PodUnstartableError,
+    ReplicationFailedError,
 )
 """Errors that retrying cannot fix (or must not undo: a cancel): the task fails at once."""

@@ -59,13 +59,17 @@ def render_markdown(
     copies_done: int | None,
     version: int | None,
     chart_uri: str | None,
+    unpublished: str = "dry run",
+    copies_failed: int = 0,
+    copies_withheld: int = 0,
 ) -> str:
+    """The night's summary; ``unpublished``: why no assignment was published (``version`` None)."""
     s = solution
     before, after = s["region_load_before"], s["region_load_after"]
     lines = [
         f"# {title}",
         "",
-        f"- **Assignment**: {'v' + str(version) + ' published' if version is not None else 'not published (dry run)'}",
+        f"- **Assignment**: {'v' + str(version) + ' published' if version is not None else f'not published ({unpublished})'}",
         f"- **Window**: {window}",
         f"- **Solver**: {s['status']} in {s['solve_s']:.2f} s ({s['partitions']} partition(s), "
         f"{s['binaries']} replica binaries); stages: {', '.join(s['stage_status'][:6])}"
@@ -78,8 +82,10 @@ def render_markdown(
         f"{_fmt_bytes(s['budget_bytes'])} budget; "
         + (
             f"{copies_done} done, {_fmt_bytes(bytes_replicated or 0)} copied"
+            + (f", {copies_withheld} withheld (data residency)" if copies_withheld else "")
+            + (f", **{copies_failed} failed**" if copies_failed else "")
             if copies_done is not None
-            else "nothing copied (dry run)"
+            else f"nothing copied ({unpublished})"
         ),
         f"- **GPUs moved**: {s['gpus_moved']:.2f}; cross-region reads after: {s['cross_region_reads']}",
     ]

@@ -4,7 +4,7 @@ the same stages run from the CLI, tests and benchmarks.
 ``sailor_train``:     validate → plan → place_data → provision (``prepare``) → train (``train``, one
                       attempt per call: ``attempts``) → finalize; teardown (always)
 ``sailor_rebalance``: collect_utilization → solve_assignment → publish_assignment →
-                      replicate_dataset[] → report_rebalance
+                      replicate_datasets[] → report_rebalance
 ``sailor_reconcile``:  reconcile (reclaim expired leases, then admit_queued)
 ``dashboard``:        the read-only snapshot the SAILOR page of the Airflow UI renders
 """
@@ -16,6 +16,7 @@ from sailor_tasks.stages.rebalance import (
     collect_utilization,
     publish_assignment,
     replicate_dataset,
+    replicate_datasets,
     report_rebalance,
     review_assignment,
     solve_assignment,
@@ -47,6 +48,7 @@ __all__ = [
     "reconcile",
     "publish_assignment",
     "replicate_dataset",
+    "replicate_datasets",
     "report_rebalance",
     "review_assignment",
     "solve_assignment",

@@ -10,7 +10,13 @@ from typing import Any
 
 from sailor_tasks import paths, storage
 from sailor_tasks.data.copier import copy_dataset, list_files
-from sailor_tasks.errors import DataIntegrityError, InvalidRequestError, StageSkipped
+from sailor_tasks.errors import (
+    DataIntegrityError,
+    InvalidRequestError,
+    ReplicationFailedError,
+    ReplicationIncompleteError,
+    StageSkipped,
+)
 from sailor_tasks.ledger.store import utcnow
 from sailor_tasks.request import canonical_dataset_uri
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx
@@ -18,6 +24,9 @@ from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_GB = 500.0
+COPY_BATCHES = 256
+"""At most this many batches of a night's copies (one mapped ``replicate_data`` task each): well
+under Airflow's ``core.max_map_length`` (1,024 by default), however many copies are planned."""
 
 
 def in_flight_rows(ctx: StageContext, until: dt.datetime) -> list[dict[str, Any]]:
@@ -219,6 +228,12 @@ def publish_assignment(
     if dry_run:
         raise StageSkipped("dry run: no assignment published, no data replicated")
     ctx = resolve_ctx(ctx)
+    if not solution["shares"]:
+        kept = ctx.ledger.latest_assignment()
+        raise StageSkipped(
+            "no demand in the window: nothing published, "
+            + (f"assignment v{kept.version} stays" if kept else "no assignment yet")
+        )
     assignment = ctx.ledger.publish_assignment(
         solution["shares"],
         source=source,
@@ -226,7 +241,41 @@ def publish_assignment(
         gpu_shares=gpu_type_shares(solution["placement"]),
     )
     logger.info("published assignment v%d for %d teams", assignment.version, len(assignment.shares))
-    return {"version": assignment.version, "teams": len(assignment.shares), "copies": solution["replicate"]}
+    copies = solution["replicate"]
+    n = min(len(copies), COPY_BATCHES)
+    return {
+        "version": assignment.version,
+        "teams": len(assignment.shares),
+        "copies": copies,
+        "batches": [copies[k::n] for k in range(n)],
+    }
+
+
+def replicate_datasets(copies: list[JSON], final: bool = True, ctx: StageContext | None = None) -> JSON:
+    """A batch of planned replicas (``publish_assignment``'s ``batches``), one after the other,
+    each as ``replicate_dataset``: a copy that fails does not stop the others.
+
+    Returns:
+        ``done`` (each replica), ``withheld`` (copies ``data_residency`` keeps out) and ``failed``
+        (each copy with its error; only when ``final``).
+
+    Raises:
+        ReplicationIncompleteError: some copies failed and this is not the ``final`` try: a retry
+            makes what is missing (what was copied is kept).
+    """
+    ctx = resolve_ctx(ctx)
+    done, withheld, failed = [], [], []
+    for copy in copies:
+        try:
+            done.append(replicate_dataset(copy, ctx))
+        except StageSkipped as exc:
+            withheld.append({**copy, "reason": str(exc)})
+        except Exception as exc:
+            logger.error("replica of %s in %s failed: %s", copy["dataset_uri"], copy["region"], exc)
+            failed.append({**copy, "error": f"{type(exc).__name__}: {exc}"[:500]})
+    if failed and not final:
+        raise ReplicationIncompleteError(failed, len(copies))
+    return {"done": done, "withheld": withheld, "failed": failed}
 
 
 def replicate_dataset(copy: JSON, ctx: StageContext | None = None) -> JSON:
@@ -281,7 +330,13 @@ def report_rebalance(
     ctx: StageContext | None = None,
 ) -> JSON:
     """Chart + markdown summary stored with the run, recorded in the ledger (``rebalance_nights``:
-    realised and projected ratios, allocation rate, bytes, report URIs), shown in the log."""
+    realised and projected ratios, allocation rate, bytes, report URIs), shown in the log.
+    ``replicated``: what ``replicate_datasets`` returned for each batch of copies.
+
+    Raises:
+        ReplicationFailedError: planned copies still failed after every try (raised once the
+            night is recorded and reported, so that the run ends failed).
+    """
     ctx = resolve_ctx(ctx)
     from sailor_tasks.rebalance.report import render_chart, render_markdown, top_moves
 
@@ -289,7 +344,16 @@ def report_rebalance(
     version = None
     if not dry_run and published is not None and published.source == f"sailor_rebalance/{run_id}":
         version = published.version
-    copies = [c for c in replicated if c]
+    batches = [b for b in replicated if b]
+    copies = [c for b in batches for c in b["done"]]
+    failed = [f for b in batches for f in b["failed"]]
+    withheld = sum(len(b["withheld"]) for b in batches)
+    if dry_run:
+        unpublished = "dry run"
+    elif not solution["shares"]:
+        unpublished = "no demand in the window: the last assignment stays"
+    else:
+        unpublished = "not published by this run"
     root = paths.rebalance_report_uri(run_id, ctx.settings)
     chart_uri, summary_uri = storage.join(root, "ratio.png"), storage.join(root, "summary.md")
     title = f"SAILOR rebalance {run_id}" + (" (dry run)" if dry_run else "")
@@ -299,10 +363,13 @@ def report_rebalance(
         solution,
         top_moves(utilization["problem"], solution["placement"]),
         window=f"{utilization['window_days']} days ({utilization['since']} → {utilization['until']})",
-        bytes_replicated=None if dry_run else sum(c["bytes_copied"] for c in copies),
-        copies_done=None if dry_run else len(copies),
+        bytes_replicated=None if version is None else sum(c["bytes_copied"] for c in copies),
+        copies_done=None if version is None else len(copies),
         version=version,
         chart_uri=chart_uri,
+        unpublished=unpublished,
+        copies_failed=len(failed),
+        copies_withheld=withheld,
     )
     storage.write_bytes(summary_uri, markdown.encode())
     storage.write_json(storage.join(root, "solution.json"), solution)
@@ -325,6 +392,8 @@ def report_rebalance(
         summary_uri=summary_uri,
     )
     logger.info("rebalance report (%s):\n%s", summary_uri, markdown)
+    if failed:
+        raise ReplicationFailedError(failed, len(solution["replicate"]))
     return {"report_uri": chart_uri, "summary_uri": summary_uri, "markdown": markdown, "dry_run": dry_run}
 
 

@@ -1,0 +1,94 @@
+"""The nightly rebalance's publish, copies and report when the night is large, empty or a copy
+fails: the copies are mapped in batches Airflow accepts, a night without demand keeps the last
+assignment, and a failed copy neither stops the others nor hides the night's report."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from sailor_tasks.errors import ReplicationFailedError, ReplicationIncompleteError, StageSkipped
+
+
+def _sealed(ctx, uri: str, size: int = 1000) -> str:
+    from sailor_tasks import storage
+    from sailor_tasks.data.copier import seal
+
+    root = storage.resolve(uri, ctx.settings)
+    storage.write_bytes(storage.join(root, "part-0.bin"), b"x" * size)
+    seal(root)
+    return uri
+
+
+def _solution(ctx, copies: list[dict]) -> dict:
+    """A real solve of a small demand over the catalog's supply, with ``copies`` planned."""
+    from sailor_tasks import stages
+
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    ctx.ledger.upsert_run(
+        "r1", job_name="j", team="t", status="success", backend="local", model="tiny_gpt",
+        dataset_uri="sailor://source/d", request={},
+    )  # fmt: skip
+    ctx.ledger.record_utilization("r1", "t", "us-east1", "T4", 4, now - dt.timedelta(hours=5), now)
+    utilization = stages.collect_utilization(7.0, as_of=now.isoformat(), ctx=ctx)
+    return utilization, {**stages.solve_assignment(utilization, time_limit_s=10.0), "replicate": copies}
+
+
+def test_a_night_with_more_copies_than_airflow_maps_publishes_them_in_batches(ctx):
+    from sailor_tasks import stages
+    from sailor_tasks.stages.rebalance import COPY_BATCHES
+
+    copies = [{"dataset_uri": f"sailor://source/d{i}", "region": "us-east1", "bytes": 1} for i in range(1383)]
+    _, solution = _solution(ctx, copies)
+    published = stages.publish_assignment(solution, source="sailor_rebalance/big", ctx=ctx)
+    batches = published["batches"]
+    assert len(batches) == COPY_BATCHES < 1024  # Airflow's default core.max_map_length
+    assert sorted(c["dataset_uri"] for b in batches for c in b) == sorted(c["dataset_uri"] for c in copies)
+    few = stages.publish_assignment(
+        {**solution, "replicate": copies[:3]}, source="sailor_rebalance/few", ctx=ctx
+    )
+    assert few["batches"] == [[c] for c in copies[:3]]
+
+
+def test_a_night_without_demand_keeps_the_last_assignment(ctx):
+    from sailor_tasks import stages
+
+    ctx.ledger.publish_assignment({"t": {"us-east1": 1.0}}, source="sailor_rebalance/earlier")
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    utilization = stages.collect_utilization(7.0, as_of=now.isoformat(), ctx=ctx)  # nothing ran
+    solution = stages.solve_assignment(utilization, time_limit_s=10.0)
+    assert solution["shares"] == {}
+    with pytest.raises(StageSkipped, match="no demand in the window: nothing published, assignment v1 stays"):
+        stages.publish_assignment(solution, source="sailor_rebalance/empty", ctx=ctx)
+    assert ctx.ledger.latest_assignment().version == 1
+    report = stages.report_rebalance(utilization, solution, [], run_id="empty", ctx=ctx)
+    assert "not published (no demand in the window: the last assignment stays)" in report["markdown"]
+
+
+def test_a_failed_copy_neither_stops_its_batch_nor_hides_the_nights_report(ctx):
+    from sailor_tasks import stages
+
+    good = _sealed(ctx, "sailor://source/good")
+    copies = [
+        {"dataset_uri": "sailor://source/missing", "region": "us-east1", "bytes": 1000},
+        {"dataset_uri": good, "region": "us-east1", "bytes": 1000},
+    ]
+    utilization, solution = _solution(ctx, copies)
+    stages.publish_assignment(solution, source="sailor_rebalance/night", ctx=ctx)
+    with pytest.raises(
+        ReplicationIncompleteError, match="1 of 2 planned copies failed: sailor://source/missing"
+    ):
+        stages.replicate_datasets(copies, final=False, ctx=ctx)
+    assert "us-east1" in ctx.ledger.replicas([good])[good]  # made although the first copy failed
+    last = stages.replicate_datasets(copies, final=True, ctx=ctx)  # the last try hands failures on
+    assert [c["dataset_uri"] for c in last["done"]] == [good] and last["done"][0]["bytes_copied"] == 0
+    assert [f["dataset_uri"] for f in last["failed"]] == ["sailor://source/missing"]
+    with pytest.raises(ReplicationFailedError, match="1 of 2 planned copies failed"):
+        stages.report_rebalance(utilization, solution, [last], run_id="night", ctx=ctx)
+    (night,) = ctx.ledger.rebalance_nights()  # recorded before the night fails
+    assert night["assignment_version"] == ctx.ledger.latest_assignment().version
+    from sailor_tasks import storage
+
+    summary = storage.read_bytes(night["summary_uri"]).decode()
+    assert "1 done" in summary and "**1 failed**" in summary
