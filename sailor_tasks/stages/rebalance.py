@@ -417,7 +417,9 @@ def review_assignment(version: int | None = None, ctx: StageContext | None = Non
     outside = []
     for r in reservations:
         run = ctx.ledger.get_run(r.run_id) or {}
-        shares = assignment.shares.get(run.get("team", ""), {})
+        team = run.get("team", "")
+        # The shares ``plan`` steers the run's GPU type by: its type's, else the team's overall.
+        shares = assignment.gpu_shares.get(team, {}).get(r.gpu_type) or assignment.shares.get(team, {})
         if shares and shares.get(r.region, 0.0) <= 0.0:
             outside.append(
                 {

@@ -92,3 +92,28 @@ def test_a_failed_copy_neither_stops_its_batch_nor_hides_the_nights_report(ctx):
 
     summary = storage.read_bytes(night["summary_uri"]).decode()
     assert "1 done" in summary and "**1 failed**" in summary
+
+
+def test_the_review_judges_a_reservation_by_its_gpu_types_shares(ctx):
+    """``plan`` steers a run by its GPU type's shares: an A100 run in us-east1 is outside an
+    assignment that gives the team's A100s to europe-west4 only, although the team as a whole
+    keeps half its demand in us-east1 (for its T4s)."""
+    from sailor_tasks import stages
+    from sailor_tasks.model import Reservation
+
+    for run_id, gpu in (("a100-run", "A100"), ("t4-run", "T4")):
+        ctx.ledger.upsert_run(
+            run_id, job_name="j", team="t", status="running", backend="local", model="tiny_gpt",
+            dataset_uri="sailor://source/d", request={},
+        )  # fmt: skip
+        ctx.ledger.reserve(Reservation(run_id, "us-east1", "us-east1-b", gpu, 8, "spot"))
+    ctx.ledger.publish_assignment(
+        {"t": {"us-east1": 0.5, "europe-west4": 0.5}},
+        source="sailor_rebalance/x",
+        region_load={},
+        gpu_shares={"t": {"A100": {"europe-west4": 1.0}, "T4": {"us-east1": 1.0}}},
+    )
+    review = stages.review_assignment(ctx=ctx)
+    assert [(o["run_id"], o["assigned_regions"]) for o in review["outside"]] == [
+        ("a100-run", ["europe-west4"])
+    ]
