@@ -51,6 +51,25 @@ def _log_line(part: Any) -> str:
     return line
 
 
+LOG_SOURCES_GROUP = "::group::Log message source details"
+"""The first record of the block Airflow puts before a task log: where each part was read from
+(``::endgroup::`` ends it)."""
+
+
+def _without_sources(records: list[Any]) -> list[Any]:
+    """A task log's records without Airflow's block of log sources: its length changes while the
+    task runs (a running task's log is also read from its worker), so a reader that counts lines
+    to print only new ones would skip real lines once it shrinks; and it is no line of the task."""
+    events = [r.get("event") if isinstance(r, dict) else None for r in records]
+    if LOG_SOURCES_GROUP not in events:
+        return records
+    first = events.index(LOG_SOURCES_GROUP)
+    if "::endgroup::" not in events[first + 1 :]:
+        return records
+    end = events.index("::endgroup::", first + 1)
+    return records[:first] + records[end + 1 :]
+
+
 @dataclass
 class AirflowClient:
     """REST client bound to one Airflow deployment.
@@ -156,7 +175,7 @@ class AirflowClient:
         )
         content = body.get("content", body) if isinstance(body, dict) else body
         if isinstance(content, list):
-            return "\n".join(_log_line(part) for part in content)
+            return "\n".join(_log_line(part) for part in _without_sources(content))
         return str(content)
 
     def set_run_state(self, dag_id: str, run_id: str, state: str) -> dict[str, Any]:

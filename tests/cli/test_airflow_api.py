@@ -31,3 +31,33 @@ def test_task_instances_are_read_page_by_page():
     tis = client.task_instances("sailor_train", "manual__1")
     assert [ti["task_id"] for ti in tis] == [f"t{i}" for i in range(130)]
     assert [c["offset"] for c in client.session.calls] == [0, 50, 100]
+
+
+class _LogSession:
+    """Airflow's logs endpoint for a task that ends between two reads: while it runs, the block of
+    log sources before its lines names the worker's log server too; once it ended, it does not."""
+
+    def __init__(self):
+        self.lines = ["line 1", "line 2"]
+        self.sources = ["/logs/attempt=1.log", "http://worker:8793/log/attempt=1.log"]
+
+    def request(self, method, url, headers=None, timeout=None, params=None, **kwargs):
+        header = ["::group::Log message source details", *self.sources, "::endgroup::"]
+        body = {"content": [{"event": e} for e in header + self.lines], "continuation_token": "t"}
+        return SimpleNamespace(
+            status_code=200, content=b"x", headers={"content-type": "application/json"}, json=lambda: body
+        )
+
+
+def test_a_task_log_is_its_lines_without_airflows_block_of_log_sources():
+    """``sailor logs --follow`` prints the lines after those it printed: a block that shrank when
+    the task ended would have hidden its next line (often the error)."""
+    from sailor_tasks.cli.logs import ApiLogs, TaskTry
+
+    client = AirflowClient("http://localhost:8080", token="a-token")
+    client.session = session = _LogSession()
+    logs, task = ApiLogs(client, "sailor_train", "manual__1"), TaskTry(4, "train", -1, 1)
+    assert logs.lines(task) == ["line 1", "line 2"]
+    session.sources = session.sources[:1]  # the task ended
+    session.lines = ["line 1", "line 2", "line 3", "Task failed with exception"]
+    assert logs.lines(task)[2:] == ["line 3", "Task failed with exception"]
