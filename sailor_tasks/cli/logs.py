@@ -56,11 +56,16 @@ class TaskTry:
     task_id: str
     map_index: int
     try_number: int
+    triggerer: str = ""
+    """The triggerer job whose log of the deferred try this is (local log files: the triggerer
+    writes ``attempt=N.log.trigger.<job>.log`` beside the task's; on GKE, the training pods'
+    output); empty for the task's own log."""
 
     @property
     def label(self) -> str:
         mapped = f"[{self.map_index}]" if self.map_index >= 0 else ""
-        return f"{self.task_id}{mapped} (try {self.try_number})"
+        where = f", triggerer {self.triggerer}" if self.triggerer else ""
+        return f"{self.task_id}{mapped} (try {self.try_number}{where})"
 
 
 def _task_order(task_id: str) -> int:
@@ -98,7 +103,7 @@ def base_log_folder(explicit: str | None = None, environ: Any = None) -> str:
     return os.path.join(home, "logs")
 
 
-_ATTEMPT = re.compile(r"^attempt=(\d+)\.log$")
+_ATTEMPT = re.compile(r"^attempt=(\d+)\.log(?:\.trigger\.([^/]+)\.log)?$")
 _MAP = re.compile(r"^map_index=(\d+)$")
 
 
@@ -146,14 +151,19 @@ class LocalLogs:
             for map_index, folder in folders:
                 for name in os.listdir(folder):
                     if m := _ATTEMPT.match(name):
-                        found.append(TaskTry(_task_order(task_id), task_id, map_index, int(m.group(1))))
+                        found.append(
+                            TaskTry(
+                                _task_order(task_id), task_id, map_index, int(m.group(1)), m.group(2) or ""
+                            )
+                        )
         return sorted(found)
 
     def path(self, t: TaskTry) -> str:
         parts = [self.run_dir, f"task_id={t.task_id}"]
         if t.map_index >= 0:
             parts.append(f"map_index={t.map_index}")
-        return os.path.join(*parts, f"attempt={t.try_number}.log")
+        trigger = f".trigger.{t.triggerer}.log" if t.triggerer else ""
+        return os.path.join(*parts, f"attempt={t.try_number}.log{trigger}")
 
     def lines(self, t: TaskTry) -> list[str]:
         with open(self.path(t), errors="replace") as f:

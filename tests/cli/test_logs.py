@@ -56,6 +56,23 @@ def test_local_logs_print_every_try_in_pipeline_order(tmp_path, capsys):
     assert "step 30 loss 3.9" in out and "step 10" not in out and "params ok" not in out
 
 
+def test_local_logs_show_what_the_triggerer_logged_for_a_deferred_try(tmp_path, capsys):
+    """On GKE the deferred train task's pods' output reaches the log the triggerer writes beside
+    the task's (``attempt=N.log.trigger.<job>.log``), as Airflow's own log reader finds it."""
+    task_log = write_log(tmp_path, "train", 1, [record("pods started; deferring")])
+    with open(f"{task_log}.trigger.7.log", "w") as f:
+        f.write(
+            record("[sailor-r1-node-0] step 100 loss 2.1", logger="sailor_tasks.airflow_glue.triggers") + "\n"
+        )
+    assert sailor(["logs", RUN_ID, "--log-folder", str(tmp_path), "--task", "train"]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("==> ")] == [
+        "==> train (try 1) <==",
+        "==> train (try 1, triggerer 7) <==",
+    ]
+    assert "pods started; deferring" in out and "[sailor-r1-node-0] step 100 loss 2.1" in out
+
+
 def test_unknown_task_is_bad_input_naming_the_tasks_and_unknown_run_is_not_found(tmp_path, capsys):
     write_log(tmp_path, "validate", 1, [record("params ok")])
     write_log(tmp_path, "train", 1, [record("step 1")])
