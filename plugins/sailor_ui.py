@@ -42,6 +42,18 @@ def _snapshot():
     return snapshot()
 
 
+def _ledger_down(exc: Exception) -> JSONResponse:
+    """503 naming the ledger (its password hidden) and why it cannot be read."""
+    from sailor_tasks.settings import Settings
+
+    where = Settings.from_env().ledger_url_redacted
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
+    return JSONResponse(
+        {"detail": f"the SAILOR ledger {where} cannot be reached: {type(exc).__name__}: {reason}"},
+        status_code=503,
+    )
+
+
 def _e(value: Any) -> str:
     if value is None:
         return "–"
@@ -215,8 +227,14 @@ def render_page(snap) -> str:
 
 @app.get("/", response_class=HTMLResponse)
 def page() -> HTMLResponse:
-    """The SAILOR page."""
-    return HTMLResponse(render_page(_snapshot()))
+    """The SAILOR page (503 naming the ledger when it cannot be reached)."""
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        snap = _snapshot()
+    except DBAPIError as exc:
+        return _ledger_down(exc)
+    return HTMLResponse(render_page(snap))
 
 
 @app.get("/api/snapshot")
@@ -224,9 +242,14 @@ def snapshot_json() -> JSONResponse:
     """The page's data as JSON (NaN and infinities as null)."""
     import dataclasses
 
+    from sqlalchemy.exc import DBAPIError
+
     from sailor_tasks.model import finite, json_default
 
-    snap = _snapshot()
+    try:
+        snap = _snapshot()
+    except DBAPIError as exc:
+        return _ledger_down(exc)
     data = dataclasses.asdict(snap)
     for row, region in zip(data["regions"], snap.regions, strict=True):
         row["ratio"] = region.ratio
@@ -237,11 +260,17 @@ def snapshot_json() -> JSONResponse:
 def report_png() -> Response:
     """The last rebalance report chart, read with the Airflow connection's Google Cloud
     credentials (``gcp.install``, as every stage); 404 when no rebalance has recorded one or its
-    file is gone (its bucket cleaned up), 502 naming it when it cannot be read (access denied)."""
+    file is gone (its bucket cleaned up), 502 naming it when it cannot be read (access denied),
+    503 when the ledger cannot be reached."""
+    from sqlalchemy.exc import DBAPIError
+
     from sailor_tasks.airflow_glue import gcp
     from sailor_tasks.stages.dashboard import read_report, report_uri
 
-    uri = report_uri()
+    try:
+        uri = report_uri()
+    except DBAPIError as exc:
+        return _ledger_down(exc)
     if not uri:
         return JSONResponse({"detail": "no report yet"}, status_code=404)
     gcp.install()

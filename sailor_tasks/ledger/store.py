@@ -46,10 +46,11 @@ def utcnow() -> dt.datetime:
 
 
 def aware(t_: dt.datetime | None) -> dt.datetime | None:
-    """A datetime read back from the ledger as UTC-aware (SQLite returns naive ones)."""
-    if t_ is None or t_.tzinfo is not None:
+    """A datetime read back from the ledger, in UTC: SQLite returns naive ones (written in UTC),
+    PostgreSQL aware ones in its session's time zone, which need not be UTC."""
+    if t_ is None:
         return t_
-    return t_.replace(tzinfo=dt.UTC)
+    return t_.replace(tzinfo=dt.UTC) if t_.tzinfo is None else t_.astimezone(dt.UTC)
 
 
 def open_engine(url: str) -> Engine:

@@ -76,3 +76,19 @@ def test_a_retried_publish_or_report_of_one_rebalance_run_records_it_once(tmp_pa
     ledger.record_rebalance("night-1", bytes_replicated=10, **night)  # the report task's retry
     nights = [n for n in ledger.rebalance_nights() if n["run_id"] == "night-1"]
     assert len(nights) == 1 and nights[0]["bytes_replicated"] == 10
+
+
+def test_times_read_back_are_in_utc_whatever_the_database_session_zone():
+    """PostgreSQL returns aware times in its session's zone (not always UTC): they are shown as
+    UTC, so they are converted, not only labelled."""
+    import datetime as dt
+
+    from sailor_tasks.ledger.store import aware
+
+    kolkata = dt.timezone(dt.timedelta(hours=5, minutes=30))
+    assert aware(dt.datetime(2026, 11, 29, 20, 49, 38, tzinfo=kolkata)) == dt.datetime(
+        2026, 11, 29, 15, 19, 38, tzinfo=dt.UTC
+    )
+    assert str(aware(dt.datetime(2026, 11, 29, 20, 49, 38, tzinfo=kolkata)))[:19] == "2026-11-29 15:19:38"
+    assert aware(dt.datetime(2026, 11, 29, 15, 19, 38)).tzinfo is dt.UTC  # SQLite's naive UTC
+    assert aware(None) is None

@@ -233,3 +233,16 @@ def test_the_report_is_read_with_the_connection_credentials_and_a_refusal_is_nam
         gcp_auth.set_provider(None)
     assert seen == [True]  # the connection's credentials were in place when it was read
     assert report.status_code == 502 and uri in report.json()["detail"] and "403" in report.json()["detail"]
+
+
+def test_an_unreachable_ledger_is_a_503_naming_it_without_its_password(client, token, monkeypatch):
+    """Every route reads the ledger: one that cannot be reached (its server down) is answered 503
+    with the URL (password hidden) and the reason, not a bare Internal Server Error."""
+    monkeypatch.setenv("SAILOR_LEDGER_URL", "postgresql+psycopg2://sailor:s3cret@127.0.0.1:9/ledger")
+    auth = {"Authorization": f"Bearer {token}"}
+    for path in ("/", "/api/snapshot", "/report.png"):
+        resp = client.get(path, headers=auth)
+        assert resp.status_code == 503, (path, resp.status_code, resp.text[:200])
+        detail = resp.json()["detail"]
+        assert "postgresql+psycopg2://sailor:***@127.0.0.1:9/ledger cannot be reached" in detail
+        assert "s3cret" not in detail and "OperationalError" in detail
