@@ -20,6 +20,8 @@ class ExitCode(enum.IntEnum):
     """Bad arguments or params, or credentials refused; the message names the value and the choices."""
     NOT_FOUND = 3
     """No such run, DAG or log, or a service (Airflow) that cannot be reached."""
+    INTERRUPTED = 130
+    """Stopped with Ctrl-C while following a run (the run goes on), as shells count SIGINT."""
 
 
 class SailorError(Exception):

@@ -34,6 +34,7 @@ EXIT_CODES = {
     ExitCode.FAILED: "failed (the run or the action did not succeed)",
     ExitCode.BAD_INPUT: "bad input (arguments, params or credentials)",
     ExitCode.NOT_FOUND: "not found or unreachable (run, DAG, log, Airflow)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C while following; the run goes on)",
 }
 
 

@@ -112,14 +112,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
         shown = "  ".join(f"{t}={s}" for t, s in tasks.items())
         print(f"[{time.strftime('%H:%M:%S')}] run {state}: {shown}", file=sys.stderr, flush=True)
 
+    goes_on = f"the run goes on:\n{next_steps(run_id, args.dag_id, args.airflow_url)}"
     try:
         state = client.wait(args.dag_id, run_id, timeout_s=args.timeout, poll_s=args.poll, on_change=report)
     except TimeoutError as exc:
-        print(f"error: {exc}; it goes on (`sailor cancel {run_id}` stops it)", file=sys.stderr)
+        print(f"error: {exc}; {goes_on}", file=sys.stderr)
         return ExitCode.FAILED
     except (AirflowAPIError, OSError) as exc:
-        print(f"error: following run {run_id}: {exc}", file=sys.stderr)
+        print(f"error: following run {run_id}: {exc}; {goes_on}", file=sys.stderr)
         return exit_code_of(exc)
+    except KeyboardInterrupt:
+        print(f"\nstopped following run {run_id}; {goes_on}", file=sys.stderr)
+        return ExitCode.INTERRUPTED
     print(state, flush=True)
     if state == "success" and args.dag_id == "sailor_train":
         try:

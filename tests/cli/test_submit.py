@@ -127,3 +127,25 @@ def test_set_overrides_the_file_and_bad_overrides_trigger_nothing(params, airflo
         assert done.value.code == 2
         assert f"argument {flag}: '0': need a number > 0" in capsys.readouterr().err
     assert [c for c in airflow.calls if c[0] == "trigger"] == triggers  # nothing more was triggered
+
+
+@pytest.mark.parametrize(
+    ("stop", "code", "said"),
+    [
+        (KeyboardInterrupt(), 130, "stopped following run"),
+        (requests.ConnectionError("connection reset"), 3, "error: following run"),
+        (TimeoutError("run not finished after 5 s"), 1, "error: run not finished after 5 s"),
+    ],
+    ids=["ctrl-c", "network", "timeout"],
+)
+def test_following_stops_without_a_traceback_and_says_the_run_goes_on(
+    params, airflow, capsys, stop, code, said
+):
+    def wait(*args, **kwargs):
+        raise stop
+
+    airflow.paused, airflow.wait = False, wait
+    assert sailor(["submit", params, "--airflow-url", "http://af:8080"]) == code
+    err = capsys.readouterr().err
+    assert said in err and "the run goes on" in err and "Traceback" not in err
+    assert err.rstrip().endswith("sailor cancel manual__2026-11-22T10:00:00+00:00 --airflow-url http://af:8080")
