@@ -394,9 +394,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
             others = [pool.submit(write, n, b) for n, b in self.files[1:]]
             try:
                 per_file = [write(n, b) for n, b in self.files[:1]]
-            except BaseException:
-                wait_for(others)  # never leave a thread writing into the folder
-                raise
+            finally:
+                wait_for(others)  # never leave a thread writing into the folder, whichever fails
             per_file += [f.result() for f in others]
         return [r for file_results in per_file for r in file_results]
 

@@ -617,3 +617,30 @@ def test_copied_checkpoint_loads_back_in_the_new_region(tmp_path):
     assert dst.latest_valid_step() == 5
     assert diff_states(dst.load_all(5), src.load_all(5)) == []
     assert src.copy_latest_to(f"file://{tmp_path}/r2") == 5  # idempotent on retry
+
+
+def test_a_save_that_failed_in_one_writer_thread_returns_only_when_the_others_stopped(tmp_path, monkeypatch):
+    """With 3 writer threads, one pool thread's file fails while another still writes: the save
+    raises only once no thread writes into the step folder any more (a later save of the step
+    could otherwise be overwritten by it)."""
+    from sailor_tasks.train.checkpoint import dcp
+
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", thread_count=3)
+    state = {k: torch.ones(300_000) for k in "abc"}
+    mgr.save(1, state)
+    real, finished = dcp.ChecksummingFsspecWriter._write_file, threading.Event()
+
+    def write_file(self, name, *args, **kwargs):
+        if name.endswith("_1.distcp"):
+            raise OSError(28, "No space left on device")
+        if name.endswith("_2.distcp"):
+            time.sleep(0.5)
+            out = real(self, name, *args, **kwargs)
+            finished.set()
+            return out
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(dcp.ChecksummingFsspecWriter, "_write_file", write_file)
+    with pytest.raises(OSError, match="No space left"):
+        mgr.save(2, state)
+    assert finished.is_set()
