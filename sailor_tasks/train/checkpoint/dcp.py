@@ -58,6 +58,7 @@ from sailor_tasks.train.checkpoint.store import (
     RAW_TENSOR_FORMAT,
     SIDECAR_SUFFIX,
     CheckpointStore,
+    step_dir_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -1027,6 +1028,8 @@ class CheckpointManager(CheckpointStore):
         self._retention: Future | None = None
         self._plan: _SavePlan | None = None
         """The last planned single-process save, for later saves of the same layout."""
+        self._writing: ChecksummingFsspecWriter | None = None
+        """The writer of the save in progress (``_abandon`` reclaims its files if it fails)."""
 
     def _writer(self, step: int) -> ChecksummingFsspecWriter:
         uri = self.step_uri(step)
@@ -1037,7 +1040,7 @@ class CheckpointManager(CheckpointStore):
             self._write_pool = ThreadPoolExecutor(
                 self.thread_count - 1, thread_name_prefix="sailor-ckpt-write"
             )
-        return ChecksummingFsspecWriter(
+        self._writing = ChecksummingFsspecWriter(
             uri,
             sync_files=self.sync_files,
             thread_count=self.thread_count,
@@ -1046,6 +1049,45 @@ class CheckpointManager(CheckpointStore):
             recycle_dir=self.recycle_dir,
             **storage.fs_options(storage.scheme_of(uri)),
         )
+        return self._writing
+
+    def _write_and_commit(
+        self, step: int, state_dict: dict[str, Any], start: float, process_group: Any = None
+    ) -> SaveInfo:
+        """``_write`` then ``_finish``; a save that fails is abandoned (``_abandon``)."""
+        try:
+            return self._finish(step, self._write(step, state_dict, process_group), start)
+        except StaleAttemptError:
+            raise  # a newer attempt owns the root: nothing of it is touched
+        except BaseException:
+            self._abandon(step)
+            raise
+
+    def _abandon(self, step: int) -> None:
+        """After a save of ``step`` failed (a full disk, a writer's error): its files are no
+        checkpoint, but hold the space of one, and the recycled files it took. On a local root, a
+        single process moves the data files it wrote into the recycle folder (the next save
+        reuses them) and removes the step's folder; each of several ranks puts back the recycled
+        files it took (the folder goes at the step's next save or at retention)."""
+        writer, self._writing = self._writing, None
+        if writer is None:
+            return
+        try:
+            if storage.exists(storage.join(self.step_uri(step), MARKER)):
+                return  # committed after all: a checkpoint, not a leftover
+            names = writer.recycled if self.distributed else [n for n, _ in writer.files]
+            if self.recycle_dir is not None and writer._local_dir is not None:
+                os.makedirs(self.recycle_dir, exist_ok=True)
+                for name in names:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rename(
+                            posixpath.join(writer._local_dir, name),
+                            posixpath.join(self.recycle_dir, f"{step_dir_name(step)}.{name}"),
+                        )
+            if not self.distributed:
+                storage.remove(self.step_uri(step), recursive=True)
+        except Exception as exc:  # the save's own error is what the caller must see
+            logger.warning("the files of the failed save of step %d stay: %s", step, exc)
 
     def _write(
         self, step: int, state_dict: dict[str, Any], process_group: Any = None
@@ -1080,8 +1122,7 @@ class CheckpointManager(CheckpointStore):
         if kept is not None:
             return kept
         start = time.monotonic()
-        writer = self._write(step, _resolve_stateful(state))
-        info = self._finish(step, writer, start)
+        info = self._write_and_commit(step, _resolve_stateful(state), start)
         if self.rank == 0:  # deleting old checkpoints need not hold up training
             self._retention = self._background().submit(self._retain_after_save)
         return info
@@ -1121,8 +1162,7 @@ class CheckpointManager(CheckpointStore):
         kept = self._kept(step, self.process_group)
         if kept is not None:
             return kept
-        writer = self._write(step, snapshot, self.process_group)
-        info = self._finish(step, writer, start)
+        info = self._write_and_commit(step, snapshot, start, self.process_group)
         if self.rank == 0:
             self._retain_after_save()
         return info

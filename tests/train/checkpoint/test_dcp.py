@@ -307,6 +307,7 @@ _FAILING_WRITER = """
 import resource, sys, torch
 from sailor_tasks.train.checkpoint.dcp import CheckpointManager
 mgr = CheckpointManager(sys.argv[1], recycle=False)
+mgr._abandon = lambda step: None  # as if killed before it cleaned up: the failed save's folder stays
 state = lambda v: {"small": torch.full((1 << 16,), v), "big": torch.full((2 << 20,), v)}  # 256 KB + 8 MB
 mgr.save(1, state(1.0))
 mgr.wait()
@@ -644,3 +645,32 @@ def test_a_save_that_failed_in_one_writer_thread_returns_only_when_the_others_st
     with pytest.raises(OSError, match="No space left"):
         mgr.save(2, state)
     assert finished.is_set()
+
+
+def test_a_failed_save_gives_back_the_recycled_files_and_the_space_it_took(tmp_path, monkeypatch):
+    """A save that fails mid-write (the disk full) is no checkpoint, but took the recycled files
+    and holds a checkpoint's worth of space: its data files go back to the recycle folder and its
+    folder goes, so the next save (often the notice's) reuses them instead of needing new space."""
+    from sailor_tasks.train.checkpoint import dcp
+
+    mgr = CheckpointManager(f"file://{tmp_path}/ck", keep_latest_k=1)
+    for step in (1, 2):
+        mgr.save(step, _state(200_000, float(step)))
+        mgr.wait()
+    recycle = tmp_path / "ck" / RECYCLE_DIR
+    before = sorted(os.listdir(recycle))
+    assert before  # step 1's data files, retired
+    real = dcp.ChecksummingFsspecWriter._write_file
+
+    def full_disk(self, name, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dcp.ChecksummingFsspecWriter, "_write_file", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        mgr.save(3, _state(200_000, 3.0))
+    assert not (tmp_path / "ck" / "step-00000003").exists()
+    assert len(os.listdir(recycle)) == len(before)  # the files it took are back
+    monkeypatch.setattr(dcp.ChecksummingFsspecWriter, "_write_file", real)
+    info = mgr.save(4, _state(200_000, 4.0))
+    assert info.recycled_files == len(before) and mgr.latest_valid_step() == 4
+    assert torch.equal(mgr.load_all(4)["w"], torch.full((200_000,), 4.0))
