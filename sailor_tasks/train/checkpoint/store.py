@@ -59,6 +59,16 @@ def crc32c_of(uri: str) -> tuple[str, int]:
     return storage.crc32c(uri)
 
 
+def _fsync(*targets: tuple[str, int]) -> None:
+    """fsync each (path, ``os.open`` flags): files, then the folders that name them."""
+    for path, flags in targets:
+        fd = os.open(path, flags)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 class CheckpointStore:
     """The ``step-NNNNNNNN/`` folders under one checkpoint root (a ``file://``, plain-path or
     ``gs://`` URI): which steps exist and are committed, verifying, committing, copying and
@@ -127,9 +137,13 @@ class CheckpointStore:
                 self.attempt = attempt
                 return
             inherited = [s for s in self.committed_steps() if not self._stale(s, fence)]
-            storage.write_json(
-                storage.join(self.root_uri, FENCE), {"attempt": attempt, "inherited": inherited}
-            )
+            uri = storage.join(self.root_uri, FENCE)
+            storage.write_json(uri, {"attempt": attempt, "inherited": inherited})
+            if self.local:
+                # Durable before any checkpoint of this attempt: a fence a crash left empty or torn
+                # would make every checkpoint of the root unverifiable.
+                path = storage.filesystem(uri)[1]
+                _fsync((path, os.O_RDONLY), (posixpath.dirname(path), os.O_RDONLY | os.O_DIRECTORY))
         self.attempt = attempt
 
     def check_fence(self) -> None:
@@ -402,16 +416,11 @@ class CheckpointStore:
             return
         folder = storage.filesystem(self.step_uri(step))[1]
         names = [*self.marker(step)["files"], MARKER]
-        for path, flags in (
+        _fsync(
             *((posixpath.join(folder, n), os.O_RDONLY) for n in names),
             (folder, os.O_RDONLY | os.O_DIRECTORY),
             (posixpath.dirname(folder), os.O_RDONLY | os.O_DIRECTORY),
-        ):
-            fd = os.open(path, flags)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        )
         self._durable.add(step)
 
     def _recycle(self, step: int) -> None:

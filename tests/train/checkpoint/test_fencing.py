@@ -115,3 +115,21 @@ def test_a_checkpoint_copied_into_a_claimed_root_stays_loadable(tmp_path):
     CheckpointStore(dst).claim(2)  # the root an earlier attempt left in region b
     assert CheckpointStore(src).copy_latest_to(dst) == 10
     assert CheckpointStore(dst).latest_valid_step() == 10
+
+
+def test_a_claim_on_a_local_root_is_durable_before_any_checkpoint_of_the_attempt(tmp_path, monkeypatch):
+    """A fence a crash left empty would make every checkpoint of the root unverifiable: the claim
+    fsyncs the fence file and the root folder that names it."""
+    import os
+
+    from sailor_tasks.train.checkpoint import store as store_module
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(
+        store_module.os,
+        "fsync",
+        lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)),
+    )
+    CheckpointStore(f"file://{tmp_path}/ck").claim(2)
+    assert synced == [str(tmp_path / "ck" / FENCE), str(tmp_path / "ck")]
