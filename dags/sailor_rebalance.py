@@ -75,6 +75,20 @@ from sailor_tasks.airflow_glue.lineage import ASSIGNMENT as ASSIGNMENT_ASSET
             title="Hard quotas",
             description='team → {"max": {region: GPUs}, "min": {region: GPUs}}; "*" in max caps every other region.',
         ),
+        "storage_cap_gb": Param(
+            {},
+            type="object",
+            additionalProperties={"type": "number", "minimum": 0},
+            title="Storage caps (GB)",
+            description="region → GB its dataset replicas may hold in all (new copies included); empty: no cap.",
+        ),
+        "team_priority": Param(
+            {},
+            type="object",
+            additionalProperties={"type": "number", "exclusiveMinimum": 0},
+            title="Team priorities",
+            description="team → weight of moving its GPUs (default 1): a higher weight moves a team last.",
+        ),
         "comfort_ratio": Param(
             0.9,
             type="number",
@@ -107,6 +121,8 @@ def sailor_rebalance():
             as_of=ctx["dag_run"].run_after.isoformat(),
             budget_gb=float(p["byte_budget_gb"]),
             quotas=p["quotas"],
+            storage_cap_gb=p["storage_cap_gb"],
+            team_priority=p["team_priority"],
         )
 
     @task

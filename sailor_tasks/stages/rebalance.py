@@ -96,15 +96,20 @@ def collect_utilization(
     budget_gb: float = DEFAULT_BUDGET_GB,
     quotas: Mapping[str, Any] | None = None,
     ctx: StageContext | None = None,
+    storage_cap_gb: Mapping[str, float] | None = None,
+    team_priority: Mapping[str, float] | None = None,
 ) -> JSON:
     """The rebalance problem from the ledger (demand per team, region and GPU type over the window:
     finished attempts, attempts still running and runs waiting in the queue; datasets each team
     reads, their sizes, replicas and the regions their runs' ``data_residency`` allows them in)
-    and the catalog's supply.
+    and the catalog's supply. ``storage_cap_gb``: region → GB its replicas may hold in all;
+    ``team_priority``: team → weight of its GPUs moved (default 1).
 
     Raises:
         InvalidRequestError: ``window_days`` or ``budget_gb`` is not a finite number > 0 (≥ 0 for
-            the budget): an empty window would publish an assignment with no demand at all.
+            the budget): an empty window would publish an assignment with no demand at all; a
+            storage cap of a region the supply lacks, or that is no number ≥ 0; a team priority
+            that is no number > 0.
     """
     import math
 
@@ -137,6 +142,15 @@ def collect_utilization(
 
     supply = region_supply(ctx.catalog.offers)
     transfer = ctx.catalog.transfer
+    regions = sorted({r for r, _g in supply})
+    for region, gb in (storage_cap_gb or {}).items():
+        if region not in regions:
+            raise InvalidRequestError(f"storage_cap_gb[{region!r}]", gb, "not a region of the supply", regions)
+        if not (isinstance(gb, int | float) and math.isfinite(gb) and gb >= 0):
+            raise InvalidRequestError(f"storage_cap_gb[{region!r}]", gb, "need a finite number of GB ≥ 0")
+    for team, weight in (team_priority or {}).items():
+        if not (isinstance(weight, int | float) and math.isfinite(weight) and weight > 0):
+            raise InvalidRequestError(f"team_priority[{team!r}]", weight, "need a finite weight > 0")
 
     def residency(uri: str) -> list[str] | None:
         """The supplied regions in the continents the dataset's runs allowed it (None: any)."""
@@ -157,6 +171,8 @@ def collect_utilization(
         budget_bytes=int(budget_gb * 1e9),
         size_of=size_of,
         quotas=quotas,
+        priorities=dict(team_priority or {}),
+        storage_cap_bytes={r: float(gb) * 1e9 for r, gb in (storage_cap_gb or {}).items()},
         residency=residency,
     )
     logger.info(

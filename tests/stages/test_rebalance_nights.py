@@ -117,3 +117,26 @@ def test_the_review_judges_a_reservation_by_its_gpu_types_shares(ctx):
     assert [(o["run_id"], o["assigned_regions"]) for o in review["outside"]] == [
         ("a100-run", ["europe-west4"])
     ]
+
+
+def test_storage_caps_and_team_priorities_reach_the_problem_and_bad_ones_are_refused(ctx):
+    from sailor_tasks import stages
+    from sailor_tasks.errors import InvalidRequestError
+
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    ctx.ledger.upsert_run(
+        "r1", job_name="j", team="t", status="success", backend="local", model="tiny_gpt",
+        dataset_uri="sailor://source/d", request={},
+    )  # fmt: skip
+    ctx.ledger.record_utilization("r1", "t", "us-east1", "T4", 4, now - dt.timedelta(hours=5), now)
+    util = stages.collect_utilization(
+        7.0, as_of=now.isoformat(), ctx=ctx, storage_cap_gb={"us-east1": 2.5}, team_priority={"t": 3}
+    )
+    assert util["problem"]["storage_cap_bytes"] == {"us-east1": 2.5e9}
+    assert [team["priority"] for team in util["problem"]["teams"]] == [3.0]
+    with pytest.raises(
+        InvalidRequestError, match=r"storage_cap_gb\['us-eastl'\]=1: not a region of the supply.*us-east1"
+    ):
+        stages.collect_utilization(7.0, as_of=now.isoformat(), ctx=ctx, storage_cap_gb={"us-eastl": 1})
+    with pytest.raises(InvalidRequestError, match=r"team_priority\['t'\]=0: need a finite weight > 0"):
+        stages.collect_utilization(7.0, as_of=now.isoformat(), ctx=ctx, team_priority={"t": 0})
