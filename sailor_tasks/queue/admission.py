@@ -265,12 +265,15 @@ def admission_pass(ranked: Sequence[Ranked], try_admit: Callable[[Ranked], bool 
     """Admit in ``ranked`` order: ``try_admit`` reserves the run's capacity and answers True
     (admitted), False (it does not fit now) or None (it left the queue: no effect on others).
     A run that does not fit holds back every non-urgent run behind it that waits for one of the
-    same GPU types (no backfill past it, so it is not starved by smaller runs); urgent runs are
-    always tried. Returns the admitted run ids, in order."""
+    same GPU types (no backfill past it, so it is not starved by smaller runs), and so does a run
+    held back itself, on all its types (a later run must not take the GPUs an earlier one waits
+    for, as ``estimate_starts`` counts); urgent runs are always tried. Returns the admitted run
+    ids, in order."""
     blocked: set[str] = set()
     admitted = []
     for r in ranked:
         if blocked & set(r.blocks) and not r.urgent:
+            blocked |= set(r.blocks)
             continue
         outcome = try_admit(r)
         if outcome:

@@ -152,6 +152,27 @@ def test_a_run_that_does_not_fit_holds_back_the_runs_behind_it_on_the_same_gpus(
     assert tried == ["big", "l4", "gone", "urgent-t4"]  # small-t4 waits behind big: no backfill
 
 
+def test_a_run_held_back_holds_back_the_runs_behind_it_on_all_its_gpu_types():
+    """A waits for T4s; B (any type, ahead of C) is held back behind it; C, a V100-only run
+    behind B, must not take the V100s B waits for too (the order says B starts first)."""
+    from sailor_tasks.queue import Ranked, admission_pass
+
+    ranked = [
+        Ranked("A-t4", 1, "", None, blocks=("T4",)),
+        Ranked("B-any", 2, "", None, blocks=("T4", "V100")),
+        Ranked("C-v100", 3, "", None, blocks=("V100",)),
+        Ranked("D-a100", 4, "", None, blocks=("A100",)),
+    ]
+    tried = []
+
+    def try_admit(r):
+        tried.append(r.run_id)
+        return r.run_id != "A-t4"
+
+    assert admission_pass(ranked, try_admit) == ["D-a100"]
+    assert tried == ["A-t4", "D-a100"]
+
+
 def test_queue_settings_refuse_bad_values_naming_them():
     from sailor_tasks.settings import Settings
 
