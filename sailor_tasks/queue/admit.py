@@ -128,8 +128,14 @@ def admit(
         if reserver.end(run, "timed_out", str(QueueTimeoutError(run.run_id, hours, run.waiting_for))):
             out.timed_out.append(run.run_id)
 
+    def has_a_pass(run: QueuedRun) -> bool:
+        """Its arrival pass, or it may not wait at all (``max_queue_hours`` 0): whichever pass
+        reads it first (another run's arrival, a teardown, a re-check, a retried ``plan``) tries
+        it once before its time-out."""
+        return run.run_id in arriving or (run.wait_until_s is not None and run.wait_until_s <= run.arrival_s)
+
     for run in queued:
-        if past_limit(run) and run.run_id not in arriving:
+        if past_limit(run) and not has_a_pass(run):
             time_out(run)
         else:
             live.append(run)

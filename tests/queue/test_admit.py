@@ -115,8 +115,9 @@ def test_refused_on_arrival_when_its_latest_start_passed_or_it_may_not_wait():
 
 
 def test_a_run_that_may_not_wait_gets_its_arrival_pass_before_it_times_out():
-    """max_queue_hours 0 with others waiting: not refused on arrival, tried in the pass of its
-    arrival (admitted when it fits), timed out at the end of that pass when it does not."""
+    """max_queue_hours 0 with others waiting: not refused on arrival, tried in the first pass that
+    reads it, its arrival's or another's (admitted when it fits), timed out at the end of that pass
+    when it does not."""
     zero = dict(arrival=10.0, wait_until_s=10.0, waiting_for="2x T4 GPUs")
     assert refused_on_arrival(q("z", **zero), 10.0, tried=False) is None
     assert type(refused_on_arrival(q("z", **zero), 10.0)).__name__ == "QueueTimeoutError"
@@ -129,8 +130,13 @@ def test_a_run_that_may_not_wait_gets_its_arrival_pass_before_it_times_out():
     out = admit([waiting, q("z", **zero)], [], cap, 10.0, res, policy="fifo", arriving=("z",))
     assert out.timed_out == ["z"] and res.ended["z"][0] == "timed_out" and "2x T4 GPUs" in res.ended["z"][1]
     assert [r.run_id for r in out.waiting] == ["w"]
-    out = admit([q("z", **zero)], [], CAP, 10.0, FakeReserver(spot=2))  # a later pass: not tried
-    assert out.timed_out == ["z"] and out.admitted == []
+    # Another run's pass that reads it before its own (a teardown's, a re-check) tries it once
+    # too: admitted when it fits, else timed out; never timed out untried.
+    out = admit([q("z", **zero)], [], CAP, 10.0, FakeReserver(spot=2))
+    assert out.admitted == ["z"] and out.timed_out == []
+    res = FakeReserver(spot=0)
+    out = admit([q("z", **zero)], [], CAP, 10.0, res)
+    assert out.timed_out == ["z"] and out.admitted == [] and res.ended["z"][0] == "timed_out"
 
 
 def test_a_deadline_run_is_estimated_on_its_fastest_on_demand_offer_others_on_the_best():
