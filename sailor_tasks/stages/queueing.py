@@ -314,12 +314,17 @@ def _enqueue(
 
 
 def _queued_error(entry: Mapping[str, Any]) -> RunQueuedError:
-    recheck = utcnow() + dt.timedelta(seconds=RECHECK_S)
+    now = utcnow()
+    recheck = now + dt.timedelta(seconds=RECHECK_S)
     if entry.get("latest_start_at") is not None:
         from sailor_tasks.queue.admission import URGENT_MARGIN_S
 
-        urgent_at = entry["latest_start_at"] - dt.timedelta(seconds=URGENT_MARGIN_S)
-        recheck = max(min(recheck, urgent_at), utcnow() + dt.timedelta(seconds=5))
+        # Next when it turns urgent (tried on-demand then), and once urgent at its latest start
+        # (it fails then if nothing took it): passes that capacity freeing runs come in between.
+        latest = entry["latest_start_at"]
+        urgent_at = latest - dt.timedelta(seconds=URGENT_MARGIN_S)
+        due = urgent_at if now < urgent_at else latest + dt.timedelta(seconds=1)
+        recheck = max(min(recheck, due), now + dt.timedelta(seconds=5))
     recheck = min(recheck, entry["max_wait_until"])
     return RunQueuedError(
         entry["run_id"],
@@ -646,7 +651,7 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
     from sailor_tasks.settings import BACKENDS
 
     ctx = resolve_ctx(ctx)
-    now = now or utcnow()
+    given_now, now = now, now or utcnow()
     reclaimed, errors = [], []
     for res in ctx.ledger.expired_leases(now):
         # Fence the lease first: a renewal that landed since expired_leases() wins, and none can
@@ -688,7 +693,8 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
                     ctx.ledger.end_attempt(
                         res.run_id, att["attempt"], "failed", detail="lease expired; reclaimed"
                     )
-    admission = admit_queued(ctx, now) if reclaimed or ctx.ledger.queue_entries(("queued",)) else None
+    # On the clock of when it runs: stopping and removing what runs left can take minutes each.
+    admission = admit_queued(ctx, given_now) if reclaimed or ctx.ledger.queue_entries(("queued",)) else None
     result = {"reclaimed": reclaimed, "errors": errors, "admission": admission}
     if errors:
         raise ReconcileIncompleteError(errors, result)

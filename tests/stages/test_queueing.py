@@ -738,3 +738,43 @@ def test_a_retried_teardown_runs_the_admission_pass_its_first_try_did_not(tight,
     out = stages.teardown("run-1", ctx)
     assert out["reservation_released"] is False and out["admitted"] == ["run-2"]
     assert [r.run_id for r in ctx.ledger.live_reservations()] == ["run-2"]
+
+
+def test_a_queued_deadline_run_is_rechecked_when_it_turns_urgent_then_at_its_latest_start():
+    """Not every 5 s through the urgent window: each re-check is a worker slot and a full pass."""
+    import datetime as dt
+
+    from sailor_tasks.ledger.store import utcnow
+    from sailor_tasks.stages.queueing import RECHECK_S, _queued_error
+
+    def next_check(minutes_to_latest: float) -> float:
+        now = utcnow()
+        entry = {
+            "run_id": "r",
+            "latest_start_at": now + dt.timedelta(minutes=minutes_to_latest),
+            "max_wait_until": now + dt.timedelta(hours=5),
+            "position": 1,
+            "reason": "fifo: by arrival",
+        }
+        return (dt.datetime.fromisoformat(_queued_error(entry).recheck_at) - now).total_seconds()
+
+    assert next_check(60) == pytest.approx(RECHECK_S, abs=2)  # far from it: the usual re-check
+    assert next_check(7) == pytest.approx(120, abs=2)  # when it turns urgent (5 min before)
+    assert next_check(4) == pytest.approx(241, abs=2)  # urgent: at its latest start
+    assert next_check(0.02) == pytest.approx(5, abs=1)  # never sooner than 5 s
+
+
+def test_the_reconcilers_admission_pass_reads_the_clock_when_it_runs(ctx, monkeypatch):
+    """Stopping and removing what expired runs left takes minutes on GKE: the pass after it must
+    not judge time-outs, latest starts and deadlines on the clock read before that."""
+    import datetime as dt
+
+    from sailor_tasks.stages import queueing
+
+    passes = []
+    monkeypatch.setattr(queueing, "admit_queued", lambda c, now=None, **kw: passes.append(now) or {})
+    monkeypatch.setattr(ctx.ledger, "queue_entries", lambda states=None: [{"run_id": "waiting"}])
+    queueing.reconcile(ctx)
+    given = dt.datetime(2026, 11, 29, 12, tzinfo=dt.UTC)
+    queueing.reconcile(ctx, now=given)
+    assert passes == [None, given]  # None: admit_queued reads the clock itself
