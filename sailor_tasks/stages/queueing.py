@@ -200,8 +200,9 @@ def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
     the speed learned from past attempts of the same workload on the same backend
     (``learned_hours``, launch included) when there are any, else from the placement engine's
     estimate (``queue.estimate_hours``: the run's best on-demand offer, its fastest when it has a
-    deadline, which is what its latest start must allow for) plus one launch; capacity held by
-    others is ignored (an estimate of the run, not of the wait). None: no offer can run it."""
+    deadline, which is what its latest start must allow for) plus one launch; for a run with a
+    deadline, the smaller of the two. Capacity held by others is ignored (an estimate of the run,
+    not of the wait). None: no offer can run it."""
     from sailor_tasks.catalog.throughput import packaged_with_measured
     from sailor_tasks.placement.context import RESTART_HOURS
     from sailor_tasks.placement.index import index_for
@@ -213,10 +214,14 @@ def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
     est = estimate_hours(req, catalog, ledger_state(ctx.ledger, req, ""), index_for(catalog, table))
     if est is None:
         return None
+    engine = est.hours + RESTART_HOURS
     learned = learned_hours(ctx, req)
-    if learned is not None:
-        return learned + est.data_hours
-    return est.hours + est.data_hours + RESTART_HOURS
+    if learned is None:
+        return engine + est.data_hours
+    # A deadline run's latest start must allow for its fastest offer: speeds learned on slower
+    # GPUs (a run of any type) would move it earlier and fail the run while a faster offer could
+    # still meet the deadline.
+    return (min(learned, engine) if req.deadline_hours is not None else learned) + est.data_hours
 
 
 def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:

@@ -602,6 +602,15 @@ def test_duration_estimates_learn_from_past_attempts_on_the_same_backend(tight, 
     assert engine_only != pytest.approx(expected_hours(ctx, req), abs=0.001)
     other = from_dict(JobRequest, submit(ctx, "other", demo_dataset, model="small_gpt"))
     assert learned_hours(ctx, other) is None  # another workload learns nothing from these
+    # A deadline run's latest start must allow for its fastest offer: a learned speed slower than
+    # the engine's estimate of it does not move the latest start earlier.
+    import dataclasses
+
+    slow = dataclasses.replace(req, total_steps=60_000)  # 5.6 h at the learned 3 steps/s
+    deadline = dataclasses.replace(slow, deadline_hours=48.0)
+    assert learned_hours(ctx, deadline) == learned_hours(ctx, slow) == pytest.approx(60_000 / 3.0 / 3600.0)
+    assert expected_hours(ctx, slow) == pytest.approx(60_000 / 3.0 / 3600.0, abs=0.01)
+    assert expected_hours(ctx, deadline) < expected_hours(ctx, slow)  # the engine's, faster
 
 
 def test_a_relaunch_is_planned_for_the_work_and_the_time_left(ctx, demo_dataset):
