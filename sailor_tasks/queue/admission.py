@@ -211,25 +211,33 @@ def rank(
     def urgent(r: QueuedRun) -> bool:
         return r.latest_start_s is not None and now_s >= r.latest_start_s - URGENT_MARGIN_S
 
+    def deficit(r: QueuedRun) -> float:
+        if ordered:
+            return 0.0
+        if policy == "las":
+            return target_by_team.get(r.team, 0.0) - held_by_team.get(r.team, 0.0)
+        # Per run: the fraction of its GPUs the allocation gives it beyond what it holds.
+        return (targets.get(r.run_id, 0.0) - held_run.get(r.run_id, 0.0)) / max(1, r.gpus)
+
+    def key(r: QueuedRun) -> tuple:
+        if urgent(r):
+            return (0, r.latest_start_s, r.arrival_s, r.run_id)
+        return (1, -PRIORITIES[r.priority], -round(deficit(r), 9), *_order_key(policy, r, service))
+
+    # Each pick is the least key over the runs left (the first in ``queued`` on a tie). A pick
+    # changes only the keys of its team's runs under las (what the team holds), and only ever
+    # raises them: a heap whose entries are re-keyed when their team moved on gives the same order
+    # in O(n log n) (other policies' keys never change: one sort).
+    version: dict[str, int] = {}
+    heap = [(key(r), i, 0, r) for i, r in enumerate(queued)]
+    heapq.heapify(heap)
     order: list[tuple[QueuedRun, str]] = []
-    left = list(queued)
-    while left:
-
-        def deficit(r: QueuedRun) -> float:
-            if ordered:
-                return 0.0
-            if policy == "las":
-                return target_by_team.get(r.team, 0.0) - held_by_team.get(r.team, 0.0)
-            # Per run: the fraction of its GPUs the allocation gives it beyond what it holds.
-            return (targets.get(r.run_id, 0.0) - held_run.get(r.run_id, 0.0)) / max(1, r.gpus)
-
-        def key(r: QueuedRun) -> tuple:
-            if urgent(r):
-                return (0, r.latest_start_s, r.arrival_s, r.run_id)
-            return (1, -PRIORITIES[r.priority], -round(deficit(r), 9), *_order_key(policy, r, service))
-
-        best = min(left, key=key)
-        left.remove(best)
+    while heap:
+        _, i, seen, best = heapq.heappop(heap)
+        if policy == "las" and seen != version.get(best.team, 0):
+            heapq.heappush(heap, (key(best), i, version.get(best.team, 0), best))
+            continue
+        version[best.team] = version.get(best.team, 0) + 1
         order.append(
             (
                 best,
