@@ -313,11 +313,16 @@ class Trainer:
     def save(self, *, blocking: bool = True) -> None:
         """Checkpoint the current step; in the background when configured and not ``blocking``."""
         if self.config.async_checkpoint and not blocking:
+            # The previous background save's failure (logged) stops neither this one nor training.
+            unless_fenced(self._collect_async_now, f"async checkpoint failed; saving step {self.step} anyway")
             self.checkpoints.save_async(self.step, self.state(), pipelined=True)
             return
         info = self.checkpoints.save(self.step, self.state())  # waits for a pending async save first
         self.last_checkpoint_step = info.step
         self._report_progress()
+
+    def _collect_async_now(self) -> None:
+        self._collect_async(wait=True)
 
     def _collect_async(self, wait: bool = False) -> None:
         info = self.checkpoints.wait() if wait else self.checkpoints.poll()
@@ -331,7 +336,7 @@ class Trainer:
         one, which would leave the run only its last committed step. The save is collective: every
         rank takes the same branch."""
         _, collected = unless_fenced(
-            lambda: self._collect_async(wait=True), f"async checkpoint failed; saving step {self.step} now"
+            self._collect_async_now, f"async checkpoint failed; saving step {self.step} now"
         )
         save = not collected or self.last_checkpoint_step != self.step
         if self.distributed:
@@ -392,7 +397,9 @@ class Trainer:
                 self.scheduler.get_last_lr()[0],
                 eta,
             )
-        self._collect_async()
+        # A background save that failed (a store's transient error) is logged; training goes on
+        # from the last committed step, and a notice in this step is still saved.
+        unless_fenced(self._collect_async, "async checkpoint failed; training goes on")
         if self.step == cfg.total_steps:
             self.save()
         elif self.step % cfg.checkpoint_every_steps == 0:

@@ -127,6 +127,36 @@ def test_a_notice_after_a_failed_async_save_still_saves_its_step(data_uri, tmp_p
     assert CheckpointManager(cfg.checkpoint_uri).latest_valid_step() == 4
 
 
+@pytest.mark.parametrize("notice_at", [None, 5])
+def test_a_failed_periodic_async_save_fails_neither_the_run_nor_a_later_notice(
+    data_uri, tmp_path, monkeypatch, notice_at
+):
+    """The background save of step 4 fails (a store's transient error), found one step later:
+    training goes on (the worker must not exit as failed), and a notice in step 5 saves step 5
+    (the work since step 2 is not lost)."""
+    cfg = config(
+        data_uri, f"file://{tmp_path}/o", total_steps=8, checkpoint_every_steps=2, async_checkpoint=True
+    )
+
+    def failing(self, step, *a, **k):
+        if step == 4:
+            raise OSError("503 Service Unavailable")
+        return real(self, step, *a, **k)
+
+    real = CheckpointManager._write_and_commit  # after the state was staged
+    monkeypatch.setattr(CheckpointManager, "_write_and_commit", failing)
+    stop = StopAfter(notice_at or 10**9)
+    trainer = Trainer(cfg, stop_event=stop)
+    stop.trainer = trainer
+    result = trainer.train()
+    if notice_at is None:
+        assert (result.status, result.step) == ("completed", 8)
+        assert CheckpointManager(cfg.checkpoint_uri).latest_valid_step() == 8
+    else:
+        assert (result.status, result.step) == ("preempted", 5)
+        assert CheckpointManager(cfg.checkpoint_uri).latest_valid_step() == 5
+
+
 @pytest.mark.parametrize("async_checkpoint", [False, True])
 def test_a_failed_retention_fails_neither_the_save_nor_the_run(
     data_uri, tmp_path, monkeypatch, async_checkpoint
