@@ -123,6 +123,8 @@ def test_bad_env_is_refused_naming_the_field(env, fragment):
         "OPENSSL_CONF",
         "OPENSSL_MODULES",
         "CUDA_INJECTION64_PATH",
+        "NVTX_INJECTION64_PATH",
+        "NCCL_CONF_FILE",
         "BASH_ENV",
         "NCCL_NET_PLUGIN",
         "GLIBC_TUNABLES",

@@ -39,6 +39,9 @@ LOCAL_ENV_REFUSED = (
     "BASH_ENV",
     "ENV",
     "CUDA_INJECTION64_PATH",
+    "NVTX_INJECTION64_PATH",
+    "NVTX_INJECTION32_PATH",
+    "NCCL_CONF_FILE",
     "NCCL_NET_PLUGIN",
     "NCCL_TUNER_PLUGIN",
     "NCCL_PROFILER_PLUGIN",
@@ -47,7 +50,8 @@ LOCAL_ENV_REFUSED = (
 """Env names a local run may not set: each makes the loader, a shell, a library or Python run or
 read other files than the command's: glibc's list of variables it drops for setuid programs (and
 ``GLIBC_TUNABLES``), PATH and HOME (the interpreter and Python's user site-packages), a shell's
-start-up file, and the libraries CUDA and NCCL load by name."""
+start-up file, the libraries CUDA, NVTX and NCCL load by name, and NCCL's configuration file
+(its lines set NCCL's variables, the plugin names included)."""
 LOCAL_ENV_REFUSED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "OPENSSL_")
 """Prefixes a local run's env names may not have: the dynamic loader's (``LD_PRELOAD``, ...),
 Python's (``PYTHONPATH``, ``PYTHONSTARTUP``, ...) and OpenSSL's (``OPENSSL_CONF``, whose providers
