@@ -24,27 +24,39 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from sailor_tasks.catalog import load_catalog
+    """Plan as the ``plan`` stage does: the catalog with the preemption rates learned from the
+    ledger's spot attempts, the throughputs measured by past runs and the dataset's size."""
+    from sailor_tasks import storage
+    from sailor_tasks.catalog.throughput import packaged_with_measured
+    from sailor_tasks.data.manifest import read_manifest
     from sailor_tasks.errors import SailorError
-    from sailor_tasks.ledger import Ledger
     from sailor_tasks.placement import explain, plan
+    from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state
     from sailor_tasks.request import from_params
+    from sailor_tasks.stages import StageContext
 
     try:
         params = load_params(args.request, args.set)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    catalog = load_catalog()
+    ctx = StageContext(Settings.from_env())
     try:
-        request = from_params(params, catalog)
-        ledger = Ledger(Settings.from_env().ledger_url)
-        state = ledger_state(ledger, request, run_id="cli-plan")
+        request = from_params(params, ctx.catalog)
+        catalog = ctx.planning_catalog()
+        index = index_for(catalog, packaged_with_measured(tuple(ctx.ledger.measured_throughputs())))
+        try:
+            manifest = read_manifest(storage.resolve(request.dataset_uri, ctx.settings))
+        except (SailorError, OSError):  # not readable from here: the largest recorded replica
+            manifest = None
+        nbytes = manifest.total_bytes if manifest is not None else None
+        state = ledger_state(ctx.ledger, request, "cli-plan", nbytes)
         if args.json:  # the whole decision: winner, runners-up, regions, every rejected candidate
-            print_json(explain(request, catalog, state, run_id="cli-plan"))
-            return ExitCode.OK
-        placement = plan(request, catalog, state, run_id="cli-plan")
+            decision = explain(request, catalog, state, run_id="cli-plan", index=index)
+            print_json(decision)
+            return ExitCode.BAD_INPUT if decision.get("error") else ExitCode.OK
+        placement = plan(request, catalog, state, run_id="cli-plan", index=index)
     except SailorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT

@@ -81,3 +81,22 @@ def test_the_ledger_observes_spot_attempts_on_cloud_backends_and_sailor_catalog_
     planning = ctx.planning_catalog()
     rate = next(o.preemption_rate_per_hour for o in planning.offers if (o.zone, o.gpu_type) == (ZONE, GPU))
     assert rate == pytest.approx(learned_rate(prior, 1, 6.0))
+
+
+def test_sailor_plan_decides_with_the_learned_rates_the_plan_stage_uses(ctx, capsys):
+    """``sailor plan`` shows the decision the ``plan`` stage makes: on the catalog with the rates
+    learned from the ledger's spot attempts (a zone that preempted often is charged for it)."""
+    from sailor_tasks.model import ClusterState
+    from sailor_tasks.placement import explain
+    from sailor_tasks.request import from_params
+
+    for i in range(30):
+        _attempt(ctx.ledger, f"gke-{i}", "gke", "spot", 0.5, preempted=True)  # 30 in 30 VM-hours
+    params = {"gpu_type": GPU, "market": "spot", "regions": ["us-central1"], "num_workers": 1}
+    sets = [x for k, v in params.items() for x in ("--set", f"{k}={json.dumps(v)}")]
+    assert sailor(["plan", "--json", *sets]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    request = from_params(params, ctx.catalog)
+    learned = explain(request, ctx.planning_catalog(), ClusterState(), run_id="cli-plan")
+    prior = explain(request, ctx.catalog, ClusterState(), run_id="cli-plan")
+    assert shown["winner"] == learned["winner"] != prior["winner"]

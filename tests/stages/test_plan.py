@@ -62,6 +62,13 @@ def test_cli_plan_json_prints_winner_runners_up_and_rejections(settings, capsys)
     assert {r["validator"] for r in out["rejected"]} >= {"gpu_type"}
 
 
+def test_cli_plan_json_of_a_request_nothing_can_hold_exits_as_the_text_does(settings, capsys):
+    assert sailor(["plan", "--set", "max_usd_per_hour=0.01"]) == 2
+    assert "no offer satisfies" in capsys.readouterr().err
+    assert sailor(["plan", "--json", "--set", "max_usd_per_hour=0.01"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"].startswith("NoFeasibleOfferError")
+
+
 def test_cli_plan_unknown_gpu_lists_valid_values(settings, capsys):
     assert sailor(["plan", "--set", 'gpu_type="Z100"']) == 2
     assert "valid choices: any, A100" in capsys.readouterr().err
