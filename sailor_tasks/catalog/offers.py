@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,44 +30,58 @@ def _packaged(name: str) -> str:
     return str(resources.files("sailor_tasks.catalog").joinpath("data", name))
 
 
-def _number(row: dict[str, str], column: str, where: str, kind: type[float] | type[int] = float) -> float:
-    """``row[column]`` as a ``kind``; ValueError naming ``where``, the column and the value."""
+def _number(
+    row: dict[str, str], column: str, where: str, kind: type[float] | type[int] = float, least: float = 0
+) -> float:
+    """``row[column]`` as a finite ``kind`` ≥ ``least``; ValueError naming ``where``, the column
+    and the value."""
     try:
-        return kind(row[column])
+        value = kind(row[column])
     except ValueError:
         raise ValueError(f"{where}: {column}={row[column]!r} is not a number") from None
+    if not (math.isfinite(value) and value >= least):
+        raise ValueError(f"{where}: {column}={row[column]!r}: need a finite number ≥ {least:g}")
+    return value
 
 
 def read_offers(path: str | None = None) -> list[Offer]:
     """Read offers from a CSV with the columns of ``derive.OFFER_COLUMNS`` (``#`` lines skipped).
 
     Raises:
-        ValueError: a row lacks a column or has a value of the wrong type, naming the file, the
-            row (its number among the data rows) and the column.
+        ValueError: a row lacks a column or has a value of the wrong type or out of range (GPUs
+            per node ≥ 1, prices finite and ≥ 0), naming the file, the row (its number among the
+            data rows) and the column; a file without any offer; a row CSV cannot read.
     """
     path = path or _packaged(DEFAULT_OFFERS_FILE)
     offers = []
     with open(path, newline="") as f:
         rows = csv.DictReader(line for line in f if not line.startswith("#"))
-        for n, r in enumerate(rows, start=1):
-            where = f"{path}: data row {n}"
-            missing = [k for k in OFFER_COLUMNS if r.get(k) in (None, "")]
-            if missing:
-                raise ValueError(f"{where}: no value for {', '.join(missing)}")
-            offers.append(
-                Offer(
-                    cloud=r["cloud"],
-                    region=r["region"],
-                    zone=r["zone"],
-                    gpu_type=r["gpu_type"],
-                    gpus_per_node=_number(r, "gpus_per_node", where, int),
-                    instance_type=r["instance_type"],
-                    ondemand_usd_per_hour=_number(r, "ondemand_usd_per_hour", where),
-                    spot_usd_per_hour=_number(r, "spot_usd_per_hour", where),
-                    spot_above_ondemand=r["spot_above_ondemand"] == "1",
-                )
-            )
+        n = 0
+        try:
+            for n, r in enumerate(rows, start=1):
+                offers.append(_offer(r, f"{path}: data row {n}"))
+        except csv.Error as exc:
+            raise ValueError(f"{path}: data row {n + 1}: {exc}") from None
+    if not offers:
+        raise ValueError(f"{path}: no offer (a header and no data row)")
     return offers
+
+
+def _offer(r: dict[str, str], where: str) -> Offer:
+    missing = [k for k in OFFER_COLUMNS if r.get(k) in (None, "")]
+    if missing:
+        raise ValueError(f"{where}: no value for {', '.join(missing)}")
+    return Offer(
+        cloud=r["cloud"],
+        region=r["region"],
+        zone=r["zone"],
+        gpu_type=r["gpu_type"],
+        gpus_per_node=_number(r, "gpus_per_node", where, int, least=1),
+        instance_type=r["instance_type"],
+        ondemand_usd_per_hour=_number(r, "ondemand_usd_per_hour", where),
+        spot_usd_per_hour=_number(r, "spot_usd_per_hour", where),
+        spot_above_ondemand=r["spot_above_ondemand"] == "1",
+    )
 
 
 @dataclass(frozen=True)

@@ -125,3 +125,36 @@ def test_a_truncated_or_bad_offers_file_is_a_catalog_error_naming_the_row_and_co
     bad.write_text(header + ",".join(first))
     with pytest.raises(CatalogError, match=rf"{bad}: data row 1: spot_usd_per_hour='cheap' is not a number"):
         load_catalog(str(bad))
+
+
+def test_impossible_offers_and_an_empty_offers_file_are_catalog_errors_naming_them(tmp_path):
+    """0 GPUs per VM (a run then got '0x V100'), NaN or infinite or negative prices (NaN became
+    null in JSON), a file with no offer, and a line CSV cannot read."""
+    import pytest
+
+    from sailor_tasks.catalog.offers import DEFAULT_OFFERS_FILE, _packaged
+    from sailor_tasks.errors import CatalogError
+
+    lines = [line for line in open(_packaged(DEFAULT_OFFERS_FILE)) if not line.startswith("#")]
+    header = lines[0]
+    columns = header.strip().split(",")
+    for column, value in (
+        ("gpus_per_node", "0"),
+        ("ondemand_usd_per_hour", "nan"),
+        ("spot_usd_per_hour", "inf"),
+        ("ondemand_usd_per_hour", "-1.5"),
+    ):
+        row = lines[1].rstrip("\n").split(",")
+        row[columns.index(column)] = value
+        bad = tmp_path / f"{column}.csv"
+        bad.write_text(header + ",".join(row) + "\n")
+        with pytest.raises(CatalogError, match=rf"data row 1: {column}='{value}': need a finite number"):
+            load_catalog(str(bad))
+    empty = tmp_path / "empty.csv"
+    empty.write_text(header)
+    with pytest.raises(CatalogError, match=rf"{empty}: no offer"):
+        load_catalog(str(empty))
+    huge = tmp_path / "huge.csv"
+    huge.write_text(header + lines[1] + '"' + "x" * 200_000 + '"\n')
+    with pytest.raises(CatalogError, match=rf"{huge}: data row 2: field larger than field limit"):
+        load_catalog(str(huge))
