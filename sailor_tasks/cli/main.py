@@ -4,6 +4,7 @@ catalog, run the demo and the simulators."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Iterator, Sequence
@@ -27,7 +28,7 @@ from sailor_tasks.cli import (
     submit,
     trace,
 )
-from sailor_tasks.errors import CatalogError, ExitCode, SettingsError
+from sailor_tasks.errors import CatalogError, ExitCode, LedgerSchemaError, SettingsError
 
 EXIT_CODES = {
     ExitCode.OK: "ok",
@@ -111,18 +112,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:  # a SAILOR_* variable, for every command
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    except (DBAPIError, ArgumentError) as exc:  # the ledger of every command that reads or writes it
-        return _ledger_error(exc)
+    except (DBAPIError, ArgumentError, LedgerSchemaError) as exc:  # the ledger of every command
+        return _ledger_error(exc, getattr(args, "ledger_url", None))
+    except ImportError as exc:
+        if not _from_sqlalchemy(exc):
+            raise
+        return _ledger_error(exc, getattr(args, "ledger_url", None))
 
 
-def _ledger_error(exc: Exception) -> int:
+def _from_sqlalchemy(exc: BaseException) -> bool:
+    """The import failed inside SQLAlchemy: the database driver a ledger URL names is missing."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if "/sqlalchemy/" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _ledger_error(exc: Exception, given_url: str | None = None) -> int:
     """A clear line, not a traceback, for a ledger that cannot be used: a URL SQLAlchemy cannot use
-    (bad input), or a database it cannot reach or use (not found)."""
+    or whose driver is not installed, a ledger this SAILOR's schema cannot use (bad input), or a
+    database it cannot reach or use (not found). ``given_url``: the command's ``--ledger-url``."""
     from sailor_tasks.settings import Settings
 
-    url = Settings.from_env().ledger_url_redacted
+    settings = Settings.from_env()
+    if given_url:
+        settings = dataclasses.replace(settings, ledger_url=given_url)
+    url = settings.ledger_url_redacted
+    where = f"--ledger-url {url!r}" if given_url else f"SAILOR_LEDGER_URL={url!r}"
     if isinstance(exc, ArgumentError):
-        print(f"error: SAILOR_LEDGER_URL={url!r} is not a usable SQLAlchemy URL: {exc}", file=sys.stderr)
+        print(f"error: {where} is not a usable SQLAlchemy URL: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    if isinstance(exc, ImportError):
+        print(f"error: {where}: its database driver is not installed ({exc})", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    if isinstance(exc, LedgerSchemaError):
+        print(f"error: cannot use the ledger at {url}: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     orig = getattr(exc, "orig", None)
     reason = (str(orig).strip().splitlines() or [type(orig).__name__])[0] if orig is not None else str(exc)

@@ -67,7 +67,9 @@ def test_every_command_reports_an_unusable_ledger_or_setting_in_one_line(setting
     monkeypatch.setenv("SAILOR_LEDGER_URL", "postgresql+psycopg://sailor:s3cret@127.0.0.1:1/none")
     assert sailor(["runs"]) == 3
     err = capsys.readouterr().err
-    assert err.startswith("error: cannot use the ledger at postgresql+psycopg://sailor:***@127.0.0.1:1/none: ")
+    assert err.startswith(
+        "error: cannot use the ledger at postgresql+psycopg://sailor:***@127.0.0.1:1/none: "
+    )
     assert "s3cret" not in err and "Traceback" not in err and len(err.splitlines()) == 1
 
     for url in ("notadb://x", "not a url"):
@@ -80,3 +82,31 @@ def test_every_command_reports_an_unusable_ledger_or_setting_in_one_line(setting
     monkeypatch.setenv("SAILOR_LEASE_S", "soon")
     assert sailor(["queue"]) == 2
     assert capsys.readouterr().err == "error: SAILOR_LEASE_S='soon': need a number of seconds > 0\n"
+
+
+def test_a_ledger_a_newer_sailor_migrated_or_without_its_driver_is_one_line_too(
+    settings, tmp_path, monkeypatch, capsys
+):
+    """A ledger at a revision this SAILOR does not know, a URL whose database driver is not
+    installed, and a bad --ledger-url that parses: bad input, named, no traceback."""
+    from sqlalchemy import text
+
+    url = f"sqlite:///{tmp_path}/newer.db"
+    engine = create_engine(url)
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'f00dfeed0001'"))
+    monkeypatch.setenv("SAILOR_LEDGER_URL", url)
+    for command in (["runs"], ["queue"]):
+        assert sailor(command) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: cannot use the ledger at {url}: ") and "'f00dfeed0001'" in err
+        assert len(err.splitlines()) == 1
+    monkeypatch.setenv("SAILOR_LEDGER_URL", "mysql://u:pw@localhost/x")  # mysqlclient not installed
+    assert sailor(["runs"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: SAILOR_LEDGER_URL='mysql://u:***@localhost/x': its database driver")
+    assert sailor(["db", "current", "--ledger-url", "foo://bar"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: --ledger-url 'foo://bar' is not a usable SQLAlchemy URL"
+    )
