@@ -198,6 +198,22 @@ class Settings:
         return os.path.join(self.state_dir, "clusters")
 
 
+TEAM_WEIGHT_RANGE = (1e-3, 1e3)
+"""Team weights a queue or simulation accepts: the weights scale the policies' LP coefficients,
+so a ratio past 1e6 between two teams would leave HiGHS numerically unsure (a weight of 1e-320
+found no allocation)."""
+
+
+def team_weight(value: str) -> float | None:
+    """``value`` as a team weight within ``TEAM_WEIGHT_RANGE``; None when it is not one."""
+    try:
+        weight = float(value)
+    except ValueError:
+        return None
+    low, high = TEAM_WEIGHT_RANGE
+    return weight if low <= weight <= high else None
+
+
 def parse_team_weights(text: str) -> tuple[tuple[str, float], ...]:
     """``"ml=2,search=1"`` → (("ml", 2.0), ("search", 1.0)), sorted by team.
 
@@ -209,13 +225,11 @@ def parse_team_weights(text: str) -> tuple[tuple[str, float], ...]:
         if not item:
             continue
         team, sep, value = item.partition("=")
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = float("nan")
-        if not sep or not team.strip() or not (0 < weight < float("inf")):
+        weight = team_weight(value)
+        if not sep or not team.strip() or weight is None:
             raise SettingsError(
-                f"SAILOR_TEAM_WEIGHTS item {item!r}: need team=weight with a weight > 0, e.g. ml=2,search=1"
+                f"SAILOR_TEAM_WEIGHTS item {item!r}: need team=weight with a weight from "
+                f"{TEAM_WEIGHT_RANGE[0]:g} to {TEAM_WEIGHT_RANGE[1]:g}, e.g. ml=2,search=1"
             )
         out[team.strip()] = weight
     return tuple(sorted(out.items()))

@@ -346,18 +346,18 @@ def parse_weights(text: str) -> dict[str, float]:
     """``"a=2,b=1"`` → ``{"a": 2.0, "b": 1.0}``.
 
     Raises:
-        ValueError: a malformed item or a weight that is not a positive number.
+        ValueError: a malformed item or a weight out of ``settings.TEAM_WEIGHT_RANGE``.
     """
+    from sailor_tasks.settings import TEAM_WEIGHT_RANGE, team_weight
+
     out: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         team, sep, value = item.partition("=")
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = -1.0
-        if not sep or not team.strip() or not weight > 0:
+        weight = team_weight(value)
+        if not sep or not team.strip() or weight is None:
             raise ValueError(
-                f"--team-weights item {item!r}: expected TEAM=WEIGHT with a weight > 0, e.g. a=2"
+                f"--team-weights item {item!r}: expected TEAM=WEIGHT with a weight from "
+                f"{TEAM_WEIGHT_RANGE[0]:g} to {TEAM_WEIGHT_RANGE[1]:g}, e.g. a=2"
             )
         out[team.strip()] = weight
     return out

@@ -183,6 +183,9 @@ def test_queue_settings_refuse_bad_values_naming_them():
         Settings.from_env({**base, "SAILOR_QUEUE_POLICY": "sjf"})
     with pytest.raises(ValueError, match=r"SAILOR_TEAM_WEIGHTS item 'ml=-1'"):
         Settings.from_env({**base, "SAILOR_TEAM_WEIGHTS": "ml=-1"})
+    for far in ("inf", "1e-320", "nan"):  # the policies' LP cannot weigh them
+        with pytest.raises(ValueError, match=rf"SAILOR_TEAM_WEIGHTS item 'ml={far}': .* from 0.001 to 1000"):
+            Settings.from_env({**base, "SAILOR_TEAM_WEIGHTS": f"ml={far}"})
     with pytest.raises(ValueError, match=r"SAILOR_TEAM_WEIGHTS item 'ml'"):
         Settings.from_env({**base, "SAILOR_TEAM_WEIGHTS": "ml"})
     with pytest.raises(ValueError, match=r"SAILOR_LEASE_S='0'"):

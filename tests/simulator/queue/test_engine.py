@@ -162,6 +162,14 @@ def test_cli_runs_the_workload_through_the_queue(capsys):
         (["--admission", "queue", "--jobs", "5", "--on-demand", "v100=x"], "--on-demand item 'v100=x'"),
         (["--admission", "queue", "--jobs", "5", "--team-weights", "a=0"], "--team-weights item 'a=0'"),
         (
+            ["--admission", "queue", "--jobs", "5", "--team-weights", "a=inf"],
+            "--team-weights item 'a=inf': expected TEAM=WEIGHT with a weight from 0.001 to 1000",
+        ),
+        (
+            ["--admission", "queue", "--jobs", "5", "--team-weights", "a=1e-320"],
+            "--team-weights item 'a=1e-320'",
+        ),
+        (
             ["--jobs", "3", "--availability", "/nonexistent", "--bind", "exact"],
             "--availability, --bind: only read by the spot simulator",
         ),
