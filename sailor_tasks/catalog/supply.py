@@ -8,6 +8,7 @@ shared by every VM shape of that type in the zone.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 from collections.abc import Mapping
@@ -43,8 +44,25 @@ class Supply:
         )
 
 
+ZONE_KEYS = ("capacity_gpus", "preemption_rate_per_hour")
+"""What a zone may override per GPU type."""
+
+
+def _count(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{where}={value!r}: need an integer >= 0")
+    return value
+
+
+def _rate(value: Any, where: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}={value!r}: need a finite number >= 0")
+    return float(value)
+
+
 def parse_supply(doc: Mapping[str, Any]) -> Supply:
-    """Build a ``Supply`` from the YAML document; ValueError names the bad entry."""
+    """Build a ``Supply`` from the YAML document; ValueError names the bad entry (a misspelt key or
+    GPU type too: it would be ignored, the default silently kept)."""
     if not isinstance(doc, Mapping):
         raise ValueError(
             f"supply file: expected a mapping with version, defaults, regions, zones; got {doc!r:.80}"
@@ -55,24 +73,24 @@ def parse_supply(doc: Mapping[str, Any]) -> Supply:
         if not isinstance(doc.get(key) or {}, Mapping):
             raise ValueError(f"{key}={doc[key]!r:.80}: need a mapping")
     defaults = doc.get("defaults") or {}
-    for key in ("capacity_gpus", "preemption_rate_per_hour"):
+    for key in ZONE_KEYS:
         if not isinstance(defaults.get(key) or {}, Mapping):
             raise ValueError(f"defaults.{key}={defaults[key]!r:.80}: need a mapping of GPU type to number")
     caps, rates = defaults.get("capacity_gpus") or {}, defaults.get("preemption_rate_per_hour") or {}
-    for gpu, n in caps.items():
-        if not isinstance(n, int) or n < 0:
-            raise ValueError(f"defaults.capacity_gpus.{gpu}={n!r}: need an integer >= 0")
-    for gpu, r in rates.items():
-        if not isinstance(r, int | float) or r < 0:
-            raise ValueError(f"defaults.preemption_rate_per_hour.{gpu}={r!r}: need a number >= 0")
+    caps = {gpu: _count(n, f"defaults.capacity_gpus.{gpu}") for gpu, n in caps.items()}
+    rates = {gpu: _rate(r, f"defaults.preemption_rate_per_hour.{gpu}") for gpu, r in rates.items()}
+    gpu_types = sorted({*caps, *rates})
     multipliers = {}
     for region, spec in (doc.get("regions") or {}).items():
         if not isinstance(spec or {}, Mapping):
             raise ValueError(f"regions.{region}={spec!r:.80}: need a mapping (capacity_multiplier)")
-        m = (spec or {}).get("capacity_multiplier", 1.0)
-        if not isinstance(m, int | float) or m < 0:
-            raise ValueError(f"regions.{region}.capacity_multiplier={m!r}: need a number >= 0")
-        multipliers[region] = float(m)
+        if unknown := sorted(set(spec or {}) - {"capacity_multiplier"}):
+            raise ValueError(
+                f"regions.{region}: unknown key {', '.join(map(repr, unknown))}; valid: capacity_multiplier"
+            )
+        multipliers[region] = _rate(
+            (spec or {}).get("capacity_multiplier", 1.0), f"regions.{region}.capacity_multiplier"
+        )
     zones: dict[str, dict[str, dict[str, Any]]] = {}
     for zone, spec in (doc.get("zones") or {}).items():
         if not isinstance(spec or {}, Mapping):
@@ -83,15 +101,19 @@ def parse_supply(doc: Mapping[str, Any]) -> Supply:
                 raise ValueError(
                     f"zones.{zone}.{gpu}={v!r:.80}: need capacity_gpus and/or preemption_rate_per_hour"
                 )
+            if gpu_types and gpu not in gpu_types:
+                raise ValueError(
+                    f"zones.{zone}: {gpu!r} is no GPU type of defaults; valid: {', '.join(gpu_types)}"
+                )
             entry = dict(v or {})
-            n = entry.get("capacity_gpus", 0)
-            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-                raise ValueError(f"zones.{zone}.{gpu}.capacity_gpus={n!r}: need an integer >= 0")
-            r = entry.get("preemption_rate_per_hour", 0.0)
-            if not isinstance(r, int | float) or isinstance(r, bool) or r < 0:
-                raise ValueError(f"zones.{zone}.{gpu}.preemption_rate_per_hour={r!r}: need a number >= 0")
+            if unknown := sorted(set(entry) - set(ZONE_KEYS)):
+                raise ValueError(
+                    f"zones.{zone}.{gpu}: unknown key {', '.join(map(repr, unknown))}; valid: {', '.join(ZONE_KEYS)}"
+                )
+            _count(entry.get("capacity_gpus", 0), f"zones.{zone}.{gpu}.capacity_gpus")
+            _rate(entry.get("preemption_rate_per_hour", 0.0), f"zones.{zone}.{gpu}.preemption_rate_per_hour")
             zones[zone][gpu] = entry
-    return Supply(dict(caps), {k: float(v) for k, v in rates.items()}, multipliers, zones)
+    return Supply(dict(caps), rates, multipliers, zones)
 
 
 def load_supply(path: str | None = None) -> Supply:

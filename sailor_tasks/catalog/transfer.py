@@ -9,6 +9,7 @@ Loaded from the packaged ``data/transfer.yaml`` (format and provenance at its to
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,10 +34,14 @@ def _link(where: str, spec: Any) -> Link:
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where}={spec!r}: need a mapping with usd_per_gb and gbps")
     usd, gbps = spec.get("usd_per_gb"), spec.get("gbps")
-    if not isinstance(usd, int | float) or usd < 0:
-        raise ValueError(f"{where}.usd_per_gb={usd!r}: need a number >= 0")
-    if not isinstance(gbps, int | float) or gbps <= 0:
-        raise ValueError(f"{where}.gbps={gbps!r}: need a number > 0")
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not number(usd) or usd < 0:
+        raise ValueError(f"{where}.usd_per_gb={usd!r}: need a finite number >= 0")
+    if not number(gbps) or gbps <= 0:
+        raise ValueError(f"{where}.gbps={gbps!r}: need a finite number > 0")
     return Link(float(usd), float(gbps))
 
 

@@ -37,6 +37,15 @@ def test_region_supply_counts_each_zone_once_across_vm_shapes():
         ({"version": 2}, "version=2"),
         ({"defaults": {"capacity_gpus": {"T4": -1}}}, "capacity_gpus.T4=-1"),
         ({"regions": {"x": {"capacity_multiplier": "big"}}}, "regions.x.capacity_multiplier"),
+        ({"regions": {"x": {"capacity_multiplier": float("inf")}}}, "regions.x.capacity_multiplier=inf"),
+        ({"regions": {"x": {"capacity_multplier": 2}}}, "regions.x: unknown key 'capacity_multplier'"),
+        (
+            {"defaults": {"capacity_gpus": {"T4": 8}, "preemption_rate_per_hour": {"T4": float("nan")}}},
+            "preemption_rate_per_hour.T4=nan: need a finite number",
+        ),
+        ({"defaults": {"capacity_gpus": {"T4": True}}}, "capacity_gpus.T4=True: need an integer"),
+        ({"zones": {"us-east1-c": {"T4": {"capacity": 0}}}}, "zones.us-east1-c.T4: unknown key 'capacity'"),
+        ({"zones": {"us-east1-c": {"t4": {"capacity_gpus": 0}}}}, "zones.us-east1-c: 't4' is no GPU type"),
     ],
 )
 def test_bad_supply_file_names_the_entry(patch, fragment):

@@ -43,7 +43,11 @@ def test_bad_transfer_file_names_the_entry():
     doc["within"]["EU"]["usd_per_gb"] = -1
     with pytest.raises(ValueError, match=r"within.EU.usd_per_gb=-1"):
         parse_transfer(doc)
-    doc["within"]["EU"]["usd_per_gb"] = 0.02
+    for field, value in (("usd_per_gb", True), ("gbps", float("nan")), ("gbps", float("inf"))):
+        doc["within"]["EU"] = {"usd_per_gb": 0.02, "gbps": 10, field: value}
+        with pytest.raises(ValueError, match=rf"within.EU.{field}={value!r}: need a finite number"):
+            parse_transfer(doc)
+    doc["within"]["EU"] = {"usd_per_gb": 0.02, "gbps": 10}
     doc["between"]["NA-MARS"] = {"usd_per_gb": 0.1, "gbps": 1}
     with pytest.raises(ValueError, match="between.NA-MARS"):
         parse_transfer(doc)
