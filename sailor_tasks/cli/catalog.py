@@ -27,9 +27,21 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--dest", help="where to write the derived offers (default: the packaged catalog file)")
     d.set_defaults(func=cmd_catalog_derive)
     d = csub.add_parser("transfer", help="data transfer USD/GB and Gbit/s between regions (bucket copies)")
-    d.add_argument("--region", action="append", help="only these regions (repeatable)")
-    d.add_argument("--json", action="store_true", help="print JSON")
+    # SUPPRESS: given before ``transfer`` (``catalog --json transfer``) they still count.
+    d.add_argument(
+        "--region", action="append", default=argparse.SUPPRESS, help="only these regions (repeatable)"
+    )
+    d.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     d.set_defaults(func=cmd_catalog_transfer)
+
+
+def _not_read(args: argparse.Namespace, command: str, options: tuple[str, ...]) -> int | None:
+    """Exit 2 naming the options of ``catalog`` that ``catalog <command>`` does not read, if given."""
+    given = [f"--{o}" for o in options if getattr(args, o, None)]
+    if given:
+        print(f"error: {', '.join(given)}: not read by `sailor catalog {command}`", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    return None
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -101,6 +113,8 @@ def _learned(catalog: Any) -> dict:
 def cmd_catalog_transfer(args: argparse.Namespace) -> int:
     from sailor_tasks.catalog import load_catalog
 
+    if (refused := _not_read(args, "transfer", ("gpu", "prior"))) is not None:
+        return refused
     catalog = load_catalog()
     regions = args.region or list(catalog.regions)
     bad = [r for r in regions if r not in catalog.regions]
@@ -137,6 +151,9 @@ def cmd_catalog_derive(args: argparse.Namespace) -> int:
 
     from sailor_tasks.catalog.derive import derive_file
     from sailor_tasks.catalog.offers import DEFAULT_OFFERS_FILE
+
+    if (refused := _not_read(args, "derive", ("gpu", "region", "json", "prior"))) is not None:
+        return refused
 
     dest = args.dest or str(resources.files("sailor_tasks.catalog").joinpath("data", DEFAULT_OFFERS_FILE))
     try:

@@ -84,3 +84,16 @@ def test_cli_catalog_shows_capacity_and_transfer(settings, capsys):
     rows = json.loads(capsys.readouterr().out)
     cross = next(r for r in rows if r["src_region"] == "us-central1" and r["dst_region"] == "europe-west4")
     assert cross["usd_per_gb"] == 0.05
+
+
+def test_cli_catalog_options_before_a_subcommand_count_or_are_refused(settings, capsys):
+    """``catalog --json transfer`` prints JSON and ``catalog --region X transfer`` checks X (the
+    subcommand's defaults dropped them); options a subcommand does not read are refused."""
+    assert sailor(["catalog", "--json", "transfer", "--region", "us-central1"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["src_region"] == "us-central1"
+    assert sailor(["catalog", "--region", "mars-north1", "transfer"]) == 2
+    assert "--region mars-north1 not in the catalog" in capsys.readouterr().err
+    assert sailor(["catalog", "--gpu", "V100", "transfer"]) == 2
+    assert "--gpu: not read by `sailor catalog transfer`" in capsys.readouterr().err
+    assert sailor(["catalog", "--json", "derive", "--source", "vms.csv"]) == 2
+    assert "--json: not read by `sailor catalog derive`" in capsys.readouterr().err
