@@ -31,6 +31,13 @@ def cmd_trace_gcp(args: argparse.Namespace) -> int:
 
     try:
         log = load_gcp_logs(args.logs)
+        known = sorted({lf.gpu_type for lf in log.lives} | {e.gpu_type for e in log.events if e.gpu_type})
+        if args.gpu is not None and args.gpu not in known:
+            print(
+                f"error: --gpu {args.gpu!r}: no instance of it in the logs; valid: {', '.join(known)}",
+                file=sys.stderr,
+            )
+            return 2
         if not args.zone:
             rows = [
                 {

@@ -27,3 +27,12 @@ def test_an_unwritable_out_path_is_bad_input_naming_it(shared_data, tmp_path, ca
     err = capsys.readouterr().err
     assert err.startswith(f"error: --out {str(out)!r}: ") and "No such file or directory" in err
     assert not out.exists()
+
+
+def test_an_unknown_gpu_type_is_bad_input_listing_the_logs_types(shared_data, capsys):
+    """It printed every zone with 0 preemptions, or blamed the zone."""
+    logs = str(shared_data / "gcp_preemption_2020" / "logs")
+    for zone in ([], ["--zone", "us-central1-c"]):
+        assert main(["trace-gcp", "--logs", logs, "--gpu", "bogus", *zone]) == 2
+        err = capsys.readouterr().err
+        assert "--gpu 'bogus': no instance of it in the logs; valid: " in err and "nvidia-tesla-v100" in err
