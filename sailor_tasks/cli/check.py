@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import sys
@@ -64,8 +65,6 @@ def format_checks(backend: str, checks: list[Any]) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    import contextlib
-
     from sailor_tasks.settings import Settings
 
     try:
@@ -150,13 +149,18 @@ def write_supply(path: str, quotas: list[Any], catalog: Any, settings: Any) -> t
     )
     parse_supply(doc)  # the file loads as a supply file
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(
-            "# SAILOR supply file written by `sailor check --write-supply` from the project's GPU quotas\n"
-            "# (docs/configuration.md#supply-file); `source.quotas_per_region` holds the quotas read.\n"
-        )
-        yaml.safe_dump(doc, f, sort_keys=False)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(
+                "# SAILOR supply file written by `sailor check --write-supply` from the project's GPU quotas\n"
+                "# (docs/configuration.md#supply-file); `source.quotas_per_region` holds the quotas read.\n"
+            )
+            yaml.safe_dump(doc, f, sort_keys=False)
+        os.replace(tmp, path)
+    except OSError as exc:  # a folder at that path, no permission, a full disk: nothing left behind
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        return None, f"supply file not written: {path}: {exc}"
     regions = sorted({q.region for q in quotas})
     return (
         path,

@@ -263,3 +263,16 @@ def test_first_hour_counts_what_an_unconfigured_gke_check_reports(settings, monk
         "GCP project",
         "bucket template",
     ]
+
+
+def test_a_supply_file_that_cannot_be_written_is_reported_and_leaves_nothing_behind(settings, tmp_path):
+    from sailor_tasks.backends.checks import RegionQuota
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.cli.check import write_supply
+
+    folder = tmp_path / "supply.yaml"
+    folder.mkdir()  # a folder where the file should go
+    quotas = [RegionQuota("us-central1", {"L4": (24.0, 24.0)})]
+    path, message = write_supply(str(folder), quotas, load_catalog(), settings)
+    assert path is None and message.startswith(f"supply file not written: {folder}: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["supply.yaml"]  # no temporary left
