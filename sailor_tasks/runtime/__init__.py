@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sailor_tasks.runtime.contract import ignore_notice
+from sailor_tasks.runtime.contract import ignore_notice, unblock_sigterm
 
-__all__ = ["Run", "ignore_notice"]
+__all__ = ["Run", "ignore_notice", "unblock_sigterm"]
 
 
 def __getattr__(name: str) -> Any:

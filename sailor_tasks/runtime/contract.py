@@ -110,6 +110,11 @@ def read_notice(path: str | None) -> Notice | None:
         return None
 
 
+def unblock_sigterm() -> None:
+    """Unblock SIGTERM in this process (a child of an ``ignore_notice`` worker: see there)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def ignore_notice(worker_id: int | None = None) -> None:
     """Let this DataLoader worker process outlive the notice: pass it as ``worker_init_fn``.
 
@@ -125,8 +130,11 @@ def ignore_notice(worker_id: int | None = None) -> None:
 
     How: SIGTERM is blocked in this process (threads started from here on inherit that) and a
     thread takes each one with ``sigwaitinfo``, which names the sender: the trainer's ends the
-    process, any other is the notice and is dropped. Without ``sigwaitinfo`` (not Linux) it does
-    nothing.
+    process, any other is the notice and is dropped. A process forked from it by Python (``os.fork``,
+    ``multiprocessing``) unblocks SIGTERM, so ``terminate()`` stops it; a program started with
+    ``subprocess`` inherits the blocked signal (a signal mask survives ``exec``): pass
+    ``preexec_fn=unblock_sigterm`` to stop it with SIGTERM. Without ``sigwaitinfo`` (not Linux) it
+    does nothing.
     """
     if not hasattr(signal, "sigwaitinfo"):
         return
@@ -136,6 +144,7 @@ def ignore_notice(worker_id: int | None = None) -> None:
     parent = multiprocessing.parent_process()
     trainer = parent.pid if parent is not None and parent.pid else os.getppid()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    os.register_at_fork(after_in_child=unblock_sigterm)
 
     def take_sigterms() -> None:
         while True:

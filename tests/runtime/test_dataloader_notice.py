@@ -137,3 +137,25 @@ def test_without_a_notice_the_trainer_still_stops_its_loader_workers_when_it_end
     )
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "ckpt").exists()  # no notice, nothing saved
+
+
+def test_a_process_an_ignoring_loader_worker_forks_can_be_stopped_with_sigterm(tmp_path):
+    """SIGTERM stays blocked in the loader process itself; a process it forks (a decoder pool)
+    unblocks it, and a program started with ``preexec_fn=unblock_sigterm`` too."""
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import os, signal, subprocess, sys, time\n"
+        "from sailor_tasks.runtime import ignore_notice, unblock_sigterm\n"
+        "ignore_notice()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(30)\n"
+        "    os._exit(3)\n"
+        "os.kill(pid, signal.SIGTERM)\n"
+        "forked = os.waitpid(pid, 0)[1]\n"
+        "p = subprocess.Popen(['sleep', '30'], preexec_fn=unblock_sigterm)\n"
+        "p.terminate()\n"
+        "print(os.WIFSIGNALED(forked) and os.WTERMSIG(forked) == signal.SIGTERM, p.wait() == -signal.SIGTERM)\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True"], out.stderr
