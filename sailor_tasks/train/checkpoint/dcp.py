@@ -349,6 +349,8 @@ class ChecksummingFsspecWriter(FsspecWriter):
             reserved=plan.tensor_bytes,
             programs=programs,
         )
+        if not plan.files:  # an empty state dict: no data file, no thread to write .metadata
+            self._write_metadata(prepare()[1])
         written = {name: self.fs.sums[name]["size"] for name in sizes}
         if written != sizes:  # the layout check let through a state dict of other sizes
             raise RuntimeError(f"{self.path}: data files of {written} bytes, the plan's are {sizes}")

@@ -674,3 +674,15 @@ def test_a_failed_save_gives_back_the_recycled_files_and_the_space_it_took(tmp_p
     info = mgr.save(4, _state(200_000, 4.0))
     assert info.recycled_files == len(before) and mgr.latest_valid_step() == 4
     assert torch.equal(mgr.load_all(4)["w"], torch.full((200_000,), 4.0))
+
+
+def test_an_empty_state_saved_twice_is_a_checkpoint_that_loads(tmp_path):
+    """The second save reuses the first's plan, which has no data file: its .metadata was never
+    written, and a checkpoint that verified could not load."""
+    mgr = CheckpointManager(f"file://{tmp_path}/ck")
+    for step in (1, 2):
+        mgr.save(step, {})
+    for step in (1, 2):  # as DCP's own save writes it for the first
+        assert (tmp_path / "ck" / f"step-0000000{step}" / ".metadata").exists()
+    assert mgr.latest_valid_step() == 2
+    mgr.load(2, {})  # reads its metadata (it had none: DCP's "metadata is None")
