@@ -151,6 +151,10 @@ class Problem:
                     _names(d.get("replicas", ()), "replicas"),
                     None if d.get("regions") is None else _names(d["regions"], "regions"),
                 )
+            for i, team in enumerate(teams):
+                where = f"teams[{i}].datasets"
+                if unknown := sorted(set(team.datasets) - set(datasets)):
+                    raise ValueError(f"{', '.join(map(repr, unknown))} not among the problem's datasets")
             where = "storage_cap_bytes"
             caps = _gpu_row(doc.get("storage_cap_bytes") or {}, "storage_cap_bytes")
             where = "budget_bytes"

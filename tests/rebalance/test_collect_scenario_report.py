@@ -355,6 +355,8 @@ def test_bad_problem_files_and_solver_options_are_refused_naming_the_value(tmp_p
         '"budget_bytes": 1}': "replicas must be a list of strings",
         '{"supply": {}, "teams": [{"name": "t", "current": {}}, {"name": "t", "current": {}}], '
         '"datasets": [], "budget_bytes": 1}': "team name 't' appears twice",
+        '{"supply": {}, "teams": [{"name": "t", "current": {}, "datasets": ["sailor://nope"]}], '
+        '"datasets": [], "budget_bytes": 1}': "teams[0].datasets: 'sailor://nope' not among the problem's datasets",
     }
     for i, (text, message) in enumerate(cases.items()):
         path = tmp_path / f"bad{i}.json"
