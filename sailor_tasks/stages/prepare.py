@@ -33,6 +33,28 @@ def _storable(value: Any, limit: int) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")[:limit]
 
 
+def _replica_problem(ctx: StageContext, uri: str, src: str) -> InvalidRequestError | None:
+    """A dataset URI that is SAILOR's replica of another dataset (its residency and its copies are
+    the source's: name the source), or a folder that would hold its own replica (a region bucket's
+    ``datasets/`` folder: every copy of it would land inside it and grow on each run)."""
+    inside = src.rstrip("/") + "/"
+    for row in ctx.ledger.replica_rows():
+        if row["uri"] and (row["uri"] == src or src.startswith(row["uri"].rstrip("/") + "/")):
+            return InvalidRequestError(
+                "dataset_uri",
+                uri,
+                f"is SAILOR's replica of {row['dataset_uri']} in {row['region']}: name that dataset",
+            )
+    for region in ctx.catalog.regions:
+        if paths.replica_uri(region, uri, ctx.settings).startswith(inside):
+            return InvalidRequestError(
+                "dataset_uri",
+                uri,
+                "holds SAILOR's dataset replicas (a region bucket's datasets/ folder): name one dataset in it",
+            )
+    return None
+
+
 def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = None) -> JSON:
     """Check the params against the schema, the catalog and the source data; record the run.
 
@@ -78,6 +100,8 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
             except ValueError as exc:
                 errors.append(InvalidRequestError("backend", request.backend, str(exc)))
             src = storage.resolve(request.dataset_uri, ctx.settings)
+            if replica_err := _replica_problem(ctx, request.dataset_uri, src):
+                raise InvalidRequestErrors([replica_err])  # never copied, not even looked into
             if not storage.exists(src):
                 errors.append(
                     InvalidRequestError("dataset_uri", request.dataset_uri, f"dataset not found at {src}")

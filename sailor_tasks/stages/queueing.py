@@ -33,6 +33,7 @@ from typing import Any
 from sailor_tasks import storage
 from sailor_tasks.errors import (
     CapacityUnavailableError,
+    InvalidRequestError,
     LeaseReclaimedError,
     NoFeasibleOfferError,
     QueueRejectedError,
@@ -57,6 +58,27 @@ def _iso(t: dt.datetime | None) -> str | None:
 
 
 # --- placing --------------------------------------------------------------------------------------
+
+
+def with_dataset_residency(ctx: StageContext, req: JobRequest) -> JobRequest:
+    """``req`` limited to the continents every run of its dataset allowed it in (``data_residency``
+    is the dataset's: a run that declares none must not copy it where another run forbade it).
+
+    Raises:
+        InvalidRequestError: the run's own residency shares no continent with the dataset's.
+    """
+    declared = ctx.ledger.dataset_residency(req.dataset_uri)
+    if declared is None:
+        return req
+    allowed = declared & set(req.data_residency) if req.data_residency else declared
+    if not allowed:
+        raise InvalidRequestError(
+            "data_residency",
+            list(req.data_residency),
+            f"the runs of {req.dataset_uri} keep it in {', '.join(sorted(declared))}",
+            sorted(declared),
+        )
+    return dataclasses.replace(req, data_residency=tuple(sorted(allowed)))
 
 
 def reserve_placement(
@@ -89,6 +111,8 @@ def reserve_placement(
     from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
     from sailor_tasks.strategies.live import decide_market
+
+    req = with_dataset_residency(ctx, req)
 
     manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
     nbytes = manifest.total_bytes if manifest is not None else None

@@ -84,3 +84,41 @@ def test_the_rebalance_gives_a_team_no_share_outside_its_datasets_residency(ctx)
     assert len(solution["shares"]["eu"]) > 1  # it did spread
     assert {continent(r) for r in solution["shares"]["eu"]} == {"EU"}
     assert {continent(c["region"]) for c in solution["replicate"]} <= {"EU"}
+
+
+def test_a_run_without_residency_never_copies_a_dataset_where_another_run_forbade_it(ctx, demo_dataset):
+    """data_residency is the dataset's: run B declares none, but run A kept the dataset in the EU,
+    so B is placed in the EU too, or refused where it allows only other continents."""
+    from sailor_tasks import stages
+    from sailor_tasks.errors import NoFeasibleOfferError
+
+    a = stages.validate({"dataset_uri": demo_dataset, "data_residency": ["EU"]}, "run-a", ctx)
+    stages.place_data(a, stages.plan(a, "run-a", ctx), "run-a", ctx)
+    b = stages.validate({"dataset_uri": demo_dataset}, "run-b", ctx)
+    placed = stages.plan(b, "run-b", ctx)
+    assert ctx.catalog.transfer.continent(placed["region"]) == "EU"
+    us = stages.validate({"dataset_uri": demo_dataset, "regions": ["us-central1"]}, "run-us", ctx)
+    with pytest.raises(NoFeasibleOfferError, match="data_residency"):
+        stages.plan(us, "run-us", ctx)
+    assert set(ctx.ledger.replicas([demo_dataset])[demo_dataset]) <= {
+        r for r in ctx.catalog.regions if ctx.catalog.transfer.continent(r) == "EU"
+    }
+
+
+def test_a_replica_or_the_replica_folder_is_no_dataset_a_run_may_name(ctx, demo_dataset):
+    """A replica read as a dataset escaped its source's residency; the datasets/ folder of a
+    region bucket held its own replica, copied into itself and grown on every run."""
+    from sailor_tasks import paths, stages
+    from sailor_tasks.errors import InvalidRequestErrors
+
+    a = stages.validate({"dataset_uri": demo_dataset, "data_residency": ["EU"]}, "run-a", ctx)
+    placed = stages.plan(a, "run-a", ctx)
+    stages.place_data(a, placed, "run-a", ctx)
+    replica = f"sailor://{placed['region']}/{paths.replica_path(demo_dataset)}"
+    with pytest.raises(
+        InvalidRequestErrors, match=rf"is SAILOR's replica of {demo_dataset} in {placed['region']}"
+    ):
+        stages.validate({"dataset_uri": replica}, "run-c", ctx)
+    with pytest.raises(InvalidRequestErrors, match="holds SAILOR's dataset replicas"):
+        stages.validate({"dataset_uri": f"sailor://{placed['region']}/datasets"}, "run-d", ctx)
+    assert ctx.ledger.get_run("run-c")["status"] == ctx.ledger.get_run("run-d")["status"] == "rejected"
