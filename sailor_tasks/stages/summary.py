@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,9 +25,11 @@ def describe_attempts(ctx: StageContext, run_id: str) -> list[str]:
                 f"preempted {'with' if p['noticed'] else 'without'} notice at step {p['step']}"
                 f" ({p['steps_lost']} steps lost)"
             )
+        resumed = a["resumed_from_step"]
+        start = "from scratch" if resumed is None else f"resumed from step {resumed}"
         lines.append(
             f"attempt {a['attempt']} (try {a['try_number']}): {a['region']}/{a['zone']} "
-            f"{a['placement'].get('market', '?')}, resumed from step {a['resumed_from_step']}: {what}"
+            f"{a['placement'].get('market', '?')}, {start}: {what}"
         )
     return lines
 
@@ -62,13 +65,28 @@ def queue_wait(ctx: StageContext, run_id: str) -> JSON | None:
     }
 
 
+def _loss_change(initial: float, final: float) -> str:
+    """How the eval loss moved, in words; none where a loss is not a finite number (a diverged
+    run) or the first is 0."""
+    if not (math.isfinite(initial) and math.isfinite(final)) or initial == 0:
+        return "change n/a"
+    change = (final / initial - 1) * 100
+    return f"{abs(change):.0f}% {'lower' if change <= 0 else 'higher'}"
+
+
 def render_summary(s: Mapping[str, Any]) -> str:
-    drop = (1 - s["final_loss"] / s["initial_loss"]) * 100 if s.get("final_loss") else 0.0
     if s.get("final_loss") is not None and s.get("initial_loss") is not None:
-        losses = f"eval loss {s['initial_loss']:.3f} → {s['final_loss']:.3f} ({drop:.0f}% lower)"
+        change = _loss_change(s["initial_loss"], s["final_loss"])
+        losses = f"eval loss {s['initial_loss']:.3f} → {s['final_loss']:.3f} ({change})"
     else:  # the run's own command: SAILOR knows its steps and checkpoints, not its losses
         losses = f"command `{' '.join(s.get('command') or [])}`"
     rate = f"{s['samples_per_s']:.0f} samples/s" if s.get("samples_per_s") is not None else "own command"
+    attempts = len(s.get("attempts") or ()) or 1
+    trained = (
+        f"{s['steps']} steps in {s['train_wall_s']:.1f} s ({rate})"
+        if attempts == 1
+        else f"{s['steps']} steps over {attempts} attempts, the last {s['train_wall_s']:.1f} s ({rate})"
+    )
     lines = [
         f"# SAILOR run `{s['run_id']}`",
         "",
@@ -83,9 +101,9 @@ def render_summary(s: Mapping[str, Any]) -> str:
         f"at ${s['usd_per_hour']:.2f}/h",
         f"- **Why**: {s['why'][0] if s['why'] else '-'}",
         f"- **Data**: {s['data_bytes'] / 1e6:.1f} MB at {s['data_uri']}",
-        f"- **Training**: {s['steps']} steps in {s['train_wall_s']:.1f} s ({rate}); {losses}",
+        f"- **Training**: {trained}; {losses}",
         f"- **Checkpoint**: {s['checkpoint_uri']}",
-        f"- **Estimated cost**: ${s['usd_estimate']:.4f} (price × training wall time)",
+        f"- **Estimated cost**: ${s['usd_estimate']:.4f} (each attempt's price × its training wall time)",
     ]
     if s.get("markets"):
         lines.append(

@@ -91,3 +91,19 @@ def test_a_try_that_died_after_its_attempt_completed_leaves_the_runs_results_to_
     run = ctx.ledger.get_run(run_id)
     assert (run["steps"], run["final_loss"], run["checkpoint_uri"]) == (20, 2.0, "file:///ckpt/step-20")
     assert [(c["step"], c["uri"]) for c in ctx.ledger.checkpoints(run_id)] == [(20, "file:///ckpt/step-20")]
+
+
+def test_a_first_attempt_is_described_as_from_scratch(ctx):
+    from sailor_tasks.stages.summary import describe_attempts
+
+    ctx.ledger.upsert_run(
+        "r", job_name="j", team="t", status="running", backend="local", model="tiny_gpt",
+        dataset_uri="x", request={},
+    )  # fmt: skip
+    placement = {"region": "us-central1", "zone": "us-central1-a", "gpu_type": "T4", "market": "spot"}
+    ctx.ledger.start_attempt("r", 1, 1, placement, {})
+    ctx.ledger.end_attempt("r", 1, "preempted", step=12)
+    ctx.ledger.start_attempt("r", 2, 1, placement, {})
+    ctx.ledger.end_attempt("r", 2, "completed", step=20, resumed_from_step=12)
+    first, second = describe_attempts(ctx, "r")
+    assert "spot, from scratch: preempted" in first and "resumed from step 12: completed" in second

@@ -548,6 +548,18 @@ def test_the_run_summary_shows_the_wait(tight, demo_dataset):
         {**base, "queue": wait}
     )
     assert "- **Queue**: none (it fitted at once)" in render_summary({**base, "queue": None})
+    # The loss's change in words (none for a diverged run), and a recovered run's training line.
+    for initial, final, said in (
+        (2.0, 1.0, "(50% lower)"),
+        (2.0, 3.0, "(50% higher)"),
+        (2.0, 0.0, "(100% lower)"),
+        (2.0, float("nan"), "(change n/a)"),
+        (0.0, 1.0, "(change n/a)"),
+    ):
+        assert said in render_summary({**base, "initial_loss": initial, "final_loss": final})
+    recovered = render_summary({**base, "attempts": ["attempt 1 ...", "attempt 2 ..."]})
+    assert "- **Training**: 10 steps over 2 attempts, the last 1.0 s (1 samples/s)" in recovered
+    assert "(each attempt's price × its training wall time)" in recovered
 
 
 def test_the_nightly_utilization_counts_in_flight_and_queued_demand(tight, demo_dataset):
