@@ -66,8 +66,9 @@ def renew_lease(run_id: str, holder: str = LEASE_HOLDER) -> None:
     hold_lease(_context(Settings.from_env()), run_id, holder)
 
 
-def cancel_attempt(run_id: str) -> int:
-    """Stop what the run's training runs and end its running attempt as ``cancelled``
+def cancel_attempt(run_id: str, for_good: bool = True) -> int:
+    """Stop what the run's training runs and end its running attempt as ``cancelled``, or, not
+    ``for_good`` (the task was cleared: its next try begins the next attempt), as ``failed``
     (``stages.stop_training``), from the triggerer's own settings and ledger; how many pods were
     stopped."""
     from sailor_tasks import stages
@@ -75,7 +76,37 @@ def cancel_attempt(run_id: str) -> int:
     from sailor_tasks.settings import Settings
 
     gcp.install()
-    return stages.stop_training(run_id, _context(Settings.from_env()))
+    return stages.stop_training(
+        run_id,
+        _context(Settings.from_env()),
+        for_good=for_good,
+        failed_because="its deferred train task was cleared: the next try begins the next attempt",
+    )
+
+
+async def stopped_for_good(trigger: BaseTrigger, timeout_s: float = 2.0) -> bool:
+    """Whether the user's action on the deferred task ends the run (the task marked failed or
+    success, or its run marked) rather than clearing it (Airflow runs it again: ``restarting`` or
+    no state). Asked of the triggerer in a thread; no answer counts as ending it (the triggerer
+    calls ``on_kill`` only for a user's action)."""
+    from sailor_tasks.airflow_glue.operators import USER_END_STATES
+
+    ti = trigger.task_instance
+    if ti is None:
+        return True
+
+    def ask() -> Any:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        return RuntimeTaskInstance.get_task_states(
+            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id]
+        )
+
+    try:
+        states = await asyncio.wait_for(asyncio.to_thread(ask), timeout_s)
+    except Exception:  # the triggerer cannot say: a user acted, as on_kill means
+        return True
+    return ((states or {}).get(ti.run_id) or {}).get(ti.task_id) in USER_END_STATES
 
 
 async def renew_or_reclaimed(run_id: str | None, log: Any, holder: str = LEASE_HOLDER) -> str | None:
@@ -118,7 +149,7 @@ class LeasedOperationTrigger(GKEOperationTrigger):
         recovery's node pool has begun its next attempt, which ends ``cancelled`` as it would
         while its pods run (``cancel_attempt``); a provision task has no attempt to end."""
         if self.run_id is not None:
-            await asyncio.to_thread(cancel_attempt, self.run_id)
+            await asyncio.to_thread(cancel_attempt, self.run_id, await stopped_for_good(self))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         events = super().run()
@@ -271,13 +302,20 @@ class AttemptPodsTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         """A user acted on the deferred train task (marked it or its run failed, as ``sailor
         cancel`` does, or cleared it): stop the attempt's pods and end it as ``cancelled``, as the
-        operator's ``on_kill`` does while the task runs. Not called when the trigger times out or
+        operator's ``on_kill`` does while the task runs, or, cleared, as ``failed`` (the run goes
+        on in the task's next try). Not called when the trigger times out or
         the triggerer restarts; a still-running attempt is then ended by the next try or, as
         ``failed``, by ``teardown``."""
         if self.run_id is None:
             return
-        stopped = await asyncio.to_thread(cancel_attempt, self.run_id)
-        self.log.warning("train of run %s killed: stopped %d pod(s); attempt cancelled", self.run_id, stopped)
+        for_good = await stopped_for_good(self)
+        stopped = await asyncio.to_thread(cancel_attempt, self.run_id, for_good)
+        self.log.warning(
+            "train of run %s killed: stopped %d pod(s); attempt %s",
+            self.run_id,
+            stopped,
+            "cancelled" if for_good else "failed (the task was cleared: its next try goes on)",
+        )
 
     def _event(self, status: str, pods: dict[str, Any], message: str) -> TriggerEvent:
         return TriggerEvent(

@@ -511,6 +511,31 @@ def test_cancelling_a_deferred_run_stops_its_pods_from_the_trigger_and_cancels_i
     assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"
 
 
+def test_clearing_a_deferred_train_task_stops_its_pods_but_not_the_run(gke_env, airflow_task_state):
+    """The triggerer calls ``on_kill`` on a clear too: the task is then ``restarting`` (Airflow
+    runs it again), so the attempt ends failed and the run goes on; marked failed, it cancels."""
+    import asyncio
+    import types
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from sailor_tasks.airflow_glue.triggers import AttemptPodsTrigger
+
+    for state, outcome in (("restarting", "failed"), ("failed", "cancelled")):
+        run_id = f"manual__clear-{state}"
+        request, placement, data = gke_env.prepare(run_id)
+        with pytest.raises(TaskDeferred) as deferred:
+            _operator(request, placement, data).execute(_context(run_id))
+        trigger = AttemptPodsTrigger(**deferred.value.trigger.serialize()[1])
+        trigger.task_instance = types.SimpleNamespace(dag_id="sailor_train", task_id="train", run_id=run_id)
+        airflow_task_state(state)
+        asyncio.run(trigger.on_kill())
+        assert set(deferred.value.trigger.pod_names) <= set(gke_env.core.deleted)
+        (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+        assert attempt["outcome"] == outcome, state
+        assert (gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled") == (state == "failed"), state
+
+
 def test_teardown_of_an_attempt_nothing_ended_stops_its_pods_and_fails_it(gke_env):
     """The deferred train task ended without its attempt being judged (it timed out, its trigger
     errored): teardown stops the pods and services and ends the attempt and the run as failed;
