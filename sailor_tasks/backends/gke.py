@@ -1131,7 +1131,9 @@ class GkeBackend:
         running = [
             op
             for op in getattr(listed, "operations", ())
-            if str(getattr(op, "target_link", "")).endswith(f"/clusters/{name}")
+            # the cluster's own operations and its node pools' (``.../clusters/<name>/nodePools/<pool>``:
+            # a node upgrade keeps the cluster RECONCILING too)
+            if re.search(rf"/clusters/{re.escape(name)}(/|$)", str(getattr(op, "target_link", "")))
             and _status_name(op) not in ("DONE", "ABORTING")
         ]
         if not running:  # between operations: a retry finds it RUNNING or busy with the next one

@@ -414,6 +414,39 @@ def test_a_pool_waits_for_a_cluster_another_run_is_still_creating(gke_settings):
 
 
 @pytest.mark.gcs
+def test_a_pool_waits_for_a_node_upgrade_that_keeps_the_cluster_reconciling(gke_settings):
+    """A node-pool operation (a node upgrade, another run's pool) targets
+    ``.../clusters/<name>/nodePools/<pool>``: the cluster is RECONCILING and the pool waits for it
+    (it raised 'no operation listed' and provisioning failed within its retries)."""
+    from google.cloud.container_v1 import types
+
+    pl = _placement("T4", 1, 1)
+    fake = ExistingCluster(pl.region, "RECONCILING")
+
+    def list_operations(*, parent):
+        upgrade = types.Operation(
+            name="op-upgrade-nodes",
+            status=types.Operation.Status.RUNNING,
+            operation_type=types.Operation.Type.UPGRADE_NODES,
+            location=pl.region,
+            target_link=f"https://container.googleapis.com/v1/{fake.path}/nodePools/default-gpu-pool",
+        )
+        elsewhere = types.Operation(  # a cluster whose name starts with this one's
+            name="op-other-cluster",
+            status=types.Operation.Status.RUNNING,
+            operation_type=types.Operation.Type.UPGRADE_NODES,
+            location=pl.region,
+            target_link=f"https://container.googleapis.com/v1/{fake.path}-2/nodePools/x",
+        )
+        return types.ListOperationsResponse(operations=[elsewhere, upgrade])
+
+    fake.list_operations = list_operations
+    pending = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0).provision_step("run-1", pl)
+    assert isinstance(pending, PendingOperation) and pending.name == "op-upgrade-nodes"
+    assert pending.phase == "cluster" and "UPGRADE_NODES" in pending.what
+
+
+@pytest.mark.gcs
 def test_a_cluster_left_in_error_is_named_with_its_message_and_how_to_remove_it(gke_settings):
     pl = _placement("T4", 1, 1)
     fake = ExistingCluster(pl.region, "ERROR", message="Insufficient regional quota: CPUS")
