@@ -602,6 +602,15 @@ def container_exit_code(pod: Any, container: str = CONTAINER_NAME) -> int | None
     return None
 
 
+def container_end_reason(pod: Any, container: str = CONTAINER_NAME) -> str:
+    """The ``reason`` of the training container's termination (``OOMKilled``, ``Error``, ...)."""
+    for status in getattr(getattr(pod, "status", None), "container_statuses", None) or ():
+        terminated = status.state.terminated if status.state else None
+        if status.name == container and terminated is not None:
+            return getattr(terminated, "reason", None) or ""
+    return ""
+
+
 NODE_SHUTDOWN_REASONS = ("Terminated", "Shutdown", "NodeShutdown")
 """Pod ``status.reason`` the kubelet's graceful node shutdown sets on the pods it stops ("Pod was
 terminated in response to imminent node shutdown")."""
@@ -643,6 +652,9 @@ def classify_pod_end(pod: Any, node: Any, *, spot: bool, node_gone: bool = False
     - exit status 0: completed;
     - the pod gone, or its node gone (``node_gone``) or being reclaimed: preempted without notice
       unless the kubelet stopped the pod gracefully;
+    - evicted by the kubelet for its node's pressure (pod reason ``Evicted``, which also sets the
+      kubelet's ``DisruptionTarget``) or killed for its memory (``OOMKilled``): failed, on Spot
+      too (the run needs more than its node gives: moving it elsewhere does not help);
     - the kubelet's graceful node shutdown (pod reason ``Terminated``/``Shutdown``, or a
       ``DisruptionTarget`` condition by the kubelet) or exit status 75 (the trainer saved on a
       notice and stopped): preempted with notice;
@@ -664,6 +676,11 @@ def classify_pod_end(pod: Any, node: Any, *, spot: bool, node_gone: bool = False
         for c in getattr(status, "conditions", None) or ()
         if c.type == "DisruptionTarget" and c.status == "True"
     ]
+    if reason == "Evicted":
+        why = f"evicted by the kubelet ({message or 'node pressure'})"
+        return PodEnd("failed", why, 1 if code is None else code)
+    if container_end_reason(pod) == "OOMKilled":
+        return PodEnd("failed", f"out of memory (OOMKilled, exit status {code})", 1 if code is None else code)
     if reason in NODE_SHUTDOWN_REASONS or "node shutdown" in message.lower():
         return PodEnd("preempted", f"node shutdown ({reason}: {message})".strip(), code)
     if any(c.reason in ("TerminationByKubelet", "DeletionByPodGC") for c in disrupted):

@@ -762,11 +762,13 @@ def test_the_pods_grace_is_what_the_pool_got_on_its_clusters_version(gke_setting
 # --- how a pod ended ----------------------------------------------------------------------------
 
 
-def _ended_pod(code=None, reason=None, message=None, conditions=(), node="gke-node-1"):
+def _ended_pod(code=None, reason=None, message=None, conditions=(), node="gke-node-1", container_reason=None):
     from kubernetes.client import models as k8s
 
     state = k8s.V1ContainerState(
-        terminated=k8s.V1ContainerStateTerminated(exit_code=code) if code is not None else None
+        terminated=k8s.V1ContainerStateTerminated(exit_code=code, reason=container_reason)
+        if code is not None
+        else None
     )
     status = k8s.V1ContainerStatus(
         name=CONTAINER_NAME, image="i", image_id="", ready=False, restart_count=0, state=state
@@ -835,6 +837,22 @@ def _node(taints=(), ready="True"):
         (_ended_pod(137), _node(), False, False, "failed", True),  # on-demand: a kill is the run's own
         (_ended_pod(1), _node(), True, False, "failed", True),  # a traceback is a failure, even on Spot
         (_ended_pod(3), _node(), False, False, "failed", True),
+        # evicted for its node's pressure (the kubelet's DisruptionTarget too), or out of memory:
+        # the run's own need, not a preemption to move it for, on Spot too
+        (
+            _ended_pod(
+                137,
+                "Evicted",
+                "The node was low on resource: memory.",
+                conditions=[("DisruptionTarget", "TerminationByKubelet")],
+            ),
+            _node(),
+            True,
+            False,
+            "failed",
+            True,
+        ),
+        (_ended_pod(137, container_reason="OOMKilled"), _node(), True, False, "failed", True),
     ],
 )
 def test_a_pods_end_is_judged_by_the_pod_and_its_node(pod, node, spot, node_gone, outcome, noticed):
