@@ -1007,22 +1007,40 @@ class GkeBackend:
                 # a lost worker) leaves a pool the run's teardown still deletes.
                 record = {**record, "pools": [*record["pools"], entry]}
                 storage.write_json(self._record_uri(run_key), record)
-            try:
-                op = self._client().create_node_pool(
+            def create() -> Any:
+                return self._client().create_node_pool(
                     parent=cfg.cluster_path(region), node_pool=validate_node_pool_body(body)
                 )
-                what = f"create node pool {pool_name}"
+
+            what = f"create node pool {pool_name}"
+            try:
+                op = create()
                 entry["state"] = "created"
             except Exception as exc:
                 if not _is_already_exists(exc):
                     raise
-                logger.info("node pool %s already exists; reusing it", pool_name)
-                op = None
-                if entry["state"] == "scaled_to_zero":
-                    # A pool scaled to zero by an earlier teardown gets its nodes back.
-                    op = self._client().set_node_pool_size(name=pool_path, node_count=placement.num_nodes)
-                    what = f"resize node pool {pool_name}"
-                entry["state"] = "exists"
+                existing = self._client().get_node_pool(name=pool_path)
+                if _status_name(existing) == "ERROR":
+                    # GKE took an earlier try's creation (its call timed out) and it then failed
+                    # (a stockout): a pool that gets no nodes is deleted and created anew.
+                    logger.warning(
+                        "node pool %s exists in ERROR (%s); deleting it to create it again",
+                        pool_name,
+                        getattr(existing, "status_message", "") or "no message",
+                    )
+                    pending = self._delete_failed_pool(run_key, placement)
+                    if pending is not None:
+                        return self._started(run_key, record, pending, placement)
+                    op = create()  # deleted at once
+                    entry["state"] = "created"
+                else:
+                    logger.info("node pool %s already exists; reusing it", pool_name)
+                    op = None
+                    if entry["state"] == "scaled_to_zero":
+                        # A pool scaled to zero by an earlier teardown gets its nodes back.
+                        op = self._client().set_node_pool_size(name=pool_path, node_count=placement.num_nodes)
+                        what = f"resize node pool {pool_name}"
+                    entry["state"] = "exists"
             pools = [p for p in record["pools"] if p["name"] != pool_name] + [entry]
             record = {**record, "pools": pools}
             if op is not None:

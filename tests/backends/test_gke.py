@@ -954,3 +954,37 @@ def test_an_aborted_request_is_not_taken_for_one_that_found_the_resource_there()
     assert _is_already_exists(exceptions.AlreadyExists("pool"))
     assert _is_already_exists(exceptions.Conflict("409 over REST"))
     assert not _is_already_exists(exceptions.Aborted("the operation was aborted"))
+
+
+@pytest.mark.gcs
+def test_a_retry_recreates_a_pool_gke_took_and_left_in_error(gke_settings):
+    """The first try's create_node_pool timed out after GKE took it, and the creation then failed
+    (a stockout): the retry finds the pool in ERROR, deletes it and creates it again, instead of
+    reusing a pool that never gets nodes."""
+    from google.api_core.exceptions import DeadlineExceeded
+    from google.cloud.container_v1 import types
+
+    from sailor_tasks.testing.gke_fake import InMemoryClusterManager
+
+    class TimesOutOnce(InMemoryClusterManager):
+        first = True
+
+        def create_node_pool(self, *, parent, node_pool):
+            op = super().create_node_pool(parent=parent, node_pool=node_pool)
+            if self.first:
+                self.first = False
+                node_pool.status = types.NodePool.Status.ERROR
+                node_pool.status_message = "ZONE_RESOURCE_POOL_EXHAUSTED"
+                raise DeadlineExceeded("create_node_pool timed out")
+            return op
+
+    pl = _placement("T4", 1, 1)
+    fake = TimesOutOnce()
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    with pytest.raises(DeadlineExceeded):
+        backend.provision("run-1", pl)
+    record = backend.provision("run-1", pl)  # Airflow's retry
+    assert record["status"] == "ready" and record["node_pool_state"] == "created"
+    pool_calls = [c for c in fake.calls if c.endswith("node_pool")]
+    assert pool_calls == ["create_node_pool", "create_node_pool", "delete_node_pool", "create_node_pool"]
+    assert all(types.NodePool.Status(p.status).name != "ERROR" for p in fake.pools.values())
