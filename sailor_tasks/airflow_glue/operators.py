@@ -11,13 +11,10 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from sailor_tasks.airflow_glue.stage import run_stage
+from sailor_tasks.airflow_glue.stage import USER_END_STATES, run_stage
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 from sailor_tasks.model import to_dict
 
-USER_END_STATES = frozenset({"failed", "success", "skipped", "upstream_failed", "removed"})
-"""Task states a user sets on a running task (or that marking its run sets): its ``on_kill`` then
-stops the run for good. A task cleared while it runs is ``restarting``: retried, not cancelled."""
 STATE_QUERY_S = 1.0
 """Seconds ``on_kill`` waits to learn who stopped the task (it has 5 in all before SIGKILL)."""
 

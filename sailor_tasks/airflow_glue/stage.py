@@ -18,6 +18,11 @@ from sailor_tasks.model import finite
 
 R = TypeVar("R")
 
+USER_END_STATES = frozenset({"failed", "success", "skipped", "upstream_failed", "removed"})
+"""Task states a user sets on a running or deferred task (or that marking its run sets): the
+train task's ``on_kill`` (and its trigger's) then stops the run for good. A task cleared while it
+runs is ``restarting``: Airflow runs it again, the run is not cancelled."""
+
 
 def run_stage(stage: Callable[..., R], *args: Any, **kwargs: Any) -> R:
     """Run ``stage`` with the Airflow connection's credentials installed (``gcp.install``).

@@ -89,7 +89,7 @@ async def stopped_for_good(trigger: BaseTrigger, timeout_s: float = 2.0) -> bool
     success, or its run marked) rather than clearing it (Airflow runs it again: ``restarting`` or
     no state). Asked of the triggerer in a thread; no answer counts as ending it (the triggerer
     calls ``on_kill`` only for a user's action)."""
-    from sailor_tasks.airflow_glue.operators import USER_END_STATES
+    from sailor_tasks.airflow_glue.stage import USER_END_STATES
 
     ti = trigger.task_instance
     if ti is None:
