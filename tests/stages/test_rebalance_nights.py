@@ -21,16 +21,22 @@ def _sealed(ctx, uri: str, size: int = 1000) -> str:
     return uri
 
 
-def _solution(ctx, copies: list[dict]) -> dict:
-    """A real solve of a small demand over the catalog's supply, with ``copies`` planned."""
-    from sailor_tasks import stages
-
+def _demand(ctx) -> dt.datetime:
+    """Team t ran 4 T4s in us-east1 for the last 5 hours; now."""
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     ctx.ledger.upsert_run(
         "r1", job_name="j", team="t", status="success", backend="local", model="tiny_gpt",
         dataset_uri="sailor://source/d", request={},
     )  # fmt: skip
     ctx.ledger.record_utilization("r1", "t", "us-east1", "T4", 4, now - dt.timedelta(hours=5), now)
+    return now
+
+
+def _solution(ctx, copies: list[dict]) -> dict:
+    """A real solve of a small demand over the catalog's supply, with ``copies`` planned."""
+    from sailor_tasks import stages
+
+    now = _demand(ctx)
     utilization = stages.collect_utilization(7.0, as_of=now.isoformat(), ctx=ctx)
     return utilization, {**stages.solve_assignment(utilization, time_limit_s=10.0), "replicate": copies}
 
@@ -123,12 +129,7 @@ def test_storage_caps_and_team_priorities_reach_the_problem_and_bad_ones_are_ref
     from sailor_tasks import stages
     from sailor_tasks.errors import InvalidRequestError
 
-    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    ctx.ledger.upsert_run(
-        "r1", job_name="j", team="t", status="success", backend="local", model="tiny_gpt",
-        dataset_uri="sailor://source/d", request={},
-    )  # fmt: skip
-    ctx.ledger.record_utilization("r1", "t", "us-east1", "T4", 4, now - dt.timedelta(hours=5), now)
+    now = _demand(ctx)
     util = stages.collect_utilization(
         7.0, as_of=now.isoformat(), ctx=ctx, storage_cap_gb={"us-east1": 2.5}, team_priority={"t": 3}
     )
