@@ -1035,6 +1035,7 @@ class CheckpointManager(CheckpointStore):
 
     def _writer(self, step: int) -> ChecksummingFsspecWriter:
         uri = self.step_uri(step)
+        self._writing = None  # until this step's writer exists: nothing of an earlier save is abandoned
         self.check_fence()  # a stale attempt writes nothing into a root a newer one claimed
         if self.rank == 0:
             storage.remove(uri, recursive=True)  # a partial folder from a killed save of the same step
@@ -1058,12 +1059,14 @@ class CheckpointManager(CheckpointStore):
     ) -> SaveInfo:
         """``_write`` then ``_finish``; a save that fails is abandoned (``_abandon``)."""
         try:
-            return self._finish(step, self._write(step, state_dict, process_group), start)
+            info = self._finish(step, self._write(step, state_dict, process_group), start)
         except StaleAttemptError:
             raise  # a newer attempt owns the root: nothing of it is touched
         except BaseException:
             self._abandon(step)
             raise
+        self._writing = None
+        return info
 
     def _abandon(self, step: int) -> None:
         """After a save of ``step`` failed (a full disk, a writer's error): its files are no
@@ -1072,8 +1075,8 @@ class CheckpointManager(CheckpointStore):
         reuses them) and removes the step's folder; each of several ranks puts back the recycled
         files it took (the folder goes at the step's next save or at retention)."""
         writer, self._writing = self._writing, None
-        if writer is None:
-            return
+        if writer is None or str(writer.path).rstrip("/") != self.step_uri(step).rstrip("/"):
+            return  # no writer of this step: an earlier save's files are never touched
         try:
             if storage.exists(storage.join(self.step_uri(step), MARKER)):
                 return  # committed after all: a checkpoint, not a leftover

@@ -686,3 +686,25 @@ def test_an_empty_state_saved_twice_is_a_checkpoint_that_loads(tmp_path):
         assert (tmp_path / "ck" / f"step-0000000{step}" / ".metadata").exists()
     assert mgr.latest_valid_step() == 2
     mgr.load(2, {})  # reads its metadata (it had none: DCP's "metadata is None")
+
+
+def test_a_save_that_fails_before_its_writer_exists_leaves_the_last_checkpoint_alone(tmp_path, monkeypatch):
+    """Its failure is abandoned with the files of its own writer only: never those of the save
+    before it (a committed checkpoint, whose files would have gone to the recycle folder)."""
+    from sailor_tasks.train.checkpoint import dcp
+
+    mgr = CheckpointManager(f"file://{tmp_path}/ck")
+    mgr.save(1, _state(1000, 1.0))
+    real_remove = dcp.storage.remove
+
+    def remove(uri, *args, **kwargs):
+        if uri.endswith("step-00000002"):
+            raise OSError("permission denied")
+        return real_remove(uri, *args, **kwargs)
+
+    monkeypatch.setattr(dcp.storage, "remove", remove)
+    with pytest.raises(OSError, match="permission denied"):
+        mgr.save(2, _state(1000, 2.0))
+    monkeypatch.setattr(dcp.storage, "remove", real_remove)
+    assert CheckpointManager(f"file://{tmp_path}/ck").latest_valid_step() == 1
+    assert torch.equal(mgr.load_all(1)["w"], torch.full((1000,), 1.0))
