@@ -42,8 +42,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     ctx = StageContext(Settings.from_env())
+    offered = ctx.catalog  # a catalog that cannot be loaded is main()'s error, as for every command
     try:
-        request = from_params(params, ctx.catalog)
+        request = from_params(params, offered)
         catalog = ctx.planning_catalog()
         index = index_for(catalog, packaged_with_measured(tuple(ctx.ledger.measured_throughputs())))
         try:
