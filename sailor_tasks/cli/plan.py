@@ -27,7 +27,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Plan as the ``plan`` stage does: the catalog with the preemption rates learned from the
     ledger's spot attempts, the throughputs measured by past runs and the dataset's size."""
     from sailor_tasks import storage
-    from sailor_tasks.catalog.throughput import packaged_with_measured
     from sailor_tasks.data.manifest import read_manifest
     from sailor_tasks.errors import SailorError
     from sailor_tasks.placement import explain, plan
@@ -46,7 +45,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         request = from_params(params, offered)
         catalog = ctx.planning_catalog()
-        index = index_for(catalog, packaged_with_measured(tuple(ctx.ledger.measured_throughputs())))
+        index = index_for(catalog, ctx.planning_table())
         try:
             manifest = read_manifest(storage.resolve(request.dataset_uri, ctx.settings))
         except (SailorError, OSError):  # not readable from here: the largest recorded replica

@@ -42,6 +42,13 @@ class StageContext:
 
         return with_learned_rates(self.catalog, self.ledger.spot_observations())
 
+    def planning_table(self) -> Any:
+        """The packaged throughput table with the speeds past runs measured (``ledger``): what
+        ``plan``, the queue's estimates and its policies use."""
+        from sailor_tasks.catalog.throughput import packaged_with_measured
+
+        return packaged_with_measured(tuple(self.ledger.measured_throughputs()))
+
     def run_uri(self, region: str, run_id: str) -> str:
         """Concrete URI of the run's folder in its region bucket."""
         return paths.run_uri(region, run_id, self.settings)

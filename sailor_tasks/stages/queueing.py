@@ -106,7 +106,6 @@ def reserve_placement(
         ReservationReleasedError: the reservation was released before the run was recorded
             ``planned`` (its teardown or a reclaim ran meanwhile): the run keeps its final status.
     """
-    from sailor_tasks.catalog.throughput import packaged_with_measured
     from sailor_tasks.data.manifest import read_manifest
     from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
@@ -117,7 +116,7 @@ def reserve_placement(
     manifest = read_manifest(storage.resolve(req.dataset_uri, ctx.settings))
     nbytes = manifest.total_bytes if manifest is not None else None
     # The throughput matrix admission's policies use too, measured speeds included.
-    table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
+    table = ctx.planning_table()
     catalog = ctx.planning_catalog()  # preemption rates learned from the ledger's spot attempts
     index = index_for(catalog, table)
     blocked = frozenset(blocked_zones)
@@ -227,13 +226,12 @@ def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
     deadline, which is what its latest start must allow for) plus one launch; for a run with a
     deadline, the smaller of the two. Capacity held by others is ignored (an estimate of the run,
     not of the wait). None: no offer can run it."""
-    from sailor_tasks.catalog.throughput import packaged_with_measured
     from sailor_tasks.placement.context import RESTART_HOURS
     from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state
     from sailor_tasks.queue import estimate_hours
 
-    table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
+    table = ctx.planning_table()
     catalog = ctx.planning_catalog()
     est = estimate_hours(req, catalog, ledger_state(ctx.ledger, req, ""), index_for(catalog, table))
     if est is None:
@@ -458,10 +456,9 @@ def _attained(ctx: StageContext, now: dt.datetime) -> dict[str, float]:
 
 
 def _views(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -> tuple[list, list, dict]:
-    from sailor_tasks.catalog.throughput import packaged_with_measured
     from sailor_tasks.queue import HeldRun, QueuedRun
 
-    table = packaged_with_measured(tuple(ctx.ledger.measured_throughputs()))
+    table = ctx.planning_table()
     capacity = _capacity(ctx)
     types = sorted(capacity)
     queued = []
