@@ -1255,15 +1255,20 @@ class GkeBackend:
             return False
         uri = self._record_uri(run_key)
         started = record.pop("pending", None)
-        if started is not None and started.get("phase") == "pool":
-            # Provisioning may still be creating (or resizing) the run's pool (a run cancelled
-            # meanwhile): GKE refuses another operation on the cluster until it ends. A cluster's
-            # creation holds no pool of the run: nothing waits for it.
+        pools = record.get("pools", [])
+        if started is not None and (
+            started.get("phase") == "pool"
+            or started.get("pool") in {p.get("name") for p in pools}
+            or started.get("location") in {p.get("region") for p in pools}
+        ):
+            # Provisioning may still be creating (or resizing) the run's pool, or deleting the pool
+            # a failed creation left, or the cluster may be busy (a node upgrade) where the run has
+            # a pool (a run cancelled meanwhile): GKE refuses another operation on the cluster
+            # until it ends. A cluster's creation holds no pool of the run: nothing waits for it.
             self._wait_until_over(
                 PendingOperation(**{k: started[k] for k in ("name", "location", "project", "phase", "what")})
             )
             storage.write_json(uri, record)
-        pools = record.get("pools", [])
         for pool in pools:
             if pool.get("state") in ("deleted", "scaled_to_zero") and self.cfg.teardown != "delete":
                 continue

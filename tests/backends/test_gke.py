@@ -946,6 +946,54 @@ def test_a_retry_deletes_the_pool_whose_creation_failed_and_creates_it_anew(gke_
     assert len(fake.pools) == 1
 
 
+class FailedPoolDeletionRuns(PoolFailsAtOnce):
+    """The deletion of the pool whose creation failed runs for ``polls`` reads of its operation;
+    meanwhile GKE refuses any other operation on the cluster."""
+
+    def __init__(self, polls: int):
+        super().__init__()
+        self.polls, self.reads, self.deleting = polls, 0, None
+
+    def delete_node_pool(self, *, name):
+        from google.api_core.exceptions import FailedPrecondition
+        from google.cloud.container_v1 import types
+
+        if self.deleting is None:
+            self.calls.append("delete_node_pool")
+            self.deleting = name
+            return types.Operation(name="op-delete", status=types.Operation.Status.RUNNING)
+        if self.reads < self.polls:
+            self.calls.append("delete_node_pool refused")
+            raise FailedPrecondition("Cluster is running incompatible operation op-delete.")
+        return super().delete_node_pool(name=name)
+
+    def get_operation(self, *, name):
+        from google.cloud.container_v1 import types
+
+        if name.endswith("/op-delete"):
+            self.reads += 1
+            if self.reads < self.polls:
+                return types.Operation(name="op-delete", status=types.Operation.Status.RUNNING)
+            self.pools.pop(self.deleting, None)
+            return types.Operation(name="op-delete", status=types.Operation.Status.DONE)
+        return super().get_operation(name=name)
+
+
+def test_teardown_during_the_deletion_of_a_failed_pool_waits_for_it(gke_settings):
+    """A run cancelled while a retried provision deletes the pool its failed creation left: GKE
+    refuses a second deletion until the first ends, so teardown waits for it."""
+    fake = FailedPoolDeletionRuns(polls=3)
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    pl = _placement("T4", 1, 1)
+    with pytest.raises(RuntimeError, match=STOCKOUT):
+        backend.provision("run-1", pl)
+    pending = backend.provision_step("run-1", pl)  # Airflow's retry, deferred on the deletion
+    assert isinstance(pending, PendingOperation) and pending.phase == "cluster"
+    assert backend.teardown("run-1") is True
+    assert fake.pools == {} and "delete_node_pool refused" not in fake.calls
+    assert backend.record("run-1") is None
+
+
 def test_an_aborted_request_is_not_taken_for_one_that_found_the_resource_there():
     from google.api_core import exceptions
 
