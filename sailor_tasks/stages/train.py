@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from sailor_tasks import paths, storage
 from sailor_tasks.backends import get_backend
 from sailor_tasks.ledger.store import utcnow
-from sailor_tasks.model import RUN_STATUSES_DONE, JobRequest, Placement, from_dict, run_key
+from sailor_tasks.model import RUN_STATUSES_DONE, RUN_STATUSES_LIVE, JobRequest, Placement, from_dict, run_key
 from sailor_tasks.settings import BACKENDS
 from sailor_tasks.stages.attempts import (
     begin_attempt,
@@ -223,6 +223,32 @@ TEARDOWN_BACKOFF_S = 2.0
 """First wait between tries, doubled each time (2 s, 4 s: a ledger failover or a cloud API blip)."""
 
 
+ATTEMPT_END_WAIT_S = 15.0
+"""How long teardown waits for a local attempt still running in the ledger to be ended by its own
+train task, once its workers are stopped: a task a user stopped is still alive when Airflow starts
+teardown, and records how its attempt ended (``cancelled``) within seconds; a task that died never
+does, and teardown then ends the attempt itself."""
+
+
+def _await_attempt_end(ctx: StageContext, run_id: str, timeout_s: float) -> None:
+    """Return once the run's last attempt is not running in the ledger, or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    waited = False
+    while True:
+        rows = ctx.ledger.attempts(run_id)
+        if not rows or rows[-1]["outcome"] != "running" or time.monotonic() >= deadline:
+            return
+        if not waited:
+            logger.info(
+                "teardown of %s: waiting up to %.0f s for its train task to end attempt %d",
+                run_id,
+                timeout_s,
+                rows[-1]["attempt"],
+            )
+            waited = True
+        time.sleep(0.25)
+
+
 def _with_retries(what: str, run_id: str, step: Callable[[], T]) -> T:
     """``step()``, retried ``TEARDOWN_TRIES`` times with exponential backoff; the last error raises."""
     for i in range(TEARDOWN_TRIES):
@@ -270,15 +296,31 @@ def stop_training(
         cancel_running_attempt(ctx, run_id)
     elif backend.detached_attempts:
         end_orphaned_attempt(ctx, run_id, failed_because)
+    elif cancelled and for_good:
+        _record_cancel(ctx, run_id)
     return stopped
+
+
+def _record_cancel(ctx: StageContext, run_id: str) -> None:
+    """Record a user's cancel of a run whose attempt its own task ends (local): teardown, which
+    Airflow starts as soon as the task is marked failed, may end the attempt before the stopped
+    task reports, and must then end it as ``cancelled``, not as a task that died. Where the ledger
+    cannot be reached the workers are stopped all the same, and the task's report still ends the
+    run as ``cancelled`` when it records before teardown."""
+    try:
+        ctx.ledger.advance_run(run_id, "cancelled", from_statuses=RUN_STATUSES_LIVE)
+    except Exception as exc:
+        logger.warning("run %s: its cancel could not be recorded in the ledger now: %s", run_id, exc)
 
 
 def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | None = None) -> JSON:
     """Stop what training left running, remove the run's capacity, take it out of the queue if it
     waits there, then release its reservation (always runs; idempotent). A run that did not end
-    (``success``, ``rejected``, ``failed``, ``cancelled``) is marked ``failed``, and so is an
-    attempt the ledger still has as running: nothing ended it (its task died or timed out; a user's
-    cancel ends it as ``cancelled`` before, from the operator's or its trigger's ``on_kill``).
+    (``success``, ``rejected``, ``failed``, ``cancelled``) is marked ``failed``. An attempt the
+    ledger still has as running once the workers are stopped is waited for (local: its train task,
+    stopped by a user, may still be recording it; ``ATTEMPT_END_WAIT_S``), then ended here: as
+    ``cancelled`` when a user's cancel was recorded (``stop_training``, from the operator's or its
+    trigger's ``on_kill``), else as ``failed`` (its task died or timed out).
 
     The backend goes first, so an unreachable ledger can never leave GPUs running; until it is gone
     the reservation stays, so no other run is planned onto capacity that is still held. The backend
@@ -303,9 +345,20 @@ def teardown(run_id: str, ctx: StageContext | None = None, *, backend: str | Non
     if stopped:
         logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
     removed = _with_retries(f"{name} teardown", run_id, lambda: backend_impl.teardown(run_key(run_id)))
+    if not backend_impl.detached_attempts:
+        try:
+            _await_attempt_end(ctx, run_id, ATTEMPT_END_WAIT_S)
+        except Exception as exc:  # the ledger is down: release below retries it
+            logger.warning("teardown of %s: could not read its attempts: %s", run_id, exc)
 
     def release() -> bool:
-        end_orphaned_attempt(ctx, run_id)  # stopped above, so nothing else will end it
+        # Stopped above, so nothing else will end a running attempt: a user's cancel ends it as
+        # cancelled (recorded at the cancel), anything else as a task that died.
+        run = ctx.ledger.get_run(run_id)
+        if run and run["status"] == "cancelled":
+            cancel_running_attempt(ctx, run_id)
+        else:
+            end_orphaned_attempt(ctx, run_id)
         released = ctx.ledger.release(run_id)
         run = ctx.ledger.get_run(run_id)  # read after the stop: a stopped train may have ended it
         if run and run["status"] not in RUN_STATUSES_DONE:

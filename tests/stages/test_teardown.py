@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
+import time
 
 import pytest
 from sqlalchemy.exc import OperationalError
@@ -64,6 +66,8 @@ def test_teardown_removes_the_cluster_even_when_the_ledger_is_down(ctx, provisio
 
 
 class _FlakyBackend:
+    detached_attempts = True  # as gke: teardown does not wait for a train task
+
     def __init__(self, failures: int):
         self.failures, self.calls = failures, []
 
@@ -140,7 +144,10 @@ def test_teardown_ends_an_attempt_its_killed_train_task_left_running(ctx, demo_d
     (attempt,) = ctx.ledger.attempts("run-k")
     assert attempt["outcome"] == "running"  # nothing in the task could end it
 
+    monkeypatch.setattr(TRAIN_STAGE, "ATTEMPT_END_WAIT_S", 0.5)
+    started = time.monotonic()
     stages.teardown("run-k", ctx)
+    assert time.monotonic() - started >= 0.5  # a task still alive had its chance to end it
     (attempt,) = ctx.ledger.attempts("run-k")
     assert attempt["outcome"] == "failed" and attempt["ended_at"] is not None
     assert "train task stopped without ending it" in attempt["detail"]
@@ -149,6 +156,82 @@ def test_teardown_ends_an_attempt_its_killed_train_task_left_running(ctx, demo_d
     assert [r for r in in_flight_rows(ctx, later) if r["run_id"] == "run-k"] == []
     stages.teardown("run-k", ctx)  # idempotent: nothing left to end
     assert ctx.ledger.attempts("run-k")[0]["outcome"] == "failed"
+
+
+def test_a_cancelled_run_stays_cancelled_when_teardown_ends_its_attempt_first(ctx, demo_dataset, monkeypatch):
+    """``sailor cancel`` marks the train task failed: its ``on_kill`` stops the workers, and
+    Airflow starts teardown at once, which may end the attempt before the stopped task reports.
+    The run and its attempt end ``cancelled``, not ``failed``, whichever records first."""
+    from sailor_tasks.backends.local import LocalBackend
+
+    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-c", ctx)
+    placement = stages.plan(request, "run-c", ctx)
+    data = stages.place_data(request, placement, "run-c", ctx)
+    stages.provision(request, placement, "run-c", ctx)
+
+    def killed(self, launch):
+        raise _TaskKilled("terminated while training")
+
+    monkeypatch.setattr(LocalBackend, "train", killed)
+    with pytest.raises(_TaskKilled):
+        stages.train(request, placement, data, "run-c", ctx)
+    stages.stop_training("run-c", ctx)  # on_kill of a user's stop (cancelled, for good)
+    assert ctx.ledger.get_run("run-c")["status"] == "cancelled"
+
+    monkeypatch.setattr(TRAIN_STAGE, "ATTEMPT_END_WAIT_S", 0.0)  # the task was killed before it recorded
+    stages.teardown("run-c", ctx)
+    (attempt,) = ctx.ledger.attempts("run-c")
+    assert attempt["outcome"] == "cancelled" and attempt["ended_at"] is not None
+    assert ctx.ledger.get_run("run-c")["status"] == "cancelled"
+    assert ctx.ledger.live_reservations() == []
+
+
+def test_teardown_lets_a_stopped_train_task_record_how_its_attempt_ended(ctx, demo_dataset, monkeypatch):
+    """Teardown can start (the train task marked failed by a user) before the task's ``on_kill``
+    runs: its own stop then makes the workers report ``cancelled``, and the task, still alive,
+    records it. Teardown waits for that rather than ending the attempt as a task that died."""
+    from sailor_tasks.backends.local import LocalBackend
+    from sailor_tasks.model import RUN_STATUSES_LIVE
+
+    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-w", ctx)
+    placement = stages.plan(request, "run-w", ctx)
+    data = stages.place_data(request, placement, "run-w", ctx)
+    stages.provision(request, placement, "run-w", ctx)
+
+    def killed(self, launch):
+        raise _TaskKilled("terminated while training")
+
+    monkeypatch.setattr(LocalBackend, "train", killed)
+    with pytest.raises(_TaskKilled):
+        stages.train(request, placement, data, "run-w", ctx)
+
+    def task_records_its_end():  # as ``finish_attempt`` does with a ``cancelled`` report
+        time.sleep(0.5)
+        ctx.ledger.end_attempt("run-w", 1, "cancelled", step=7)
+        ctx.ledger.advance_run("run-w", "cancelled", from_statuses=RUN_STATUSES_LIVE)
+
+    monkeypatch.setattr(TRAIN_STAGE, "ATTEMPT_END_WAIT_S", 30.0)
+    task = threading.Thread(target=task_records_its_end)
+    task.start()
+    started = time.monotonic()
+    stages.teardown("run-w", ctx)
+    task.join()
+    assert time.monotonic() - started < 10  # it returned once the attempt ended, not at the limit
+    (attempt,) = ctx.ledger.attempts("run-w")
+    assert attempt["outcome"] == "cancelled" and attempt["step"] == 7
+    assert ctx.ledger.get_run("run-w")["status"] == "cancelled"
+    assert ctx.ledger.live_reservations() == []
+
+
+def test_airflow_stopping_the_train_task_is_no_cancel(ctx, demo_dataset, monkeypatch):
+    """A train task Airflow stops (not a user: ``for_good`` False) leaves the run to its next try:
+    nothing is recorded as cancelled."""
+    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-s", ctx)
+    placement = stages.plan(request, "run-s", ctx)
+    stages.provision(request, placement, "run-s", ctx)
+    before = ctx.ledger.get_run("run-s")["status"]
+    stages.stop_training("run-s", ctx, for_good=False)
+    assert ctx.ledger.get_run("run-s")["status"] == before != "cancelled"
 
 
 def test_a_stage_retried_after_teardown_does_not_use_the_released_capacity(ctx, demo_dataset):
