@@ -11,4 +11,7 @@ RUN sed -E 's/\[[^]]*\]//' /opt/sailor/requirements.txt > /opt/sailor/constraint
 RUN pip install --no-cache-dir "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 COPY --chown=airflow:root pyproject.toml README.md /opt/sailor/
 COPY --chown=airflow:root sailor_tasks /opt/sailor/sailor_tasks
+# The examples a run's own command may start (SAILOR_COMMAND_ROOTS in docker-compose.yaml): an
+# installed SAILOR allows no folder by default.
+COPY --chown=airflow:root examples /opt/sailor/examples
 RUN pip install --no-cache-dir -c /opt/sailor/constraints.txt "/opt/sailor[airflow,gke,train]"

@@ -16,8 +16,8 @@ run at another state folder without touching code.
 |                          |                                           | may come from (``os.pathsep``-sep.)  |
 | SAILOR_DATA_BUCKETS      | (none)                                    | gs:// buckets datasets and traces    |
 |                          |                                           | may come from (comma-separated)      |
-| SAILOR_COMMAND_ROOTS     | the project's ``examples/``               | folders a local ``command`` may run  |
-|                          |                                           | from (``os.pathsep``-separated)      |
+| SAILOR_COMMAND_ROOTS     | the checkout's ``examples/`` (installed   | folders a local ``command`` may run  |
+|                          | into site-packages: none)                 | from (``os.pathsep``-separated)      |
 | SAILOR_QUEUE_POLICY      | ``las``                                   | policy admitting queued runs         |
 |                          |                                           | (las, fifo, ftf, edf)                |
 | SAILOR_TEAM_WEIGHTS      | (none: every team 1)                      | ``team=weight,...`` for ``las``      |
@@ -32,6 +32,7 @@ by a run, except their ``runs/`` folders; nothing else of the state folder is.
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -50,8 +51,25 @@ LEASE_RENEWALS = 3
 unreachable, a slow poll) before it expires under a run that is alive."""
 SOURCE_BUCKET = "source"
 """Name of the bucket that holds datasets before SAILOR places them (``sailor://source/...``)."""
-DEFAULT_COMMAND_ROOT = str(Path(__file__).resolve().parent.parent / "examples")
-"""The project's ``examples/`` folder: where a local backend ``command`` may come from by default."""
+
+
+def _default_command_root(package_dir: Path) -> str:
+    """The project's ``examples/`` folder when SAILOR runs from its source checkout (the folder
+    above the package holds SAILOR's own ``pyproject.toml``); "" (no folder) when it is installed
+    into site-packages, where an ``examples/`` beside it belongs to another distribution."""
+    checkout = package_dir.parent
+    try:
+        with open(checkout / "pyproject.toml", "rb") as f:
+            name = tomllib.load(f).get("project", {}).get("name")
+    except (OSError, tomllib.TOMLDecodeError):
+        return ""
+    return str(checkout / "examples") if name == "sailor-tasks" else ""
+
+
+DEFAULT_COMMAND_ROOT = _default_command_root(Path(__file__).resolve().parent)
+"""The project's ``examples/`` folder in a source checkout (``make``'s editable install): where a
+local backend ``command`` may come from by default. Installed (the Airflow image): none, unless
+``SAILOR_COMMAND_ROOTS`` names some."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +90,7 @@ class Settings:
     """Folders that ``file://`` datasets and traces may be read from, besides SAILOR's own buckets."""
     data_buckets: tuple[str, ...] = ()
     """``gs://`` buckets (names) that datasets and traces may be read from, besides SAILOR's own."""
-    command_roots: tuple[str, ...] = (DEFAULT_COMMAND_ROOT,)
+    command_roots: tuple[str, ...] = (DEFAULT_COMMAND_ROOT,) if DEFAULT_COMMAND_ROOT else ()
     """Folders whose scripts and executables a run's ``command`` may start on the local backend
     (whoever may trigger a run must not get arbitrary code execution on the worker)."""
     queue_policy: str = "las"

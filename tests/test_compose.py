@@ -331,3 +331,12 @@ def test_compose_builds_images_that_exist_and_runs_a_gcs_emulator(compose):
     for port in (p for s in services.values() for p in s.get("ports", [])):
         assert port.startswith("127.0.0.1:"), f"{port} listens on every interface"
     assert (ROOT / "docker" / "train.Dockerfile").is_file()
+
+
+def test_the_airflow_image_ships_the_examples_every_service_allows(compose):
+    """An installed SAILOR allows no command folder by default: the image copies the project's
+    examples and every Airflow service names them."""
+    dockerfile = (ROOT / "docker" / "airflow.Dockerfile").read_text()
+    assert "COPY --chown=airflow:root examples /opt/sailor/examples" in dockerfile
+    for name, svc in _airflow(compose).items():
+        assert svc["environment"]["SAILOR_COMMAND_ROOTS"] == "/opt/sailor/examples", name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,21 @@ def test_outside_error_lists_the_allowed_roots(roots):
 def test_no_roots_allow_nothing(roots):
     with pytest.raises(InvalidRequestError, match="SAILOR_COMMAND_ROOTS"):
         resolve_local_command(["python", "train.py"], ())
+
+
+def test_the_default_folder_is_the_checkouts_examples_and_none_once_installed(tmp_path):
+    """A source checkout allows its own ``examples/``; installed into site-packages, the
+    ``examples/`` beside the package belongs to another distribution (google-ads ships one) and
+    nothing is allowed by default."""
+    from sailor_tasks import settings as settings_module
+
+    root = Path(settings_module.__file__).resolve().parents[1]
+    assert settings_module.DEFAULT_COMMAND_ROOT == str(root / "examples")
+    site = tmp_path / "site-packages"
+    (site / "sailor_tasks").mkdir(parents=True)
+    (site / "examples").mkdir()  # another distribution's
+    assert settings_module._default_command_root(site / "sailor_tasks") == ""
+    (site / "pyproject.toml").write_text('[project]\nname = "someone-else"\n')
+    assert settings_module._default_command_root(site / "sailor_tasks") == ""
+    (site / "pyproject.toml").write_text('[project]\nname = "sailor-tasks"\n')
+    assert settings_module._default_command_root(site / "sailor_tasks") == str(site / "examples")
