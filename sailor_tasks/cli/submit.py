@@ -67,6 +67,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from sailor_tasks.errors import CatalogError, InvalidRequestError, InvalidRequestErrors
     from sailor_tasks.placement import catalog_errors
     from sailor_tasks.request import from_params
+    from sailor_tasks.strategies.live import as_planned
 
     if not args.params and not args.set:
         print("error: give a params JSON file, --set KEY=VALUE overrides, or both", file=sys.stderr)
@@ -80,7 +81,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         try:  # the same checks validate runs, minus the dataset lookup: fail here, before Airflow
             catalog = load_catalog()
             req = from_params(params, catalog)
-            if errors := catalog_errors(req, catalog):
+            if errors := catalog_errors(as_planned(req), catalog):
                 raise InvalidRequestErrors(errors)
         except InvalidRequestError as exc:
             print(f"error: {exc}", file=sys.stderr)

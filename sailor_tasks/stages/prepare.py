@@ -65,6 +65,7 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
     ctx = resolve_ctx(ctx)
     from sailor_tasks.placement import catalog_errors
     from sailor_tasks.request import check_data_access, check_local_command, from_params
+    from sailor_tasks.strategies.live import as_planned
 
     with timed(ctx, run_id, "validate"):
         try:
@@ -94,7 +95,7 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
                     errors.append(command_err)
             # What no offer can ever satisfy (GPUs, residency, price cap, deadline): refused now,
             # not after queueing.
-            errors.extend(catalog_errors(request, ctx.catalog))
+            errors.extend(catalog_errors(as_planned(request), ctx.catalog))
             try:
                 get_backend(request.backend, ctx.settings)
             except ValueError as exc:

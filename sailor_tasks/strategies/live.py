@@ -26,6 +26,14 @@ from sailor_tasks.placement.context import RESTART_HOURS
 from sailor_tasks.strategies import MarketContext, MarketDecision, get_strategy
 
 
+def as_planned(req: JobRequest) -> JobRequest:
+    """``req`` with the markets its strategy may pick: ``market=auto`` narrowed to the one market
+    of a strategy that uses one (``on_demand``), so that what validation refuses as never
+    feasible (a price cap under every offer of that market) is what planning will refuse."""
+    only = getattr(get_strategy(req.strategy), "only_market", None)
+    return replace(req, market=only) if only is not None and req.market == "auto" else req
+
+
 def _estimate(
     req: JobRequest, market: str, catalog: Catalog, state: ClusterState, index: Any = None
 ) -> dict[str, Any] | None:

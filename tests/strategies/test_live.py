@@ -136,3 +136,33 @@ def test_validate_accepts_an_auto_run_whose_spot_row_is_under_the_cap():
     )
     over = dataclasses.replace(req, max_usd_per_hour=0.9)  # under both rows: still refused
     assert [e.field for e in catalog_errors(over, catalog)] == ["max_usd_per_hour"]
+
+
+def test_a_cap_under_every_on_demand_offer_is_refused_at_validate_for_the_on_demand_strategy(
+    ctx, demo_dataset
+):
+    """``strategy=on_demand`` never picks spot, so with ``market=auto`` a price cap that only a
+    spot offer meets is refused at validate (as planning would refuse it after queueing), and the
+    same cap with a strategy that may pick spot is not."""
+    from sailor_tasks import stages
+    from sailor_tasks.errors import InvalidRequestErrors
+    from sailor_tasks.placement import catalog_errors
+    from sailor_tasks.strategies.live import as_planned
+
+    def cheapest(market: str) -> float:  # of the 1-GPU VMs of the request's GPU type with capacity
+        return min(
+            o.usd_per_hour(market)
+            for o in ctx.catalog.offers
+            if o.gpu_type == "A100" and o.gpus_per_node == 1 and (o.capacity_gpus is None or o.capacity_gpus >= 1)
+        )
+
+    cap = (cheapest("spot") + cheapest("on_demand")) / 2
+    assert cheapest("spot") < cap < cheapest("on_demand")
+    on_demand = request(strategy="on_demand", market="auto", max_usd_per_hour=cap)
+    assert catalog_errors(on_demand, ctx.catalog) == []  # either market: spot meets the cap
+    assert [e.field for e in catalog_errors(as_planned(on_demand), ctx.catalog)] == ["max_usd_per_hour"]
+    params = {"dataset_uri": demo_dataset, "gpu_type": "A100", "num_workers": 1, "max_usd_per_hour": cap}
+    with pytest.raises(InvalidRequestErrors) as info:
+        stages.validate({**params, "strategy": "on_demand"}, "run-od", ctx)
+    assert "max_usd_per_hour" in str(info.value)
+    stages.validate({**params, "strategy": "sailor"}, "run-any", ctx)  # may pick spot: accepted
