@@ -153,7 +153,9 @@ def test_a_cap_under_every_on_demand_offer_is_refused_at_validate_for_the_on_dem
         return min(
             o.usd_per_hour(market)
             for o in ctx.catalog.offers
-            if o.gpu_type == "A100" and o.gpus_per_node == 1 and (o.capacity_gpus is None or o.capacity_gpus >= 1)
+            if o.gpu_type == "A100"
+            and o.gpus_per_node == 1
+            and (o.capacity_gpus is None or o.capacity_gpus >= 1)
         )
 
     cap = (cheapest("spot") + cheapest("on_demand")) / 2
