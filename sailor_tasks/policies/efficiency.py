@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -74,11 +75,12 @@ class MinCost:
 
         if not state.jobs:
             return empty_allocation(self.name, state.gpus)
-        missing = [g for g in state.gpus if state.usd_per_gpu_hour.get(g, 0) <= 0]
+        missing = [g for g in state.gpus if not 0 < state.usd_per_gpu_hour.get(g, 0) < math.inf]
         if missing:
             raise ValueError(
-                f"min_cost needs a positive price per GPU-hour for {', '.join(sorted(missing))}; "
-                f"prices given for: {', '.join(sorted(state.usd_per_gpu_hour)) or 'none'}"
+                "min_cost needs a positive, finite price per GPU-hour for "
+                + ", ".join(f"{g} (given {state.usd_per_gpu_hour.get(g, 'none')})" for g in sorted(missing))
+                + f"; prices given for: {', '.join(sorted(state.usd_per_gpu_hour)) or 'none'}"
             )
         started = time.perf_counter()
         units = singles(state.jobs, state.gpus)

@@ -341,8 +341,11 @@ def test_session_solves_again_from_scratch_when_a_hot_started_solve_ends_without
 
 def test_min_cost_needs_prices_for_every_gpu_type(table):
     state = random_state(table, n=4, gpus={"K80": 1, "V100": 1}, seed=0)
-    with pytest.raises(ValueError, match="positive price per GPU-hour for V100"):
+    with pytest.raises(ValueError, match=r"positive, finite price per GPU-hour for V100 \(given none\)"):
         get_policy("min_cost").allocate(replace(state, usd_per_gpu_hour={"K80": 0.4}))
+    for bad in (float("nan"), float("inf"), -1.0):  # NaN passed a "<= 0" check: an all-zero allocation
+        with pytest.raises(ValueError, match=rf"V100 \(given {bad}\)"):
+            get_policy("min_cost").allocate(replace(state, usd_per_gpu_hour={"K80": 0.4, "V100": bad}))
 
 
 def test_min_cost_meets_deadlines_or_says_it_cannot(table):
