@@ -21,6 +21,20 @@ os.environ.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.fixture(autouse=True)
+def _root_log_handlers():
+    """The root logger's handlers as before each test: ``sailor`` commands call
+    ``logging.basicConfig``, whose handler would keep writing to the stream a test's ``capsys``
+    had put in ``sys.stderr``, closed after that test ("--- Logging error ---" in later tests)."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.fixture
 def settings(tmp_path, monkeypatch):
     """Settings rooted at a fresh state folder; exported so stages and subprocesses see it too."""
