@@ -125,8 +125,9 @@ class ThroughputTable:
         alone.setdefault(job, {})[gpu_type] = new
         unconsolidated = self.unconsolidated
         if job in unconsolidated:
-            # Multi-VM placements read the unconsolidated speed: move it by the same factor (keeping
-            # the packaged spread penalty), or else a measurement never reaches them.
+            # The unconsolidated entry moves by the same factor (keeping the packaged spread
+            # penalty), so that a reader of the spread speed sees the measurement too. (The planner
+            # slows multi-VM placements by the ratio of a multi-GPU entry, which no measurement moves.)
             spread = unconsolidated[job].get(gpu_type, 0.0)
             unconsolidated = {k: dict(v) for k, v in unconsolidated.items()}
             unconsolidated[job][gpu_type] = spread * new / old if old > 0 and spread > 0 else new

@@ -159,16 +159,37 @@ class CatalogIndex:
                 self._subset_cache[key] = cached
         return cached
 
+    def spread(self, model: str, num_gpus: int) -> np.ndarray:
+        """Per GPU type, the share of its speed a ``num_gpus``-GPU run of ``model`` keeps with its
+        workers on several VMs: Gavel's unconsolidated / consolidated throughput of the model's job
+        at the largest scale factor the table has up to ``num_gpus`` (1.0 where either is unknown).
+        A scale factor of 1 measures one GPU, where spreading cannot show: a multi-VM run of a
+        built-in model (``MODEL_JOB_TYPES``, scale 1) would otherwise never be slowed down."""
+        name, _ = self.job_types[model]
+        scales = [k for (n, k) in self.throughput.alone if n == name and 1 < k <= num_gpus]
+        factor = np.ones(len(self.gpu_types))
+        if scales:
+            job = (name, max(scales))
+            for i, g in enumerate(self.gpu_types):
+                alone = self.throughput.throughput(job, g, consolidated=True)
+                spread = self.throughput.throughput(job, g, consolidated=False)
+                if alone > 0 and spread > 0 and job in self.throughput.unconsolidated:
+                    factor[i] = spread / alone
+        return factor
+
     def subset_speed(self, model: str, sub: Subset) -> np.ndarray:
-        """Steps/s of ``model`` on each row of ``sub`` (unconsolidated throughput for multi-VM rows)."""
+        """Steps/s of ``model`` on each row of ``sub``. Multi-VM rows run at Gavel's unconsolidated
+        throughput: the job's own for a job type of several GPUs (the simulator's), else the
+        model's speed times its ``spread`` at the run's GPU count."""
         key = (model, *sub.key)
         cached = self._subset_speed_cache.get(key)
         if cached is None:
-            cached = np.where(
-                sub.nodes > 1,
-                self.speed(model, consolidated=False)[sub.rows],
-                self.speed(model, consolidated=True)[sub.rows],
-            )
+            alone = self.speed(model, consolidated=True)[sub.rows]
+            if self.job_types[model][1] > 1:
+                spread = self.speed(model, consolidated=False)[sub.rows]
+            else:
+                spread = alone * self.spread(model, sub.key[1])[self.c_gpu[sub.rows]]
+            cached = np.where(sub.nodes > 1, spread, alone)
             if len(self._subset_speed_cache) < 16384:
                 self._subset_speed_cache[key] = cached
         return cached

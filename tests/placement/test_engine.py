@@ -399,3 +399,22 @@ def test_plan_many_without_explanations_makes_the_same_choices():
     for e, b in zip(explained, bare, strict=True):
         assert e.placement is not None and e.placement.explanation
         assert b.placement == dataclasses.replace(e.placement, explanation=())
+
+
+def test_a_run_on_several_vms_runs_at_gavels_spread_throughput():
+    """Eight 1-GPU VMs cost a little less per hour than one 8-GPU VM, but Gavel measured the same
+    8-worker job about 3x slower with its workers on separate servers: the planner charges that
+    and takes the one VM. A 1-GPU entry cannot show the spread, so the 8-GPU entry's ratio is used."""
+    from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, load_packaged
+
+    catalog = Catalog((offer("us-east1-b", per_node=1, od=1.0), offer("us-east1-c", per_node=8, od=8.4)))
+    request = req(num_workers=8, market="on_demand")
+    p = plan(request, catalog, ClusterState(), "r")
+    assert (p.zone, p.num_nodes) == ("us-east1-c", 1)
+    hours = {c["num_nodes"]: c["expected_hours"] for c in (explain(request, catalog, ClusterState())["winner"],
+             *explain(request, catalog, ClusterState())["runners_up"])}  # fmt: skip
+    table = load_packaged()
+    name = MODEL_JOB_TYPES["gpt_25m"][0]
+    spread = table.throughput((name, 8), "V100", False) / table.throughput((name, 8), "V100", True)
+    assert spread < 0.5
+    assert hours[8] == pytest.approx(hours[1] / spread)

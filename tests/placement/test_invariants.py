@@ -140,7 +140,11 @@ def brute_force(request: JobRequest, catalog, state: ClusterState) -> tuple[list
         if request.data_residency and transfer.continent(o.region) not in request.data_residency:
             continue
         nodes = max(n // o.gpus_per_node, 1)
-        speed = table.throughput(job, o.gpu_type, consolidated=nodes == 1)
+        speed = table.throughput(job, o.gpu_type)
+        if nodes > 1:  # workers on several VMs: Gavel's spread/packed ratio at the largest scale <= n
+            k = max(s for (name, s) in table.alone if name == job[0] and s <= n)
+            alone, spread = (table.throughput((job[0], k), o.gpu_type, consolidated=c) for c in (True, False))
+            speed *= spread / alone if alone > 0 and spread > 0 else 1.0
         if speed <= 0:
             continue
         step_h = 1 / (speed * 3600)
