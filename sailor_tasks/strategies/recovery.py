@@ -58,7 +58,7 @@ class SameZoneFirst:
 class EagerNextRegion:
     """Spot (the request's market, ``auto`` read as spot). Events: preempted in r1/z1 → r1 blocked →
     cheapest zone of r2 with capacity (data and checkpoint follow) → preempted → r1, r2 blocked →
-    r3 → ...; when every region is blocked, only the last one stays blocked."""
+    r3 → ...; when every region is blocked, only the last zone stays blocked, then none."""
 
     checkpoint_on_notice = False
 

@@ -636,13 +636,20 @@ class _JobSim:
         if not self._spot_zone_exists(self.constraint) and (
             self.constraint.blocked_zones or self.constraint.blocked_regions
         ):
-            # every spot zone is blocked: keep waiting for the last one only (as live recovery does)
+            # every spot zone is blocked: keep waiting for the last one only, then (when that is
+            # the only spot zone) block none, as live recovery does
             last = self.history[-1].zone if self.history else None
+            wait_zone = self.constraint.wait_zone
             self.constraint = PlacementConstraint(
                 blocked_zones=frozenset({last}) if last else frozenset(),
-                wait_zone=self.constraint.wait_zone,
+                wait_zone=wait_zone,
                 reason="every zone blocked: only the last preempted one stays blocked",
             )
+            if not self._spot_zone_exists(self.constraint):
+                self.constraint = PlacementConstraint(
+                    wait_zone=wait_zone,
+                    reason="every zone blocked, the last preempted one the only spot zone: none stays blocked",
+                )
         opt = self.best("spot", remaining, self.constraint, t, time_left_h, exact)
         return opt, opt is not None or self._spot_zone_exists(self.constraint)
 

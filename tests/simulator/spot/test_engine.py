@@ -288,6 +288,19 @@ def test_eager_next_region_leaves_the_preempted_region(transfer):
     ]
 
 
+def test_eager_next_region_resumes_in_its_only_spot_zone_once_it_has_capacity_again(transfer):
+    """The only zone is available 1 h, unavailable 1 h, repeating. Blocking its region leaves no
+    spot zone, and so does blocking only it: the run blocks none and relaunches there at 2 h, 4 h,
+    ... Each attempt keeps its periodic checkpoint at 0.5 h of work (0.1 h provisioning, 0.9 h of
+    training): 3 h of work take six attempts, the last from 10 h to 10.6 h."""
+    market = SpotMarket((zone("us-central1-a", [0, 1]),), transfer)
+    out = simulate_spot([job(work_h=3.0)], market, "eager_next_region").outcomes[0]
+    assert out.finished
+    assert [(a.zone, a.market) for a in out.attempts] == [("us-central1-a", "spot")] * 6
+    assert [a.start_s for a in out.attempts] == pytest.approx([k * 2 * HOUR for k in range(6)])
+    assert out.end_s == pytest.approx(10.6 * HOUR)
+
+
 def test_summary_has_the_issue_fields_and_is_deterministic_per_seed(transfer):
     traces = [
         ZoneTrace("t1", AvailabilityTrace(900.0, tuple([0] * 8 + [1] * 4) * 5)),
