@@ -93,8 +93,8 @@ class MarketContext:
 
     ``remaining_h`` is the work left on the run's GPUs without preemptions. The launch figures are
     the hours from now until an attempt of that market would be training (provisioning plus data and
-    checkpoint transfer; 0 for the market the run is training on now; ``inf`` when no spot zone has
-    capacity now, so a spot choice means waiting).
+    checkpoint transfer; 0 for the market the run is training on now; ``inf`` when that market has
+    no offer for the run).
     """
 
     now_h: float

@@ -151,6 +151,7 @@ class Sailor:
     loses), and spot stays cheaper once that loss is paid for. While no spot zone has capacity the
     caller passes the next decision plus a launch as the spot launch, so waiting also keeps the
     reserve: the run can always still finish on-demand by the deadline (Can't Be Late's rule).
+    With no spot offer at all (an infinite spot launch) it runs on-demand, deadline or not.
     Training on spot, it moves to the spot zone the placement engine would launch in now when that
     is another zone and finishing there is expected to cost less (``_move_to_cheaper``).
     """
@@ -165,8 +166,10 @@ class Sailor:
             return MarketDecision(
                 ctx.requested_market, f"sailor: market {ctx.requested_market} requested", slack
             )
-        overhead = expected_overhead_h(ctx)
         launch = ctx.spot_launch_h
+        if not math.isfinite(launch) and math.isfinite(ctx.on_demand_launch_h):
+            return MarketDecision("on_demand", "sailor: no spot offer → on-demand", slack)
+        overhead = expected_overhead_h(ctx)
         if ctx.on_demand_usd_per_hour > 0 and math.isfinite(launch):
             spot_usd = ctx.spot_usd_per_hour * (ctx.remaining_h + overhead + launch)
             od_usd = ctx.on_demand_usd_per_hour * (ctx.remaining_h + ctx.on_demand_launch_h)
@@ -196,7 +199,7 @@ class Sailor:
                 slack,
             )
         if not math.isfinite(launch):
-            why = "no spot capacity now"
+            why = "no spot offer"
         else:
             why = f"{spot_slack:.2f} h slack after a spot launch of {launch:.2f} h (reserve {reserve:.2f} h)"
         return MarketDecision(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 from dataclasses import replace
 
@@ -172,6 +173,14 @@ def test_sailor_without_deadline_uses_spot_when_cheaper_and_on_demand_when_not()
     s = get_strategy("sailor")
     assert s.choose_market(market_ctx(deadline_h=None)).market == "spot"
     assert s.choose_market(market_ctx(deadline_h=None, spot_usd_per_hour=3.5)).market == "on_demand"
+
+
+def test_sailor_without_a_spot_offer_goes_on_demand_deadline_or_not():
+    s = get_strategy("sailor")
+    for deadline_h in (None, 100.0):
+        d = s.choose_market(market_ctx(deadline_h=deadline_h, spot_launch_h=math.inf))
+        assert d.market == "on_demand"
+        assert "no spot offer" in d.reason
 
 
 def test_sailor_keeps_an_explicit_market_request():

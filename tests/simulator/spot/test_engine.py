@@ -273,6 +273,14 @@ def test_slack_exhausted_at_arrival_sailor_runs_on_demand_from_the_start(transfe
     assert not out.missed_deadline
 
 
+def test_sailor_without_deadline_runs_on_demand_where_no_zone_sells_spot(transfer):
+    market = SpotMarket((zone("us-central1-a", None),), transfer)
+    out = simulate_spot([job(work_h=3.0)], market, "sailor").outcomes[0]
+    assert out.finished and out.end_s == pytest.approx(3.1 * HOUR)
+    assert [(a.zone, a.market) for a in out.attempts] == [("us-central1-a", "on_demand")]
+    assert "no spot offer" in out.attempts[0].why
+
+
 def test_eager_next_region_leaves_the_preempted_region(transfer):
     a = zone("us-central1-a", [0, 1] + [0] * 20)
     b = zone("us-central1-b", [0] * 22)
