@@ -207,7 +207,7 @@ def run_simulation(args: argparse.Namespace) -> dict[str, Any]:
     check_admission(args)
     if getattr(args, "admission", "rounds") == "queue":
         return run_queue_simulation(args)
-    if getattr(args, "strategy", None):
+    if getattr(args, "strategy", None) is not None:
         from sailor_tasks.cli.spot import run_spot_simulation
 
         return run_spot_simulation(args)

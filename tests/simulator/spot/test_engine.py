@@ -363,6 +363,18 @@ def test_cli_runs_a_strategy_on_the_shared_traces(shared_data, capsys):
     assert "valid: on_demand, spot_restart, eager_next_region, sailor" in capsys.readouterr().err
 
 
+def test_cli_refuses_an_empty_strategy_rather_than_run_another_simulator(capsys):
+    from sailor_tasks.cli.main import main
+
+    assert main(["simulate", "--strategy", "", "--jobs", "2", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert not captured.out
+    assert (
+        "--strategy '' is not a market strategy; valid: on_demand, spot_restart, eager_next_region, sailor"
+        in captured.err
+    )
+
+
 def test_shared_traces_bind_to_their_real_zones(shared_data):
     traces = load_sources([str(shared_data / "gcp_preemption_2020"), str(shared_data / "sailor")])
     bound = {(t.zone, t.gpu_type) for t in traces if t.zone}
