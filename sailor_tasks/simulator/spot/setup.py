@@ -3,7 +3,8 @@
 Binding traces to zones: a trace recorded in a known zone for a known GPU type (GCP 2020 logs,
 Sailor's per-zone CSV columns, ``<GPU>_<zone>.json``) drives that (zone, GPU type); the longest such
 trace wins. ``bind="exact"`` stops there: zones without a trace of their own get no spot offer (the
-honest minimum, 3 zones in the shared data). ``bind="pool"`` (default) lets every other catalog zone
+honest minimum, 3 zones in the shared data), and a trace of a simulated GPU type recorded in a zone
+the catalog does not sell that GPU in is refused (it would bind nowhere). ``bind="pool"`` (default) lets every other catalog zone
 replay a trace from the pool of all loaded traces, taken in turn, each from a seeded random offset,
 so zones do not lose capacity at the same instants. Pooled zones keep their own catalog prices; the
 availability pattern is real but recorded elsewhere (documented in README "Spot economics").
@@ -49,7 +50,9 @@ def build_market(
     """The simulated market: one ``SpotZone`` per catalog (zone, GPU type) of ``gpu_types``.
 
     Raises:
-        ValueError: unknown ``bind`` or GPU type, or no traces (each names the valid choices).
+        ValueError: unknown ``bind`` or GPU type, no traces, or with ``bind="exact"`` a trace of
+            one of ``gpu_types`` recorded in a zone the catalog sells no such GPU in (each names
+            the valid choices).
     """
     if bind not in BIND_MODES:
         raise ValueError(f"bind={bind!r} is not a trace binding; valid: {', '.join(BIND_MODES)}")
@@ -87,6 +90,15 @@ def build_market(
         od[key][o.gpus_per_node] = min(o.ondemand_usd_per_hour, od[key].get(o.gpus_per_node, math.inf))
         if not o.spot_above_ondemand and o.spot_usd_per_hour > 0:
             spot[key][o.gpus_per_node] = min(o.spot_usd_per_hour, spot[key].get(o.gpus_per_node, math.inf))
+    if bind == "exact":
+        for t in traces:
+            if t.zone and t.gpu_type in gpu_types and (t.zone, t.gpu_type) not in od:
+                valid = sorted(z for z, g in od if g == t.gpu_type)
+                raise ValueError(
+                    f"availability trace {t.trace.source or t.name}: zone {t.zone!r} sells no "
+                    f"{t.gpu_type} in the catalog, so --bind exact binds it nowhere; zones selling "
+                    f"{t.gpu_type}: {', '.join(valid)}"
+                )
     zones = []
     turn = 0
     for key in sorted(od):

@@ -346,6 +346,22 @@ def test_exact_binding_gives_spot_only_to_zones_with_their_own_trace():
         build_market(load_catalog(), [trace], bind="nearest")
 
 
+def test_exact_binding_refuses_a_trace_recorded_where_the_catalog_sells_no_such_gpu(tmp_path):
+    path = tmp_path / "V100_us-centrl1-a.json"
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 900}, "data": [0, 1]}))
+    traces = load_sources([str(tmp_path)])
+    cat = load_catalog()
+    v100_zones = sorted({o.zone for o in cat.offers if o.gpu_type == "V100"})
+    with pytest.raises(ValueError) as err:
+        build_market(cat, traces, gpu_types=("V100",), bind="exact")
+    assert f"availability trace {path}: zone 'us-centrl1-a' sells no V100" in str(err.value)
+    assert str(err.value).endswith(f"zones selling V100: {', '.join(v100_zones)}")
+    # pool binding replays it in every zone; a GPU type the market does not simulate is left out
+    pooled = build_market(cat, traces, gpu_types=("V100",), bind="pool")
+    assert all(z.trace_name == "V100_us-centrl1-a" for z in pooled.zones)
+    assert all(z.trace is None for z in build_market(cat, traces, gpu_types=("T4",), bind="exact").zones)
+
+
 def test_bad_deadline_slack_is_rejected(transfer):
     market = SpotMarket((zone("us-central1-a", [0]),), transfer)
     with pytest.raises(ValueError, match=r"deadline slack=-0.1: need a number >= 0"):
