@@ -103,19 +103,21 @@ class GcpLog:
         return tuple((e.at - t0).total_seconds() for e in evs if e.kind == "preempted")
 
     def zone_stats(self, gpu_type: str | None = None) -> dict[str, ZoneStats]:
-        """Per-zone preemption counts and rates (optionally for one GPU type)."""
+        """Per-zone preemption counts and rates (optionally for one GPU type); a zone with neither an
+        instance nor a failed creation (of that GPU type) is left out."""
         out = {}
         for zone in self.zones():
             lives = [lf for lf in self.lives if lf.zone == zone and gpu_type in (None, lf.gpu_type)]
             evs = [e for e in self.events if e.zone == zone]
+            failures = sum(e.kind == "creation_failed" and gpu_type in (None, e.gpu_type) for e in evs)
+            if not lives and not failures:
+                continue  # none of that type tried there: no rate (0 would read as the most reliable)
             out[zone] = ZoneStats(
                 zone=zone,
                 preemptions=sum(lf.preempted for lf in lives),
                 instance_hours=sum(lf.hours for lf in lives),
                 creations=len(lives),
-                creation_failures=sum(
-                    e.kind == "creation_failed" and gpu_type in (None, e.gpu_type) for e in evs
-                ),
+                creation_failures=failures,
             )
         return out
 
@@ -210,11 +212,13 @@ def to_availability_trace(
     as a 1 in the slot of the ping that found it gone.
 
     Raises:
-        ValueError: no instance ran in ``zone`` (names the zones that have some).
+        ValueError: no instance (of ``gpu_type``) ran in ``zone`` (names the zones that have some).
     """
     lives = _lives(log, zone, gpu_type)
     if not lives:
-        raise ValueError(f"zone={zone!r} has no instances in the logs; zones: {', '.join(log.zones())}")
+        zones = sorted({lf.zone for lf in log.lives if gpu_type in (None, lf.gpu_type)})
+        what = f"{gpu_type} instances" if gpu_type else "instances"
+        raise ValueError(f"zone={zone!r} has no {what} in the logs; zones with {what}: {', '.join(zones)}")
     t0 = min(lf.created_at for lf in lives)
     end = max(lf.last_seen_running for lf in lives)
     slots = int((end - t0).total_seconds() // gap_seconds) + 1

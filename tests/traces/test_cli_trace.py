@@ -36,3 +36,16 @@ def test_an_unknown_gpu_type_is_bad_input_listing_the_logs_types(shared_data, ca
         assert main(["trace-gcp", "--logs", logs, "--gpu", "bogus", *zone]) == 2
         err = capsys.readouterr().err
         assert "--gpu 'bogus': no instance of it in the logs; valid: " in err and "nvidia-tesla-v100" in err
+
+
+def test_a_zone_without_the_gpu_type_is_refused_naming_the_zones_with_it(shared_data, capsys):
+    logs = str(shared_data / "gcp_preemption_2020" / "logs")
+    argv = ["trace-gcp", "--logs", logs, "--gpu", "nvidia-tesla-v100"]
+    assert main([*argv, "--zone", "us-east1-c"]) == 2
+    err = capsys.readouterr().err
+    assert "zone='us-east1-c' has no nvidia-tesla-v100 instances in the logs; " in err
+    listed = err.split("zones with nvidia-tesla-v100 instances: ")[1].strip().split(", ")
+    assert "us-east1-c" not in listed and "us-west1-b" in listed
+    # the stats for that GPU type leave the zone out rather than show it at 0 preemptions/h
+    assert main(argv) == 0
+    assert "us-east1-c" not in capsys.readouterr().out

@@ -64,3 +64,25 @@ def test_a_zone_becomes_a_replayable_availability_trace():
     assert trace.preemption_times() == (4500.0,) == log.preemption_times("us-west1-b")
     with pytest.raises(ValueError, match=r"zone='mars-1a' has no instances.*us-west1-b"):
         to_availability_trace(log, "mars-1a")
+
+
+def test_a_zone_without_the_gpu_type_has_no_stats_for_it_and_no_trace_of_it():
+    """us-east1-c ran a K80 only: for V100 it has no rate (not 0 preemptions/h) and no trace, and
+    the error lists only the zones that ran a V100."""
+    from sailor_tasks.traces.gcp_2020 import to_availability_trace
+
+    k80 = """\
+[2020-03-01T10:00:00.000Z] Created instance k0 with 1 GPU(s) of type nvidia-tesla-k80 in zone us-east1-c
+[2020-03-01T10:15:00.000Z] Instance k0 running in zone us-east1-c
+[2020-03-01T10:30:00.000Z] Successfully deleted instance k0
+"""
+    log = parse_gcp_log((LOG + k80).splitlines())
+    assert set(log.zone_stats("nvidia-tesla-v100")) == {"us-west1-b"}
+    assert set(log.zone_stats("nvidia-tesla-k80")) == {"us-east1-c"}
+    assert log.zone_stats("nvidia-tesla-k80")["us-east1-c"].creations == 1
+    with pytest.raises(ValueError) as err:
+        to_availability_trace(log, "us-east1-c", "nvidia-tesla-v100")
+    assert str(err.value) == (
+        "zone='us-east1-c' has no nvidia-tesla-v100 instances in the logs; "
+        "zones with nvidia-tesla-v100 instances: us-west1-b"
+    )
