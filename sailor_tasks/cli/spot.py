@@ -11,6 +11,7 @@ DEFAULT_SLACK = 0.2
 
 def add_spot_arguments(g: Any) -> None:
     """Arguments of the spot simulator (an argument group of ``sailor simulate``)."""
+    from sailor_tasks.cli.argtypes import nonnegative_float
     from sailor_tasks.simulator.spot.setup import BIND_MODES
     from sailor_tasks.strategies import MARKET_STRATEGIES
 
@@ -26,7 +27,7 @@ def add_spot_arguments(g: Any) -> None:
     )
     g.add_argument(
         "--deadline-slack",
-        type=float,
+        type=nonnegative_float,
         default=DEFAULT_SLACK,
         help="deadline = arrival + (1 + SLACK) x on-demand time (default 0.2)",
     )
@@ -64,8 +65,10 @@ def run_spot_simulation(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(
             f"--strategy {args.strategy!r} is not a market strategy; valid: {', '.join(MARKET_STRATEGIES)}"
         )
-    if not args.jobs:
+    if args.jobs is None:
         raise ValueError("--strategy needs --jobs N (generated jobs with deadlines), not --trace")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs}: need an integer ≥ 1 (generated jobs with deadlines)")
     if not args.availability:
         raise ValueError("--strategy needs --availability DIR_OR_FILE ... (spot availability traces)")
     market, jobs = spot_inputs(

@@ -391,6 +391,29 @@ def test_cli_refuses_an_empty_strategy_rather_than_run_another_simulator(capsys)
     )
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_cli_refuses_a_deadline_slack_that_is_not_a_finite_number_at_least_0(capsys, value):
+    from sailor_tasks.cli.main import main
+
+    argv = ["simulate", "--strategy", "sailor", "--jobs", "2", "--availability", "/nonexistent"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--deadline-slack", value])
+    assert exit_.value.code == 2
+    assert f"argument --deadline-slack: {value!r}: need a number ≥ 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("jobs", ["0", "-3"])
+def test_cli_refuses_fewer_than_one_job_naming_the_flag(tmp_path, capsys, jobs):
+    from sailor_tasks.cli.main import main
+
+    (tmp_path / "us-central1-a.json").write_text(json.dumps({"metadata": {"gap_seconds": 900}, "data": [0]}))
+    argv = ["simulate", "--strategy", "sailor", "--availability", str(tmp_path), "--json"]
+    assert main([*argv, "--jobs", jobs]) == 2
+    captured = capsys.readouterr()
+    assert not captured.out
+    assert f"--jobs {jobs}: need an integer ≥ 1" in captured.err
+
+
 def test_shared_traces_bind_to_their_real_zones(shared_data):
     traces = load_sources([str(shared_data / "gcp_preemption_2020"), str(shared_data / "sailor")])
     bound = {(t.zone, t.gpu_type) for t in traces if t.zone}
