@@ -116,21 +116,30 @@ class ThroughputTable:
     def with_measurement(
         self, job: JobKey, gpu_type: str, steps_per_s: float, weight: float = 0.5
     ) -> ThroughputTable:
-        """Blend a measured throughput into the table: new = (1 - weight) · old + weight · measured."""
+        """Blend a measured throughput into the table: new = (1 - weight) · old + weight · measured.
+        The job's other entries on ``gpu_type`` (its other scale factors, consolidated and spread)
+        move by the same factor new / old, so that a run of several GPUs sees the measurement too
+        and the packaged scaling and spread penalty are kept."""
         if steps_per_s <= 0 or not 0 < weight <= 1:
             raise ValueError(f"measurement {steps_per_s} steps/s with weight {weight}: need > 0 and (0, 1]")
         old = self.throughput(job, gpu_type)
         new = steps_per_s if old <= 0 else (1 - weight) * old + weight * steps_per_s
-        alone = {k: dict(v) for k, v in self.alone.items()}
+
+        def moved(table: Mapping[JobKey, GpuThroughput]) -> dict[JobKey, dict[str, float]]:
+            out = {k: dict(v) for k, v in table.items()}
+            for key, per_gpu in out.items():
+                if key[0] == job[0] and key != job and per_gpu.get(gpu_type, 0.0) > 0 and old > 0:
+                    per_gpu[gpu_type] *= new / old
+            return out
+
+        alone = moved(self.alone)
         alone.setdefault(job, {})[gpu_type] = new
         unconsolidated = self.unconsolidated
-        if job in unconsolidated:
-            # The unconsolidated entry moves by the same factor (keeping the packaged spread
-            # penalty), so that a reader of the spread speed sees the measurement too. (The planner
-            # slows multi-VM placements by the ratio of a multi-GPU entry, which no measurement moves.)
-            spread = unconsolidated[job].get(gpu_type, 0.0)
-            unconsolidated = {k: dict(v) for k, v in unconsolidated.items()}
-            unconsolidated[job][gpu_type] = spread * new / old if old > 0 and spread > 0 else new
+        if job in unconsolidated or any(k[0] == job[0] for k in unconsolidated):
+            spread = unconsolidated.get(job, {}).get(gpu_type, 0.0)
+            unconsolidated = moved(unconsolidated)
+            if job in unconsolidated:
+                unconsolidated[job][gpu_type] = spread * new / old if old > 0 and spread > 0 else new
         return replace(self, alone=alone, unconsolidated=unconsolidated)
 
     def with_measured(

@@ -23,14 +23,20 @@ def job_from_run(run: Mapping[str, Any], table: ThroughputTable, gpu_types: Iter
             f"run {run['run_id']}: model {model!r} has no job type; known: {', '.join(MODEL_JOB_TYPES)}"
         )
     key = (base[0], num_gpus)
+    scales = sorted({k for name, k in table.alone if name == base[0]})
     pinned = request.get("gpu_type", ANY_GPU)
     throughput = {}
     for g in gpu_types:
         if pinned not in (ANY_GPU, g):
             continue
-        measured = table.throughput(key, g)
-        # Gavel measured scale factors 1/2/4/8; otherwise assume linear scaling from one GPU.
-        throughput[g] = measured if measured > 0 else table.throughput(base, g) * num_gpus
+        # Gavel measured scale factors 1/2/4/8 (a measurement of the model moves them all:
+        # ``ThroughputTable.with_measurement``); other counts scale linearly from the largest of
+        # them below (3 GPUs: 1.5x the 2-GPU speed), never past the next one up.
+        speeds = {k: table.throughput((base[0], k), g) for k in scales}
+        below = max((k for k in scales if k <= num_gpus and speeds[k] > 0), default=0)
+        above = [speeds[k] for k in scales if k > num_gpus and speeds[k] > 0]
+        linear = speeds[below] * num_gpus / below if below else 0.0
+        throughput[g] = min(linear, min(above)) if above and linear > 0 else linear
     total = run.get("total_steps") or request.get("total_steps") or 0
     return PolicyJob(
         job_id=run["run_id"],

@@ -47,6 +47,32 @@ def test_a_ledger_run_becomes_a_policy_job_on_the_types_it_may_use():
         job_from_run({**run, "model": "nope"}, table, ["T4"])
 
 
+def test_a_measurement_reaches_every_gpu_count_and_more_gpus_are_never_slower():
+    """A measured speed of the model moves its 2-, 4- and 8-GPU entries too (before, only the
+    1-GPU entry moved: a 3-GPU run, scaled linearly from it, came out 8x faster than a 4-GPU run
+    read from Gavel's untouched entry)."""
+    table = load_packaged()
+    job = MODEL_JOB_TYPES["gpt_25m"]
+    measured = table.with_measurement(job, "V100", 100.0)
+    factor = measured.throughput(job, "V100") / table.throughput(job, "V100")
+
+    def speed(t, n):
+        run = {"run_id": "r", "model": "gpt_25m", "num_gpus": n}
+        return job_from_run(run, t, ["V100"]).throughput["V100"]
+
+    for n in (2, 4, 8):
+        assert speed(measured, n) == pytest.approx(speed(table, n) * factor)
+    counts = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+    for t in (table, measured):
+        speeds = [speed(t, n) for n in counts]
+        assert speeds == sorted(speeds), speeds
+    # the spread penalty of a multi-GPU entry is kept
+    big = (job[0], 8)
+    assert measured.throughput(big, "V100", False) / measured.throughput(big, "V100") == pytest.approx(
+        table.throughput(big, "V100", False) / table.throughput(big, "V100")
+    )
+
+
 def test_measured_throughput_from_the_ledger_feeds_back_into_the_table(ctx):
     ledger = ctx.ledger
     add_run(ledger, "m", "success", "us-central1", model="tiny_gpt", steps=1200, backend="gke")
