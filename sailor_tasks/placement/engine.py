@@ -197,6 +197,13 @@ def _rejection_counts(ev: Evaluation) -> dict[str, int]:
     return {VALIDATOR_NAMES[i]: int(n) for i, n in enumerate(counts) if n}
 
 
+def _no_capacity_at_all(ev: Evaluation, rows: np.ndarray) -> bool:
+    """No zone of the candidates ``rows`` holds even one VM of its shape: asking for fewer GPUs
+    cannot help."""
+    ctx = ev.ctx
+    return bool(np.all(ev.index.g_capacity[ctx.c.group[rows]] < ctx.c.gpn[rows]))
+
+
 def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
     idx, ctx = ev.index, ev.ctx
     counts = _rejection_counts(ev)
@@ -226,7 +233,13 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
             "the GPUs must be a whole number of VMs; GPUs per VM: "
             + ", ".join(f"{g} {'/'.join(map(str, sorted(n)))}" for g, n in sorted(shapes.items()))
         )
-    if never.size:  # waiting cannot help: no zone of these offers ever holds the run
+    if never.size and _no_capacity_at_all(ev, never):  # no request size could ever fit
+        types = sorted({idx.gpu_types[g] for g in ctx.c.gpu[never]})
+        hints.append(
+            f"no zone within the request's other limits has capacity for {'/'.join(types)} (the supply "
+            "gives it none there, or less than one VM): choose another gpu_type or regions"
+        )
+    elif never.size:  # waiting cannot help: no zone of these offers ever holds the run
         i = int(never[np.argmax(idx.g_capacity[ctx.c.group[never]])])
         hints.append(
             f"{request.num_gpus} GPUs are more than any zone has (of the offers within the request's other "
@@ -626,7 +639,10 @@ def never_feasible_error(
         # The last rule (in the validators' order) that rejected offers: the offers that passed
         # every rule before it died there, so it names what the user would change.
         hit = [r for r in VALIDATOR_NAMES if exc.rejections.get(r) and r in FIELD_OF_RULE]
-        return FIELD_OF_RULE[hit[-1] if hit else "gpu_type"], exc
+        field = FIELD_OF_RULE[hit[-1] if hit else "gpu_type"]
+        if field == FIELD_OF_RULE["capacity"] and _no_capacity_at_all(ev, np.flatnonzero(fail == CAPACITY)):
+            field = "gpu_type"  # fewer GPUs cannot help: another GPU type (or regions) can
+        return field, exc
     except CapacityUnavailableError:  # nothing is reserved: cannot happen, but never a refusal
         return None
     return None

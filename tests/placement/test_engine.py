@@ -418,3 +418,18 @@ def test_a_run_on_several_vms_runs_at_gavels_spread_throughput():
     spread = table.throughput((name, 8), "V100", False) / table.throughput((name, 8), "V100", True)
     assert spread < 0.5
     assert hours[8] == pytest.approx(hours[1] / spread)
+
+
+def test_a_gpu_type_without_capacity_anywhere_points_at_the_gpu_type_not_the_gpu_count():
+    """No zone holds even one VM of the type: asking for fewer GPUs cannot help."""
+    from sailor_tasks.placement import catalog_errors
+
+    catalog = Catalog((offer("us-east1-b", cap=0), offer("us-east1-c", gpu="T4", cap=8)))
+    (err,) = catalog_errors(req(gpu_type="V100"), catalog)
+    assert (
+        err.field == "gpu_type"
+        and "no zone within the request's other limits has capacity for V100" in str(err)
+    )
+    assert "ask for fewer GPUs" not in str(err)
+    (err,) = catalog_errors(req(gpu_type="T4", num_workers=16), catalog)  # fewer GPUs would fit
+    assert err.field == "num_workers" and "the largest, us-east1-c, has 8 T4 in all" in str(err)
