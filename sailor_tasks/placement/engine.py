@@ -427,7 +427,7 @@ def explain(
     """The full decision as JSON: the placement, winner and runners-up with every rule's
     contribution, the region ranking (tier 1), and each rejected candidate with its validator.
     ``index`` as in ``plan``."""
-    index = index if index is not None else index_for(catalog)
+    index = _index(catalog, index)
     check_request(request, catalog, index.job_types)
     ev = evaluate(request, index, state, view_for(index, state), weights)
     idx, ctx = ev.index, ev.ctx

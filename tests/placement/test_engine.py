@@ -433,3 +433,13 @@ def test_a_gpu_type_without_capacity_anywhere_points_at_the_gpu_type_not_the_gpu
     assert "ask for fewer GPUs" not in str(err)
     (err,) = catalog_errors(req(gpu_type="T4", num_workers=16), catalog)  # fewer GPUs would fit
     assert err.field == "num_workers" and "the largest, us-east1-c, has 8 T4 in all" in str(err)
+
+
+def test_plan_and_explain_refuse_an_index_built_for_another_catalog():
+    from sailor_tasks.placement.index import index_for
+
+    catalog = Catalog((offer("us-east1-b"),))
+    other = index_for(Catalog((offer("europe-west4-a"),)))
+    for decide in (plan, explain):
+        with pytest.raises(ValueError, match="index was built for another catalog"):
+            decide(req(), catalog, ClusterState(), "r", index=other)
