@@ -340,3 +340,10 @@ def test_the_airflow_image_ships_the_examples_every_service_allows(compose):
     assert "COPY --chown=airflow:root examples /opt/sailor/examples" in dockerfile
     for name, svc in _airflow(compose).items():
         assert svc["environment"]["SAILOR_COMMAND_ROOTS"] == "/opt/sailor/examples", name
+
+
+def test_the_database_and_broker_host_ports_can_be_moved_from_dotenv():
+    """A host that runs its own PostgreSQL or Redis moves the published ports in .env."""
+    spec, _ = render(COMPOSE.read_text(), {"SAILOR_POSTGRES_PORT": "15432", "SAILOR_REDIS_PORT": "16379"})
+    assert spec["services"]["postgres"]["ports"] == ["127.0.0.1:15432:5432"]
+    assert spec["services"]["redis"]["ports"] == ["127.0.0.1:16379:6379"]
