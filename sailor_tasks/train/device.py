@@ -97,14 +97,23 @@ def detect_device_plan(local_rank: int, local_world_size: int) -> DevicePlan:
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
+    count = torch.cuda.device_count() if cuda else 0
     return device_plan(
         cuda_available=cuda,
-        device_count=torch.cuda.device_count() if cuda else 0,
+        device_count=count,
         local_rank=local_rank,
         local_world_size=local_world_size,
-        bf16_supported=cuda and torch.cuda.is_bf16_supported(),
+        bf16_supported=0 <= local_rank < count and native_bf16(local_rank),
         nccl_available=dist.is_available() and dist.is_nccl_available(),
     )
+
+
+def native_bf16(index: int) -> bool:
+    """Whether GPU ``index`` computes in bf16 natively (compute capability 8.0 or newer: A100, L4,
+    H100). ``torch.cuda.is_bf16_supported()`` also says yes where bf16 is only emulated (T4, V100:
+    it merely creates a bf16 tensor, on the current GPU, which makes a CUDA context there); the
+    capability is read without one."""
+    return torch.cuda.get_device_capability(index)[0] >= 8
 
 
 def select_device(plan: DevicePlan) -> torch.device:

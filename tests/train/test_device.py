@@ -82,3 +82,24 @@ def test_on_the_cpu_plan_batches_stay_put_and_autocast_is_off():
         y = torch.ones(2, 2) @ torch.ones(2, 2)
         assert not torch.is_autocast_enabled("cpu")
     assert y.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("capability", "dtype"), [((7, 5), None), ((7, 0), None), ((8, 0), "bfloat16"), ((9, 0), "bfloat16")]
+)
+def test_bf16_autocast_only_where_the_workers_gpu_computes_it_natively(monkeypatch, capability, dtype):
+    """T4 (7.5) and V100 (7.0) only emulate bf16, which ``torch.cuda.is_bf16_supported()`` counts as
+    support (and checks by making a tensor on the current GPU): they train in fp32, as the device
+    table says. torch's answers about the machine are stood in for; the decision is SAILOR's."""
+    import torch.distributed as dist
+
+    from sailor_tasks.train import device
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: asked.append(i) or capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: pytest.fail("emulation counts"))
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    p = device.detect_device_plan(1, 2)
+    assert (p.device, p.autocast_dtype) == ("cuda:1", dtype) and asked == [1]
