@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -159,8 +160,8 @@ def collective_timeout(environ: Mapping[str, str] | None = None) -> datetime.tim
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a positive number of seconds")
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a positive, finite number of seconds")
     return datetime.timedelta(seconds=seconds)
 
 

@@ -21,9 +21,11 @@ def test_the_timeout_is_read_from_the_environment_or_left_to_torch():
     assert collective_timeout({}) is None and collective_timeout({COLLECTIVE_TIMEOUT_ENV: ""}) is None
 
 
-@pytest.mark.parametrize("raw", ["0", "-5", "5m", "nan"])
+@pytest.mark.parametrize("raw", ["0", "-5", "5m", "nan", "inf", "1e400"])  # inf: OverflowError in timedelta
 def test_a_bad_timeout_is_named(raw):
-    with pytest.raises(ValueError, match=f"SAILOR_COLLECTIVE_TIMEOUT_S='{raw}' is not a positive number"):
+    with pytest.raises(
+        ValueError, match=f"SAILOR_COLLECTIVE_TIMEOUT_S='{raw}' is not a positive, finite number"
+    ):
         collective_timeout({COLLECTIVE_TIMEOUT_ENV: raw})
 
 
