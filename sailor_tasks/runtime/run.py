@@ -253,8 +253,10 @@ class Run:
         The step this run last saved or resumed from is not saved again (a save on the notice
         right after resuming, say): its committed checkpoint is kept as it is, and the call
         returns at once. Writing it anew would first delete it, and a save failing then would
-        leave the run an older checkpoint."""
+        leave the run an older checkpoint. An attempt a newer one fenced out saves nothing, that
+        step included (``StaleAttemptError``)."""
         if step == self._checkpoint_step:
+            self.checkpoints.check_fence()
             uri = self.checkpoints.step_uri(step)
             size = 0
             if self.rank == 0:

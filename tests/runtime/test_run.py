@@ -122,6 +122,21 @@ def test_saving_the_step_it_resumed_from_keeps_that_checkpoint_as_it_is(environ,
     again.close()
 
 
+def test_a_fenced_out_attempt_saves_nothing_not_even_the_step_it_resumed_from(environ, tmp_path):
+    """A stale worker of attempt 2 (attempt 3 claimed the root) that saves its resumed step is
+    refused as a save of any other step is, rather than told it saved."""
+    from sailor_tasks.train.checkpoint.store import CheckpointStore, StaleAttemptError
+
+    run = Run.from_env(environ, handle_sigterm=False)
+    run.save(10, {"w": torch.arange(3.0), "step": 10})
+    CheckpointStore(environ[contract.CHECKPOINT_DIR]).claim(3)  # the next attempt took over
+    with pytest.raises(StaleAttemptError):
+        run.save(10, {"w": torch.arange(3.0), "step": 10})
+    with pytest.raises(StaleAttemptError):
+        run.save(11, {"w": torch.arange(3.0), "step": 11})
+    run.close()
+
+
 def test_resuming_reports_the_step_reached_before_any_new_step(environ, tmp_path):
     """A preemption between the resume and the first new step must find the resumed step in the
     progress file (it found none, and the attempt was recorded at step 0)."""
