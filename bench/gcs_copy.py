@@ -55,7 +55,10 @@ def main() -> None:
         server_side = timed(lambda: copy_dataset("gs://bench-b/d", "gs://bench-d/d", progress=None))
         # Resume after a kill just before the manifest: every object is already there.
         storage.remove(f"gs://bench-d/d/{MANIFEST_NAME}")
-        resume_check = timed(lambda: copy_dataset("gs://bench-b/d", "gs://bench-d/d", progress=None))
+        resumed: list = []
+        resume_check = timed(
+            lambda: resumed.append(copy_dataset("gs://bench-b/d", "gs://bench-d/d", progress=None))
+        )
         reread = timed(lambda: verify("gs://bench-d/d", read_manifest("gs://bench-d/d")))
 
     print(
@@ -69,6 +72,11 @@ def main() -> None:
                 "replicate_streamed_mb_s": round(mb / streamed, 1),
                 "replicate_server_side_mb_s": round(mb / server_side, 1),
                 "resume_check_s": round(resume_check, 3),
+                "resume_bytes_copied": resumed[0].bytes_copied,
+                "resume_bytes_skipped": resumed[0].bytes_skipped,
+                # the target: a resume after the last object finds every one by its metadata
+                "resume_target_met": resumed[0].bytes_copied == 0
+                and resumed[0].bytes_skipped == args.files * args.file_kb * 1024,
                 "sha256_reread_s": round(reread, 3),
                 "workers": args.workers,
             }
