@@ -111,9 +111,11 @@ def make_traces(
     ]
 
 
-def run_gavel(gavel: Path, cache: Path, text: str, policy: str, cluster: str) -> dict:
+def run_gavel(gavel: Path, cache: Path, text: str, policy: str, cluster: str, table: str = "") -> dict:
+    """Gavel's result on the trace ``text``, cached by everything it depends on (``table``: a hash
+    of the throughput table Gavel reads)."""
     key = hashlib.sha256(
-        json.dumps([text, policy, cluster, ROUND_S, SEED, GPUS_PER_SERVER]).encode()
+        json.dumps([text, policy, cluster, ROUND_S, SEED, GPUS_PER_SERVER, table]).encode()
     ).hexdigest()[:24]
     path = cache / f"{key}.json"
     if path.exists():
@@ -199,7 +201,7 @@ def main() -> None:
     p.add_argument(
         "--throughputs",
         default=str(SHARED / "data" / "gavel" / "simulation_throughputs.json"),
-        help="Gavel's simulation_throughputs.json (the table both sides use)",
+        help="Gavel's simulation_throughputs.json: the copy of the table Gavel's simulator reads (refused otherwise)",
     )
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "sailor" / "gavel_parity"))
     p.add_argument("--parallel", type=int, default=2, help="Gavel runs at once (default 2)")
@@ -216,6 +218,15 @@ def main() -> None:
     gpus = {g: int(c) for g, c in zip(GPU_ORDER, counts, strict=True) if int(c) > 0}
     rates = [float(r) for r in args.rates.split(",") if r]
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    # Gavel's simulator reads the table in its own source folder (its wrapper takes no other):
+    # SAILOR must read the same one, or the ratios compare two simulators on two inputs.
+    own = Path(args.gavel).resolve().parent / "src" / "simulation_throughputs.json"
+    if own.is_file() and Path(args.throughputs).read_bytes() != own.read_bytes():
+        sys.exit(
+            f"--throughputs {args.throughputs}: not the table Gavel's simulator reads ({own}); "
+            "both sides need the same"
+        )
+    table_hash = hashlib.sha256(Path(args.throughputs).read_bytes()).hexdigest()[:16]
     started = time.perf_counter()
     full = load_gavel(args.throughputs)
     # Gavel charges no penalty for workers spread over servers: neither does SAILOR here.
@@ -233,7 +244,9 @@ def main() -> None:
 
     def gavel_case(case: tuple) -> dict:
         _, jobs, pair = case
-        return run_gavel(Path(args.gavel), Path(args.cache), trace_lines(jobs), PAIRS[pair][2], args.cluster)
+        return run_gavel(
+            Path(args.gavel), Path(args.cache), trace_lines(jobs), PAIRS[pair][2], args.cluster, table_hash
+        )
 
     # The first case runs alone: Gavel's first use builds its solver venv, and two first uses at
     # once would build it into the same folder.
