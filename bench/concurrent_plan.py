@@ -173,6 +173,9 @@ def main() -> None:
         "failed_clean": sqlite["failed_clean"],
         "placed": sqlite["placed"],
         "consistent": all(b["reservations_consistent"] and not b["errors"] for b in runs),
+        # the figures above cover these ledgers only: PostgreSQL skipped is not PostgreSQL passed
+        "backends_run": [name for name, b in backends.items() if isinstance(b, dict)],
+        "all_requested_backends_ran": len(runs) == (1 if args.no_postgres else 2),
         "backends": backends,
     }
     print(json.dumps(result))

@@ -96,6 +96,11 @@ def main() -> None:
     result = {
         "noticed": sum(p["noticed"] for p in pre_b),
         "unnoticed": sum(not p["noticed"] for p in pre_c),
+        # every injected preemption happened (else the runs below were in effect uninterrupted)
+        "all_injected": len(pre_b) == len(noticed_steps)
+        and all(p["noticed"] for p in pre_b)
+        and len(pre_c) == len(kill_steps)
+        and not any(p["noticed"] for p in pre_c),
         "identical_final_params": not diffs,
         "lost_steps_noticed": max((p["steps_lost"] for p in pre_b), default=0),
         "lost_steps_unnoticed_max": max((p["steps_lost"] for p in pre_c), default=0),
