@@ -36,6 +36,29 @@ def _root_log_handlers():
 
 
 @pytest.fixture
+def one_gpu_vms(tmp_path, monkeypatch):
+    """The packaged catalog with its 1-GPU VMs only (``SAILOR_CATALOG_FILE``): a run of N workers
+    takes N VMs, a multi-node torchrun. (Given bigger VMs the planner takes fewer: workers spread
+    over VMs train slower.)"""
+    import csv
+
+    import sailor_tasks.catalog
+    from sailor_tasks.catalog import load_catalog
+
+    packaged = Path(sailor_tasks.catalog.__file__).parent / "data" / "gcp_gpu_offers.csv"
+    rows = list(csv.DictReader(ln for ln in packaged.read_text().splitlines() if not ln.startswith("#")))
+    path = tmp_path / "one-gpu-offers.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(r for r in rows if r["gpus_per_node"] == "1")
+    monkeypatch.setenv("SAILOR_CATALOG_FILE", str(path))
+    load_catalog.cache_clear()
+    yield path
+    load_catalog.cache_clear()
+
+
+@pytest.fixture
 def settings(tmp_path, monkeypatch):
     """Settings rooted at a fresh state folder; exported so stages and subprocesses see it too."""
     from sailor_tasks.settings import Settings

@@ -214,9 +214,10 @@ class FakeTI:
 
 
 @pytest.fixture
-def gke_env(gcs, settings, monkeypatch, tmp_path):
+def gke_env(gcs, settings, one_gpu_vms, monkeypatch, tmp_path):
     """gs:// buckets on the emulator, an in-memory GKE (ClusterManager + Kubernetes API), a demo
-    dataset; returns a function preparing a run up to ``provision`` (as the DAG does)."""
+    dataset, 1-GPU VMs only (a 2-worker run is a multi-node torchrun); returns a function
+    preparing a run up to ``provision`` (as the DAG does)."""
     prefix = f"t-{uuid.uuid4().hex[:10]}"
     for bucket in ("source", REGION):
         gcs(f"{prefix}-{bucket}")

@@ -56,7 +56,9 @@ def run_pods_as_local_processes(config, launch, pods, service):
     return max(codes)
 
 
-def test_gke_train_stage_runs_the_rendered_pods_to_a_checkpointed_result(gcs, settings, monkeypatch):
+def test_gke_train_stage_runs_the_rendered_pods_to_a_checkpointed_result(
+    gcs, settings, one_gpu_vms, monkeypatch
+):
     import uuid
 
     prefix = f"t-{uuid.uuid4().hex[:10]}"
