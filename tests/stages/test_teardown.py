@@ -122,25 +122,32 @@ class _TaskKilled(BaseException):
     """What the train task's process sees when it is terminated while training."""
 
 
-def test_teardown_ends_an_attempt_its_killed_train_task_left_running(ctx, demo_dataset, monkeypatch):
-    """On the local backend the train task itself ends its attempt; killed mid-training it cannot,
-    and the attempt would stay running (and count as in-flight demand every night)."""
-    import datetime as dt
-
+def _killed_while_training(ctx, demo_dataset, monkeypatch, run_id: str) -> None:
+    """``run_id`` validated, planned, placed and provisioned on the local backend, then its train
+    task killed mid-training: its attempt stays running in the ledger."""
     from sailor_tasks.backends.local import LocalBackend
-    from sailor_tasks.stages.rebalance import in_flight_rows
 
-    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-k", ctx)
-    placement = stages.plan(request, "run-k", ctx)
-    data = stages.place_data(request, placement, "run-k", ctx)
-    stages.provision(request, placement, "run-k", ctx)
+    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, run_id, ctx)
+    placement = stages.plan(request, run_id, ctx)
+    data = stages.place_data(request, placement, run_id, ctx)
+    stages.provision(request, placement, run_id, ctx)
 
     def killed(self, launch):
         raise _TaskKilled("terminated while training")
 
     monkeypatch.setattr(LocalBackend, "train", killed)
     with pytest.raises(_TaskKilled):
-        stages.train(request, placement, data, "run-k", ctx)
+        stages.train(request, placement, data, run_id, ctx)
+
+
+def test_teardown_ends_an_attempt_its_killed_train_task_left_running(ctx, demo_dataset, monkeypatch):
+    """On the local backend the train task itself ends its attempt; killed mid-training it cannot,
+    and the attempt would stay running (and count as in-flight demand every night)."""
+    import datetime as dt
+
+    from sailor_tasks.stages.rebalance import in_flight_rows
+
+    _killed_while_training(ctx, demo_dataset, monkeypatch, "run-k")
     (attempt,) = ctx.ledger.attempts("run-k")
     assert attempt["outcome"] == "running"  # nothing in the task could end it
 
@@ -162,19 +169,7 @@ def test_a_cancelled_run_stays_cancelled_when_teardown_ends_its_attempt_first(ct
     """``sailor cancel`` marks the train task failed: its ``on_kill`` stops the workers, and
     Airflow starts teardown at once, which may end the attempt before the stopped task reports.
     The run and its attempt end ``cancelled``, not ``failed``, whichever records first."""
-    from sailor_tasks.backends.local import LocalBackend
-
-    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-c", ctx)
-    placement = stages.plan(request, "run-c", ctx)
-    data = stages.place_data(request, placement, "run-c", ctx)
-    stages.provision(request, placement, "run-c", ctx)
-
-    def killed(self, launch):
-        raise _TaskKilled("terminated while training")
-
-    monkeypatch.setattr(LocalBackend, "train", killed)
-    with pytest.raises(_TaskKilled):
-        stages.train(request, placement, data, "run-c", ctx)
+    _killed_while_training(ctx, demo_dataset, monkeypatch, "run-c")
     stages.stop_training("run-c", ctx)  # on_kill of a user's stop (cancelled, for good)
     assert ctx.ledger.get_run("run-c")["status"] == "cancelled"
 
@@ -190,20 +185,9 @@ def test_teardown_lets_a_stopped_train_task_record_how_its_attempt_ended(ctx, de
     """Teardown can start (the train task marked failed by a user) before the task's ``on_kill``
     runs: its own stop then makes the workers report ``cancelled``, and the task, still alive,
     records it. Teardown waits for that rather than ending the attempt as a task that died."""
-    from sailor_tasks.backends.local import LocalBackend
     from sailor_tasks.model import RUN_STATUSES_LIVE
 
-    request = stages.validate({"dataset_uri": demo_dataset, "num_workers": 1}, "run-w", ctx)
-    placement = stages.plan(request, "run-w", ctx)
-    data = stages.place_data(request, placement, "run-w", ctx)
-    stages.provision(request, placement, "run-w", ctx)
-
-    def killed(self, launch):
-        raise _TaskKilled("terminated while training")
-
-    monkeypatch.setattr(LocalBackend, "train", killed)
-    with pytest.raises(_TaskKilled):
-        stages.train(request, placement, data, "run-w", ctx)
+    _killed_while_training(ctx, demo_dataset, monkeypatch, "run-w")
 
     def task_records_its_end():  # as ``finish_attempt`` does with a ``cancelled`` report
         time.sleep(0.5)
