@@ -595,6 +595,18 @@ class Ledger:
             )
             return res.rowcount > 0
 
+    def held_gpus(self, exclude_run_id: str | None = None) -> dict[tuple[str, str], int]:
+        """(zone, GPU type) → GPUs held by live reservations (of runs other than
+        ``exclude_run_id``), summed by the database: what planning needs of them, without reading
+        every row."""
+        cols = t.reservations.c
+        q = select(cols.zone, cols.gpu_type, func.sum(cols.gpus)).where(cols.released_at.is_(None))
+        if exclude_run_id is not None:
+            q = q.where(cols.run_id != exclude_run_id)
+        with self.engine.connect() as c:
+            rows = c.execute(q.group_by(cols.zone, cols.gpu_type)).all()
+        return {(zone, gpu): int(n) for zone, gpu, n in rows if n}
+
     def live_reservations(self) -> list[Reservation]:
         cols = t.reservations.c
         with self.engine.connect() as c:

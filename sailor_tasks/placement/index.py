@@ -208,9 +208,14 @@ class CatalogIndex:
         return cached
 
     def used_gpus(self, state: ClusterState) -> np.ndarray:
-        """GPUs held by live reservations per group (reservations outside the catalog are ignored)."""
+        """GPUs held by live reservations per group: the snapshot's sums (``held_gpus``) and its
+        reservations (those outside the catalog are ignored)."""
         used = np.zeros(len(self.groups), dtype=np.int64)
         gi = self.group_idx
+        for key, gpus in state.held_gpus.items():
+            g = gi.get(key)
+            if g is not None:
+                used[g] += gpus
         for r in state.reservations:
             g = gi.get((r.zone, r.gpu_type))
             if g is not None:

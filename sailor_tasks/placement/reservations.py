@@ -32,15 +32,16 @@ def ledger_state(
     blocked_zones: frozenset[str] = frozenset(),
     checkpoint: tuple[str, int] | None = None,
 ) -> ClusterState:
-    """A fresh snapshot from the ledger: live reservations of other runs, the latest assignment,
-    the dataset's replicas and its size (``dataset_bytes`` when the caller read the manifest,
-    otherwise the largest recorded replica), and the checkpoint a relaunch resumes from
+    """A fresh snapshot from the ledger: the GPUs live reservations of other runs hold per zone
+    and GPU type (summed by the database: ``held_gpus``), the latest assignment, the dataset's
+    replicas and its size (``dataset_bytes`` when the caller read the manifest, otherwise the
+    largest recorded replica), and the checkpoint a relaunch resumes from
     (``ClusterState.checkpoint``)."""
     sizes = ledger.dataset_bytes([request.dataset_uri])
     if dataset_bytes is not None:
         sizes[request.dataset_uri] = dataset_bytes
     return ClusterState(
-        reservations=tuple(r for r in ledger.live_reservations() if r.run_id != run_id),
+        held_gpus=ledger.held_gpus(exclude_run_id=run_id),
         assignment=ledger.latest_assignment(),
         replicas=ledger.replicas([request.dataset_uri]),
         blocked_zones=blocked_zones,

@@ -43,9 +43,10 @@ def estimate_hours(
 ) -> Estimate | None:
     """The run's estimate (see the module); None when no offer can run it.
 
-    ``state``: the snapshot whose replicas and dataset sizes count (its reservations are dropped).
+    ``state``: the snapshot whose replicas and dataset sizes count (what it holds is dropped: its
+    reservations and ``held_gpus``).
     """
-    state = dataclasses.replace(state, reservations=())
+    state = dataclasses.replace(state, reservations=(), held_gpus={})
     fastest = request.deadline_hours is not None
     for market in ("on_demand", "spot"):
         req = dataclasses.replace(request, market=market, deadline_hours=None)

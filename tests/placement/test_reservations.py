@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sailor_tasks.catalog.offers import Catalog
 from sailor_tasks.errors import CapacityUnavailableError
 from sailor_tasks.ledger import Ledger
 from sailor_tasks.model import ClusterState, JobRequest, Offer, Reservation
+from sailor_tasks.placement.index import index_for
 from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
 
 
@@ -89,6 +92,26 @@ def test_ledger_state_carries_dataset_size_and_assignment_load(ledger):
     assert state.assignment.region_load == {"us-east1": 1.5}
     assert state.checkpoint is None
     assert ledger_state(ledger, req(), "run-1", checkpoint=("us-east1", 7)).checkpoint == ("us-east1", 7)
+
+
+def test_ledger_state_reads_the_gpus_held_per_zone_and_type_summed_by_the_database(ledger):
+    """A snapshot carries the sums, not every reservation row: the run's own reservation and
+    released ones do not count, and the planner counts what the sums hold."""
+    for run_id, zone, gpus in (("a", "us-east1-b", 2), ("b", "us-east1-b", 3), ("c", "us-east1-c", 4)):
+        ledger.reserve(Reservation(run_id, "us-east1", zone, "V100", gpus, "spot"))
+    ledger.reserve(Reservation("mine", "us-east1", "us-east1-c", "V100", 8, "spot"))
+    ledger.reserve(Reservation("gone", "us-east1", "us-east1-c", "V100", 8, "spot"))
+    ledger.release("gone")
+    state = ledger_state(ledger, req(), "mine")
+    assert state.reservations == ()
+    assert state.held_gpus == {("us-east1-b", "V100"): 5, ("us-east1-c", "V100"): 4}
+    index = index_for(CATALOG)
+    by_zone = {z: int(n) for (z, g), n in zip(index.groups, index.used_gpus(state), strict=True) if n}
+    assert by_zone == {"us-east1-b": 5, "us-east1-c": 4}
+    both = dataclasses.replace(
+        state, reservations=(Reservation("x", "us-east1", "us-east1-b", "V100", 1, "spot"),)
+    )
+    assert int(index.used_gpus(both).sum()) == 10  # the sums and the reservations add up
 
 
 def _race(i, url, barrier, results):

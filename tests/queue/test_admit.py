@@ -161,3 +161,7 @@ def test_a_deadline_run_is_estimated_on_its_fastest_on_demand_offer_others_on_th
     assert (fastest.market, fastest.gpu_type) == ("on_demand", "V100") and fastest.hours == pytest.approx(
         1.0, rel=1e-3
     )
+    # Held capacity does not count, summed as a ledger snapshot holds it or listed reservation by
+    # reservation: the estimate is the same with every GPU held.
+    full = ClusterState(held_gpus={(o.zone, o.gpu_type): o.capacity_gpus for o in catalog.offers})
+    assert estimate_hours(cap.request(job, "auto"), catalog, full, idx) == best
