@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 
+from sailor_tasks.errors import LeaseReclaimedError, ReservationReleasedError
 from sailor_tasks.ledger import migrate
 from sailor_tasks.ledger import schema as t
 from sailor_tasks.ledger.lease import Lease
@@ -192,9 +193,21 @@ class Ledger:
         checked in the same transaction with that reservation locked (PostgreSQL; SQLite's
         ``BEGIN IMMEDIATE`` holds every writer off): a teardown or reclaim that released it first
         keeps the run's final status, and one that comes after finds it ``planned``. False when
-        the run holds no live reservation (nothing changed)."""
+        the run holds no live reservation (nothing changed). A run that has ended meanwhile
+        (``RUN_STATUSES_DONE``) keeps its status, and the reservation it still holds is released
+        (False)."""
         with self._locking_engine.begin() as c:
             if not _lock_live_reservation(c, run_id):
+                return False
+            status = c.execute(
+                select(t.runs.c.status).where(t.runs.c.run_id == run_id).with_for_update()
+            ).scalar()
+            if status in RUN_STATUSES_DONE:
+                c.execute(
+                    update(t.reservations)
+                    .where(t.reservations.c.run_id == run_id, t.reservations.c.released_at.is_(None))
+                    .values(released_at=utcnow())
+                )
                 return False
             c.execute(
                 update(t.runs)
@@ -295,10 +308,30 @@ class Ledger:
         no longer queued (another admission pass got there first, or it left), nothing changes; if
         the run has ended (its teardown could not take it out of the queue), it leaves the queue.
         The reservation starts a lease of ``lease_s`` seconds.
+
+        Raises:
+            ReservationReleasedError: the run has ended (its teardown ran, or the reconciler ended
+                it), checked in the same transaction: it reserves nothing (nothing changed).
+            LeaseReclaimedError: the reconciler claimed the run's live reservation (its lease
+                expired): a new reservation would undo that fence.
         """
         r = reservation
         cols = t.reservations.c
         with self._locking_engine.begin() as c:
+            if admit is None:
+                status = c.execute(
+                    select(t.runs.c.status).where(t.runs.c.run_id == r.run_id).with_for_update()
+                ).scalar()
+                if status in RUN_STATUSES_DONE:
+                    raise ReservationReleasedError(r.run_id, f"and the run ended ({status}) before it reserved")
+            lc = t.reservation_leases.c
+            claimed = c.execute(
+                select(lc.reclaimed_at)
+                .select_from(t.reservations.join(t.reservation_leases, lc.run_id == cols.run_id))
+                .where(cols.run_id == r.run_id, cols.released_at.is_(None), lc.reclaimed_at.is_not(None))
+            ).scalar()
+            if claimed is not None:
+                raise LeaseReclaimedError(r.run_id, aware(claimed).isoformat(timespec="seconds"))
             if admit is not None:
                 # Locked until this transaction ends (PostgreSQL; SQLite's BEGIN IMMEDIATE already
                 # holds every writer off): a teardown taking the run out of the queue, or another

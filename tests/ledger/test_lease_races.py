@@ -9,9 +9,11 @@ import sqlite3
 import threading
 import time
 
+import pytest
 from sqlalchemy import event
 
 from sailor_tasks import backends
+from sailor_tasks.errors import LeaseReclaimedError, ReservationReleasedError
 from sailor_tasks.ledger.store import Ledger, utcnow
 from sailor_tasks.model import Reservation
 from sailor_tasks.stages import queueing
@@ -110,3 +112,41 @@ def test_a_named_lease_granted_after_a_long_wait_for_the_write_lock_is_not_born_
     assert ledger.try_lease("replica:x", "A", 1.5)  # waits ~2 s for the lock
     assert ledger.lease_holder("replica:x") == "A"
     assert not ledger.try_lease("replica:x", "B", 60)
+
+
+def _run(ledger: Ledger, run_id: str, status: str = "validated") -> None:
+    ledger.upsert_run(
+        run_id, job_name="j", team="a", status=status, backend="local", model="m", dataset_uri="x", request={}
+    )
+
+
+def test_a_plan_that_lost_the_race_to_its_teardown_reserves_nothing_and_keeps_the_run_ended(tmp_path):
+    """A retried plan read the run ``planned``, then its teardown released it and ended it: the
+    plan's reservation and its ``planned`` mark would hold GPUs for an ended run for a whole lease."""
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    _run(ledger, "x")
+    res = Reservation("x", "us-central1", "us-central1-a", "T4", 2, "spot")
+    assert ledger.reserve_if_free(res, 4) and ledger.mark_planned("x")
+    ledger.release("x")  # teardown
+    ledger.upsert_run("x", status="failed")
+    with pytest.raises(ReservationReleasedError, match="ended .failed."):
+        ledger.reserve_if_free(res, 4)
+    assert ledger.live_reservations() == [] and ledger.get_run("x")["status"] == "failed"
+
+    # the same race one step later: the reservation was made, then the run ended before its mark
+    _run(ledger, "y")
+    assert ledger.reserve_if_free(Reservation("y", "us-central1", "us-central1-a", "T4", 1, "spot"), 4)
+    ledger.upsert_run("y", status="cancelled")
+    assert ledger.mark_planned("y") is False
+    assert ledger.get_run("y")["status"] == "cancelled" and ledger.live_reservations() == []
+
+
+def test_a_plan_cannot_undo_the_reconcilers_claim_on_an_expired_lease(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    _run(ledger, "run-a", "running")
+    later = _reserved(ledger)
+    assert ledger.claim_expired("run-a", later)
+    with pytest.raises(LeaseReclaimedError):
+        ledger.reserve_if_free(Reservation("run-a", "us-central1", "us-central1-b", "A100", 8, "spot"), 16)
+    assert ledger.renew_reservation_lease("run-a", 900, "train heartbeat") is False  # still fenced
+    assert ledger.reclaim("run-a", later) and ledger.live_reservations() == []
