@@ -216,15 +216,15 @@ class Ledger:
             )
         return True
 
-    def advance_run(self, run_id: str, status: str, *, from_statuses: Iterable[str]) -> bool:
-        """Set the run's ``status`` only while it is one of ``from_statuses``, in one statement: a
-        status another process wrote meanwhile (a teardown's end) is never overwritten. False when
-        the run is in none of them, or is not recorded (nothing changed)."""
+    def advance_run(self, run_id: str, status: str, *, from_statuses: Iterable[str], **fields: Any) -> bool:
+        """Set the run's ``status`` (and ``fields``) only while it is one of ``from_statuses``, in
+        one statement: a status another process wrote meanwhile (a teardown's end) is never
+        overwritten. False when the run is in none of them, or is not recorded (nothing changed)."""
         with self.engine.begin() as c:
             updated = c.execute(
                 update(t.runs)
                 .where(t.runs.c.run_id == run_id, t.runs.c.status.in_(list(from_statuses)))
-                .values(status=status, updated_at=utcnow())
+                .values(status=status, updated_at=utcnow(), **fields)
             )
         return updated.rowcount > 0
 
@@ -323,7 +323,9 @@ class Ledger:
                     select(t.runs.c.status).where(t.runs.c.run_id == r.run_id).with_for_update()
                 ).scalar()
                 if status in RUN_STATUSES_DONE:
-                    raise ReservationReleasedError(r.run_id, f"and the run ended ({status}) before it reserved")
+                    raise ReservationReleasedError(
+                        r.run_id, f"and the run ended ({status}) before it reserved"
+                    )
             lc = t.reservation_leases.c
             claimed = c.execute(
                 select(lc.reclaimed_at)
@@ -801,14 +803,17 @@ class Ledger:
                 )
             )
 
-    def end_attempt(self, run_id: str, attempt: int, outcome: str, **fields: Any) -> None:
+    def end_attempt(
+        self, run_id: str, attempt: int, outcome: str, *, if_running: bool = False, **fields: Any
+    ) -> None:
+        """Record how the attempt ended; ``if_running``: only while it is still ``running`` (an
+        outcome another process recorded meanwhile stays)."""
         a = t.run_attempts.c
+        q = update(t.run_attempts).where(a.run_id == run_id, a.attempt == attempt)
+        if if_running:
+            q = q.where(a.outcome == "running")
         with self.engine.begin() as c:
-            c.execute(
-                update(t.run_attempts)
-                .where(a.run_id == run_id, a.attempt == attempt)
-                .values(outcome=outcome, ended_at=utcnow(), **fields)
-            )
+            c.execute(q.values(outcome=outcome, ended_at=utcnow(), **fields))
 
     def spot_observations(
         self, exclude_backends: Iterable[str] = ("local",), now: dt.datetime | None = None

@@ -673,7 +673,7 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
             rest of the pass; its ``result`` is what the pass returns otherwise).
     """
     from sailor_tasks.backends import get_backend
-    from sailor_tasks.model import RUN_STATUSES_DONE
+    from sailor_tasks.model import RUN_STATUSES_DONE, RUN_STATUSES_LIVE
     from sailor_tasks.settings import BACKENDS
 
     ctx = resolve_ctx(ctx)
@@ -708,16 +708,22 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
             run = ctx.ledger.get_run(res.run_id) or {}
             attempts = ctx.ledger.attempts(res.run_id)
             trained = bool(attempts) and attempts[-1]["outcome"] == "completed"
+            # Both writes conditional: a cancel or the train task's own end landing meanwhile stays.
             if run and run.get("status") not in RUN_STATUSES_DONE and not trained:
-                ctx.ledger.upsert_run(
+                ctx.ledger.advance_run(
                     res.run_id,
-                    status="failed",
+                    "failed",
+                    from_statuses=RUN_STATUSES_LIVE,
                     error="lease expired: the run stopped renewing its reservation",
                 )
             for att in attempts:
                 if att["outcome"] == "running":
                     ctx.ledger.end_attempt(
-                        res.run_id, att["attempt"], "failed", detail="lease expired; reclaimed"
+                        res.run_id,
+                        att["attempt"],
+                        "failed",
+                        if_running=True,
+                        detail="lease expired; reclaimed",
                     )
     # On the clock of when it runs: stopping and removing what runs left can take minutes each.
     admission = admit_queued(ctx, given_now) if reclaimed or ctx.ledger.queue_entries(("queued",)) else None

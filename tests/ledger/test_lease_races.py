@@ -150,3 +150,39 @@ def test_a_plan_cannot_undo_the_reconcilers_claim_on_an_expired_lease(tmp_path):
         ledger.reserve_if_free(Reservation("run-a", "us-central1", "us-central1-b", "A100", 8, "spot"), 16)
     assert ledger.renew_reservation_lease("run-a", 900, "train heartbeat") is False  # still fenced
     assert ledger.reclaim("run-a", later) and ledger.live_reservations() == []
+
+
+def test_a_cancel_landing_while_the_reconciler_reclaims_stays_a_cancel(tmp_path, monkeypatch):
+    """The reconciler reads the run and its attempts after its reclaim; a user's cancel (or the
+    train task's own end) recorded just then is not overwritten with its ``failed``."""
+    from sailor_tasks.settings import Settings
+    from sailor_tasks.stages.context import StageContext
+
+    ctx = StageContext(Settings.from_env({"SAILOR_STATE_DIR": str(tmp_path)}))
+    _run(ctx.ledger, "run-a", "running")
+    now = _reserved(ctx.ledger)
+    ctx.ledger.start_attempt("run-a", 1, 1, {"region": "us-central1", "zone": "us-central1-a"}, {})
+
+    class Backend:
+        def cancel(self, key):
+            return 1
+
+        def teardown(self, key):
+            return True
+
+    monkeypatch.setattr(backends, "get_backend", lambda name, settings: Backend())
+    reads = []
+    attempts = ctx.ledger.attempts
+
+    def cancel_lands(run_id):  # the reconciler's read of the attempts, then the cancel commits
+        rows = attempts(run_id)
+        if not reads:
+            reads.append(run_id)
+            ctx.ledger.end_attempt("run-a", 1, "cancelled", detail="stopped while running (run cancelled)")
+            ctx.ledger.advance_run("run-a", "cancelled", from_statuses=("running",))
+        return rows
+
+    monkeypatch.setattr(ctx.ledger, "attempts", cancel_lands)
+    assert queueing.reconcile(ctx, now=now)["reclaimed"] == ["run-a"]
+    assert ctx.ledger.get_run("run-a")["status"] == "cancelled"
+    assert attempts("run-a")[0]["outcome"] == "cancelled"
