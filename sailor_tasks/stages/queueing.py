@@ -364,8 +364,15 @@ def _queued_error(entry: Mapping[str, Any]) -> RunQueuedError:
 
 
 def _settled(ctx: StageContext, req: JobRequest, run_id: str, entry: Mapping[str, Any]) -> Placement:
+    """The placement of a run the queue admitted, its lease renewed (the lease began at the
+    admission, and the plan resumes after it: its trigger, a worker slot); else the queue's end.
+
+    Raises:
+        ReservationReleasedError, LeaseReclaimedError: the admitted run's reservation is gone.
+    """
     state = entry["state"]
     if state == "admitted":
+        hold_lease(ctx, run_id, "plan (admitted)")
         return from_dict(Placement, entry["placement"])
     if state == "timed_out":
         raise QueueTimeoutError(run_id, req.max_queue_hours, _waited_for(ctx, entry))

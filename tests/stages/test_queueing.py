@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import time
 
 import pytest
 
@@ -42,6 +43,29 @@ def submit(ctx, run_id, dataset, team="a", **params):
         {"dataset_uri": dataset, "num_workers": 2, "gpu_type": "T4", "team": team, **params}, run_id, ctx
     )
     return request
+
+
+def test_an_admitted_plan_renews_its_lease_and_fails_when_its_reservation_is_gone(tight, demo_dataset):
+    """The lease begins at the admission; the run's plan resumes after it (its trigger, a worker
+    slot) and renews it. A lease the reconciler claimed meanwhile fails the plan there."""
+    ctx = tight
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    for run_id in ("run-2", "run-3"):
+        with pytest.raises(RunQueuedError):
+            stages.plan(submit(ctx, run_id, demo_dataset, team="b"), run_id, ctx)
+    stages.teardown("run-1", ctx)  # admits run-2
+    admitted_at = ctx.ledger.reservation_leases()["run-2"]["expires_at"]
+    time.sleep(0.05)
+    assert stages.plan(submit(ctx, "run-2", demo_dataset, team="b"), "run-2", ctx)["zone"] == ZONE
+    lease = ctx.ledger.reservation_leases()["run-2"]
+    assert lease["expires_at"] > admitted_at and lease["holder"] == "plan (admitted)"
+
+    stages.teardown("run-2", ctx)  # admits run-3
+    assert ctx.ledger.queue_entry("run-3")["state"] == "admitted"
+    # its plan resumes only after the lease ran out and the reconciler claimed it
+    assert ctx.ledger.claim_expired("run-3", utcnow() + dt.timedelta(days=1))
+    with pytest.raises(LeaseReclaimedError):
+        stages.plan(submit(ctx, "run-3", demo_dataset, team="b"), "run-3", ctx)
 
 
 def test_a_run_that_does_not_fit_waits_and_is_admitted_when_capacity_frees(tight, demo_dataset):
