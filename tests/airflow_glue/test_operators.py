@@ -813,13 +813,14 @@ def test_the_pods_trigger_renews_the_runs_lease_at_every_poll(gke_env, monkeypat
         _operator(request, placement, data).execute(_context(run_id))
     assert deferred.value.trigger.serialize()[1]["run_id"] == run_id
     before = _lease(gke_env, run_id)["expires_at"]
-    renewals, polls = [], []
+    renewals = []
     real = triggers.renew_lease
     monkeypatch.setattr(triggers, "renew_lease", lambda rid, holder: (renewals.append(rid), real(rid, holder))[1])
 
     def pods_end_after_a_few_polls():
-        polls.append(1)
-        if len(polls) == 6:
+        # once the trigger renewed at three of its polls (counted by its renewals: on a loaded
+        # machine it polls less often than this watcher does)
+        if len(renewals) >= 3:
             for name in deferred.value.trigger.pod_names:
                 gke_env.core.pods[name]["exit"] = 0
 
