@@ -4,6 +4,7 @@ values the Makefile exports, so `pytest` works alone as well as under `make test
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,23 +36,31 @@ def _root_log_handlers():
     root.setLevel(level)
 
 
+def write_packaged_offers(path: Path, rows: Callable[[list[dict[str, str]]], list[dict[str, str]]]) -> Path:
+    """A catalog file at ``path`` holding ``rows(the packaged offers' CSV rows)``."""
+    import csv
+
+    import sailor_tasks.catalog
+
+    packaged = Path(sailor_tasks.catalog.__file__).parent / "data" / "gcp_gpu_offers.csv"
+    offers = list(csv.DictReader(ln for ln in packaged.read_text().splitlines() if not ln.startswith("#")))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(offers[0]))
+        writer.writeheader()
+        writer.writerows(rows(offers))
+    return path
+
+
 @pytest.fixture
 def one_gpu_vms(tmp_path, monkeypatch):
     """The packaged catalog with its 1-GPU VMs only (``SAILOR_CATALOG_FILE``): a run of N workers
     takes N VMs, a multi-node torchrun. (Given bigger VMs the planner takes fewer: workers spread
     over VMs train slower.)"""
-    import csv
-
-    import sailor_tasks.catalog
     from sailor_tasks.catalog import load_catalog
 
-    packaged = Path(sailor_tasks.catalog.__file__).parent / "data" / "gcp_gpu_offers.csv"
-    rows = list(csv.DictReader(ln for ln in packaged.read_text().splitlines() if not ln.startswith("#")))
-    path = tmp_path / "one-gpu-offers.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(r for r in rows if r["gpus_per_node"] == "1")
+    path = write_packaged_offers(
+        tmp_path / "one-gpu-offers.csv", lambda rows: [r for r in rows if r["gpus_per_node"] == "1"]
+    )
     monkeypatch.setenv("SAILOR_CATALOG_FILE", str(path))
     load_catalog.cache_clear()
     yield path

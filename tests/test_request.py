@@ -146,24 +146,15 @@ def test_queue_params_have_defaults_and_refuse_bad_values():
 
 
 def test_the_params_offer_the_regions_and_gpus_of_the_configured_catalog(tmp_path, monkeypatch):
-    import csv
-    from pathlib import Path
-
-    import sailor_tasks.catalog as catalog_pkg
     from sailor_tasks.catalog import load_catalog
     from sailor_tasks.request import train_param_schemas
+    from tests.conftest import write_packaged_offers
 
-    packaged = Path(catalog_pkg.__file__).parent / "data" / "gcp_gpu_offers.csv"
-    rows = list(
-        csv.DictReader(line for line in packaged.read_text().splitlines() if not line.startswith("#"))
-    )
-    kept = [r for r in rows if r["region"] == "europe-west4"]
-    new = [dict(r, region="europe-north2", zone="europe-north2-a") for r in kept]
-    path = tmp_path / "offers.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(kept + new)
+    def europe_west4_and_a_copy_in_a_new_region(rows):
+        kept = [r for r in rows if r["region"] == "europe-west4"]
+        return kept + [dict(r, region="europe-north2", zone="europe-north2-a") for r in kept]
+
+    path = write_packaged_offers(tmp_path / "offers.csv", europe_west4_and_a_copy_in_a_new_region)
     monkeypatch.setenv("SAILOR_CATALOG_FILE", str(path))
     load_catalog.cache_clear()
     try:
