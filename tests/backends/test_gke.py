@@ -387,14 +387,21 @@ class ExistingCluster(FakeClusterManager):
         self.calls.append("list_operations")
         cluster = self.clusters[self.path]
         busy = cluster.status.name in ("PROVISIONING", "RECONCILING")
-        other = types.Operation(
-            name="op-other-run",
-            status=types.Operation.Status.RUNNING,
-            operation_type=types.Operation.Type.CREATE_CLUSTER,
-            location=self.region,
-            target_link=f"https://container.googleapis.com/v1/{self.path}",
-        )
+        other = _running_op("op-other-run", "CREATE_CLUSTER", self.region, self.path)
         return types.ListOperationsResponse(operations=[other] if busy else [])
+
+
+def _running_op(name: str, kind: str, location: str, target: str):
+    """A RUNNING GKE operation of type ``kind`` on the resource path ``target``."""
+    from google.cloud.container_v1 import types
+
+    return types.Operation(
+        name=name,
+        status=types.Operation.Status.RUNNING,
+        operation_type=types.Operation.Type[kind],
+        location=location,
+        target_link=f"https://container.googleapis.com/v1/{target}",
+    )
 
 
 @pytest.mark.gcs
@@ -424,20 +431,11 @@ def test_a_pool_waits_for_a_node_upgrade_that_keeps_the_cluster_reconciling(gke_
     fake = ExistingCluster(pl.region, "RECONCILING")
 
     def list_operations(*, parent):
-        upgrade = types.Operation(
-            name="op-upgrade-nodes",
-            status=types.Operation.Status.RUNNING,
-            operation_type=types.Operation.Type.UPGRADE_NODES,
-            location=pl.region,
-            target_link=f"https://container.googleapis.com/v1/{fake.path}/nodePools/default-gpu-pool",
+        upgrade = _running_op(
+            "op-upgrade-nodes", "UPGRADE_NODES", pl.region, f"{fake.path}/nodePools/default-gpu-pool"
         )
-        elsewhere = types.Operation(  # a cluster whose name starts with this one's
-            name="op-other-cluster",
-            status=types.Operation.Status.RUNNING,
-            operation_type=types.Operation.Type.UPGRADE_NODES,
-            location=pl.region,
-            target_link=f"https://container.googleapis.com/v1/{fake.path}-2/nodePools/x",
-        )
+        # a cluster whose name starts with this one's
+        elsewhere = _running_op("op-other-cluster", "UPGRADE_NODES", pl.region, f"{fake.path}-2/nodePools/x")
         return types.ListOperationsResponse(operations=[elsewhere, upgrade])
 
     fake.list_operations = list_operations
