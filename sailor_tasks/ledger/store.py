@@ -642,6 +642,17 @@ class Ledger:
             rows = c.execute(q.group_by(cols.zone, cols.gpu_type)).all()
         return {(zone, gpu): int(n) for zone, gpu, n in rows if n}
 
+    def live_reservation(self, run_id: str) -> Reservation | None:
+        """The run's live reservation, or None (one row read, not every run's)."""
+        cols = t.reservations.c
+        with self.engine.connect() as c:
+            row = c.execute(
+                select(cols.run_id, cols.region, cols.zone, cols.gpu_type, cols.gpus, cols.market).where(
+                    cols.run_id == run_id, cols.released_at.is_(None)
+                )
+            ).first()
+        return Reservation(*row) if row else None
+
     def live_reservations(self) -> list[Reservation]:
         cols = t.reservations.c
         with self.engine.connect() as c:

@@ -222,7 +222,7 @@ def _planned_anew(ctx: StageContext, run_id: str, placement: Placement, last: Pl
     re-runs ``plan``): its live reservation is ``placement``'s, in another zone or of another GPU
     type than the ``last`` attempt ran on. Otherwise (a retried ``train``) the last attempt's
     placement is the run's current one: a recovery may have moved it since ``plan``."""
-    held = next((r for r in ctx.ledger.live_reservations() if r.run_id == run_id), None)
+    held = ctx.ledger.live_reservation(run_id)
     return (
         held is not None
         and (held.zone, held.gpu_type) == (placement.zone, placement.gpu_type)

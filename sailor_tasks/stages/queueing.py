@@ -274,7 +274,7 @@ def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:
         # A retried plan of a run that was placed without waiting still holds its reservation:
         # it re-plans in its own capacity (a retried plan replaces its reservation) rather than
         # queue behind runs that arrived after it, holding GPUs it would then not use.
-        held = any(r.run_id == run_id for r in ctx.ledger.live_reservations())
+        held = ctx.ledger.live_reservation(run_id) is not None
         if not waiting or held:
             try:
                 return reserve_placement(ctx, req, run_id)
