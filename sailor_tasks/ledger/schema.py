@@ -83,6 +83,22 @@ reservations = Table(
     Index("ix_reservations_live", "released_at", "zone", "gpu_type"),
 )
 
+reservation_intervals = Table(
+    # The ended holdings of a run's reservation: a reservation replaced (a re-plan) or reserved
+    # again after its release keeps its run_id row, so the interval it held before is kept here
+    # (a team's attained service counts both).
+    "reservation_intervals",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(250), nullable=False, index=True),
+    Column("zone", String(50), nullable=False),
+    Column("gpu_type", String(30), nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("market", String(20), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True), nullable=False, index=True),
+)
+
 stage_timings = Table(
     "stage_timings",
     metadata,

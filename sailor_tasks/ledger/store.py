@@ -9,7 +9,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import create_engine, delete, event, func, insert, select, text, union_all, update
 from sqlalchemy.engine import Engine
 
 from sailor_tasks.errors import LeaseReclaimedError, ReservationReleasedError
@@ -115,7 +115,29 @@ def _replace_reservation(conn: Any, r: Reservation, lease_s: float = DEFAULT_LEA
     The reservation's row first, then the lease's: the order renewals, claims and reclaims lock
     them in (``_lock_live_reservation``), so two of them on one run never deadlock on PostgreSQL.
     The reservation's row is updated in place: a renewal waiting for its lock then finds the run's
-    new reservation."""
+    new reservation. The run's previous holding, live or released, is kept in
+    ``reservation_intervals``: a team's attained service counts it."""
+    cols = t.reservations.c
+    now = utcnow()
+    old = conn.execute(
+        select(cols.zone, cols.gpu_type, cols.gpus, cols.market, cols.created_at, cols.released_at).where(
+            cols.run_id == r.run_id
+        )
+    ).first()
+    if old is not None:
+        ended = aware(old.released_at) if old.released_at is not None else now
+        if ended > aware(old.created_at):
+            conn.execute(
+                insert(t.reservation_intervals).values(
+                    run_id=r.run_id,
+                    zone=old.zone,
+                    gpu_type=old.gpu_type,
+                    gpus=old.gpus,
+                    market=old.market,
+                    started_at=old.created_at,
+                    ended_at=ended,
+                )
+            )
     _update_or_insert(
         conn,
         t.reservations,
@@ -126,7 +148,7 @@ def _replace_reservation(conn: Any, r: Reservation, lease_s: float = DEFAULT_LEA
             "gpu_type": r.gpu_type,
             "gpus": r.gpus,
             "market": r.market,
-            "created_at": utcnow(),
+            "created_at": now,
             "released_at": None,
         },
     )
@@ -436,14 +458,18 @@ class Ledger:
             return [_aware_row(row) for row in c.execute(q).mappings()]
 
     def team_gpu_seconds(self, since: dt.datetime, now: dt.datetime | None = None) -> dict[str, float]:
-        """team → GPU-seconds its runs held reservations in [since, now] (live ones up to now):
-        the service each team attained recently, for least-attained-service admission."""
+        """team → GPU-seconds its runs held reservations in [since, now] (live ones up to now,
+        and the holdings a re-plan replaced): the service each team attained recently, for
+        least-attained-service admission."""
         now = now or utcnow()
-        cols, r = t.reservations.c, t.runs.c
-        q = (
+        cols, r, iv = t.reservations.c, t.runs.c, t.reservation_intervals.c
+        q = union_all(
             select(r.team, cols.gpus, cols.created_at, cols.released_at)
             .select_from(t.reservations.join(t.runs, r.run_id == cols.run_id))
-            .where((cols.released_at.is_(None)) | (cols.released_at >= since))
+            .where((cols.released_at.is_(None)) | (cols.released_at >= since)),
+            select(r.team, iv.gpus, iv.started_at, iv.ended_at)
+            .select_from(t.reservation_intervals.join(t.runs, r.run_id == iv.run_id))
+            .where(iv.ended_at >= since),
         )
         out: dict[str, float] = {}
         with self.engine.connect() as c:

@@ -92,3 +92,39 @@ def test_times_read_back_are_in_utc_whatever_the_database_session_zone():
     assert str(aware(dt.datetime(2026, 11, 29, 20, 49, 38, tzinfo=kolkata)))[:19] == "2026-11-29 15:19:38"
     assert aware(dt.datetime(2026, 11, 29, 15, 19, 38)).tzinfo is dt.UTC  # SQLite's naive UTC
     assert aware(None) is None
+
+
+def test_attained_service_keeps_the_holding_a_replaced_reservation_had(tmp_path, monkeypatch):
+    """A re-plan replaces the run's reservation in place (one row per run): the GPU-seconds it
+    held before still count towards its team's attained service, and so does a holding released
+    and reserved again; the window clips them all."""
+    from sailor_tasks.ledger import store
+
+    t0 = dt.datetime(2026, 11, 29, 12, tzinfo=dt.UTC)
+    clock = [t0]
+    monkeypatch.setattr(store, "utcnow", lambda: clock[0])
+    ledger = Ledger(f"sqlite:///{tmp_path}/l.db")
+    for run, team in (("r1", "a"), ("r2", "b")):
+        ledger.upsert_run(
+            run,
+            job_name="j",
+            team=team,
+            status="planned",
+            backend="local",
+            model="tiny_gpt",
+            dataset_uri="d",
+            request={},
+        )
+    ledger.reserve(Reservation("r1", "us-east1", "us-east1-b", "T4", 2, "spot"))
+    ledger.reserve(Reservation("r2", "us-east1", "us-east1-b", "T4", 1, "spot"))
+    clock[0] = t0 + dt.timedelta(seconds=100)
+    ledger.reserve(Reservation("r1", "us-west1", "us-west1-a", "T4", 4, "spot"))  # re-planned
+    clock[0] = t0 + dt.timedelta(seconds=150)
+    ledger.release("r2")
+    clock[0] = t0 + dt.timedelta(seconds=250)
+    ledger.reserve(Reservation("r2", "us-east1", "us-east1-b", "T4", 1, "spot"))  # reserved again
+    now = t0 + dt.timedelta(seconds=300)
+    assert ledger.team_gpu_seconds(t0, now) == {"a": 2 * 100 + 4 * 200, "b": 150 + 50}
+    # the window starts at 120 s: r1's first holding is out, r2's first counts from 120 s
+    since = t0 + dt.timedelta(seconds=120)
+    assert ledger.team_gpu_seconds(since, now) == {"a": 4 * 180, "b": 30 + 50}
