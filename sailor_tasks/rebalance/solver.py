@@ -396,6 +396,11 @@ def _candidates(
     return out
 
 
+_LEAVING = "\0"
+"""Prefix of the region of ``_greedy_enable``'s cells for demand that must leave the region it ran
+in (no region name holds a NUL)."""
+
+
 def _greedy_enable(
     problem: Problem,
     cand: list[dict[str, tuple[str, ...]]],
@@ -426,11 +431,16 @@ def _greedy_enable(
         team = problem.teams[k]
         gpus = team.demand()
         pairs[k] = [r for r in regions if any((r, g) in cells for g in gpus)]
-        for r in pairs[k]:
-            for g, n in team.current.get(r, {}).items():
-                if g in gpus and (r, g) in cells and n > 0:
-                    load[(r, g)] += n
-                    in_cell[(r, g)][k] = n
+        for r, per in team.current.items():
+            for g, n in per.items():
+                if g not in gpus or n <= 0:
+                    continue
+                # Demand that cannot stay where it ran (the region no longer supplies its GPU
+                # type, or a quota or its data's residency now keeps the team out) must move: it
+                # sits in a cell of no capacity of its own, which is over any goal.
+                cell = (r, g) if (r, g) in cells and r in pairs[k] else (_LEAVING + r, g)
+                load[cell] += n
+                in_cell[cell][k] = in_cell[cell].get(k, 0.0) + n
 
     target: Mapping[str, float] = goals[0]
 

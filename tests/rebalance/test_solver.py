@@ -200,3 +200,27 @@ def test_datasets_that_may_be_stored_nowhere_with_the_team_s_gpus_name_data_resi
     with pytest.raises(RebalanceInfeasibleError, match="data_residency of team 't'") as err:
         solve(_problem([Team("t", {"a": {"T4": 4.0}}, datasets=("d",))], [d]))
     assert "'d'" in str(err.value) and "T4" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "supply, quota_max",
+    [
+        ({"A": {"A100": 8}, "B": {"T4": 8}}, {}),  # region A no longer supplies T4
+        ({"A": {"T4": 8}, "B": {"T4": 8}}, {"A": 0}),  # a quota now keeps the team out of A
+    ],
+)
+@pytest.mark.parametrize("mip_max_binaries", [200, 0])
+def test_demand_that_cannot_stay_where_it_ran_moves_with_its_data_exact_or_rounded(
+    supply, quota_max, mip_max_binaries
+):
+    """The team ran T4s in A, its data only there. Tonight it cannot stay in A: the exact MIP and
+    the rounding (above ``mip_max_binaries``) both copy its data to B and move it there."""
+    p = Problem(
+        supply,
+        (Team("t", {"A": {"T4": 2}}, ("d",), quota_max=quota_max),),
+        {"d": Dataset("d", 10, ("A",))},
+        budget_bytes=100,
+    )
+    sol = solve(p, mip_max_binaries=mip_max_binaries, time_limit_s=10)
+    assert sol.shares == {"t": {"B": 1.0}}
+    assert sol.replicate == [{"dataset_uri": "d", "region": "B", "bytes": 10}]
