@@ -153,9 +153,11 @@ def build_problem(
             reads[row["team"]].add(row["dataset_uri"])
     sizes: dict[str, int] = {}
     where: dict[str, set[str]] = defaultdict(set)
+    held: dict[tuple[str, str], int] = {}  # (region, dataset) → bytes of its replica there
     for rep in replica_rows:
         sizes[rep["dataset_uri"]] = max(sizes.get(rep["dataset_uri"], 0), int(rep["bytes"]))
         where[rep["dataset_uri"]].add(rep["region"])
+        held[(rep["region"], rep["dataset_uri"])] = int(rep["bytes"])
     supply_regions = {r for r, _g in supply}
     unknown, unplaced = [], []
     datasets: dict[str, Dataset] = {}
@@ -230,6 +232,12 @@ def build_problem(
     idle_quotas = sorted(set(quotas) - set(gpu_hours))
     if idle_quotas:
         logger.warning("quotas of teams with no demand in the window, unused: %s", ", ".join(idle_quotas))
+    # Replicas of the datasets outside the problem (no team read them in the window, or their size
+    # is unknown) still fill their region's bucket: they count against its storage cap.
+    held_elsewhere: dict[str, float] = defaultdict(float)
+    for (region, uri), n in held.items():
+        if uri not in datasets:
+            held_elsewhere[region] += n
     nested: dict[str, dict[str, float]] = defaultdict(dict)
     for (r, g), n in supply.items():
         if n > 0:
@@ -240,6 +248,7 @@ def build_problem(
         datasets=datasets,
         budget_bytes=int(budget_bytes),
         storage_cap_bytes=dict(storage_cap_bytes or {}),
+        storage_held_bytes=dict(sorted(held_elsewhere.items())),
     )
     stats = {
         "gpu_hours": round(total_hours, 6),

@@ -69,6 +69,9 @@ class Problem:
     """Bytes the nightly replication may copy."""
     storage_cap_bytes: Mapping[str, float] = field(default_factory=dict)
     """region → bytes its bucket may hold (replicas included); absent: unlimited."""
+    storage_held_bytes: Mapping[str, float] = field(default_factory=dict)
+    """region → bytes its bucket holds besides the replicas of ``datasets`` (replicas of datasets
+    no team read in the window): they count against ``storage_cap_bytes`` too."""
 
     @property
     def regions(self) -> list[str]:
@@ -107,6 +110,7 @@ class Problem:
             ],
             "budget_bytes": self.budget_bytes,
             "storage_cap_bytes": dict(self.storage_cap_bytes),
+            "storage_held_bytes": dict(self.storage_held_bytes),
         }
 
     @classmethod
@@ -157,6 +161,8 @@ class Problem:
                     raise ValueError(f"{', '.join(map(repr, unknown))} not among the problem's datasets")
             where = "storage_cap_bytes"
             caps = _gpu_row(doc.get("storage_cap_bytes") or {}, "storage_cap_bytes")
+            where = "storage_held_bytes"
+            held = _gpu_row(doc.get("storage_held_bytes") or {}, "storage_held_bytes")
             where = "budget_bytes"
             budget = _whole(doc["budget_bytes"], "budget_bytes")
         except KeyError as exc:
@@ -169,6 +175,7 @@ class Problem:
             datasets=datasets,
             budget_bytes=budget,
             storage_cap_bytes=caps,
+            storage_held_bytes=held,
         )
 
 

@@ -978,7 +978,7 @@ def solve(
         supply_by_gpu[g] += n
     mean_ratio = {g: demand_by_gpu.get(g, 0.0) / s for g, s in supply_by_gpu.items()}
 
-    used_storage: dict[str, float] = defaultdict(float)
+    used_storage: dict[str, float] = defaultdict(float, problem.storage_held_bytes)
     for d in problem.datasets.values():
         for r in d.replicas:
             used_storage[r] += d.bytes

@@ -519,3 +519,27 @@ def test_a_quota_of_a_team_with_no_demand_is_reported_not_silently_dropped():
         quotas={"a": {"max": {"r2": 4}}, "visoin": {"max": {"r1": 2}}},
     )
     assert stats["quotas_without_demand"] == ["visoin"]
+
+
+def test_replicas_of_datasets_nobody_read_in_the_window_count_against_a_storage_cap():
+    """Region B's bucket already holds a 10 GB replica no team read this window; its cap is 15 GB.
+    Copying the 10 GB dataset both teams read (overloading A) would take B to 20 GB: not planned."""
+    gb = 10**9
+    rows = [_row(t, "A", "T4", 8, 0, 24, dataset="gs://b/d") for t in ("t", "u")]
+    replicas = [
+        {"dataset_uri": "gs://b/d", "region": "A", "bytes": 10 * gb},
+        {"dataset_uri": "gs://b/old", "region": "B", "bytes": 10 * gb},
+    ]
+    supply = {("A", "T4"): 8, ("B", "T4"): 8}
+    until = T0 + dt.timedelta(hours=24)
+    p, _ = build_problem(
+        rows, replicas, supply, T0, until, budget_bytes=100 * gb, storage_cap_bytes={"B": 15 * gb}
+    )
+    assert list(p.datasets) == ["gs://b/d"] and p.storage_held_bytes == {"B": 10 * gb}
+    assert solve(p, time_limit_s=10).replicate == []
+    roomy, _ = build_problem(
+        rows, replicas, supply, T0, until, budget_bytes=100 * gb, storage_cap_bytes={"B": 20 * gb}
+    )
+    assert solve(roomy, time_limit_s=10).replicate == [
+        {"dataset_uri": "gs://b/d", "region": "B", "bytes": 10 * gb}
+    ]
