@@ -225,6 +225,7 @@ def build_problem(
                 quota_max=quota_max,
                 quota_min=quota_min,
                 peak_gpus=peak_concurrency(by_team[team], since, until),
+                pinned=team in kept_in_place,
             )
         )
     # A quota of a team with no demand in the window changes nothing tonight (an idle team, or a

@@ -31,6 +31,9 @@ class Team:
     quota_min: Mapping[str, float] = field(default_factory=dict)
     """region → at least this many GPUs of the team there."""
     peak_gpus: float = 0.0
+    pinned: bool = False
+    """Kept where it runs: its GPUs stay in every (region, GPU type) of ``current`` (a team whose
+    datasets no one region may hold all of)."""
 
     def demand(self) -> dict[str, float]:
         """GPU type → GPUs (summed over regions)."""
@@ -96,6 +99,7 @@ class Problem:
                     "quota_max": dict(t.quota_max),
                     "quota_min": dict(t.quota_min),
                     "peak_gpus": t.peak_gpus,
+                    **({"pinned": True} if t.pinned else {}),
                 }
                 for t in self.teams
             ],
@@ -144,6 +148,7 @@ class Problem:
                         quota_max=_gpu_row(t.get("quota_max") or {}, "quota_max"),
                         quota_min=_gpu_row(t.get("quota_min") or {}, "quota_min"),
                         peak_gpus=_number(t.get("peak_gpus", 0.0), "peak_gpus"),
+                        pinned=_flag(t.get("pinned", False), "pinned"),
                     )
                 )
             datasets = {}
@@ -177,6 +182,12 @@ class Problem:
             storage_cap_bytes=caps,
             storage_held_bytes=held,
         )
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} {value!r} is not true or false")
+    return value
 
 
 def is_gpu_count(n: Any) -> bool:

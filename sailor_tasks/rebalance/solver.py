@@ -171,6 +171,14 @@ def check_feasible(problem: Problem) -> None:
                         f"data_residency of team {team.name!r}",
                         f"{reads}; its quota_min asks for {lo:g} GPUs in {r}",
                     )
+        if team.pinned:
+            for r, per in sorted(team.current.items()):
+                for g, n in sorted(per.items()):
+                    if n > 0 and (r, g) not in cells:
+                        raise RebalanceInfeasibleError(
+                            f"team {team.name!r} kept where it runs",
+                            f"it holds {n:g} {g} GPUs in {r}, which supplies no {g}",
+                        )
         total = sum(demand.values())
         qmin = sum(float(v) for v in team.quota_min.values())
         if qmin > total + 1e-9:
@@ -212,7 +220,7 @@ def _lp_bound(problem: Problem, per_region: bool) -> float:
     pool: dict[str, float] = defaultdict(float)
     quota_teams: list[Team] = []
     for team in problem.teams:
-        if team.quota_max or team.quota_min:
+        if team.quota_max or team.quota_min or team.pinned:
             quota_teams.append(team)
         else:
             for g, n in team.demand().items():
@@ -270,6 +278,11 @@ def _lp_bound(problem: Problem, per_region: bool) -> float:
     for i, team in enumerate(quota_teams):
         for g, n in team.demand().items():
             eq_row(((index[("x", i, r, gg)], 1.0) for r, gg in cell_list if gg == g), n)
+        if team.pinned:  # check_feasible: every cell it holds is supplied
+            for r, per in team.current.items():
+                for g, n in per.items():
+                    if n > 0:
+                        eq_row([(index[("x", i, r, g)], 1.0)], float(n))
         regions = sorted({r for r, _ in cell_list})
         for r in regions:
             js = [index[c] for c in (("x", i, r, g) for g in team.demand()) if c in index]
@@ -434,6 +447,9 @@ def _greedy_enable(
         for r, per in team.current.items():
             for g, n in per.items():
                 if g not in gpus or n <= 0:
+                    continue
+                if team.pinned:  # its GPUs stay where they are: load, but none to move
+                    load[(r, g)] += n
                     continue
                 # Demand that cannot stay where it ran (the region no longer supplies its GPU
                 # type, or a quota or its data's residency now keeps the team out) must move: it
@@ -751,13 +767,13 @@ def _solve_partition(
             for g, n in demand.items():
                 if (r, g) not in cells:
                     continue
-                x = b.var(("x", k, r, g))
+                cur = float(team.current.get(r, {}).get(g, 0.0))
+                x = b.var(("x", k, r, g), cur, cur) if team.pinned else b.var(("x", k, r, g))
                 xs.append(x)
                 cell_users[(r, g)].append(x)
                 part_cells[(r, g)] = cells[(r, g)]
                 if w is not None:
                     b.row([(x, 1.0), (w, -n)], -math.inf, 0.0, "locality")
-                cur = float(team.current.get(r, {}).get(g, 0.0))
                 if cur > 0:
                     mv = b.var(("mv", k, r, g))
                     b.row([(mv, 1.0), (x, 1.0)], cur, math.inf, "moves")
@@ -774,18 +790,23 @@ def _solve_partition(
     for k in later:
         team = problem.teams[k]
         regions = _regions(cand[k], k, enabled, made)
-        own_rows = bool(team.quota_max or team.quota_min) and "quota" not in skip_groups
+        own_rows = team.pinned or (bool(team.quota_max or team.quota_min) and "quota" not in skip_groups)
         for g, n in team.demand().items():
             where = tuple(r for r in regions if (r, g) in cells)
             if not own_rows:
                 pooled[(g, where)] += n
                 continue
-            xs = [b.var(("lx", k, r, g)) for r in where]
+            if team.pinned:  # its GPUs where they are
+                held = {r: float(per.get(g, 0.0)) for r, per in team.current.items()}
+                where = tuple(r for r, cur in held.items() if cur > 0 and (r, g) in cells)
+                xs = [b.var(("lx", k, r, g), held[r], held[r]) for r in where]
+            else:
+                xs = [b.var(("lx", k, r, g)) for r in where]
             for r, x in zip(where, xs, strict=True):
                 cell_users[(r, g)].append(x)
                 part_cells[(r, g)] = cells[(r, g)]
             b.row(((x, 1.0) for x in xs), n, n, "later teams")
-        if own_rows:
+        if own_rows and "quota" not in skip_groups:
             for r in regions:
                 xs = [b.cols[key] for key in (("lx", k, r, g) for g in team.demand()) if key in b.cols]
                 hi, lo = team.cap(r), float(team.quota_min.get(r, 0.0))

@@ -543,3 +543,27 @@ def test_replicas_of_datasets_nobody_read_in_the_window_count_against_a_storage_
     assert solve(roomy, time_limit_s=10).replicate == [
         {"dataset_uri": "gs://b/d", "region": "B", "bytes": 10 * gb}
     ]
+
+
+@pytest.mark.parametrize("mip_max_binaries, team_block", [(200, 2000), (0, 2000), (0, 1)])
+def test_a_team_kept_where_it_ran_keeps_each_gpu_type_in_its_region(mip_max_binaries, team_block):
+    """Kept in place (its EU-only and US-only data share no region), the team's T4s stay in the EU
+    and its A100s in the US: the solver may not swap them across regions to even out the cells,
+    whether exact, rounded or solved in partitions (the kept team in another team's partition)."""
+    rows = [
+        _row("t", "eu", "T4", 8, 0, 24, dataset="gs://eu/d"),
+        _row("t", "us", "A100", 8, 0, 24, dataset="gs://us/d"),
+        _row("u", "us", "T4", 2, 0, 24, dataset="gs://us/e"),
+    ]
+    replicas = [
+        {"dataset_uri": uri, "region": region, "bytes": 10**9}
+        for uri, region in (("gs://eu/d", "eu"), ("gs://us/d", "us"), ("gs://us/e", "us"))
+    ]
+    supply = {("eu", "T4"): 4, ("eu", "A100"): 8, ("us", "T4"): 8, ("us", "A100"): 4}
+    only = {"gs://eu/d": ["eu"], "gs://us/d": ["us"]}
+    problem, stats = build_problem(
+        rows, replicas, supply, T0, T0 + dt.timedelta(hours=24), budget_bytes=0, residency=only.get
+    )
+    assert list(stats["kept_in_place"]) == ["t"]
+    sol = solve(problem, mip_max_binaries=mip_max_binaries, team_block=team_block, time_limit_s=20.0)
+    assert sol.placement["t"] == {"eu": {"T4": 8.0}, "us": {"A100": 8.0}}

@@ -224,3 +224,16 @@ def test_demand_that_cannot_stay_where_it_ran_moves_with_its_data_exact_or_round
     sol = solve(p, mip_max_binaries=mip_max_binaries, time_limit_s=10)
     assert sol.shares == {"t": {"B": 1.0}}
     assert sol.replicate == [{"dataset_uri": "d", "region": "B", "bytes": 10}]
+
+
+def test_a_team_kept_where_it_runs_in_a_cell_with_no_supply_is_refused_naming_it():
+    from sailor_tasks.rebalance.problem import Problem as P
+
+    p = Problem({"A": {"T4": 8}}, (Team("t", {"A": {"T4": 2}, "B": {"T4": 1}}, pinned=True),), {}, 0)
+    with pytest.raises(RebalanceInfeasibleError, match=r"team 't' kept where it runs.*1 T4 GPUs in B"):
+        solve(p)
+    doc = p.to_json()
+    assert doc["teams"][0]["pinned"] is True and P.from_json(doc) == p
+    doc["teams"][0]["pinned"] = "yes"
+    with pytest.raises(ValueError, match=r"teams\[0\]: pinned 'yes' is not true or false"):
+        P.from_json(doc)
