@@ -38,6 +38,7 @@ UNDERLOAD_WEIGHT = 1.0
 MOVE_WEIGHT = 0.1
 T_TOLERANCE = 1e-6
 MIP_REL_GAP = 0.01
+"""Relative gap at which HiGHS stops a stage with binaries and reports it solved (``optimal``)."""
 CHEAP_CANDIDATES = 4
 LP_BOUND_TIME_SHARE = 0.3
 LEVEL_TOLERANCE = 0.005
@@ -47,6 +48,9 @@ LEVEL_TOLERANCE = 0.005
 @dataclass
 class Solution:
     status: str
+    """``optimal``: the exact MIP, every stage solved to within ``MIP_REL_GAP`` of its optimum
+    (HiGHS's relative gap; an LP stage exactly); ``feasible``: the rounding fixed the replica
+    binaries, or a stage ran out of time (``stage_status`` says which)."""
     placement: dict[str, dict[str, dict[str, float]]]
     """team → region → GPU type → GPUs."""
     shares: dict[str, dict[str, float]]
@@ -913,7 +917,8 @@ def _solve_partition(
             status.append(f"{stage}:{'infeasible' if res.status == 2 else 'no solution in time'}")
             break
         best = res.x
-        status.append(f"{stage}:{'optimal' if res.status == 0 else 'time limit (feasible)'}")
+        solved = f"optimal within a {MIP_REL_GAP:.0%} gap" if binaries else "optimal"
+        status.append(f"{stage}:{solved if res.status == 0 else 'time limit (feasible)'}")
         value = float(c @ res.x)
         logger.debug("stage %s value %.4f", stage, value)
         if stage == "A":
@@ -1124,7 +1129,7 @@ def solve(
                 out.setdefault(r, {})[g] = round(n, 6)
         return out
 
-    optimal = enabled is None and all(s.endswith("optimal") for s in stage_status)
+    optimal = enabled is None and all(":optimal" in s for s in stage_status)
     return Solution(
         status="optimal" if optimal else "feasible",
         placement=placement,
