@@ -87,10 +87,15 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """(filesystem, path) for a concrete URI; local writes create parent folders.
 
     On ``gs://`` the path is the object's name as written: ``url_to_fs`` would read a name
-    ending in ``#<digits>`` (or holding ``?generation=<digits>``) as an object version."""
+    ending in ``#<digits>`` (or holding ``?generation=<digits>``) as an object version. A local
+    path is taken as written too: ``url_to_fs`` would read ``::`` in a file's name as a chain of
+    filesystems (``a::b.txt`` as ``a``)."""
     scheme = scheme_of(uri) or "file"
     if scheme == "gs":
         return fsspec.filesystem("gs", **fs_options(scheme)), strip_protocol(uri)
+    if scheme == "file":
+        fs = fsspec.filesystem("file", **fs_options(scheme))
+        return fs, fs._strip_protocol(uri)
     return url_to_fs(uri, **fs_options(scheme))
 
 

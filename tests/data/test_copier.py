@@ -419,3 +419,18 @@ def test_a_dataset_holding_symbolic_links_is_refused_naming_them(tmp_path):
         with pytest.raises(InvalidRequestError, match=r"holds 1 symbolic link\(s\) \(train.txt\)"):
             call()
     assert not os.path.exists(tmp_path / "d")
+
+
+def test_a_local_file_whose_name_holds_a_double_colon_is_copied_as_itself(tmp_path):
+    """fsspec reads ``a::b.txt`` in a URL as a chain of filesystems (the file ``a``): the copy
+    and its manifest name the file itself, so the replica holds both files, byte for byte."""
+    root = f"file://{tmp_path}/src"
+    storage.write_bytes(f"{root}/a", b"AAAA")
+    storage.write_bytes(f"{root}/a::b.txt", b"the real b")
+    assert storage.read_bytes(f"{root}/a::b.txt") == b"the real b"
+    seal(root)
+    dst = f"file://{tmp_path}/dst"
+    result = copy_dataset(root, dst)
+    assert {f.path: f.size for f in result.manifest.files} == {"a": 4, "a::b.txt": 10}
+    assert (tmp_path / "dst" / "a::b.txt").read_bytes() == b"the real b"
+    verify(dst, read_manifest(dst))
