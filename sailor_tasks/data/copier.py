@@ -121,6 +121,11 @@ def empty_dataset_reason(root: str) -> str:
     return "the dataset folder has no files"
 
 
+EMPTY_MANIFEST_REASON = f"its manifest ({MANIFEST_NAME}) lists no files: seal the folder again"
+"""Why a sealed source whose manifest lists no file is no dataset (a copy of it would be an empty
+replica, recorded complete)."""
+
+
 def list_files(root: str) -> list[tuple[str, int]]:
     """(relative path, size) of every file under ``root`` except the manifest, sorted."""
     try:
@@ -370,6 +375,8 @@ def copy_dataset(
             ) from None
         if not listing:  # nothing would be placed, yet the replica would be recorded complete
             raise InvalidRequestError("dataset_uri", src_root, empty_dataset_reason(src_root))
+        if manifest is not None and not manifest.files:  # the same: its version is no file
+            raise InvalidRequestError("dataset_uri", src_root, EMPTY_MANIFEST_REASON)
         return manifest, listing
 
     source()  # a bad source fails now, not after waiting for another copy's lease
@@ -643,9 +650,15 @@ def _copy_locked(
 
 
 def seal(root: str) -> DatasetManifest:
-    """Write a manifest for a dataset produced in place (e.g. the demo corpus); return it."""
+    """Write a manifest for a dataset produced in place (e.g. the demo corpus); return it.
+
+    Raises:
+        InvalidRequestError: ``root`` holds no file (a manifest listing none is no dataset)."""
     entries = []
-    for rel, _ in list_files(root):
+    files = list_files(root)
+    if not files:
+        raise InvalidRequestError("dataset_uri", root, empty_dataset_reason(root))
+    for rel, _ in files:
         sha, size, crc = checksums_of(storage.join(root, rel))
         entries.append(ManifestEntry(path=rel, size=size, sha256=sha, crc32c=crc))
     manifest = DatasetManifest(dataset_uri=root, files=tuple(entries))

@@ -14,8 +14,15 @@ from typing import Any
 
 from sailor_tasks import paths, storage
 from sailor_tasks.backends import get_backend
-from sailor_tasks.data.copier import copy_dataset, empty_dataset_reason, list_files
-from sailor_tasks.errors import PERMANENT_ERRORS, InvalidRequestError, InvalidRequestErrors, RunQueuedError
+from sailor_tasks.data.copier import EMPTY_MANIFEST_REASON, copy_dataset, empty_dataset_reason, list_files
+from sailor_tasks.data.manifest import read_manifest
+from sailor_tasks.errors import (
+    PERMANENT_ERRORS,
+    DataIntegrityError,
+    InvalidRequestError,
+    InvalidRequestErrors,
+    RunQueuedError,
+)
 from sailor_tasks.model import RUN_STATUSES_DONE, JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx, timed
 from sailor_tasks.stages.queueing import heartbeat, hold_lease
@@ -53,6 +60,16 @@ def _replica_problem(ctx: StageContext, uri: str, src: str) -> InvalidRequestErr
                 "holds SAILOR's dataset replicas (a region bucket's datasets/ folder): name one dataset in it",
             )
     return None
+
+
+def _sealed_empty(src: str) -> bool:
+    """The dataset's manifest lists no file (files added after an empty folder was sealed): a
+    copy would place none. A damaged manifest is the copy's to name."""
+    try:
+        manifest = read_manifest(src)
+    except DataIntegrityError:
+        return False
+    return manifest is not None and not manifest.files
 
 
 def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = None) -> JSON:
@@ -111,6 +128,8 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
                 errors.append(
                     InvalidRequestError("dataset_uri", request.dataset_uri, empty_dataset_reason(src))
                 )
+            elif _sealed_empty(src):
+                errors.append(InvalidRequestError("dataset_uri", request.dataset_uri, EMPTY_MANIFEST_REASON))
             if request.preemption_trace_uri:
                 from sailor_tasks.traces.availability import load_availability_trace
 

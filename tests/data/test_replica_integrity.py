@@ -75,6 +75,30 @@ def test_validate_refuses_a_dataset_that_is_one_file_or_an_empty_folder(ctx):
     assert ctx.ledger.replica_rows() == [] and ctx.ledger.live_reservations() == []
 
 
+def test_an_empty_folder_is_not_sealed_and_a_manifest_listing_no_file_is_refused(ctx, tmp_path):
+    """A manifest listing no file names a version with no data: ``seal`` refuses to write one,
+    and a folder that holds one (sealed empty, files added since) is refused by ``validate`` and
+    by the copy, naming it, instead of becoming a replica of no file recorded complete."""
+    from sailor_tasks import stages
+    from sailor_tasks.data.manifest import MANIFEST_NAME
+
+    os.makedirs(f"{tmp_path}/empty")
+    with pytest.raises(InvalidRequestError, match="has no files"):
+        seal(f"file://{tmp_path}/empty")
+    assert os.listdir(f"{tmp_path}/empty") == []
+    root = storage.resolve("sailor://source/late", ctx.settings)
+    storage.write_json(storage.join(root, MANIFEST_NAME), {"dataset_uri": root, "files": []})
+    storage.write_bytes(storage.join(root, "data.bin"), b"d" * 1000)  # added after the sealing
+    with pytest.raises(InvalidRequestError, match="lists no files: seal the folder again"):
+        copy_dataset(root, f"file://{tmp_path}/dst")
+    assert not os.path.exists(f"{tmp_path}/dst")
+    with pytest.raises(InvalidRequestError, match="dataset_uri='sailor://source/late'.*lists no files"):
+        stages.validate({"dataset_uri": "sailor://source/late", "num_workers": 1}, "run-late", ctx)
+    assert ctx.ledger.replica_rows() == []
+    seal(root)  # sealed again: its one file is the dataset
+    assert [f.path for f in copy_dataset(root, f"file://{tmp_path}/dst").manifest.files] == ["data.bin"]
+
+
 def test_a_trailing_slash_names_the_same_dataset_and_replica(ctx):
     from sailor_tasks import stages
 
