@@ -65,9 +65,12 @@ def emit_replica(outlet_events: Any, replica: Mapping[str, Any], run_id: str) ->
 
 def emit_checkpoint(
     outlet_events: Any, request: Mapping[str, Any], summary: Mapping[str, Any], run_id: str
-) -> Asset:
+) -> Asset | None:
     """Add the run's committed checkpoint (``finalize``'s ``summary``) to ``CHECKPOINTS``, naming
-    the dataset copy it was trained on."""
+    the dataset copy it was trained on; None, and no event, for a run that committed none (a
+    user's command that saves no checkpoint)."""
+    if not summary.get("checkpoint_uri"):
+        return None
     asset = Asset(uri=summary["checkpoint_uri"])
     outlet_events[CHECKPOINTS].add(
         asset,

@@ -120,3 +120,31 @@ def test_review_reports_live_runs_outside_their_teams_new_regions(dagbag, settin
         }
     ]
     assert value["overloaded"] == {"us-central1": 1.2}
+
+
+def test_a_run_that_committed_no_checkpoint_emits_no_checkpoint_event():
+    """A user's command may exit 0 without saving a checkpoint (``checkpoint_uri`` None): the run
+    succeeded, and ``finalize`` emits no asset event rather than failing on an asset of no URI."""
+    from collections import defaultdict
+
+    from sailor_tasks.airflow_glue import lineage
+
+    class Events(list):
+        def add(self, asset, extra):
+            self.append((asset.uri, extra["run_id"]))
+
+    events: defaultdict = defaultdict(Events)
+    summary = {
+        "job_name": "j",
+        "team": "t",
+        "steps": 10,
+        "final_loss": None,
+        "data_uri": "file:///data",
+        "region": "us-central1",
+    }
+    request = {"dataset_uri": "sailor://source/d", "model": "tiny_gpt"}
+    assert lineage.emit_checkpoint(events, request, {**summary, "checkpoint_uri": None}, "r1") is None
+    assert not events[lineage.CHECKPOINTS]
+    uri = "file:///ckpt/step-00000010"
+    assert lineage.emit_checkpoint(events, request, {**summary, "checkpoint_uri": uri}, "r2").uri == uri
+    assert events[lineage.CHECKPOINTS] == [(uri, "r2")]
