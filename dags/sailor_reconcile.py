@@ -4,7 +4,7 @@
 Every 5 minutes: `reconcile` finds live reservations whose lease expired (the run's task was killed
 or its worker lost, so nothing renewed it), stops and removes what the run left on its backend,
 releases the capacity, marks the run failed, and runs an admission pass for SAILOR's queue (so the
-waiting runs move on). A run that still renews its lease is never touched.
+waiting runs move on). A run that still renews its lease is never touched. It starts unpaused.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from airflow.sdk import dag, task
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
+    is_paused_upon_creation=False,  # the safety net runs from the start, whatever the default
     tags=["sailor", "queue"],
     default_args={
         "retries": 2,

@@ -81,7 +81,7 @@ def _param(spec: dict) -> Param:
     params={name: _param(spec) for name, spec in train_param_schemas().items()},
 )
 def sailor_train():
-    @task(retries=0)
+    @task  # a bad request fails at once (AirflowFailException); a ledger or storage blip retries
     def validate() -> dict:
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue.stage import run_stage

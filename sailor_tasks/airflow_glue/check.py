@@ -24,7 +24,7 @@ from sailor_tasks.backends.checks import (
 )
 from sailor_tasks.settings import Settings
 
-SAILOR_DAGS = ("sailor_train", "sailor_rebalance", "sailor_assignment_review")
+SAILOR_DAGS = ("sailor_train", "sailor_rebalance", "sailor_assignment_review", "sailor_reconcile")
 
 
 def connection_check(conn_id: str) -> Check:

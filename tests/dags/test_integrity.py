@@ -31,10 +31,20 @@ def test_dag_has_tags_and_retries(dagbag, dag_id):
     assert dag.tags, f"{dag_id} has no tags"
     assert dag.catchup is False
     for t in dag.tasks:
-        if t.task_id == "validate":  # config errors never improve with a retry
-            continue
+        # Every task retries: a configuration error fails at once whatever the retries
+        # (``run_stage`` raises AirflowFailException), so they only ever retry transient errors.
         assert (t.retries or 0) >= 2, f"{dag_id}.{t.task_id} retries={t.retries}"
         assert t.retry_exponential_backoff
+
+
+def test_the_reconciler_starts_unpaused_and_sailor_check_looks_for_it(dagbag):
+    """Expired leases are reclaimed from the first minutes of a deployment: with Airflow's
+    ``dags_are_paused_at_creation`` (the default, and compose's) a paused reconciler would leave a
+    dead worker's GPUs reserved and the queue behind them waiting."""
+    from sailor_tasks.airflow_glue.check import SAILOR_DAGS
+
+    assert dagbag.dags["sailor_reconcile"].is_paused_upon_creation is False
+    assert set(SAILOR_DAGS) == {p.stem for p in DAG_FILES}
 
 
 def test_sailor_train_stages_and_teardown(dagbag):
