@@ -398,7 +398,8 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "maximum": 3600,
             "title": "Preemption notice (s)",
             "section": SECTION_RESILIENCE,
-            "description": "Seconds between the preemption notice and the hard kill (GCE spot VMs: 30).",
+            "description": "Local backend: seconds between an injected preemption's notice and its hard "
+            "kill (GCE spot VMs give 30; on GKE the node's graceful shutdown window sets it).",
         },
         "async_checkpoint": {
             "default": False,
@@ -794,8 +795,10 @@ LOCAL_ONLY_PARAMS = {
     "inject_kills": [],
     "preemption_rate_per_hour": 0,
     "preemption_trace_uri": "",
+    "preemption_notice_s": 30.0,
 }
-"""The params of injected preemptions (the local backend's) and their unset value."""
+"""The params of injected preemptions (the local backend's) and their unset value (the notice
+window's: its default)."""
 
 
 def _not_text(value: str) -> bool:

@@ -41,3 +41,21 @@ def test_injection_steps_beyond_the_run_are_rejected():
 def test_injection_lists_are_sorted():
     req = from_params({"inject_preemptions": [50, 10], "inject_kills": [30]})
     assert req.inject_preemptions == (10, 50) and req.inject_kills == (30,)
+
+
+@pytest.mark.parametrize(
+    "param, value",
+    [
+        ("inject_preemptions", [10]),
+        ("inject_kills", [10]),
+        ("preemption_rate_per_hour", 2.0),
+        ("preemption_trace_uri", "file:///trace.json"),
+        ("preemption_notice_s", 60.0),  # on GKE the node's graceful shutdown window sets it
+    ],
+)
+def test_injected_preemption_params_are_refused_off_the_local_backend(param, value):
+    gke = {"backend": "gke", "image": "us-docker.pkg.dev/p/r/train:1", "command": ["python", "t.py"]}
+    with pytest.raises(InvalidRequestError, match=rf"{param}=.*only the local backend injects preemptions"):
+        from_params({**gke, param: value})
+    assert from_params(gke).preemption_notice_s == 30.0  # the default is no setting
+    assert getattr(from_params({param: value}), param) is not None  # the local backend takes it
