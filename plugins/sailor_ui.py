@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from typing import Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
@@ -104,7 +105,7 @@ def render_page(snap) -> str:
             f"<b>{_e(r.region)}</b>",
             _e(r.supply_gpus),
             _e(r.reserved_gpus),
-            f"{r.ratio:.2f} {_bar(r.ratio)}",
+            f"{r.ratio:.2f} {_bar(r.ratio)}" if math.isfinite(r.ratio) else f"no supply {_bar(r.ratio)}",
             _e(r.assignment_load),
             _e(", ".join(f"{g} {n}" for g, n in r.gpus_by_type.items())),
         ]

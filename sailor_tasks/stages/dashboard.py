@@ -8,6 +8,7 @@ other front end (the CLI, a JSON endpoint).
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,8 +35,11 @@ class RegionRow:
 
     @property
     def ratio(self) -> float:
-        """Live demand over supply: reserved GPUs / GPUs the region has (0 when it has none)."""
-        return self.reserved_gpus / self.supply_gpus if self.supply_gpus else 0.0
+        """Live demand over supply: reserved GPUs / GPUs the region has; infinite for GPUs held
+        where the supply has none (a region gone from it), 0 for none held there."""
+        if self.supply_gpus:
+            return self.reserved_gpus / self.supply_gpus
+        return math.inf if self.reserved_gpus > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)

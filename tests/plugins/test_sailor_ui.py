@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sailor_tasks.stages.dashboard import RegionRow, Snapshot
@@ -120,6 +122,23 @@ def test_page_shows_regions_with_ratio_and_says_no_report_yet(plugin):
     html = plugin.render_page(_snap())
     assert 'id="regions"' in html and "us-central1" in html and "0.25" in html
     assert "No report yet" in html and "No placements yet" in html and "No assignment published yet" in html
+
+
+def test_gpus_held_in_a_region_with_no_supply_show_as_over_not_balanced(plugin, client, token, monkeypatch):
+    """A region gone from the supply (or the catalog) where runs still hold GPUs is the most
+    overloaded, not an idle 0.00: the page says "no supply" with the over bar, the JSON null."""
+    import sailor_tasks.stages.dashboard as dashboard
+
+    gone = RegionRow("us-east4", 0, 8, {})
+    assert gone.ratio == math.inf and RegionRow("us-east4", 0, 0, {}).ratio == 0.0
+    snap = _snap(regions=(RegionRow("us-central1", 100, 25, {"T4": 100}), gone))
+    html = plugin.render_page(snap)
+    row = html[html.index("us-east4") :]
+    assert "no supply" in row[:400] and 'class="fill over"' in row[:400]
+    monkeypatch.setattr(plugin, "_snapshot", lambda: snap)
+    monkeypatch.setattr(dashboard, "report_uri", lambda: None)
+    regions = client.get("/api/snapshot", headers={"Authorization": f"Bearer {token}"}).json()["regions"]
+    assert [r["ratio"] for r in regions] == [0.25, None]
 
 
 def test_page_escapes_ledger_text(plugin):
