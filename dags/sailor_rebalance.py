@@ -23,6 +23,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from sailor_tasks.airflow_glue import lineage
 from sailor_tasks.airflow_glue.lineage import ASSIGNMENT as ASSIGNMENT_ASSET
+from sailor_tasks.request import FINITE
 
 
 @dag(
@@ -43,6 +44,7 @@ from sailor_tasks.airflow_glue.lineage import ASSIGNMENT as ASSIGNMENT_ASSET
         "window_days": Param(
             7.0,
             type="number",
+            **FINITE,  # NaN, which the REST API parses, passes every bound
             exclusiveMinimum=0,
             maximum=365,
             title="Window (days)",
@@ -51,6 +53,7 @@ from sailor_tasks.airflow_glue.lineage import ASSIGNMENT as ASSIGNMENT_ASSET
         "byte_budget_gb": Param(
             500.0,
             type="number",
+            **FINITE,
             minimum=0,
             title="Replication budget (GB)",
             description="Bytes the nightly replication may copy (new dataset replicas), in GB.",
@@ -67,7 +70,10 @@ from sailor_tasks.airflow_glue.lineage import ASSIGNMENT as ASSIGNMENT_ASSET
             additionalProperties={
                 "type": "object",
                 "properties": {
-                    kind: {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}}
+                    kind: {
+                        "type": "object",
+                        "additionalProperties": {"type": "number", "minimum": 0, **FINITE},
+                    }
                     for kind in ("max", "min")
                 },
                 "additionalProperties": False,
@@ -78,20 +84,21 @@ from sailor_tasks.airflow_glue.lineage import ASSIGNMENT as ASSIGNMENT_ASSET
         "storage_cap_gb": Param(
             {},
             type="object",
-            additionalProperties={"type": "number", "minimum": 0},
+            additionalProperties={"type": "number", "minimum": 0, **FINITE},
             title="Storage caps (GB)",
             description="region → GB its dataset replicas may hold in all (new copies included); empty: no cap.",
         ),
         "team_priority": Param(
             {},
             type="object",
-            additionalProperties={"type": "number", "exclusiveMinimum": 0},
+            additionalProperties={"type": "number", "exclusiveMinimum": 0, **FINITE},
             title="Team priorities",
             description="team → weight of moving its GPUs (default 1): a higher weight moves a team last.",
         ),
         "comfort_ratio": Param(
             0.9,
             type="number",
+            **FINITE,
             minimum=0,
             maximum=2,
             title="Comfort ratio",
@@ -100,6 +107,7 @@ from sailor_tasks.airflow_glue.lineage import ASSIGNMENT as ASSIGNMENT_ASSET
         "time_limit_s": Param(
             50.0,
             type="number",
+            **FINITE,
             minimum=1,
             maximum=3600,
             title="Solver time limit (s)",

@@ -152,3 +152,25 @@ def test_dag_files_do_not_import_heavy_libraries():
             if line.startswith(("import ", "from ")):
                 module = line.split()[1].split(".")[0]
                 assert module not in heavy, f"{path.name} imports {module} at module level"
+
+
+def test_rebalance_number_params_refuse_nan_at_trigger(dagbag):
+    """The REST API parses NaN, and NaN passes every bound: each number, and each number inside
+    the quotas, storage caps and team priorities, refuses it when the run is triggered."""
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = dagbag.dags["sailor_rebalance"].params
+    nan = float("nan")
+    bad = {
+        "window_days": nan,
+        "byte_budget_gb": nan,
+        "comfort_ratio": nan,
+        "time_limit_s": nan,
+        "quotas": {"vision": {"max": {"us-east1": nan}}},
+        "storage_cap_gb": {"us-east1": nan},
+        "team_priority": {"vision": nan},
+    }
+    for name, value in bad.items():
+        with pytest.raises(ParamValidationError):
+            params.get_param(name).resolve(value)
+    assert params.get_param("storage_cap_gb").resolve({"us-east1": 10.0}) == {"us-east1": 10.0}
