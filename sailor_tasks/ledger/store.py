@@ -303,7 +303,7 @@ class Ledger:
         if run_id is not None:
             q = q.where(t.placements.c.run_id == run_id)
         with self.engine.connect() as c:
-            return [dict(r) for r in c.execute(q).mappings()]
+            return [_aware_row(r) for r in c.execute(q).mappings()]
 
     def reserve(self, reservation: Reservation, lease_s: float = DEFAULT_LEASE_S) -> None:
         """Hold capacity for a run; re-reserving the same run replaces its live reservation."""
@@ -803,7 +803,7 @@ class Ledger:
         if run_id is not None:
             q = q.where(t.preemptions.c.run_id == run_id)
         with self.engine.connect() as c:
-            return [dict(r) for r in c.execute(q).mappings()]
+            return [_aware_row(r) for r in c.execute(q).mappings()]
 
     def set_preemption_recovery(self, run_id: str, attempt: int, recovery_s: float) -> None:
         """Record how long the run took to train again after its preemption in ``attempt``."""

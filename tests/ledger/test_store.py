@@ -128,3 +128,22 @@ def test_attained_service_keeps_the_holding_a_replaced_reservation_had(tmp_path,
     # the window starts at 120 s: r1's first holding is out, r2's first counts from 120 s
     since = t0 + dt.timedelta(seconds=120)
     assert ledger.team_gpu_seconds(since, now) == {"a": 4 * 180, "b": 30 + 50}
+
+
+def test_placements_and_preemptions_are_read_back_in_utc(tmp_path):
+    """Their times come back as aware UTC, as every other table's (SQLite stores naive UTC)."""
+    from sailor_tasks.model import Placement
+
+    ledger = Ledger(f"sqlite:///{tmp_path}/l.db")
+    ledger.record_placement(
+        Placement("r1", "gcp", "us-east1", "us-east1-b", "T4", 1, 1, 1, "spot", "n1-standard-4", 0.5)
+    )
+    at = dt.datetime(2026, 11, 29, 12, 30, tzinfo=dt.UTC)
+    ledger.record_preemption("r1", 1, "us-east1", "us-east1-b", True, 10, 0, None, at=at)
+    (placement,) = ledger.placements("r1")
+    (preemption,) = ledger.preemptions("r1")
+    assert (
+        placement["created_at"].tzinfo is dt.UTC
+        and preemption["at"] == at
+        and preemption["at"].tzinfo is dt.UTC
+    )
