@@ -287,12 +287,18 @@ def _place_file(
     src_info: dict,
     dst_info: dict | None,
     known: ManifestEntry | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> tuple[ManifestEntry, bool]:
     """Copy one file unless already there; return its manifest entry and whether bytes moved.
 
     ``want`` is the source manifest's entry (the copy must match it); ``known`` the replica's
     previous manifest entry, used only to skip an unchanged file of a source without manifest.
+    ``fence`` raises once the copy's lease is lost: called before the file is copied and before a
+    copy that does not match is removed (by then another copier may own the replica, and the file
+    may be its good one).
     """
+    fence = fence or (lambda: None)
+    fence()
     if want is not None and _already_there(src, dst, want, src_info, dst_info):
         return want, False
     if want is None and known is not None:
@@ -311,11 +317,13 @@ def _place_file(
         storage.copy_object(src, dst)
         dst_crc, dst_size = storage.crc32c(dst)
         if dst_crc != want.crc32c or dst_size != want.size:
+            fence()
             storage.remove(dst)  # never leave bytes a later resume could mistake for a good copy
             raise DataIntegrityError(src, expected, f"crc32c {dst_crc} ({dst_size} B) copied")
         return want, True
     sha, n, crc = _copy_one(src, dst)
     if want is not None and (sha != want.sha256 or n != want.size):
+        fence()
         storage.remove(dst)  # never leave bytes a later resume could mistake for a good copy
         raise DataIntegrityError(src, want.sha256, sha)
     _verify_stored(dst, crc, n)
@@ -399,6 +407,7 @@ def copy_dataset(
             getattr(held, "check", None),
             on_invalidate,
             on_complete,
+            getattr(held, "raise_if_lost", None),
         )
 
 
@@ -509,7 +518,12 @@ def _copy_locked(
     still_held: Callable[[], None] | None = None,
     on_invalidate: Callable[[], None] | None = None,
     on_complete: Callable[[DatasetManifest], None] | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> CopyResult:
+    """``copy_dataset`` under its lease and lock. ``still_held`` checks the lease with the ledger
+    before the replica changes hands; ``fence`` (no ledger call) before each file and each removal
+    of a file that does not match: once the lease is lost, no further file is copied or removed,
+    and the copies in flight end."""
     if src_manifest is not None:
         # A sealed source is the files its manifest lists: others (added after sealing) are not
         # part of that version, and copying them would make the replica differ from it for ever.
@@ -621,13 +635,19 @@ def _copy_locked(
                 src_listing[rel],
                 dst_listing.get(rel),
                 known.get(rel),
+                fence,
             ): (rel, size)
             for rel, size in files
             if rel not in unchanged
         }
         for future in as_completed(futures):
             rel, size = futures[future]
-            entry, moved = future.result()
+            try:
+                entry, moved = future.result()
+            except BaseException:
+                for other in futures:  # what has not started never starts (the pool waits for the rest)
+                    other.cancel()
+                raise
             entries[rel] = entry
             if moved:
                 copied += entry.size

@@ -80,16 +80,27 @@ class Lease:
         self._renewer.start()
 
     def _renew(self) -> None:
+        renewed = time.monotonic()
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 ok = self.ledger.renew_lease(self.name, self.holder, self.ttl_s)
             except Exception as exc:  # the ledger unreachable: keep trying until the lease would lapse
                 logger.warning("lease %s: renewal failed (%s)", self.name, exc)
-                continue
+                if time.monotonic() - renewed < self.ttl_s:
+                    continue
+                # Not renewed for a whole ttl: another holder may have taken it by now.
+                ok = False
             if not ok:
                 logger.error("lease %s of %s was lost (expired or taken over)", self.name, self.holder)
                 self.lost.set()
                 return
+            renewed = time.monotonic()
+
+    def raise_if_lost(self) -> None:
+        """Raise ``LeaseLostError`` once the renewals found the lease lost or lapsed (no ledger
+        call: cheap enough before every unit of the work)."""
+        if self.lost.is_set():
+            raise LeaseLostError(self.name, self.holder)
 
     def check(self) -> None:
         """Raise ``LeaseLostError`` unless the ledger still shows this holder holding the lease."""

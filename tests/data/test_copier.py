@@ -434,3 +434,62 @@ def test_a_local_file_whose_name_holds_a_double_colon_is_copied_as_itself(tmp_pa
     assert {f.path: f.size for f in result.manifest.files} == {"a": 4, "a::b.txt": 10}
     assert (tmp_path / "dst" / "a::b.txt").read_bytes() == b"the real b"
     verify(dst, read_manifest(dst))
+
+
+def test_once_the_lease_is_lost_no_file_is_copied_or_removed(src, tmp_path):
+    """Another copier may own the replica once this one's lease is lost: the copy stops before
+    the next file, and a file that does not match its manifest entry is left for the new owner
+    instead of removed (on an object store it may be the new owner's good copy)."""
+    from sailor_tasks.data.copier import _place_file
+    from sailor_tasks.errors import LeaseLostError
+    from sailor_tasks.model import ManifestEntry
+
+    def lost():
+        raise LeaseLostError("replica:x", "me")
+
+    dst = f"file://{tmp_path}/dst"
+    info = {"size": 5000, "type": "file"}
+    with pytest.raises(LeaseLostError):
+        _place_file("a.txt", f"{src}/a.txt", f"{dst}/a.txt", None, False, info, None, fence=lost)
+    assert not os.path.exists(f"{tmp_path}/dst/a.txt")  # nothing copied
+    calls = []
+
+    def lost_after_the_copy():
+        calls.append(1)
+        if len(calls) > 1:
+            lost()
+
+    stale = ManifestEntry(path="a.txt", size=5000, sha256="0" * 64)  # the version it was asked for
+    with pytest.raises(LeaseLostError):
+        _place_file(
+            "a.txt", f"{src}/a.txt", f"{dst}/a.txt", stale, False, info, None, fence=lost_after_the_copy
+        )
+    assert (tmp_path / "dst" / "a.txt").read_bytes() == b"alpha" * 1000  # not removed
+
+
+def test_a_copy_whose_lease_is_lost_stops_and_writes_no_manifest(src, tmp_path):
+    from contextlib import contextmanager
+
+    from sailor_tasks.errors import LeaseLostError
+
+    class Held:
+        def __init__(self):
+            self.fences = 0
+
+        def raise_if_lost(self):
+            self.fences += 1
+            if self.fences > 1:  # lost once the first file is under way
+                raise LeaseLostError("replica:x", "me")
+
+        def check(self):
+            self.raise_if_lost()
+
+    @contextmanager
+    def lease(name):
+        yield Held()
+
+    dst = f"file://{tmp_path}/dst"
+    with pytest.raises(LeaseLostError):
+        copy_dataset(src, dst, lease=lease, max_workers=1)
+    assert not storage.exists(f"{dst}/{MANIFEST_NAME}")
+    assert [p for p in ("a.txt", "sub/b.bin") if storage.exists(f"{dst}/{p}")] == ["a.txt"]

@@ -81,3 +81,28 @@ def test_lost_lease_is_detected_before_publishing(url):
 def test_bad_lease_options_are_refused(url):
     with pytest.raises(ValueError, match="ttl_s=0"):
         Ledger(url).lease("x", ttl_s=0)
+
+
+def test_a_lease_not_renewed_for_a_whole_ttl_is_lost_though_the_ledger_never_said_so(url):
+    """The ledger unreachable (every renewal raises) for longer than the lease lasts: another
+    holder may have taken it, so the holder counts it lost rather than working on for ever."""
+    from sailor_tasks.ledger.lease import Lease
+
+    ledger = Ledger(url)
+    lease = Lease(ledger, "replica:x", ttl_s=0.3)
+    lease.acquire()
+    try:
+        lease.raise_if_lost()  # held
+        calls = []
+
+        def unreachable(*a, **k):
+            calls.append(1)
+            raise OSError("connection refused")
+
+        ledger.renew_lease = unreachable
+        assert lease.lost.wait(2.0), "still counted as held after several lapsed ttls"
+        assert len(calls) >= 2  # it kept trying while the lease could still be its own
+        with pytest.raises(LeaseLostError):
+            lease.raise_if_lost()
+    finally:
+        lease._stop.set()
