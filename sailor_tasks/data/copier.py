@@ -86,13 +86,18 @@ def _listing(root: str) -> dict[str, dict]:
     found = fs.find(base, detail=True)
     base = base.rstrip("/")
     out = {}
-    links = []
+    links, empty_segments = [], []
     for path, info in found.items():
-        rel = path[len(base) :].lstrip("/") if path.startswith(base) else path
+        if path == base:
+            continue  # ``root`` names one file: no dataset file (``empty_dataset_reason`` says so)
+        rel = path[len(base) + 1 :] if path.startswith(f"{base}/") else path
         if rel.endswith("/") or info.get("name", path).endswith("/"):
             continue  # a folder placeholder (a zero-byte object "sub/" the Cloud Console makes)
         if info.get("islink"):
             links.append(rel)
+            continue
+        if "//" in f"/{rel}":  # an object name with an empty segment ("ds//x"): no path names it
+            empty_segments.append(rel)
             continue
         if (
             rel
@@ -101,6 +106,15 @@ def _listing(root: str) -> dict[str, dict]:
             and not storage.is_temporary(rel)
         ):
             out[rel] = info
+    if empty_segments:
+        # "ds//x" is neither "ds/x" (another object) nor a path a replica's folder can hold.
+        raise InvalidRequestError(
+            "dataset_uri",
+            root,
+            f"holds {len(empty_segments)} object(s) whose name has an empty segment "
+            f"({', '.join(repr(f'{base}/{r}') for r in sorted(empty_segments)[:5])}): no file path "
+            "names them; rename them without '//'",
+        )
     if links:
         # Never followed (a link could lead out of the dataset), and never silently dropped.
         raise InvalidRequestError(

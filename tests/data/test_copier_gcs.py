@@ -325,3 +325,17 @@ def test_an_object_name_ending_in_hash_digits_is_a_name_not_a_version(gcs, tmp_p
     assert sorted(p[len(root) + 1 :] for p in fs.find(root)) == [MANIFEST_NAME, "chapter", "chapter#2"]
     assert storage.read_bytes(f"{dst}/chapter#2") == b"second" * 10
     verify(dst, read_manifest(dst))
+
+
+def test_an_object_name_with_an_empty_segment_is_refused_naming_it(gcs):
+    """``ds//x`` is not ``ds/x`` (another object) and no file path names it: the dataset is
+    refused, naming the object, instead of one object silently overwriting the other or every
+    copy failing on a name it cannot find."""
+    from sailor_tasks.errors import InvalidRequestError
+
+    root = f"{gcs()}/ds"
+    storage.write_bytes(f"{root}/x", b"plain")
+    fs, path = storage.filesystem(root)
+    fs.pipe_file(f"{path}//x", b"doubled")
+    with pytest.raises(InvalidRequestError, match=r"empty segment .*ds//x'.*without '//'"):
+        copy_dataset(root, f"{gcs()}/dst")
