@@ -103,7 +103,9 @@ def _learned(catalog: Any) -> dict:
     from sailor_tasks.ledger import Ledger
     from sailor_tasks.settings import Settings
 
-    ledger = Ledger(Settings.from_env().ledger_url)
+    ledger = Ledger.for_reading(Settings.from_env().ledger_url)
+    if ledger is None:
+        return {}
     try:
         return learned_rates(catalog, ledger.spot_observations())
     finally:

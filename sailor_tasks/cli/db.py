@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -74,18 +73,6 @@ def _unreachable(settings: Settings, exc: DBAPIError) -> int:
     return ExitCode.NOT_FOUND
 
 
-def _missing_sqlite_file(url: str) -> bool:
-    """Whether ``url`` names a SQLite file that does not exist (yet)."""
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    return (
-        u.get_backend_name() == "sqlite"
-        and u.database not in (None, "", ":memory:")
-        and not os.path.exists(u.database)
-    )
-
-
 def cmd_current(args: argparse.Namespace) -> int:
     from sqlalchemy import create_engine
 
@@ -94,7 +81,7 @@ def cmd_current(args: argparse.Namespace) -> int:
     from sailor_tasks.ledger.store import open_engine
 
     settings = _settings(args)
-    missing = _missing_sqlite_file(settings.ledger_url)
+    missing = migrate.missing_sqlite_file(settings.ledger_url)
     # A ledger file that does not exist yet reads as an empty database; nothing is created.
     engine = create_engine("sqlite://") if missing else open_engine(settings.ledger_url)
     try:

@@ -176,8 +176,8 @@ class LocalLogs:
         from sailor_tasks.settings import Settings
 
         if self._ledger is None:
-            self._ledger = Ledger(Settings.from_env().ledger_url)
-        return self._ledger.get_run(self.run_id)
+            self._ledger = Ledger.for_reading(Settings.from_env().ledger_url) or False
+        return self._ledger.get_run(self.run_id) if self._ledger else None
 
     def known(self) -> bool:
         """The run has a log folder, or (sailor_train) a row in the ledger."""
@@ -199,6 +199,8 @@ class LocalLogs:
         from sailor_tasks.model import RUN_STATUSES_DONE
 
         run = self._ledger_run()
+        if not self._ledger:  # no ledger yet: nothing recorded the run
+            return False
         if run is None:
             return any(
                 s["stage"] == "validate" and not s["ok"] for s in self._ledger.stage_timings(self.run_id)

@@ -4,6 +4,7 @@ reason and the estimated start; ``--all`` adds the ones that left it (admitted, 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from sailor_tasks.cli.output import print_json, print_table
@@ -74,7 +75,10 @@ def cmd_queue(args: argparse.Namespace) -> int:
     from sailor_tasks.ledger import Ledger
 
     settings = Settings.from_env()
-    rows = queue_rows(Ledger(settings.ledger_url), include_done=args.all)
+    ledger = Ledger.for_reading(settings.ledger_url)
+    if ledger is None:
+        print(f"no ledger at {settings.ledger_url_redacted} yet: no run recorded there", file=sys.stderr)
+    rows = queue_rows(ledger, include_done=args.all) if ledger else []
     if args.json:
         print_json({"policy": settings.queue_policy, "entries": rows})
         return ExitCode.OK

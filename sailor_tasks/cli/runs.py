@@ -57,8 +57,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if args.limit < 1:
         print(f"error: --limit {args.limit} must be at least 1", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    ledger = Ledger(Settings.from_env().ledger_url)
-    found = ledger.list_runs(limit=args.limit, team=args.team, status=statuses)
+    settings = Settings.from_env()
+    ledger = Ledger.for_reading(settings.ledger_url)
+    if ledger is None:
+        print(f"no ledger at {settings.ledger_url_redacted} yet: no run recorded there", file=sys.stderr)
+    found = ledger.list_runs(limit=args.limit, team=args.team, status=statuses) if ledger else []
     rows = [{k: r[k] for k in RUN_LIST_FIELDS} for r in found]
     if args.json:
         print_json(rows)

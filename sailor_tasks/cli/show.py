@@ -33,10 +33,18 @@ def not_found_message(ctx: Any, run_id: str) -> str:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from sailor_tasks.cli.submit import next_steps
+    from sailor_tasks.settings import Settings
     from sailor_tasks.stages import StageContext
     from sailor_tasks.stages.summary import run_report
 
-    ctx = StageContext.from_env()
+    settings = Settings.from_env()
+    ctx = StageContext.for_reading(settings)
+    if ctx is None:
+        print(
+            f"error: no run {args.run_id!r}: there is no ledger at {settings.ledger_url_redacted} yet",
+            file=sys.stderr,
+        )
+        return ExitCode.NOT_FOUND
     report = run_report(ctx, args.run_id)
     if report is None:
         print(f"error: {not_found_message(ctx, args.run_id)}", file=sys.stderr)

@@ -188,6 +188,35 @@ def _check_known(current: str | None, script_location: Path | None) -> None:
         )
 
 
+def missing_sqlite_file(url: str) -> bool:
+    """Whether ``url`` names a SQLite file that does not exist (yet)."""
+    import os
+
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    return (
+        u.get_backend_name() == "sqlite"
+        and u.database not in (None, "", ":memory:")
+        and not os.path.exists(u.database)
+    )
+
+
+def check_current(engine: Engine) -> None:
+    """Raise ``LedgerSchemaError`` unless the ledger is at this SAILOR's newest revision (for a
+    process that reads it and must not upgrade it)."""
+    head = head_revision()
+    with engine.connect() as conn:
+        current = current_revision(conn)
+    if current == head:
+        return
+    _check_known(current, None)
+    raise LedgerSchemaError(
+        f"the ledger is at revision {current or '(none)'}, behind this SAILOR's {head!r}: "
+        "`sailor db upgrade` brings it up (a command that only reads the ledger changes nothing)"
+    )
+
+
 def ensure_current(engine: Engine, attempts: int = 5) -> None:
     """Bring the ledger to the head unless it is there already (one query when it is). Processes
     racing on a new ledger retry: PostgreSQL serialises them with a lock; on SQLite the loser of a

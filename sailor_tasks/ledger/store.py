@@ -196,10 +196,31 @@ def _assignment(row: Mapping[str, Any]) -> Assignment:
 
 
 class Ledger:
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, upgrade: bool = True):
+        """``upgrade`` False: the ledger must be at this SAILOR's revision already
+        (``LedgerSchemaError`` else), as for a command that only reads it."""
         self.url = url
         self.engine = open_engine(url)
-        migrate.ensure_current(self.engine)  # alembic: a new or older ledger is upgraded to the head
+        if upgrade:
+            migrate.ensure_current(self.engine)  # alembic: a new or older ledger is upgraded to the head
+        else:
+            try:
+                migrate.check_current(self.engine)
+            except BaseException:
+                self.engine.dispose()
+                raise
+
+    @classmethod
+    def for_reading(cls, url: str) -> Ledger | None:
+        """The ledger at ``url`` for a command that only reads it: nothing is created or upgraded.
+        None when ``url`` names a SQLite file that does not exist (nothing recorded there yet).
+
+        Raises:
+            LedgerSchemaError: the ledger is not at this SAILOR's revision.
+        """
+        if migrate.missing_sqlite_file(url):
+            return None
+        return cls(url, upgrade=False)
 
     # --- runs ------------------------------------------------------------------------------
     def upsert_run(self, run_id: str, **fields: Any) -> None:

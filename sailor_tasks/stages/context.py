@@ -27,6 +27,17 @@ class StageContext:
     def from_env(cls) -> StageContext:
         return cls(Settings.from_env())
 
+    @classmethod
+    def for_reading(cls, settings: Settings) -> StageContext | None:
+        """A context whose ledger is only read (``Ledger.for_reading``: not created, not
+        upgraded); None when there is no ledger yet."""
+        ledger = Ledger.for_reading(settings.ledger_url)
+        if ledger is None:
+            return None
+        ctx = cls(settings)
+        ctx.__dict__["ledger"] = ledger  # what the cached property would hold
+        return ctx
+
     @functools.cached_property
     def ledger(self) -> Ledger:
         return Ledger(self.settings.ledger_url)

@@ -110,3 +110,30 @@ def test_a_ledger_a_newer_sailor_migrated_or_without_its_driver_is_one_line_too(
     assert capsys.readouterr().err.startswith(
         "error: --ledger-url 'foo://bar' is not a usable SQLAlchemy URL"
     )
+
+
+def test_commands_that_only_read_neither_create_nor_upgrade_a_ledger(settings, tmp_path, monkeypatch, capsys):
+    """A mistyped SAILOR_LEDGER_URL names a file that does not exist: `runs` and `queue` say so
+    and list nothing, `show` finds no run, and no file or folder appears. A ledger behind this
+    SAILOR's revision is refused (`sailor db upgrade` brings it up), not upgraded under the
+    workers that use it."""
+    typo = tmp_path / "typo" / "ledgr.db"
+    monkeypatch.setenv("SAILOR_LEDGER_URL", f"sqlite:///{typo}")
+    for command in (["runs"], ["queue"], ["runs", "--json"]):
+        assert sailor(command) == 0
+        assert f"no ledger at sqlite:///{typo} yet" in capsys.readouterr().err
+    assert sailor(["show", "run-1"]) == 3
+    assert "there is no ledger at" in capsys.readouterr().err
+    assert not typo.parent.exists()
+
+    old = tmp_path / "old.db"
+    engine = create_engine(f"sqlite:///{old}")
+    first = migrate.revisions()[0]
+    migrate.upgrade(engine, first)
+    monkeypatch.setenv("SAILOR_LEDGER_URL", f"sqlite:///{old}")
+    for command in (["runs"], ["queue"], ["show", "run-1"]):
+        assert sailor(command) == 2
+        err = capsys.readouterr().err
+        assert "behind this SAILOR's" in err and "sailor db upgrade" in err and len(err.splitlines()) == 1
+    with engine.connect() as conn:
+        assert migrate.current_revision(conn) == first  # unchanged
