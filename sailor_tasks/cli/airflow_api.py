@@ -32,6 +32,22 @@ class AirflowAPIError(SailorError):
         super().__init__(f"{method} {path} -> HTTP {status}: {detail}")
 
 
+class NotAirflowAPIError(AirflowAPIError):
+    """The server answered, but not as Airflow's REST API does (JSON): an HTML page, as Airflow's
+    UI answers any path it does not know, for a URL that is not the API server's root."""
+
+
+def run_completed(tasks: Mapping[str, str]) -> bool:
+    """Whether a dag run's work completed, from its task states (task id → state): its
+    ``finalize`` succeeded (``sailor_train``), or, in another DAG, every task but a ``teardown``
+    did. A run marked failed by a cancel skips the tasks it had not started; once its teardown
+    ends, Airflow calls the run ``success`` all the same."""
+    if "finalize" in tasks:
+        return tasks["finalize"] == "success"
+    work = [state for task, state in tasks.items() if task != "teardown"]
+    return bool(work) and all(state == "success" for state in work)
+
+
 def _detail(resp: requests.Response) -> Any:
     try:
         body = resp.json()
@@ -102,8 +118,21 @@ class AirflowClient:
         )
         if resp.status_code not in (200, 201):
             raise AirflowAPIError("POST", "/auth/token", resp.status_code, _detail(resp))
-        self.token = resp.json()["access_token"]
+        try:
+            self.token = resp.json()["access_token"]
+        except (ValueError, KeyError, TypeError):
+            raise self._not_the_api("POST", "/auth/token", resp) from None
         return self.token
+
+    def _not_the_api(self, method: str, path: str, resp: requests.Response) -> NotAirflowAPIError:
+        what = resp.headers.get("content-type") or "no content type"
+        return NotAirflowAPIError(
+            method,
+            path,
+            resp.status_code,
+            f"not Airflow's REST API at {self.base_url} (the answer is {what}): give the API "
+            "server's root URL, without /api/v2",
+        )
 
     def request(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kwargs: Any) -> Any:
         """Send one authenticated request; return the decoded JSON body (or raise AirflowAPIError)."""
@@ -123,8 +152,9 @@ class AirflowClient:
             raise AirflowAPIError(method, path, resp.status_code, _detail(resp))
         if not resp.content:
             return None
-        ctype = resp.headers.get("content-type", "")
-        return resp.json() if "json" in ctype else resp.text
+        if "json" not in resp.headers.get("content-type", ""):
+            raise self._not_the_api(method, path, resp)
+        return resp.json()
 
     # --- DAGs and runs ----------------------------------------------------------------------------
     def get_dag(self, dag_id: str) -> dict[str, Any]:
@@ -270,8 +300,8 @@ def exit_code_of(exc: BaseException) -> ExitCode:
     """The ``sailor`` exit status for an error talking to Airflow: refused credentials or params are
     bad input (2); a missing DAG, run or log, or an unreachable server, is not found (3)."""
     if isinstance(exc, AirflowAPIError):
-        if exc.status == 404:
-            return ExitCode.NOT_FOUND
+        if exc.status == 404 or exc.status >= 500 or isinstance(exc, NotAirflowAPIError):
+            return ExitCode.NOT_FOUND  # no such thing, or no Airflow API (yet) at that URL
         if exc.status in (400, 401, 403, 409, 422):
             return ExitCode.BAD_INPUT
         return ExitCode.FAILED

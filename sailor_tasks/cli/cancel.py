@@ -29,13 +29,20 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from sailor_tasks.cli.airflow_api import TERMINAL_RUN_STATES, AirflowAPIError
+    from sailor_tasks.cli.airflow_api import TERMINAL_RUN_STATES, AirflowAPIError, run_completed
 
     client = client_from_args(args)
+
+    def tasks() -> dict[str, str]:
+        return {ti["task_id"]: ti["state"] or "none" for ti in client.task_instances(args.dag_id, args.run_id)}
+
     try:
         state = client.dag_run(args.dag_id, args.run_id)["state"]
         if state in TERMINAL_RUN_STATES:
             print(f"run {args.run_id} already ended ({state}); nothing to cancel", file=sys.stderr)
+            return ExitCode.OK
+        if run_completed(tasks()):  # only its teardown is left: marking it failed would undo a success
+            print(f"run {args.run_id} already completed its work; nothing to cancel", file=sys.stderr)
             return ExitCode.OK
         client.set_run_state(args.dag_id, args.run_id, "failed")
         print(
@@ -47,7 +54,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         if args.no_wait:
             return ExitCode.OK
         state = client.wait(args.dag_id, args.run_id, timeout_s=args.timeout, poll_s=args.poll)
-        if state != "failed":
+        if state != "failed" and run_completed(tasks()):
+            # It completed before the mark reached its tasks: a success, left as it is.
+            print(f"run {args.run_id} completed before the cancel reached it", file=sys.stderr)
+        elif state != "failed":
             # Marking a run failed skips its tasks that had not started; when teardown then ends,
             # Airflow judges the run by those skipped leaves and calls it a success. Now that no
             # teardown is pending, marking it failed sets the run's state itself.

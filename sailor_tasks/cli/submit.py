@@ -63,7 +63,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     """Trigger ``sailor_train`` through Airflow's REST API with params from a JSON file and ``--set``
     overrides; follow it."""
     from sailor_tasks.catalog import load_catalog
-    from sailor_tasks.cli.airflow_api import AirflowAPIError
+    from sailor_tasks.cli.airflow_api import AirflowAPIError, run_completed
     from sailor_tasks.errors import CatalogError, InvalidRequestError, InvalidRequestErrors
     from sailor_tasks.placement import catalog_errors
     from sailor_tasks.request import from_params
@@ -91,13 +91,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
             return ExitCode.BAD_INPUT
     client = client_from_args(args)
     try:
-        if client.get_dag(args.dag_id).get("is_paused"):
-            if not args.unpause:
-                print(f"error: {paused_message(args.dag_id, args.airflow_url)}", file=sys.stderr)
-                return ExitCode.FAILED
+        paused = bool(client.get_dag(args.dag_id).get("is_paused"))
+        if paused and not args.unpause:
+            print(f"error: {paused_message(args.dag_id, args.airflow_url)}", file=sys.stderr)
+            return ExitCode.FAILED
+        # Triggered first (the run waits while the DAG is paused), unpaused after: params Airflow
+        # refuses leave the DAG paused, not running its schedule.
+        run = client.trigger(args.dag_id, params, note=args.note)
+        if paused:
             client.unpause(args.dag_id)
             print(f"unpaused DAG {args.dag_id}", file=sys.stderr)
-        run = client.trigger(args.dag_id, params, note=args.note)
     except (AirflowAPIError, ValueError, OSError) as exc:
         where = f"Airflow at {args.airflow_url}"
         print(f"error: {where}: {exc}", file=sys.stderr)
@@ -125,11 +128,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\nstopped following run {run_id}; {goes_on}", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    if state == "success":
+        # A cancelled run ends "success" once its teardown does (the tasks the cancel skipped
+        # count as done): it succeeded only if its work completed.
+        try:
+            tasks = {ti["task_id"]: ti["state"] or "none" for ti in client.task_instances(args.dag_id, run_id)}
+        except (AirflowAPIError, OSError) as exc:
+            print(f"error: reading the tasks of run {run_id}: {exc}", file=sys.stderr)
+            return exit_code_of(exc)
+        if not run_completed(tasks):
+            print(f"run {run_id} was cancelled (its work did not complete)", file=sys.stderr)
+            state = "cancelled"
     print(state, flush=True)
     if state == "success" and args.dag_id == "sailor_train":
         try:
             summary = client.xcom(args.dag_id, run_id, "finalize")
             print(summary.get("summary_md", ""), file=sys.stderr)
-        except AirflowAPIError:
+        except (AirflowAPIError, OSError):
             pass
     return ExitCode.OK if state == "success" else ExitCode.FAILED

@@ -61,3 +61,43 @@ def test_a_task_log_is_its_lines_without_airflows_block_of_log_sources():
     session.sources = session.sources[:1]  # the task ended
     session.lines = ["line 1", "line 2", "line 3", "Task failed with exception"]
     assert logs.lines(task)[2:] == ["line 3", "Task failed with exception"]
+
+
+class _HtmlSession:
+    """Airflow 3's API server answers a path it does not know with the UI's HTML page and 200."""
+
+    def request(self, method, url, headers=None, timeout=None, **kwargs):
+        return SimpleNamespace(
+            status_code=200, content=b"<!doctype html>", headers={"content-type": "text/html"}
+        )
+
+
+def test_a_url_that_is_not_the_api_servers_root_is_named_not_a_traceback():
+    import pytest
+
+    from sailor_tasks.cli.airflow_api import NotAirflowAPIError, exit_code_of
+    from sailor_tasks.errors import ExitCode
+
+    client = AirflowClient("http://localhost:8080/api/v2", token="a-token")
+    client.session = _HtmlSession()
+    with pytest.raises(
+        NotAirflowAPIError, match=r"not Airflow's REST API at http://localhost:8080/api/v2 .*text/html"
+    ):
+        client.dag_run("sailor_train", "manual__1")
+    try:
+        client.get_dag("sailor_train")
+    except NotAirflowAPIError as exc:
+        assert exit_code_of(exc) == ExitCode.NOT_FOUND
+
+
+def test_a_server_error_is_unreachable_not_a_failed_run():
+    from sailor_tasks.cli.airflow_api import AirflowAPIError, exit_code_of
+    from sailor_tasks.errors import ExitCode
+
+    for status in (502, 503, 504):
+        assert (
+            exit_code_of(AirflowAPIError("GET", "/api/v2/dags/x", status, "starting")) == ExitCode.NOT_FOUND
+        )
+    assert (
+        exit_code_of(AirflowAPIError("POST", "/api/v2/dags/x/dagRuns", 409, "exists")) == ExitCode.BAD_INPUT
+    )

@@ -15,6 +15,16 @@ class FakeAirflow:
     def __init__(self, state: str = "running", after_teardown: str = "failed"):
         self.state, self.after_teardown = state, after_teardown
         self.calls: list[tuple] = []
+        self.tasks = {"plan": "success", "train": "running", "finalize": "none", "teardown": "none"}
+        self.after_tasks = {
+            "plan": "success",
+            "train": "failed",
+            "finalize": "skipped",
+            "teardown": "success",
+        }
+
+    def task_instances(self, dag_id, run_id):
+        return [{"task_id": t, "state": s} for t, s in self.tasks.items()]
 
     def dag_run(self, dag_id, run_id):
         self.calls.append(("dag_run", dag_id, run_id))
@@ -29,7 +39,7 @@ class FakeAirflow:
 
     def wait(self, dag_id, run_id, timeout_s, poll_s):
         self.calls.append(("wait", dag_id, run_id))
-        self.state = self.after_teardown
+        self.state, self.tasks = self.after_teardown, self.after_tasks
         return self.state
 
 
@@ -55,6 +65,23 @@ def test_a_run_airflow_ended_as_success_after_teardown_is_marked_failed_again(ai
     marks = [c for c in airflow.calls if c[0] == "set_run_state"]
     assert len(marks) == 2 and airflow.state == "failed"
     assert capsys.readouterr().out.strip() == "failed"
+
+
+def test_a_run_whose_work_completed_is_not_cancelled(airflow, capsys):
+    """Only its teardown is left (finalize succeeded): marking it failed would turn a success
+    into a failure."""
+    airflow.tasks = {"train": "success", "finalize": "success", "teardown": "running"}
+    assert sailor(["cancel", RUN_ID]) == 0
+    assert not [c for c in airflow.calls if c[0] == "set_run_state"]
+    assert "already completed its work" in capsys.readouterr().err
+
+
+def test_a_run_that_completed_before_the_cancel_reached_it_stays_a_success(airflow, capsys):
+    airflow.after_teardown = "success"
+    airflow.after_tasks = {"train": "success", "finalize": "success", "teardown": "success"}
+    assert sailor(["cancel", RUN_ID]) == 0
+    assert len([c for c in airflow.calls if c[0] == "set_run_state"]) == 1 and airflow.state == "success"
+    assert capsys.readouterr().out.strip() == "success"
 
 
 def test_cancel_of_an_ended_run_changes_nothing(airflow, capsys):

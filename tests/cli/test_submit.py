@@ -58,12 +58,12 @@ def test_paused_dag_is_not_triggered_and_the_message_says_how_to_unpause(params,
     assert [c[0] for c in airflow.calls] == ["get_dag"]
 
 
-def test_unpause_flag_unpauses_then_triggers_and_prints_the_next_commands(params, airflow, capsys):
+def test_unpause_flag_triggers_then_unpauses_and_prints_the_next_commands(params, airflow, capsys):
     assert sailor(["submit", params, "--no-wait", "--unpause"]) == 0
     assert airflow.calls == [
         ("get_dag", "sailor_train"),
+        ("trigger", "sailor_train", True),  # the run waits while the DAG is paused
         ("unpause", "sailor_train"),
-        ("trigger", "sailor_train", False),
     ]
     out, err = capsys.readouterr()
     run_id = "manual__2026-11-22T10:00:00+00:00"
@@ -148,4 +148,34 @@ def test_following_stops_without_a_traceback_and_says_the_run_goes_on(
     assert sailor(["submit", params, "--airflow-url", "http://af:8080"]) == code
     err = capsys.readouterr().err
     assert said in err and "the run goes on" in err and "Traceback" not in err
-    assert err.rstrip().endswith("sailor cancel manual__2026-11-22T10:00:00+00:00 --airflow-url http://af:8080")
+    assert err.rstrip().endswith(
+        "sailor cancel manual__2026-11-22T10:00:00+00:00 --airflow-url http://af:8080"
+    )
+
+
+def test_params_airflow_refuses_leave_a_paused_dag_paused(params, airflow, capsys):
+    """--unpause with params Airflow refuses (400): exit 2, and the DAG is not left unpaused to
+    run its schedule."""
+    airflow.trigger_error = AirflowAPIError("POST", "/api/v2/dags/sailor_rebalance/dagRuns", 400, "bad")
+    assert sailor(["submit", params, "--no-wait", "--unpause", "--dag-id", "sailor_rebalance"]) == 2
+    assert airflow.paused and ("unpause", "sailor_rebalance") not in airflow.calls
+
+
+@pytest.mark.parametrize(
+    "tasks, printed, code",
+    [
+        ({"validate": "success", "finalize": "success", "teardown": "success"}, "success", 0),
+        ({"validate": "success", "finalize": "skipped", "teardown": "success"}, "cancelled", 1),
+    ],
+)
+def test_a_run_airflow_calls_success_succeeded_only_if_its_work_completed(
+    params, airflow, capsys, tasks, printed, code
+):
+    """A cancelled run ends "success" once its teardown does (the skipped tasks count as done):
+    submit reports it cancelled and exits 1."""
+    airflow.paused = False
+    airflow.wait = lambda *a, **k: "success"
+    airflow.task_instances = lambda dag_id, run_id: [{"task_id": t, "state": s} for t, s in tasks.items()]
+    airflow.xcom = lambda *a: {"summary_md": "## summary"}
+    assert sailor(["submit", params]) == code
+    assert capsys.readouterr().out.splitlines()[-1] == printed
