@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -118,6 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _from_sqlalchemy(exc):
             raise
         return _ledger_error(exc, getattr(args, "ledger_url", None))
+    except BrokenPipeError:
+        # The reader went away (`sailor runs | head`): no traceback, and none at exit either, when
+        # Python flushes stdout into the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return ExitCode.FAILED
 
 
 def _from_sqlalchemy(exc: BaseException) -> bool:

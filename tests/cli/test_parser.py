@@ -142,3 +142,18 @@ def test_an_unreadable_catalog_file_is_bad_input_named_without_a_traceback(
     err = capsys.readouterr().err
     assert "error: the catalog cannot be loaded" in err and "/nonexistent/offers.csv" in err
     assert "Traceback" not in err
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path):
+    """`sailor catalog --json | head -c 10`: the command stops with status 1, quietly."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SAILOR_STATE_DIR": str(tmp_path)}
+    cmd = [sys.executable, "-m", "sailor_tasks.cli", "catalog", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
