@@ -271,7 +271,8 @@ def rank(
 
 def admission_pass(ranked: Sequence[Ranked], try_admit: Callable[[Ranked], bool | None]) -> list[str]:
     """Admit in ``ranked`` order: ``try_admit`` reserves the run's capacity and answers True
-    (admitted), False (it does not fit now) or None (it left the queue: no effect on others).
+    (admitted), False (it does not fit now) or None (it left the queue, or could not be tried in
+    this pass: no effect on others).
     A run that does not fit holds back every non-urgent run behind it that waits for one of the
     same GPU types (no backfill past it, so it is not starved by smaller runs), and so does a run
     held back itself, on all its types (a later run must not take the GPUs an earlier one waits

@@ -21,6 +21,7 @@ The rules, in the order a pass applies them:
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -34,6 +35,8 @@ from sailor_tasks.errors import (
     SailorError,
 )
 from sailor_tasks.queue.admission import HeldRun, QueuedRun, Ranked, admission_pass, rank
+
+logger = logging.getLogger(__name__)
 
 
 class Reserver(Protocol):
@@ -187,6 +190,12 @@ def admit(
             return None
         except InvalidRequestError as exc:
             fail(run, f"{type(exc).__name__}: {exc}")
+            return None
+        except Exception:
+            # Anything else (its dataset's manifest unreadable, a storage error) is this run's:
+            # it stays queued for the next pass, and the pass goes on with the others; one bad
+            # entry must not stop every admission (nor fail the run whose plan ran the pass).
+            logger.warning("queued run %s could not be tried in this pass; it waits", run.run_id, exc_info=True)
             return None
         settled.add(run.run_id)
         return True if admitted else None

@@ -823,3 +823,28 @@ def test_the_reconcilers_admission_pass_reads_the_clock_when_it_runs(ctx, monkey
     given = dt.datetime(2026, 11, 29, 12, tzinfo=dt.UTC)
     queueing.reconcile(ctx, now=given)
     assert passes == [None, given]  # None: admit_queued reads the clock itself
+
+
+def test_a_queued_run_that_cannot_be_tried_waits_and_the_pass_goes_on(tight, demo_dataset, settings):
+    """run-2's dataset manifest turns unreadable while it waits: trying it raises. The pass tries
+    the others all the same (run-3 waits behind run-1, its own plan is not failed; the teardown
+    of run-1 admits run-3), and run-2 stays queued for a later pass."""
+    from sailor_tasks import storage
+    from sailor_tasks.data.demo import write_demo_dataset
+    from sailor_tasks.data.manifest import manifest_uri
+
+    ctx = tight
+    other = "sailor://source/other-corpus"
+    write_demo_dataset(storage.resolve(other, settings), num_shards=2, shard_bytes=64_000)
+    stages.plan(submit(ctx, "run-1", demo_dataset), "run-1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "run-2", other, team="b"), "run-2", ctx)
+    fs, path = storage.filesystem(manifest_uri(storage.resolve(other, settings)))
+    with fs.open(path, "w") as f:
+        f.write("{not json")
+    with pytest.raises(RunQueuedError):  # not the other run's DataIntegrityError
+        stages.plan(submit(ctx, "run-3", demo_dataset, team="c"), "run-3", ctx)
+    stages.reconcile(ctx)  # its admission pass goes on too
+    stages.teardown("run-1", ctx)
+    assert ctx.ledger.queue_entry("run-3")["state"] == "admitted"
+    assert ctx.ledger.queue_entry("run-2")["state"] == "queued"
