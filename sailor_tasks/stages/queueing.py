@@ -222,10 +222,12 @@ def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
     """Hours the run holds capacity: training, the data copy and one launch. Training comes from
     the speed learned from past attempts of the same workload on the same backend
     (``learned_hours``, launch included) when there are any, else from the placement engine's
-    estimate (``queue.estimate_hours``: the run's best on-demand offer, its fastest when it has a
-    deadline, which is what its latest start must allow for) plus one launch; for a run with a
-    deadline, the smaller of the two. Capacity held by others is ignored (an estimate of the run,
-    not of the wait). None: no offer can run it."""
+    estimate (``queue.estimate_hours``: the run's best on-demand offer) plus one launch. A run with
+    a deadline always takes the engine's estimate on its fastest offer: its latest start must be
+    the last moment the engine's deadline rule, which admission applies, still lets an offer meet
+    the deadline (from learned speeds it was later, and the run failed before it, never urgent).
+    Capacity held by others is ignored (an estimate of the run, not of the wait). None: no offer
+    can run it."""
     from sailor_tasks.placement.context import RESTART_HOURS
     from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state
@@ -237,13 +239,8 @@ def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
     if est is None:
         return None
     engine = est.hours + RESTART_HOURS
-    learned = learned_hours(ctx, req)
-    if learned is None:
-        return engine + est.data_hours
-    # A deadline run's latest start must allow for its fastest offer: speeds learned on slower
-    # GPUs (a run of any type) would move it earlier and fail the run while a faster offer could
-    # still meet the deadline.
-    return (min(learned, engine) if req.deadline_hours is not None else learned) + est.data_hours
+    learned = learned_hours(ctx, req) if req.deadline_hours is None else None
+    return (engine if learned is None else learned) + est.data_hours
 
 
 def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:

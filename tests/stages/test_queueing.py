@@ -848,3 +848,73 @@ def test_a_queued_run_that_cannot_be_tried_waits_and_the_pass_goes_on(tight, dem
     stages.teardown("run-1", ctx)
     assert ctx.ledger.queue_entry("run-3")["state"] == "admitted"
     assert ctx.ledger.queue_entry("run-2")["state"] == "queued"
+
+
+def test_a_deadline_runs_latest_start_is_the_engines_even_with_faster_learned_speeds(tight, demo_dataset):
+    """Past attempts ran the workload at 100 steps/s, far faster than the engine estimates. The
+    engine's deadline rule is what admission applies, so a deadline run's latest start allows for
+    the engine's hours: it waits until then (urgent near it), and fails at it, not before."""
+    import dataclasses
+
+    from sqlalchemy import update
+
+    from sailor_tasks.ledger import schema as t
+    from sailor_tasks.model import JobRequest, from_dict
+    from sailor_tasks.placement.index import index_for
+    from sailor_tasks.placement.reservations import ledger_state
+    from sailor_tasks.queue import estimate_hours
+    from sailor_tasks.stages.queueing import admit_queued, learned_hours
+
+    ctx = tight
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    placement = {
+        "gpu_type": "T4",
+        "num_gpus": 2,
+        "market": "on_demand",
+        "region": "us-central1",
+        "zone": ZONE,
+    }
+    for i in range(3):
+        run_id = f"past-{i}"
+        submit(ctx, run_id, demo_dataset)
+        ctx.ledger.start_attempt(run_id, 1, 1, placement, {})
+        ctx.ledger.end_attempt(run_id, 1, "completed", step=1010, resumed_from_step=10)
+        with ctx.ledger.engine.begin() as c:  # 1,000 steps in 10 s
+            c.execute(
+                update(t.run_attempts)
+                .where(t.run_attempts.c.run_id == run_id)
+                .values(started_at=start, ended_at=start + dt.timedelta(seconds=10))
+            )
+    steps = 200_000
+    probe = from_dict(JobRequest, submit(ctx, "probe", demo_dataset, total_steps=steps))
+    catalog = ctx.planning_catalog()
+    est = estimate_hours(
+        dataclasses.replace(probe, deadline_hours=1.0),
+        catalog,
+        ledger_state(ctx.ledger, probe, ""),
+        index_for(catalog, ctx.planning_table()),
+    )
+    from sailor_tasks.placement.context import RESTART_HOURS
+
+    engine_h = est.hours + RESTART_HOURS + est.data_hours
+    assert learned_hours(ctx, probe) < engine_h / 2
+    stages.plan(submit(ctx, "holder", demo_dataset), "holder", ctx)
+    req = submit(
+        ctx,
+        "dl",
+        demo_dataset,
+        team="b",
+        total_steps=steps,
+        deadline_hours=engine_h + 0.5,
+        market="on_demand",
+    )
+    with pytest.raises(RunQueuedError):
+        stages.plan(req, "dl", ctx)
+    entry = ctx.ledger.queue_entry("dl")
+    latest_h = (entry["latest_start_at"] - entry["enqueued_at"]).total_seconds() / 3600
+    assert latest_h == pytest.approx(0.5, abs=0.02)
+    admit_queued(ctx, entry["enqueued_at"] + dt.timedelta(hours=0.3))
+    assert ctx.ledger.queue_entry("dl")["state"] == "queued"  # not failed before its latest start
+    admit_queued(ctx, entry["latest_start_at"] + dt.timedelta(minutes=1))
+    after = ctx.ledger.queue_entry("dl")
+    assert after["state"] == "failed" and "latest start" in after["reason"]
