@@ -8,7 +8,8 @@ The rules, in the order a pass applies them:
 
 1. A run past ``wait_until_s`` (``max_queue_hours``) times out. A run arriving in this pass
    (``arriving``: one that may not wait, ``max_queue_hours`` 0, and found others waiting) is
-   tried first, and times out at the end of the pass if it was not admitted.
+   tried in the policy's order like the others, and times out at the end of the pass if it was
+   not admitted.
 2. The others are ranked (``admission.rank``) and tried in that order (``admission_pass``): a run
    that does not fit holds back the runs behind it that wait for the same GPU types.
 3. An urgent run (near its latest start) that its own market cannot take is tried on-demand,
