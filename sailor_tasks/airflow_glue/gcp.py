@@ -32,8 +32,7 @@ from sailor_tasks.train.config import TrainConfig
 logger = logging.getLogger(__name__)
 
 DEFAULT_CONN_ID = "google_cloud_default"
-POD_STARTUP_TIMEOUT_S = 30 * 60
-"""A fresh GPU node (autoscaler scale-up, image pull, driver install) takes minutes to be ready."""
+POD_STARTUP_TIMEOUT_S = gke.POD_STARTUP_TIMEOUT_S
 POD_POLL_INTERVAL_S = int(LEASE_RENEWAL_S["gke"])
 """Seconds between the triggerer's status reads of a training pod: training runs for minutes to
 days, and each read is one API call per pod; 15 s adds at most that to noticing the end."""

@@ -67,6 +67,12 @@ graceful termination period beyond 30 s (GKE docs, "Spot VMs": graceful terminat
 
 RENDEZVOUS_PORT = 29500
 """torchrun's static rendezvous (TCPStore) port on node rank 0."""
+POD_STARTUP_TIMEOUT_S = 30 * 60
+"""How long a training pod may take to start: a fresh GPU node (autoscaler scale-up, image pull,
+driver install) takes minutes to be ready."""
+RENDEZVOUS_TIMEOUT_S = POD_STARTUP_TIMEOUT_S + 5 * 60
+"""How long the nodes of a multi-node run wait for each other in torchrun's rendezvous: longer than
+a pod may take to start (torchrun's own 900 s would fail a run whose last node starts late)."""
 
 TEARDOWN_MODES = ("delete", "scale_to_zero")
 GCS_BUCKET_TEMPLATE = "gs://{project}-sailor-{bucket}"
@@ -423,6 +429,7 @@ def train_command(
             f"--node-rank={node_rank}",
             f"--master-addr={host}",
             f"--master-port={RENDEZVOUS_PORT}",
+            f"--rdzv-conf=timeout={RENDEZVOUS_TIMEOUT_S}",
         ]
     if command:
         return [*cmd, "--no-python", *command]
@@ -684,7 +691,10 @@ def classify_pod_end(pod: Any, node: Any, *, spot: bool, node_gone: bool = False
     if reason in NODE_SHUTDOWN_REASONS or "node shutdown" in message.lower():
         return PodEnd("preempted", f"node shutdown ({reason}: {message})".strip(), code)
     if any(c.reason in ("TerminationByKubelet", "DeletionByPodGC") for c in disrupted):
-        return PodEnd("preempted", f"disrupted by {disrupted[0].reason}", code)
+        # The kubelet's termination is the node's graceful shutdown (the notice); the pod garbage
+        # collector deletes the pods of a node already gone (none).
+        noticed = any(c.reason == "TerminationByKubelet" for c in disrupted)
+        return PodEnd("preempted", f"disrupted by {disrupted[0].reason}", code, noticed=noticed)
     if code == PREEMPTED_EXIT_CODE:
         return PodEnd("preempted", "the trainer saved on a notice (exit status 75)", code)
     reclaimed = "node gone" if node_gone else _node_reclaimed(node)

@@ -16,6 +16,7 @@ import pytest
 from sailor_tasks.backends import TrainLaunch, get_backend
 from sailor_tasks.backends.gke import (
     CONTAINER_NAME,
+    POD_STARTUP_TIMEOUT_S,
     GkeBackend,
     GkeConfig,
     PendingOperation,
@@ -221,6 +222,9 @@ def test_multi_node_pods_rendezvous_on_node_zero_through_a_headless_service():
         kubernetes_validate.validate(manifest, K8S, strict=True)
         cmd = manifest["spec"]["containers"][0]["command"]
         assert "--nnodes=3" in cmd and f"--master-addr={host}" in cmd
+        # the nodes wait for each other as long as a pod may take to start, not torchrun's 900 s
+        timeout = int(next(a for a in cmd if a.startswith("--rdzv-conf=timeout=")).split("=")[-1])
+        assert timeout > POD_STARTUP_TIMEOUT_S > 900
         ranks.append(next(a for a in cmd if a.startswith("--node-rank=")))
     assert ranks == ["--node-rank=0", "--node-rank=1", "--node-rank=2"]
     assert len({p.metadata.name for p in pods}) == 3
@@ -811,6 +815,14 @@ def _node(taints=(), ready="True"):
             False,
             "preempted",
             True,
+        ),
+        (  # the pod garbage collector deletes the pods of a node already gone: no notice
+            _ended_pod(137, conditions=[("DisruptionTarget", "DeletionByPodGC")]),
+            None,
+            True,
+            True,
+            "preempted",
+            False,
         ),
         (None, None, True, False, "preempted", False),  # the pod went with its node
         (_ended_pod(137), None, True, True, "preempted", False),  # node deleted
