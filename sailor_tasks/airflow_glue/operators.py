@@ -115,6 +115,16 @@ def _check_operation_event(
     what the run had created."""
     event = event or {}
     _fail_if_reclaimed(task, context, event)
+    if pending is not None and pending.get("phase") == "busy" and event.get("status") != "success":
+        # Not the run's operation (another run's, a GKE upgrade): provisioning looks again.
+        task.log.warning(
+            "GKE operation %s (%s), not this run's: %s: %s; provisioning goes on",
+            pending.get("name"),
+            pending.get("what"),
+            event.get("status"),
+            event.get("message"),
+        )
+        return
     if pending is None or event.get("status") != "success":
         raise RuntimeError(
             f"GKE operation {(pending or {}).get('name')} ({(pending or {}).get('what')}) did not "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -774,6 +775,17 @@ def _is_already_exists(exc: BaseException) -> bool:
     )
 
 
+def _is_failed_precondition(exc: BaseException) -> bool:
+    """400 ``FailedPrecondition``: GKE refuses an operation while the cluster runs another."""
+    from google.api_core import exceptions
+
+    return isinstance(exc, exceptions.FailedPrecondition)
+
+
+BUSY_RETRIES = 3
+"""Operations on a busy cluster a node pool's deletion waits for before it gives up."""
+
+
 def _is_not_found(exc: BaseException) -> bool:
     from google.api_core import exceptions
 
@@ -796,8 +808,10 @@ def operation_waits_deferred() -> Iterator[None]:
         _waits_deferred.reset(token)
 
 
-PROVISION_PHASES = ("cluster", "pool")
-"""The steps of ``GkeBackend.provision_step``: the region's cluster, then the placement's pool."""
+PROVISION_PHASES = ("busy", "cluster", "pool")
+"""The steps of ``GkeBackend.provision_step``: the region's cluster, then the placement's pool;
+``busy``: an operation on the cluster that is not the run's (another run's pool or cluster, a GKE
+upgrade), waited for before provisioning starts again, whatever its outcome."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -888,8 +902,16 @@ class GkeBackend:
 
     def finish_operation(self, pending: PendingOperation) -> None:
         """Read a finished operation once and raise when it failed (the provider's trigger reports
-        an operation that ended in error as DONE too)."""
-        self.check_operation(self._client().get_operation(name=pending.path), pending.what)
+        an operation that ended in error as DONE too); another's (phase ``busy``) only logs it."""
+        self._finished(self._client().get_operation(name=pending.path), pending)
+
+    def _finished(self, op: Any, pending: PendingOperation) -> None:
+        try:
+            self.check_operation(op, pending.what)
+        except RuntimeError as exc:
+            if pending.phase != "busy":
+                raise
+            logger.warning("%s; not this run's operation: provisioning goes on", exc)
 
     def wait(self, pending: PendingOperation) -> None:
         """Poll an operation in this process until it is DONE (callers that cannot defer)."""
@@ -897,7 +919,7 @@ class GkeBackend:
         while True:
             op = self._client().get_operation(name=pending.path)
             if _status_name(op) in ("DONE", "ABORTING"):
-                self.check_operation(op, pending.what)
+                self._finished(op, pending)
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -950,6 +972,8 @@ class GkeBackend:
             raise ValueError(
                 f"after={after!r} is not a provision phase; valid: {', '.join(PROVISION_PHASES)}"
             )
+        if after == "busy":  # another's operation is over: start again
+            after = None
         cfg, region = self.cfg, placement.region
         record = self.record(run_key) or {"run_key": run_key, "backend": self.name, "pools": []}
         started = record.pop("pending", None)
@@ -979,8 +1003,12 @@ class GkeBackend:
                         return self._started(run_key, record, pending, placement)
                     after = "cluster"
         pool_name = node_pool_name(run_key, placement)
+        pool_path = f"{cfg.cluster_path(region)}/nodePools/{pool_name}"
         known = next((p for p in record["pools"] if p["name"] == pool_name), None)
         cluster_state = record.get("cluster_state", "exists")
+        if after is None and known is not None and known.get("state") in ("created", "exists"):
+            if self._pool_up(pool_path):  # its pool is there: nothing on the cluster to wait for
+                after = "pool"
         if after is None:
             cluster_state, pending = self._ensure_cluster(region, placement.zone)
             record["cluster_state"] = cluster_state
@@ -990,7 +1018,6 @@ class GkeBackend:
         version = getattr(cluster, "current_master_version", "") or ""
         extended = supports_extended_grace(version)
         body = build_node_pool_body(cfg, run_key, placement, extended_grace=extended)
-        pool_path = f"{cfg.cluster_path(region)}/nodePools/{pool_name}"
         spot = placement.market == "spot"
         entry = known or {
             "name": pool_name,
@@ -1095,6 +1122,16 @@ class GkeBackend:
         )
         return record
 
+    def _pool_up(self, pool_path: str) -> bool:
+        """The node pool exists and takes pods (RUNNING, or RECONCILING: resized or upgraded)."""
+        try:
+            pool = self._client().get_node_pool(name=pool_path)
+        except Exception as exc:
+            if _is_not_found(exc):
+                return False
+            raise
+        return _status_name(pool) in ("RUNNING", "RECONCILING")
+
     def _started(
         self, run_key: str, record: dict[str, Any], pending: PendingOperation, placement: Placement
     ) -> PendingOperation:
@@ -1186,7 +1223,7 @@ class GkeBackend:
         op = running[0]
         kind = getattr(getattr(op, "operation_type", None), "name", "") or "an operation"
         logger.info("GKE cluster %s is %s (%s): a node pool waits for it", name, status, kind)
-        return self._pending(op, "cluster", f"cluster {name} {status.lower()} ({kind})", region)
+        return self._pending(op, "busy", f"cluster {name} {status.lower()} ({kind})", region)
 
     def ensure_cluster(self, region: str, system_zone: str | None = None) -> str:
         """Create the region's cluster unless it exists, waiting here; "created" or "exists"."""
@@ -1246,6 +1283,24 @@ class GkeBackend:
         regions = dict.fromkeys([record["placement"]["region"], *(p["region"] for p in record["pools"])])
         return sum(_pod_canceller(self.cfg, region, run_key) for region in regions)
 
+    def _when_free(self, region: str, call: Callable[[], Any]) -> Any:
+        """``call()`` (an operation on a node pool of the region's cluster), waiting first for
+        the operation the cluster is busy with each time GKE refuses it meanwhile
+        (``FailedPrecondition``: one cluster operation at a time)."""
+        for _ in range(BUSY_RETRIES):
+            try:
+                return call()
+            except Exception as exc:
+                if not _is_failed_precondition(exc):
+                    raise
+                cluster = self._client().get_cluster(name=self.cfg.cluster_path(region))
+                busy = self._cluster_busy(cluster, region)
+                if busy is None:
+                    raise
+                logger.info("%s: refused while the cluster is busy; waiting for %s", exc, busy.what)
+                self._wait_until_over(busy)
+        return call()
+
     def _wait_until_over(self, pending: PendingOperation) -> None:
         """Wait for an operation provisioning started, whatever its outcome (teardown removes
         what it left either way); one GKE no longer knows is over."""
@@ -1283,10 +1338,12 @@ class GkeBackend:
             if pool.get("state") in ("deleted", "scaled_to_zero") and self.cfg.teardown != "delete":
                 continue
             try:
+                client = self._client()
                 if self.cfg.teardown == "delete":
-                    op = self._client().delete_node_pool(name=pool["path"])
+                    call = functools.partial(client.delete_node_pool, name=pool["path"])
                 else:
-                    op = self._client().set_node_pool_size(name=pool["path"], node_count=0)
+                    call = functools.partial(client.set_node_pool_size, name=pool["path"], node_count=0)
+                op = self._when_free(pool["region"], call)
                 pending = self._pending(
                     op, "pool", f"{self.cfg.teardown} node pool {pool['name']}", pool["region"]
                 )

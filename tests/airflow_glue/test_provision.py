@@ -272,3 +272,18 @@ def test_blocking_provision_waits_through_the_same_steps(gke_run, monkeypatch):
     monkeypatch.setattr(backend, "wait", finish_all)
     record = backend.provision(run_key(gke_run.run_id), dataclasses.replace(_placement(gke_run)))
     assert record["status"] == "ready" and len(gke_run.clusters.ops) == 2
+
+
+def test_another_runs_operation_that_failed_does_not_fail_the_task_that_waited_for_it(gke_run):
+    """The task waited for an operation that is not its run's (``busy``: another run's pool, a
+    GKE upgrade). Whatever the trigger reports, the task provisions on instead of failing."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    op, context = _operator(gke_run), _context(gke_run.run_id)
+    busy = {"name": "op-other", "location": REGION, "project": "acme-ml", "phase": "busy", "what": "x"}
+    gke_run.clusters.ops["op-other"] = None
+    gke_run.clusters.finish("op-other", error="ZONE_RESOURCE_POOL_EXHAUSTED (another run's pool)")
+    for event in ({"status": "success"}, {"status": "failed", "message": "ABORTING"}):
+        with pytest.raises(TaskDeferred) as cluster:  # it provisions from the start: its cluster first
+            op.resume_provision(context, event=event, pending=busy)
+        assert cluster.value.kwargs["pending"]["phase"] == "cluster"

@@ -416,11 +416,11 @@ def test_a_pool_waits_for_a_cluster_another_run_is_still_creating(gke_settings):
     fake = ExistingCluster(pl.region, "PROVISIONING")
     backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
     pending = backend.provision_step("run-1", pl)
-    assert isinstance(pending, PendingOperation) and pending.phase == "cluster"
+    assert isinstance(pending, PendingOperation) and pending.phase == "busy"
     assert pending.name == "op-other-run" and "CREATE_CLUSTER" in pending.what
     assert "create_node_pool" not in fake.calls and "create_cluster" not in fake.calls
     fake.clusters[fake.path].status = fake.clusters[fake.path].Status.RUNNING
-    record = backend.provision_step("run-1", pl, after="cluster")
+    record = backend.provision_step("run-1", pl, after=pending.phase)
     assert record["status"] == "ready" and len(fake.pools) == 1
 
 
@@ -445,7 +445,80 @@ def test_a_pool_waits_for_a_node_upgrade_that_keeps_the_cluster_reconciling(gke_
     fake.list_operations = list_operations
     pending = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0).provision_step("run-1", pl)
     assert isinstance(pending, PendingOperation) and pending.name == "op-upgrade-nodes"
-    assert pending.phase == "cluster" and "UPGRADE_NODES" in pending.what
+    assert pending.phase == "busy" and "UPGRADE_NODES" in pending.what
+
+
+@pytest.mark.gcs
+def test_a_run_whose_pool_is_up_does_not_wait_for_others_operations_on_the_cluster(gke_settings):
+    """A retried train task provisions again: its pool is there, so a node upgrade of another
+    pool (which can run for hours) is no reason to wait."""
+    from google.cloud.container_v1 import types
+
+    pl = _placement("T4", 1, 1)
+    fake = ExistingCluster(pl.region, "RUNNING")
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    assert backend.provision_step("run-1", pl)["status"] == "ready"
+    (pool,) = fake.pools.values()
+    pool.status = types.NodePool.Status.RUNNING
+    fake.clusters[fake.path].status = types.Cluster.Status.RECONCILING  # another pool's upgrade
+    record = backend.provision_step("run-1", pl)
+    assert record["status"] == "ready" and record["node_pool"] == pool.name
+    assert "list_operations" not in fake.calls  # nothing looked for something to wait on
+
+
+@pytest.mark.gcs
+def test_another_operations_failure_does_not_fail_the_run_that_waited_for_it(gke_settings):
+    """The operation the run waited for was another run's pool creation, which ran out of GPUs:
+    not this run's failure. Its wait goes on to provision (the cluster is free now)."""
+    from google.cloud.container_v1 import types
+
+    pl = _placement("T4", 1, 1)
+    fake = ExistingCluster(pl.region, "RECONCILING")
+    failed = types.Operation(
+        name="op-other-run",
+        status=types.Operation.Status.DONE,
+        error={"message": "ZONE_RESOURCE_POOL_EXHAUSTED (another run's pool)"},
+    )
+    fake.get_operation = lambda *, name: failed
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    pending = backend.provision_step("run-1", pl)
+    assert pending.phase == "busy"
+    backend.finish_operation(pending)  # logged, not raised
+    fake.clusters[fake.path].status = types.Cluster.Status.RUNNING
+    assert backend.provision_step("run-1", pl, after=pending.phase)["status"] == "ready"
+    own = PendingOperation(pending.name, pending.location, pending.project, "pool", "create node pool x")
+    with pytest.raises(RuntimeError, match="ZONE_RESOURCE_POOL_EXHAUSTED"):
+        backend.finish_operation(own)  # the run's own operation's failure is the run's
+
+
+@pytest.mark.gcs
+def test_teardown_waits_for_the_operation_a_busy_cluster_runs_then_deletes_the_pool(gke_settings):
+    """GKE refuses the deletion while another operation runs on the cluster (FailedPrecondition):
+    teardown waits for it, then deletes, instead of failing within its retries."""
+    from google.api_core.exceptions import FailedPrecondition
+    from google.cloud.container_v1 import types
+
+    pl = _placement("T4", 1, 1)
+    fake = ExistingCluster(pl.region, "RUNNING")
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    backend.provision("run-1", pl)
+    fake.clusters[fake.path].status = types.Cluster.Status.RECONCILING
+    refused = []
+    real_delete = fake.delete_node_pool
+
+    def delete_node_pool(*, name):
+        if fake.clusters[fake.path].status.name == "RECONCILING":
+            refused.append(name)
+            raise FailedPrecondition("Cluster is running incompatible operation op-other-run")
+        return real_delete(name=name)
+
+    def get_operation(*, name):  # the other operation ends once waited for
+        fake.clusters[fake.path].status = types.Cluster.Status.RUNNING
+        return types.Operation(name=name.rsplit("/", 1)[-1], status=types.Operation.Status.DONE)
+
+    fake.delete_node_pool, fake.get_operation = delete_node_pool, get_operation
+    assert backend.teardown("run-1")
+    assert len(refused) == 1 and fake.pools == {}
 
 
 @pytest.mark.gcs
