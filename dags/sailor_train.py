@@ -46,6 +46,7 @@ from sailor_tasks.airflow_glue.operators import (
     SailorTrainOperator,
 )
 from sailor_tasks.request import train_param_schemas
+from sailor_tasks.settings import STAGE_RETRIES
 
 TRAIN_RECOVERY_ATTEMPTS = 5
 """Retries of ``train``: each is one recovery from a preemption (Airflow's exponential backoff from
@@ -73,7 +74,7 @@ def _param(spec: dict) -> Param:
     max_active_runs=MAX_ACTIVE_RUNS,
     tags=["sailor", "training"],
     default_args={
-        "retries": 2,
+        "retries": STAGE_RETRIES,
         "retry_delay": timedelta(seconds=5),
         "retry_exponential_backoff": True,
         "owner": "sailor",

@@ -49,6 +49,9 @@ follow a deferred attempt renew it at each poll (``airflow_glue.gcp.POD_POLL_INT
 LEASE_RENEWALS = 3
 """A lease must last this many renewal intervals: two renewals may fail (the ledger briefly
 unreachable, a slow poll) before it expires under a run that is alive."""
+STAGE_RETRIES = 2
+"""Airflow retries of a SAILOR task (the DAGs' ``default_args``): a stage's transient error (the
+ledger or storage unreachable a moment) is tried again; a bad request fails at once."""
 SOURCE_BUCKET = "source"
 """Name of the bucket that holds datasets before SAILOR places them (``sailor://source/...``)."""
 

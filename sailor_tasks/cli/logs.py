@@ -191,8 +191,8 @@ class LocalLogs:
     def done(self) -> bool:
         """The ledger's status of a sailor_train run is final and teardown has recorded its end in
         the ledger (its log file appears when it starts, long before it has stopped and released
-        anything), or the run was rejected at ``validate``, or ``validate`` failed before it
-        recorded the run (an error, not a rejection; it has no retries): teardown, whose setups are
+        anything), or the run was rejected at ``validate``, or every try of ``validate`` failed
+        before it recorded the run (an error, not a rejection): teardown, whose setups are
         ``validate`` and ``plan``, never runs for such a run."""
         if self.dag_id != "sailor_train":
             return False
@@ -202,9 +202,12 @@ class LocalLogs:
         if not self._ledger:  # no ledger yet: nothing recorded the run
             return False
         if run is None:
-            return any(
-                s["stage"] == "validate" and not s["ok"] for s in self._ledger.stage_timings(self.run_id)
-            )
+            from sailor_tasks.settings import STAGE_RETRIES
+
+            failed = [
+                s for s in self._ledger.stage_timings(self.run_id) if s["stage"] == "validate" and not s["ok"]
+            ]
+            return len(failed) > STAGE_RETRIES  # a failed try with a retry to come is not the end
         if run["status"] not in RUN_STATUSES_DONE:
             return False
         return run["status"] == "rejected" or any(

@@ -174,18 +174,22 @@ def test_follow_of_a_run_rejected_at_validate_ends_with_its_status(tmp_path, ctx
 
 
 def test_follow_of_a_run_whose_validate_failed_before_recording_it_ends(tmp_path, ctx, monkeypatch):
-    """validate failed with an error (not a rejection) before the run had a ledger row: it has no
-    retries and teardown never runs, so its failed try is the end."""
+    """validate failed with an error (not a rejection) before the run had a ledger row, on every
+    try: teardown never runs, so its last failed try is the end (not the first: a retry comes)."""
     import pytest
 
     from sailor_tasks import stages, storage
+    from sailor_tasks.settings import STAGE_RETRIES
 
     def denied(uri, *a, **k):
         raise PermissionError(f"403 Forbidden: {uri}")
 
     monkeypatch.setattr(storage, "exists", denied)
-    with pytest.raises(PermissionError):
-        stages.validate({"dataset_uri": "sailor://source/datasets/demo-text"}, RUN_ID, ctx)
+    logs = LocalLogs(str(tmp_path), "sailor_train", RUN_ID)
+    for _ in range(STAGE_RETRIES + 1):
+        assert not logs.done()  # a retry is to come
+        with pytest.raises(PermissionError):
+            stages.validate({"dataset_uri": "sailor://source/datasets/demo-text"}, RUN_ID, ctx)
     assert ctx.ledger.get_run(RUN_ID) is None
     write_log(tmp_path, "validate", 1, [record("PermissionError: 403 Forbidden", level="error")])
     out = io.StringIO()
