@@ -159,7 +159,7 @@ def recovery_lines(ledger: Any, run_id: str) -> list[str]:
             rec = f", back to training in {p['recovery_s']:.1f} s" if p["recovery_s"] is not None else ""
             end = (
                 f"preempted {'with' if p['noticed'] else 'without'} notice at step {p['step']}: "
-                f"{p['steps_lost']} steps lost{rec}"
+                f"{'?' if p['steps_lost'] is None else p['steps_lost']} steps lost{rec}"
             )
         else:
             end = f"{a['outcome']} at step {a['step']}"

@@ -42,6 +42,7 @@ from sailor_tasks.model import RUN_STATUSES_LIVE, JobRequest, Placement, from_di
 from sailor_tasks.stages import prepare
 from sailor_tasks.stages.context import JSON, StageContext
 from sailor_tasks.stages.summary import attempt_markets, describe_attempts
+from sailor_tasks.stages.usage import end_unreported_attempt
 from sailor_tasks.strategies import PreemptionRecord, RecoveryContext, get_strategy
 from sailor_tasks.train.checkpoint.store import CheckpointStore
 from sailor_tasks.train.config import TrainConfig
@@ -154,8 +155,8 @@ def _progress(ctx: StageContext, run_id: str) -> dict[str, Any]:
     """Hours since the run was submitted and the step its newest checkpoint holds (market choice)."""
     run = ctx.ledger.get_run(run_id)
     elapsed_h = (utcnow() - aware(run["created_at"])).total_seconds() / 3600.0 if run else 0.0
-    last = ctx.ledger.preemptions(run_id, limit=1)
-    steps_done = max(0, (last[0]["step"] or 0) - (last[0]["steps_lost"] or 0)) if last else 0
+    # The step the run resumes from: its last preemption recorded its newest checkpoint's.
+    steps_done = int((run or {}).get("steps") or 0)
     return {"elapsed_h": max(0.0, elapsed_h), "steps_done": steps_done}
 
 
@@ -269,7 +270,7 @@ def begin_attempt(
             )
             return resume_attempt(ctx, request, run_id, last["attempt"], reattached=True)
         if last["outcome"] == "running":  # the previous try died before recording its end
-            ctx.ledger.end_attempt(run_id, last["attempt"], "failed", detail="ended without a report")
+            end_unreported_attempt(ctx, run_id, last, "failed", "ended without a report")
         if last["outcome"] == "preempted":
             pl, data = recover(ctx, req, pl, data, run_id, attempt)
 
@@ -406,7 +407,7 @@ def cancel_running_attempt(ctx: StageContext, run_id: str) -> int | None:
     if not rows or rows[-1]["outcome"] != "running":
         return None
     number = rows[-1]["attempt"]
-    ctx.ledger.end_attempt(run_id, number, "cancelled", detail="stopped while running (run cancelled)")
+    end_unreported_attempt(ctx, run_id, rows[-1], "cancelled", "stopped while running (run cancelled)")
     ctx.ledger.upsert_run(run_id, status="cancelled")
     logger.warning("run %s: attempt %d cancelled", run_id, number)
     return number
@@ -425,7 +426,7 @@ def end_orphaned_attempt(
     if not rows or rows[-1]["outcome"] != "running":
         return None
     number = rows[-1]["attempt"]
-    ctx.ledger.end_attempt(run_id, number, "failed", detail=detail)
+    end_unreported_attempt(ctx, run_id, rows[-1], "failed", detail)
     logger.warning("run %s: attempt %d ended as failed (%s)", run_id, number, detail)
     return number
 
@@ -451,7 +452,13 @@ def _command_result(att: Attempt, store: CheckpointStore, report: JSON, wall_s: 
 
 
 def finish_attempt(
-    ctx: StageContext, att: Attempt, rc: int, try_number: int = 1, max_tries: int = 0, *, final: bool | None = None
+    ctx: StageContext,
+    att: Attempt,
+    rc: int,
+    try_number: int = 1,
+    max_tries: int = 0,
+    *,
+    final: bool | None = None,
 ) -> JSON:
     """End a launched attempt from its process group's exit status and what the trainer wrote:
     record it (utilization, checkpoint, preemption) and return the result, or raise.
@@ -529,29 +536,33 @@ def finish_attempt(
         )
         raise TrainingInterruptedError(run_id, reached)
 
+    # The step the attempt reached, as far as it said (a command may write no progress file).
+    said = [s for s in (report.get("step"), result["step"] if result else None) if s is not None]
     if preemption is None and not (result and result["status"] == "preempted"):
         tail = report.get("log_tail") or []
         detail = f"exit code {rc}" + (f": {tail[-1][:200]}" if tail else "")
-        ctx.ledger.end_attempt(run_id, attempt, "failed", resumed_from_step=resumed, detail=detail)
+        step = max(said) if said else None
+        ctx.ledger.end_attempt(run_id, attempt, "failed", step=step, resumed_from_step=resumed, detail=detail)
         raise TrainingFailedError(run_id, rc, "\n".join(tail))
 
     noticed = preemption["noticed"] if preemption else True
-    reached = max(report.get("step") or 0, result["step"] if result else 0)
     resume_step = store.latest_valid_step() or 0
-    lost = max(0, reached - resume_step)
+    # At least its newest checkpoint; the steps lost after it are unknown when it said no step.
+    reached = max([*said, resume_step])
+    lost = max(0, reached - resume_step) if said else None
     at = _ts(preemption["at"] if preemption else report.get("ended_at")) or ended
     ctx.ledger.end_attempt(run_id, attempt, "preempted", step=reached, resumed_from_step=resumed)
     ctx.ledger.record_preemption(run_id, attempt, pl.region, pl.zone, noticed, reached, lost, None, at=at)
     ctx.ledger.upsert_run(run_id, steps=resume_step)
     ctx.ledger.advance_run(run_id, "preempted", from_statuses=RUN_STATUSES_LIVE)  # not over an end
     logger.warning(
-        "attempt %d preempted in %s %s notice at step %d; checkpoint at step %d (%d steps lost)",
+        "attempt %d preempted in %s %s notice at step %d; checkpoint at step %d (%s steps lost)",
         attempt,
         pl.zone,
         "with" if noticed else "without",
         reached,
         resume_step,
-        lost,
+        "unknown" if lost is None else lost,
     )
     if (try_number > max_tries) if final is None else final:
         raise RecoveryExhaustedError(run_id, describe_attempts(ctx, run_id))

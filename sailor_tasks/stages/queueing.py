@@ -679,6 +679,7 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
     from sailor_tasks.backends import get_backend
     from sailor_tasks.model import RUN_STATUSES_DONE, RUN_STATUSES_LIVE
     from sailor_tasks.settings import BACKENDS
+    from sailor_tasks.stages.usage import end_unreported_attempt
 
     ctx = resolve_ctx(ctx)
     given_now, now = now, now or utcnow()
@@ -722,13 +723,7 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
                 )
             for att in attempts:
                 if att["outcome"] == "running":
-                    ctx.ledger.end_attempt(
-                        res.run_id,
-                        att["attempt"],
-                        "failed",
-                        if_running=True,
-                        detail="lease expired; reclaimed",
-                    )
+                    end_unreported_attempt(ctx, res.run_id, att, "failed", "lease expired; reclaimed")
     # On the clock of when it runs: stopping and removing what runs left can take minutes each.
     admission = admit_queued(ctx, given_now) if reclaimed or ctx.ledger.queue_entries(("queued",)) else None
     result = {"reclaimed": reclaimed, "errors": errors, "admission": admission}

@@ -13,7 +13,6 @@ from sailor_tasks.train.checkpoint.store import CheckpointStore
 JSON = dict[str, Any]
 
 
-
 def describe_attempts(ctx: StageContext, run_id: str) -> list[str]:
     pre = {p["attempt"]: p for p in ctx.ledger.preemptions(run_id, limit=10_000)}
     lines = []
@@ -21,12 +20,13 @@ def describe_attempts(ctx: StageContext, run_id: str) -> list[str]:
         p = pre.get(a["attempt"])
         what = a["outcome"]
         if p:
-            what = (
-                f"preempted {'with' if p['noticed'] else 'without'} notice at step {p['step']}"
-                f" ({p['steps_lost']} steps lost)"
-            )
+            lost = "steps lost unknown" if p["steps_lost"] is None else f"{p['steps_lost']} steps lost"
+            what = f"preempted {'with' if p['noticed'] else 'without'} notice at step {p['step']} ({lost})"
         resumed = a["resumed_from_step"]
-        start = "from scratch" if resumed is None else f"resumed from step {resumed}"
+        if resumed is not None:
+            start = f"resumed from step {resumed}"
+        else:  # a command that writes no progress file says no step
+            start = "from scratch" if a["attempt"] == 1 else "resume step not reported"
         lines.append(
             f"attempt {a['attempt']} (try {a['try_number']}): {a['region']}/{a['zone']} "
             f"{a['placement'].get('market', '?')}, {start}: {what}"
@@ -102,7 +102,7 @@ def render_summary(s: Mapping[str, Any]) -> str:
         f"- **Why**: {s['why'][0] if s['why'] else '-'}",
         f"- **Data**: {s['data_bytes'] / 1e6:.1f} MB at {s['data_uri']}",
         f"- **Training**: {trained}; {losses}",
-        f"- **Checkpoint**: {s['checkpoint_uri']}",
+        f"- **Checkpoint**: {s['checkpoint_uri'] or 'none (the command saved no checkpoint)'}",
         f"- **Estimated cost**: ${s['usd_estimate']:.4f} (each attempt's price × its training wall time)",
     ]
     if s.get("markets"):
@@ -114,7 +114,9 @@ def render_summary(s: Mapping[str, Any]) -> str:
             cost = "?" if m["usd"] is None else f"${m['usd']:.4f}"
             lines.append(f"  - attempt {m['attempt']}: {m['market']}, {cost}, {slack}: {m['why']}")
     if len(s.get("attempts") or ()) > 1:
-        lines.append(f"- **Recovered from preemption**: {len(s['attempts'])} attempts")
+        preempted = sum(1 for a in s["attempts"] if ": preempted " in a)  # describe_attempts' lines
+        recovered = f", recovered from {preempted} preemption{'s' * (preempted != 1)}" if preempted else ""
+        lines.append(f"- **Attempts**: {len(s['attempts'])}{recovered}")
         lines += [f"  - {a}" for a in s["attempts"]]
     return "\n".join(lines) + "\n"
 

@@ -107,3 +107,61 @@ def test_a_first_attempt_is_described_as_from_scratch(ctx):
     ctx.ledger.end_attempt("r", 2, "completed", step=20, resumed_from_step=12)
     first, second = describe_attempts(ctx, "r")
     assert "spot, from scratch: preempted" in first and "resumed from step 12: completed" in second
+
+
+def test_an_attempt_whose_try_died_is_billed_and_counted_as_usage(ctx, demo_dataset):
+    """Attempt 1's try died (no finish): the next try ends it, with its GPU time in the
+    utilization the rebalance reads and its cost in the run's estimate; the summary says the run
+    took two attempts without calling it a recovery from a preemption, and that the command saved
+    no checkpoint."""
+    import time
+
+    from sailor_tasks.stages import attempts
+
+    run_id = "manual__died"
+    req, pl, data, first = _launched(ctx, run_id, demo_dataset, workers=1)
+    time.sleep(0.3)
+    second = attempts.begin_attempt(ctx, req, pl, data, run_id, 2)  # the sync train task's retry
+    assert second.number == 2
+    storage.write_json(second.config.result_uri, _completed(run_id, 1))
+    res = attempts.finish_attempt(ctx, second, 0, 2, 2)
+    markets = {m["attempt"]: m for m in ctx.ledger.attempt_markets(run_id)}
+    assert markets[1]["hours"] > 0 and markets[1]["usd"] > 0
+    rows = [
+        r
+        for r in ctx.ledger.utilization_rows(dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+        if r["run_id"] == run_id
+    ]
+    assert len(rows) == 2
+    out = TRAIN_STAGE.finalize(req, pl, data, res, run_id, ctx)
+    assert out["usd_estimate"] == pytest.approx(markets[1]["usd"] + markets[2]["usd"], abs=1e-6)
+    assert out["usd_estimate"] > markets[2]["usd"] + 1e-6  # attempt 1 billed too
+    assert "- **Attempts**: 2\n" in out["summary_md"] and "Recovered" not in out["summary_md"]
+    assert "**Checkpoint**: none (the command saved no checkpoint)" in out["summary_md"]
+
+
+def test_a_preemption_of_a_command_that_reports_no_step_counts_from_its_checkpoint(ctx, demo_dataset):
+    """The run's own command writes no progress file: the preemption is recorded at the step of the
+    checkpoint it left (not 0), the steps it lost as unknown, and the recovery plans the steps left
+    after that checkpoint."""
+    import time
+
+    from sailor_tasks import paths
+    from sailor_tasks.errors import PreemptedError
+    from sailor_tasks.stages import attempts
+    from sailor_tasks.stages.summary import describe_attempts
+
+    run_id = "manual__noprogress"
+    req, pl, data, att = _launched(ctx, run_id, demo_dataset, workers=1)
+    store = CheckpointStore(att.config.checkpoint_uri, attempt=1)
+    storage.write_bytes(storage.join(store.step_uri(10), "__0_0.distcp"), b"x" * 10)
+    store.commit(10)
+    preemption = {"key": "notice", "noticed": True, "at": time.time(), "zone": att.placement.zone}
+    report = {"rc": 75, "step": None, "resumed_from": None, "first_step_at": None, "preemption": preemption}
+    storage.write_json(paths.launch_report_uri(ctx.run_uri(att.placement.region, run_id)), report)
+    with pytest.raises(PreemptedError, match="at step 10"):
+        attempts.finish_attempt(ctx, att, 75, 1, 5)
+    (p,) = ctx.ledger.preemptions(run_id)
+    assert (p["step"], p["steps_lost"]) == (10, None)
+    assert attempts._progress(ctx, run_id)["steps_done"] == 10
+    assert "preempted with notice at step 10 (steps lost unknown)" in describe_attempts(ctx, run_id)[0]

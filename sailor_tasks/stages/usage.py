@@ -1,0 +1,49 @@
+"""What an attempt used and cost, recorded for one that no try ended itself (its try died, the run
+was stopped from outside, its lease was reclaimed): imported by the attempt stages and the
+reconciler alike."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from sailor_tasks import paths, storage
+from sailor_tasks.ledger.store import aware, utcnow
+from sailor_tasks.stages.context import StageContext
+
+logger = logging.getLogger(__name__)
+
+
+def end_unreported_attempt(
+    ctx: StageContext, run_id: str, row: Mapping[str, Any], outcome: str, detail: str
+) -> bool:
+    """End ``row``, an attempt still recorded as running that no try will end any more (its try
+    died, the run was stopped from outside, its lease was reclaimed), as ``outcome``, and record
+    what it used and cost as ``finish_attempt`` does: from its start to the end its launch report
+    gives, else now. False when another process ended it meanwhile (nothing recorded)."""
+    if not ctx.ledger.end_attempt(run_id, row["attempt"], outcome, if_running=True, detail=detail):
+        return False
+    pl: Mapping[str, Any] = row["placement"] or {}
+    started = aware(row["started_at"])
+    ended = utcnow()
+    try:
+        report_uri = paths.launch_report_uri(ctx.run_uri(pl.get("region") or row["region"], run_id))
+        report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
+        if report.get("ended_at"):
+            ended = dt.datetime.fromtimestamp(report["ended_at"], dt.UTC)
+    except (OSError, ValueError) as exc:  # its folder unreadable: up to now
+        logger.warning("run %s: launch report of attempt %d unreadable (%s)", run_id, row["attempt"], exc)
+    ended = max(ended, started)
+    run = ctx.ledger.get_run(run_id) or {}
+    strategy = str((run.get("request") or {}).get("strategy") or "?")
+    region, gpus = pl.get("region") or row["region"], int(pl.get("num_gpus") or 0)
+    ctx.ledger.record_utilization(
+        run_id, run.get("team") or "?", region, pl.get("gpu_type") or "?", gpus, started, ended
+    )
+    if pl.get("usd_per_hour") is not None:  # a placement recorded whole (always, from a plan)
+        hours = (ended - started).total_seconds() / 3600.0
+        usd_per_hour, market = float(pl["usd_per_hour"]), str(pl.get("market") or "?")
+        ctx.ledger.end_attempt_market(run_id, row["attempt"], hours, usd_per_hour, market, strategy)
+    return True
