@@ -10,6 +10,7 @@ from sailor_tasks.policies.base import (
     get_policy,
     policy_names,
     register,
+    space_sharing_policies,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "get_policy",
     "policy_names",
     "register",
+    "space_sharing_policies",
 ]

@@ -171,6 +171,11 @@ def policy_names() -> tuple[str, ...]:
     return _POLICIES.names()
 
 
+def space_sharing_policies() -> tuple[str, ...]:
+    """The policies that solve space-sharing units (the others would ignore ``space_sharing``)."""
+    return tuple(n for n in policy_names() if getattr(type(get_policy(n)), "supports_space_sharing", False))
+
+
 def get_policy(name: str) -> Policy:
     """A new instance of the policy called ``name``.
 

@@ -106,6 +106,8 @@ class _MaxMinPolicy:
 
     symmetric = True
     agnostic = False
+    supports_space_sharing = True
+    """Solves space-sharing units (pairs of jobs on one GPU) when ``PolicyState.space_sharing``."""
     hand_out_spare = True
     """Run ``max_min``'s second stage (the capacity the max-min optimum leaves unallocated)."""
 

@@ -38,3 +38,11 @@ class SimConfig:
             raise ValueError(f"round_s={self.round_s}, gpus_per_server={self.gpus_per_server}: need > 0, ≥ 1")
         if self.workers < 1:
             raise ValueError(f"workers={self.workers}: need ≥ 1 (1 simulates every region in this process)")
+        if self.space_sharing:
+            from sailor_tasks.policies import space_sharing_policies
+
+            if self.policy not in (valid := space_sharing_policies()):
+                raise ValueError(
+                    f"space sharing with policy {self.policy!r}: it solves no space-sharing pairs; "
+                    f"policies that do: {', '.join(valid)}"
+                )

@@ -275,3 +275,10 @@ def test_min_cost_with_slos_that_cannot_all_hold_allocates_without_them_and_fini
         result = simulate(jobs, [region], table, SimConfig(policy="min_cost")).to_json()
     assert result["completed"] == 2
     assert "SLOs of job000000, job000001 cannot all be met" in caplog.text
+
+
+@pytest.mark.parametrize("policy", ["ftf", "fifo", "edf", "max_throughput", "min_cost"])
+def test_space_sharing_with_a_policy_that_solves_no_pairs_is_refused_naming_those_that_do(policy):
+    """Those policies would ignore it, and the output would still say space sharing was on."""
+    with pytest.raises(ValueError, match=rf"policy '{policy}': .*policies that do: las, las_agnostic, makespan"):
+        SimConfig(policy=policy, space_sharing=True)
