@@ -306,14 +306,19 @@ def simulate_queue(
         last_t = t
         cap.now_s = t
         arriving = []
+        moved = False  # capacity freed, a run arrived, or a waiting run's time came
         while events and events[0][0] == t:
             _, kind, _, run_id = heapq.heappop(events)
             if kind == END:
                 cap.release(run_id)
+                moved = True
             elif kind == ARRIVE:
                 arriving.append(run_id)
                 arrive(cap.jobs[run_id], t)
-        if not queued:
+                moved = True
+            else:  # WAKE: its urgency, latest start or time-out; none once it has left the queue
+                moved = moved or run_id in queued
+        if not queued or not moved:
             continue
         passes += 1
         result = admit(

@@ -199,3 +199,31 @@ def test_cli_refuses_a_rate_or_length_that_is_not_a_finite_positive_number(capsy
     assert (
         exit_.value.code == 2 and f"argument {flag}: {value!r}: need a number > 0" in capsys.readouterr().err
     )
+
+
+def test_the_wake_ups_of_a_run_admitted_early_start_no_pass(table, monkeypatch):
+    """d (a deadline) waits behind a 1-hour hog and is admitted when it ends, long before its
+    urgent time and latest start; w waits behind d. d's wake-ups then find nothing new: no pass
+    runs at them, and the admissions are those of the passes that do run."""
+    import sailor_tasks.simulator.queue.engine as engine
+
+    hour = 64.74 * 3600  # steps of one hour of this job on a V100
+    hog = QueueJob("hog", "a", ("LM (batch size 20)", 1), total_steps=hour, arrival_s=0.0)
+    d = QueueJob(
+        "d", "b", ("LM (batch size 20)", 1), total_steps=10 * hour, arrival_s=10.0, deadline_hours=12.0
+    )
+    w = QueueJob("w", "c", ("LM (batch size 20)", 1), total_steps=hour, arrival_s=20.0)
+    at = []
+    real = engine.admit
+
+    def admit(queued, held, capacity, now_s, *args, **kwargs):
+        at.append(now_s)
+        return real(queued, held, capacity, now_s, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "admit", admit)
+    result = simulate_queue([hog, d, w], table, QueueSimConfig({"V100": 1}, {}, "fifo"))
+    runs = {r.run_id: r for r in result.runs}
+    assert runs["d"].admitted_s == pytest.approx(runs["hog"].end_s) and runs["w"].state == "finished"
+    latest = runs["d"].latest_start_s
+    assert runs["d"].admitted_s < latest - 600 < runs["w"].admitted_s  # its wake-ups come while w waits
+    assert not [t for t in at if runs["d"].admitted_s < t < runs["w"].admitted_s]  # nothing moved between
