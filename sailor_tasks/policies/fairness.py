@@ -436,7 +436,10 @@ class FinishTimeFairness:
 
         lo, hi = 0.0, 2.0
         best = None
-        for _ in range(12):  # grow hi until feasible (ρ ≤ hi)
+        # Grow hi until feasible (ρ ≤ hi). Some finite ρ is: every live job has a positive
+        # coefficient once ρ · I_j > e_j, and t grows with ρ. A job that waited days for a few
+        # steps has ρ in the thousands, so the doubling is not stopped early.
+        for _ in range(64):
             t, vec = attained(hi)
             if t >= 1.0:
                 best = vec

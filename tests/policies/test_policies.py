@@ -382,3 +382,15 @@ def test_flatten_and_unflatten_use_sorted_keys():
     vec = units.flatten({(("b",), "K80"): 0.25, (("a",), "V100"): 1.0})
     np.testing.assert_array_equal(vec, [0.0, 1.0, 0.25, 0.0])
     np.testing.assert_array_equal(units.unflatten(vec), [[0.0, 1.0], [0.25, 0.0]])
+
+
+def test_ftf_allocates_a_job_whose_finish_time_ratio_is_in_the_thousands():
+    """A 10-step job that waited two days beside one other job: its ρ is about 17,000 (its
+    isolated finish time is seconds). The bisection's bound grows until it holds, and the job
+    that waited gets the GPU."""
+    jobs = (
+        PolicyJob("a", {"V100": 1.0}, steps_remaining=10, steps_total=10, elapsed_s=2 * 86400),
+        PolicyJob("b", {"V100": 1.0}, steps_remaining=1000, steps_total=1000, elapsed_s=0),
+    )
+    shares = get_policy("ftf").allocate(PolicyState(jobs=jobs, gpus={"V100": 1})).shares()
+    assert shares["a"]["V100"] > 0.99
