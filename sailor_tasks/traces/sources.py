@@ -79,9 +79,25 @@ def _from_times(points: list[dict], source: str) -> AvailabilityTrace:
             raise ValueError(f"{source}: entry [{i}]={p!r:.80} needs 'Time' and 'GPUs'")
     times = [_number(p["Time"], f"{source}: [{i}].Time") for i, p in enumerate(points)]
     counts = [int(_number(p["GPUs"], f"{source}: [{i}].GPUs", count=True)) for i, p in enumerate(points)]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
-    gap = statistics.median(gaps) if gaps else 3600.0
-    return AvailabilityTrace(gap, tuple(counts), "available_count", source)
+    changes = sorted(zip(times, counts, strict=True), key=lambda tc: tc[0])
+    gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:], strict=False) if b[0] > a[0]]
+    if not gaps:
+        return AvailabilityTrace(3600.0, tuple(c for _, c in changes[-1:]), "available_count", source)
+    # Each count holds until the next Time: sampled every smallest spacing (at most
+    # ``MAX_TIME_SLOTS`` slots), so irregular points keep their real durations.
+    start, span = changes[0][0], changes[-1][0] - changes[0][0]
+    gap = max(min(gaps), span / MAX_TIME_SLOTS)
+    slots, k = [], 0
+    for i in range(int(span // gap) + 1):
+        t = start + i * gap
+        while k + 1 < len(changes) and changes[k + 1][0] <= t + 1e-9:
+            k += 1
+        slots.append(changes[k][1])
+    return AvailabilityTrace(gap, tuple(slots), "available_count", source)
+
+
+MAX_TIME_SLOTS = 1_000_000
+"""Most slots a ``[{"Time", "GPUs"}]`` trace is sampled into (its spacing grows beyond)."""
 
 
 def load_json(path: Path) -> list[ZoneTrace]:

@@ -82,3 +82,19 @@ def test_gpu_names_map_to_catalog_types():
         "P100",
         "L4",
     ]
+
+
+def test_irregular_time_points_keep_their_durations(tmp_path):
+    """Each count holds until the next Time: points 630 s, 63 s and 189 s apart are sampled every
+    63 s, not one slot each (which read 10 GPUs at t=600 where the trace has 16)."""
+    points = [
+        {"Time": 0, "GPUs": 16},
+        {"Time": 630, "GPUs": 10},
+        {"Time": 693, "GPUs": 8},
+        {"Time": 882, "GPUs": 4},
+    ]
+    (tmp_path / "A100_us-central1-a.json").write_text(json.dumps(points))
+    (trace,) = load_sources([str(tmp_path)])
+    t = trace.trace
+    assert t.gap_seconds == 63.0 and len(t.data) == 15  # 0 … 882 s
+    assert [t.data[t.slot(s)] for s in (0, 600, 650, 700, 881)] == [16, 16, 10, 8, 8]
