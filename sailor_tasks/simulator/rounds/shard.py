@@ -44,6 +44,23 @@ MOVE_GAIN_S = RESTART_HOURS * SECONDS_PER_HOUR
 sooner there: the placement engine's planning value for getting a moved run going again."""
 
 
+
+def unit_frees(unit_of: np.ndarray, need: np.ndarray, gpus: np.ndarray, units: int) -> np.ndarray:
+    """GPUs each granted job frees when it finishes, for units that may share GPUs: a unit's GPUs
+    are free once its last job finishes, credited once (to the first of its jobs that finish
+    last: two identical jobs of a pair finish together).
+
+    Args:
+        unit_of: each job's unit; need: seconds each job needs to finish; gpus: each job's unit's
+            GPUs; units: how many units there are.
+    """
+    last = np.zeros(units)
+    np.maximum.at(last, unit_of, need)
+    ends_last = need >= last[unit_of]
+    first = np.full(units, len(need))
+    np.minimum.at(first, unit_of[ends_last], np.nonzero(ends_last)[0])
+    return np.where(np.arange(len(need)) == first[unit_of], gpus, 0.0)
+
 class RegionRound(NamedTuple):
     """What a region's grants leave over in a round (``RegionShard.plan``)."""
 
@@ -425,10 +442,8 @@ class RegionShard:
                 unit_type[work[4]] = work[5]
                 if r.singles:
                     frees = r.scale[unit_a]
-                else:  # a shared GPU is free once the last job of its unit finishes
-                    last = np.zeros(len(r.unit_jobs))
-                    np.maximum.at(last, unit_a, need)
-                    frees = np.where(need >= last[unit_a], r.scale[unit_a], 0.0)
+                else:
+                    frees = unit_frees(unit_a, need, r.scale[unit_a], len(r.unit_jobs))
                 ending += [
                     (ri, j, d, g, int(f))
                     for j, d, g, f in zip(

@@ -282,3 +282,16 @@ def test_space_sharing_with_a_policy_that_solves_no_pairs_is_refused_naming_thos
     """Those policies would ignore it, and the output would still say space sharing was on."""
     with pytest.raises(ValueError, match=rf"policy '{policy}': .*policies that do: las, las_agnostic, makespan"):
         SimConfig(policy=policy, space_sharing=True)
+
+
+def test_a_shared_gpu_is_freed_once_when_both_jobs_of_its_pair_finish_together():
+    """Two identical jobs space-sharing one GPU finish in the same second: the GPU comes back once
+    (it came back twice, and the free count could exceed the cluster)."""
+    import numpy as np
+
+    from sailor_tasks.simulator.rounds.shard import unit_frees
+
+    unit_of = np.array([0, 0, 1, 2, 2])  # a pair finishing together, a single, a pair finishing apart
+    need = np.array([5.0, 5.0, 3.0, 2.0, 4.0])
+    gpus = np.array([1.0, 1.0, 2.0, 1.0, 1.0])
+    np.testing.assert_array_equal(unit_frees(unit_of, need, gpus, 3), [1.0, 0.0, 2.0, 0.0, 1.0])
