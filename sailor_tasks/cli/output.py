@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,8 @@ def format_table(
         if isinstance(v, float):
             return f"{v:,.0f}" if math.isfinite(v) and abs(v) >= 1e4 else f"{v:.4g}"
         if hasattr(v, "strftime"):
+            if getattr(v, "tzinfo", None) is not None:  # the ledger's times: shown in UTC, marked Z
+                return v.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%MZ")
             return v.strftime("%Y-%m-%d %H:%M")
         return "" if v is None else str(v)
 

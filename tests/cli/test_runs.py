@@ -115,3 +115,17 @@ def test_a_diverged_loss_is_null_in_json_and_money_is_never_in_scientific_notati
     assert sailor(["runs"]) == 0
     table = capsys.readouterr().out
     assert "12,345.68" in table and "e+04" not in table
+
+
+def test_table_times_are_shown_in_utc_and_marked_so():
+    """The ledger's times are UTC: the table says so (``Z``), whatever zone the time came in."""
+    import datetime as dt
+
+    from sailor_tasks.cli.output import format_table
+
+    kolkata = dt.timezone(dt.timedelta(hours=5, minutes=30))
+    rows = [
+        {"at": dt.datetime(2026, 11, 29, 20, 49, tzinfo=kolkata)},
+        {"at": dt.datetime(2026, 11, 29, 15, 19)},
+    ]
+    assert format_table(rows, ["at"])[1:] == ["2026-11-29 15:19Z", "2026-11-29 15:19"]
