@@ -49,7 +49,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("queue", help="runs waiting for capacity: position, policy, reason, estimated start")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
-        "--all", action="store_true", help="also the runs that left the queue (admitted, timed out, failed)"
+        "--all", action="store_true", help="also the runs that left the queue (admitted, timed out, failed, left)"
     )
     p.set_defaults(func=cmd_queue)
 

@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--round-s", type=positive_float, default=360.0, help="round length in seconds (default 360)"
     )
     p.add_argument("--seed", type=seed, default=0, help="seed of the workload and the simulation (default 0)")
-    p.add_argument("--space-sharing", action="store_true", help="let two jobs share a GPU (las, makespan)")
+    p.add_argument("--space-sharing", action="store_true", help="let two jobs share a GPU (las, las_agnostic, makespan)")
     p.add_argument(
         "--market",
         choices=("spot", "on_demand"),
