@@ -16,6 +16,7 @@ Recovery strategies (``same_zone_first``, ``eager_next_region``) and market stra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
@@ -117,6 +118,9 @@ class MarketContext:
     lost_h_per_preemption: float = 0.0
     """Work lost by one preemption (the notice window when the notice is used to checkpoint, else
     half a checkpoint interval), restart excluded."""
+    on_demand_remaining_h: float | None = None
+    """The work left on the on-demand candidate's GPUs, when they are another GPU type than the
+    spot candidate's (a run that accepts any type); None: ``remaining_h``."""
     spot_move: SpotMove | None = None
     """Training on spot: the placement engine's spot launch now, when it is another zone (None:
     the same zone, none, or the caller does not re-plan a running attempt, as live runs). Callers
@@ -127,9 +131,14 @@ class MarketContext:
         return float("inf") if self.deadline_h is None else self.deadline_h - self.now_h
 
     @property
+    def on_demand_work_h(self) -> float:
+        """The work left on the on-demand candidate's GPUs."""
+        return self.remaining_h if self.on_demand_remaining_h is None else self.on_demand_remaining_h
+
+    @property
     def on_demand_slack_h(self) -> float:
         """Hours to spare if the run switched to (or stayed on) on-demand now."""
-        return self.time_left_h - self.remaining_h - self.on_demand_launch_h
+        return self.time_left_h - self.on_demand_work_h - self.on_demand_launch_h
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +172,9 @@ def requested_or_spot(ctx: MarketContext, who: str) -> MarketDecision:
 
 
 def slack_of(ctx: MarketContext) -> float | None:
-    return None if ctx.deadline_h is None else ctx.on_demand_slack_h
+    """The on-demand slack to record: None without a deadline, or without an on-demand offer."""
+    slack = ctx.on_demand_slack_h
+    return None if ctx.deadline_h is None or not math.isfinite(slack) else slack
 
 
 _STRATEGIES: Registry[Strategy] = Registry("strategy", "strategies")

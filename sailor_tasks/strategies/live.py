@@ -93,6 +93,8 @@ def launch_context(
         on_demand_usd_per_hour=od["usd_per_hour"] if od else 0.0,
         preemption_rate_per_hour=rate,
         lost_h_per_preemption=0.5 * rest.checkpoint_every_steps / remaining_steps * hours,
+        # Each market's own GPUs: with gpu_type any, on-demand's winner may be another, slower type.
+        on_demand_remaining_h=od["expected_hours"] if od and spot else None,
     )
     return ctx, est
 

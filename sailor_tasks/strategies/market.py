@@ -104,7 +104,9 @@ def _keeps_reserve(ctx: MarketContext, slack_h: float, fallback_h: float, overhe
     from sailor_tasks.placement.context import RESTART_HOURS
     from sailor_tasks.placement.slack import slack_allows_spot
 
-    reserve = max(fallback_h, RESTART_HOURS) + ctx.lost_h_per_preemption
+    # On-demand GPUs slower than spot's need the longer time for the work a lost spot leaves.
+    slower = max(0.0, ctx.on_demand_work_h - ctx.remaining_h)
+    reserve = max(fallback_h, RESTART_HOURS) + ctx.lost_h_per_preemption + slower
     return slack_h >= reserve and bool(slack_allows_spot(slack_h, ctx.remaining_h, overhead)), reserve
 
 
@@ -172,7 +174,7 @@ class Sailor:
         overhead = expected_overhead_h(ctx)
         if ctx.on_demand_usd_per_hour > 0 and math.isfinite(launch):
             spot_usd = ctx.spot_usd_per_hour * (ctx.remaining_h + overhead + launch)
-            od_usd = ctx.on_demand_usd_per_hour * (ctx.remaining_h + ctx.on_demand_launch_h)
+            od_usd = ctx.on_demand_usd_per_hour * (ctx.on_demand_work_h + ctx.on_demand_launch_h)
             if spot_usd >= od_usd:
                 return MarketDecision(
                     "on_demand",

@@ -225,3 +225,33 @@ def test_sailor_on_spot_moves_to_a_cheaper_zone_only_when_finishing_there_costs_
     assert s.choose_market(market_ctx(spot_move=replace(stranded, on_demand_fallback_h=1.4), **on_spot)).move
     # no deadline: cheaper is enough
     assert s.choose_market(market_ctx(deadline_h=None, spot_move=far, **on_spot)).move
+
+
+def test_sailor_prices_on_demand_with_the_on_demand_gpus_own_hours():
+    """A run of any GPU type: spot's winner is an H100 (1.43 h of work at $2.34/h), on-demand's an L4
+    (6.45 h at $1.99/h). Priced with spot's hours, on-demand looked cheaper ($3.06 against $3.64)
+    and sailor left spot; with its own hours it costs $13.2, and spot wins."""
+    ctx = MarketContext(
+        now_h=0.0,
+        remaining_h=1.433,
+        deadline_h=None,
+        spot_launch_h=0.1,
+        on_demand_launch_h=0.1,
+        spot_usd_per_hour=2.34,
+        on_demand_usd_per_hour=1.99,
+        preemption_rate_per_hour=0.05,
+        lost_h_per_preemption=0.05,
+        on_demand_remaining_h=6.45,
+    )
+    assert get_strategy("sailor").choose_market(ctx).market == "spot"
+    assert replace(ctx, on_demand_remaining_h=None).on_demand_slack_h == math.inf
+    # with a deadline, the slack recorded is on-demand's own: 8 h − 6.45 h − 0.1 h
+    late = replace(ctx, deadline_h=8.0)
+    assert late.on_demand_slack_h == pytest.approx(8.0 - 6.45 - 0.1)
+
+
+def test_no_on_demand_offer_records_no_slack_rather_than_minus_infinity():
+    ctx = MarketContext(
+        now_h=0.0, remaining_h=2.0, deadline_h=5.0, on_demand_launch_h=math.inf, spot_launch_h=0.1
+    )
+    assert strategies_base.slack_of(ctx) is None
