@@ -119,8 +119,27 @@ def decide_market(
     decision = strategy.choose_market(ctx)
     other = "on_demand" if decision.market == "spot" else "spot"
     switches = getattr(strategy, "only_market", None) is None
-    if est[decision.market] is None and est[other] is not None and req.market == "auto" and switches:
+    if req.market != "auto" or not switches:
+        return decision
+    if est[decision.market] is None and est[other] is not None:
         return MarketDecision(
             other, f"{strategy.name}: no feasible {decision.market} offer; {other} instead", decision.slack_h
         )
+    if req.deadline_hours is not None and req.deadline_hours > elapsed_h:
+        # A strategy that ignores deadlines may pick the market no offer meets it on, where the
+        # planner's deadline rule then refuses every offer: the other market, if one meets it.
+        remaining = max(1, req.total_steps - steps_done)
+        timed = replace(
+            req,
+            total_steps=remaining,
+            checkpoint_every_steps=min(req.checkpoint_every_steps, remaining),
+            deadline_hours=req.deadline_hours - elapsed_h,
+        )
+        if _estimate(timed, decision.market, catalog, state, index) is None:
+            if _estimate(timed, other, catalog, state, index) is not None:
+                return MarketDecision(
+                    other,
+                    f"{strategy.name}: no {decision.market} offer meets the deadline; {other} instead",
+                    decision.slack_h,
+                )
     return decision

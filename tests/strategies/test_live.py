@@ -168,3 +168,24 @@ def test_a_cap_under_every_on_demand_offer_is_refused_at_validate_for_the_on_dem
         stages.validate({**params, "strategy": "on_demand"}, "run-od", ctx)
     assert "max_usd_per_hour" in str(info.value)
     stages.validate({**params, "strategy": "sailor"}, "run-any", ctx)  # may pick spot: accepted
+
+
+@pytest.mark.parametrize("strategy", ["eager_next_region", "spot_restart", "same_zone_first", "sailor"])
+def test_a_market_no_offer_meets_the_deadline_on_gives_way_to_one_that_does(catalog, strategy):
+    """200k steps on one L4 with a 6.6 h deadline: only on-demand meets it (the planner's deadline
+    rule counts spot's expected preemption loss). Strategies that ignore deadlines picked spot and
+    the run's first plan failed; with market=auto each now takes on-demand, which the plan places."""
+    from dataclasses import replace
+
+    from sailor_tasks.placement.engine import plan
+
+    req = request(
+        gpu_type="L4",
+        total_steps=200_000,
+        checkpoint_every_steps=20_000,
+        deadline_hours=6.6,
+        strategy=strategy,
+    )
+    decision = decide_market(req, catalog, ClusterState())
+    assert decision.market == "on_demand"
+    assert plan(replace(req, market=decision.market), catalog, ClusterState(), "r").market == "on_demand"
