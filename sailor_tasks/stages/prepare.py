@@ -184,6 +184,7 @@ def plan(
     elapsed_h: float = 0.0,
     steps_done: int = 0,
     checkpoint: tuple[str, int] | None = None,
+    best_effort: bool = True,
 ) -> JSON:
     """Place the run and reserve its capacity (keyed by run_id, so a retry replaces, never doubles).
 
@@ -198,7 +199,9 @@ def plan(
     a later call returns the placement its admission reserved. ``blocked_zones``, ``attempt``,
     ``elapsed_h``, ``steps_done`` and ``checkpoint`` (region and bytes of the checkpoint it resumes
     from) are set by preemption recovery (``stages.attempts``), which re-plans through this same
-    function and retries (``CapacityUnavailableError``) when nothing fits.
+    function and retries (``CapacityUnavailableError``) when nothing fits; ``best_effort`` False:
+    a relaunch that no offer finishes by the deadline raises (recovery loosens its blocked zones
+    first) rather than going on without the deadline.
     """
     ctx = resolve_ctx(ctx)
     from sailor_tasks.stages.queueing import plan_or_queue, reserve_placement
@@ -224,6 +227,7 @@ def plan(
                 elapsed_h=elapsed_h,
                 steps_done=steps_done,
                 checkpoint=checkpoint,
+                best_effort=best_effort,
             )
     if queued is not None:
         raise queued

@@ -93,11 +93,14 @@ def reserve_placement(
     admit: bool = False,
     market: str | None = None,
     checkpoint: tuple[str, int] | None = None,
+    best_effort: bool = True,
 ) -> Placement:
     """Pick the market (the run's strategy, or ``market`` when admission forces one), plan on a
     fresh snapshot, reserve (and with ``admit`` admit the queued run in the same transaction), and
     record the placement, the market decision and the run's status. ``checkpoint``: (region, bytes)
-    of the checkpoint a relaunch resumes from (another region copies it first).
+    of the checkpoint a relaunch resumes from (another region copies it first). A relaunch that
+    no offer finishes by the deadline goes on without it (best effort) unless ``best_effort`` is
+    False (recovery has looser blocked zones to try first).
 
     Raises:
         CapacityUnavailableError: nothing fits now (retryable, or queued).
@@ -164,7 +167,7 @@ def reserve_placement(
     try:
         reserved = reserve(req)
     except NoFeasibleOfferError as exc:
-        if not relaunch or req.deadline_hours is None or "deadline" not in exc.rejections:
+        if not relaunch or not best_effort or req.deadline_hours is None or "deadline" not in exc.rejections:
             raise
         # Nothing finishes the rest of the run in time any more: finish it as soon as possible
         # rather than fail a run that is partly done, and say so.

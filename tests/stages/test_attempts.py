@@ -142,3 +142,32 @@ def test_a_run_allowed_in_one_zone_resumes_there_after_a_preemption(settings, ct
     attempts = Ledger(settings.ledger_url).attempts("one-zone")
     assert [a["outcome"] for a in attempts] == ["preempted", "completed"]
     assert {a["zone"] for a in attempts} == {"asia-east1-c"}
+
+
+def test_a_deadline_relaunch_tries_looser_blocks_on_the_deadline_before_going_late(ctx, monkeypatch):
+    """eager_next_region blocks the lost region; no offer outside it finishes by the deadline, one
+    in it (another zone) does. Recovery tries every block on the deadline before it relaunches
+    late (best effort): the run resumes in time, next door, rather than late, elsewhere."""
+    from sailor_tasks.errors import NoFeasibleOfferError
+    from sailor_tasks.model import JobRequest, Placement, from_dict, to_dict
+    from sailor_tasks.stages import attempts, prepare
+
+    req = from_dict(
+        JobRequest,
+        {**BASE, "dataset_uri": "sailor://source/d", "deadline_hours": 2.0, "strategy": "eager_next_region"},
+    )
+    lost = Placement("r", "gcp", "us-central1", "us-central1-a", "T4", 1, 1, 1, "spot", "n1-standard-4", 0.35)
+    tried = []
+
+    def plan(request, run_id, ctx, *, blocked_zones, best_effort, **kwargs):
+        tried.append((len(blocked_zones) > 1, best_effort))
+        if len(blocked_zones) > 1 and not best_effort:  # the region blocked: nothing in time
+            raise NoFeasibleOfferError("1x T4", {"deadline": 2})
+        zone = "europe-west1-b" if len(blocked_zones) > 1 else "us-central1-b"
+        return {**to_dict(lost), "zone": zone, "region": zone[:-2]}
+
+    monkeypatch.setattr(prepare, "plan", plan)
+    monkeypatch.setattr(prepare, "provision", lambda *a, **k: {"status": "ready"})
+    ctx.ledger.record_preemption("r", 1, "us-central1", "us-central1-a", True, 10, 0, None)
+    placed, _ = attempts.recover(ctx, req, lost, {"data_uri": "x"}, "r", 2)
+    assert placed.zone == "us-central1-b" and tried == [(True, False), (False, False)]
