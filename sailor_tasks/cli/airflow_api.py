@@ -37,6 +37,11 @@ class NotAirflowAPIError(AirflowAPIError):
     UI answers any path it does not know, for a URL that is not the API server's root."""
 
 
+def task_states(client: Any, dag_id: str, run_id: str) -> dict[str, str]:
+    """task id → state (``none`` before it is scheduled) of every task instance of the run."""
+    return {ti["task_id"]: ti["state"] or "none" for ti in client.task_instances(dag_id, run_id)}
+
+
 def run_completed(tasks: Mapping[str, str]) -> bool:
     """Whether a dag run's work completed, from its task states (task id → state): its
     ``finalize`` succeeded (``sailor_train``), or, in another DAG, every task but a ``teardown``
@@ -250,7 +255,7 @@ class AirflowClient:
             state = self.dag_run(dag_id, run_id)["state"]
             tasks = {}
             if on_change is not None:
-                tasks = {ti["task_id"]: ti["state"] or "none" for ti in self.task_instances(dag_id, run_id)}
+                tasks = task_states(self, dag_id, run_id)
                 if last != (state, tasks):
                     on_change(state, tasks)
                     last = (state, tasks)

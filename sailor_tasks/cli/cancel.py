@@ -29,12 +29,12 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from sailor_tasks.cli.airflow_api import TERMINAL_RUN_STATES, AirflowAPIError, run_completed
+    from sailor_tasks.cli.airflow_api import TERMINAL_RUN_STATES, AirflowAPIError, run_completed, task_states
 
     client = client_from_args(args)
 
     def tasks() -> dict[str, str]:
-        return {ti["task_id"]: ti["state"] or "none" for ti in client.task_instances(args.dag_id, args.run_id)}
+        return task_states(client, args.dag_id, args.run_id)
 
     try:
         state = client.dag_run(args.dag_id, args.run_id)["state"]

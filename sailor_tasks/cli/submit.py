@@ -63,7 +63,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     """Trigger ``sailor_train`` through Airflow's REST API with params from a JSON file and ``--set``
     overrides; follow it."""
     from sailor_tasks.catalog import load_catalog
-    from sailor_tasks.cli.airflow_api import AirflowAPIError, run_completed
+    from sailor_tasks.cli.airflow_api import AirflowAPIError, run_completed, task_states
     from sailor_tasks.errors import CatalogError, InvalidRequestError, InvalidRequestErrors
     from sailor_tasks.placement import catalog_errors
     from sailor_tasks.request import from_params
@@ -112,7 +112,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.no_wait:
         return ExitCode.OK
 
+    last_tasks: dict[str, str] = {}
+
     def report(state: str, tasks: dict[str, str]) -> None:
+        last_tasks.clear()
+        last_tasks.update(tasks)
         shown = "  ".join(f"{t}={s}" for t, s in tasks.items())
         print(f"[{time.strftime('%H:%M:%S')}] run {state}: {shown}", file=sys.stderr, flush=True)
 
@@ -131,8 +135,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if state == "success":
         # A cancelled run ends "success" once its teardown does (the tasks the cancel skipped
         # count as done): it succeeded only if its work completed.
-        try:
-            tasks = {ti["task_id"]: ti["state"] or "none" for ti in client.task_instances(args.dag_id, run_id)}
+        try:  # the states the last poll reported, else read now
+            tasks = last_tasks or task_states(client, args.dag_id, run_id)
         except (AirflowAPIError, OSError) as exc:
             print(f"error: reading the tasks of run {run_id}: {exc}", file=sys.stderr)
             return exit_code_of(exc)
