@@ -112,7 +112,7 @@ def reserve_placement(
     from sailor_tasks.data.manifest import read_manifest
     from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state, plan_and_reserve
-    from sailor_tasks.strategies.live import decide_market
+    from sailor_tasks.strategies.live import decide_market, rest_of
 
     req = with_dataset_residency(ctx, req)
 
@@ -141,13 +141,7 @@ def reserve_placement(
     if relaunch:
         # A relaunch: the planner's deadline rule and costs see the work left and the time left, as
         # the market strategy above did, not the whole run from scratch against the whole deadline.
-        remaining = max(1, req.total_steps - steps_done)
-        req = dataclasses.replace(
-            req,
-            total_steps=remaining,
-            checkpoint_every_steps=min(req.checkpoint_every_steps, remaining),
-            deadline_hours=None if req.deadline_hours is None else req.deadline_hours - elapsed_h,
-        )
+        req = rest_of(req, steps_done, None if req.deadline_hours is None else req.deadline_hours - elapsed_h)
         if req.deadline_hours is not None and req.deadline_hours <= 0:
             late = f"deadline passed {-req.deadline_hours:.2f} h ago: relaunched without it (best effort)"
             req = dataclasses.replace(req, deadline_hours=None)

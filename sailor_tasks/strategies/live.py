@@ -49,6 +49,17 @@ def _estimate(
     return winner
 
 
+def rest_of(req: JobRequest, steps_done: int, deadline_hours: float | None) -> JobRequest:
+    """The request for the steps left after ``steps_done``, with ``deadline_hours`` left."""
+    remaining = max(1, req.total_steps - steps_done)
+    return replace(
+        req,
+        total_steps=remaining,
+        checkpoint_every_steps=min(req.checkpoint_every_steps, remaining),
+        deadline_hours=deadline_hours,
+    )
+
+
 def launch_context(
     req: JobRequest,
     catalog: Catalog,
@@ -60,14 +71,9 @@ def launch_context(
 ) -> tuple[MarketContext, dict[str, dict[str, Any] | None]]:
     """The strategy's inputs for the next launch, and the placement estimates they came from
     (``index``: the catalog index the planner uses, i.e. the same throughput matrix)."""
-    remaining_steps = max(1, req.total_steps - steps_done)
     # Estimates without the deadline validator: the strategy weighs the deadline itself.
-    rest = replace(
-        req,
-        total_steps=remaining_steps,
-        checkpoint_every_steps=min(req.checkpoint_every_steps, remaining_steps),
-        deadline_hours=None,
-    )
+    rest = rest_of(req, steps_done, deadline_hours=None)
+    remaining_steps = rest.total_steps
     est = {m: _estimate(rest, m, catalog, state, index) for m in ("spot", "on_demand")}
     spot, od = est["spot"], est["on_demand"]
     ref = spot or od
@@ -128,13 +134,7 @@ def decide_market(
     if req.deadline_hours is not None and req.deadline_hours > elapsed_h:
         # A strategy that ignores deadlines may pick the market no offer meets it on, where the
         # planner's deadline rule then refuses every offer: the other market, if one meets it.
-        remaining = max(1, req.total_steps - steps_done)
-        timed = replace(
-            req,
-            total_steps=remaining,
-            checkpoint_every_steps=min(req.checkpoint_every_steps, remaining),
-            deadline_hours=req.deadline_hours - elapsed_h,
-        )
+        timed = rest_of(req, steps_done, deadline_hours=req.deadline_hours - elapsed_h)
         if _estimate(timed, decision.market, catalog, state, index) is None:
             if _estimate(timed, other, catalog, state, index) is not None:
                 return MarketDecision(
