@@ -26,10 +26,11 @@ def end_unreported_attempt(
     if not ctx.ledger.end_attempt(run_id, row["attempt"], outcome, if_running=True, detail=detail):
         return False
     pl: Mapping[str, Any] = row["placement"] or {}
+    region = pl.get("region") or row["region"]
     started = aware(row["started_at"])
     ended = utcnow()
     try:
-        report_uri = paths.launch_report_uri(ctx.run_uri(pl.get("region") or row["region"], run_id))
+        report_uri = paths.launch_report_uri(ctx.run_uri(region, run_id))
         report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
         if report.get("ended_at"):
             ended = dt.datetime.fromtimestamp(report["ended_at"], dt.UTC)
@@ -38,7 +39,7 @@ def end_unreported_attempt(
     ended = max(ended, started)
     run = ctx.ledger.get_run(run_id) or {}
     strategy = str((run.get("request") or {}).get("strategy") or "?")
-    region, gpus = pl.get("region") or row["region"], int(pl.get("num_gpus") or 0)
+    gpus = int(pl.get("num_gpus") or 0)
     ctx.ledger.record_utilization(
         run_id, run.get("team") or "?", region, pl.get("gpu_type") or "?", gpus, started, ended
     )
