@@ -116,33 +116,32 @@ def recover(
         tries.append(frozenset())
     # With a deadline, every tier is tried on it first: a looser block that finishes in time beats
     # a late relaunch; only when none does, the tiers are tried again without it (best effort).
-    placed: JSON | None = None
-    for best_effort in (False, True) if req.deadline_hours is not None else (True,):
-        for k, zones in enumerate(tries):
-            try:
-                placed = prepare.plan(
-                    to_dict(plan_req),
-                    run_id,
-                    ctx,
-                    blocked_zones=zones,
-                    attempt=attempt,
-                    checkpoint=checkpoint,
-                    best_effort=best_effort,
-                    **progress,
-                )
-                break
-            except NoFeasibleOfferError:
-                if best_effort and k == len(tries) - 1:
-                    raise
-                if k < len(tries) - 1:
-                    logger.warning(
-                        "no offer outside the blocked zones %s; %s",
-                        ", ".join(sorted(zones)),
-                        f"blocking only {lost.zone}" if tries[k + 1] else f"resuming in {lost.zone}",
-                    )
-        if placed is not None:
+    passes = (False, True) if req.deadline_hours is not None else (True,)
+    order = [(best_effort, k, zones) for best_effort in passes for k, zones in enumerate(tries)]
+    for i, (best_effort, k, zones) in enumerate(order):
+        try:
+            placed = prepare.plan(
+                to_dict(plan_req),
+                run_id,
+                ctx,
+                blocked_zones=zones,
+                attempt=attempt,
+                checkpoint=checkpoint,
+                best_effort=best_effort,
+                **progress,
+            )
             break
-        logger.warning("no offer finishes the rest of run %s by its deadline; relaunching late", run_id)
+        except NoFeasibleOfferError:
+            if i == len(order) - 1:
+                raise
+            if k < len(tries) - 1:
+                logger.warning(
+                    "no offer outside the blocked zones %s; %s",
+                    ", ".join(sorted(zones)),
+                    f"blocking only {lost.zone}" if tries[k + 1] else f"resuming in {lost.zone}",
+                )
+            else:
+                logger.warning("no offer finishes run %s by its deadline; relaunching late", run_id)
     pl = from_dict(Placement, placed)
     if pl.region != lost.region:
         data = prepare.place_data(to_dict(req), placed, run_id, ctx)
