@@ -403,13 +403,16 @@ def launch_state(
     )
 
 
-def place(job: SpotJob, market: SpotMarket, request: JobRequest, state: ClusterState) -> Placement | None:
+def place(
+    job: SpotJob, market: SpotMarket, request: JobRequest, state: ClusterState, best_effort: bool = True
+) -> Placement | None:
     """Where the placement engine puts ``request`` (``placement.engine.plan``, as the live ``plan``
     stage, without the ledger), or None when no candidate is feasible.
 
-    When no candidate fits the deadline (the job is late whatever it does), the request is planned
-    again without it: a live run would fail with ``NoFeasibleOfferError``; the simulated job goes on,
-    late, so that its cost and lateness are measured.
+    When no candidate fits the deadline and ``best_effort``, the request is planned again without
+    it (the job is late whatever it does there): a live first launch would fail with
+    ``NoFeasibleOfferError``; the simulated job goes on, late, so that its cost and lateness are
+    measured. Without ``best_effort``: None (a relaunch tries looser blocks on the deadline first).
     """
     catalog = market.engine_catalog(job.gpu_type, job.num_gpus)
     if not catalog.offers:
@@ -417,7 +420,7 @@ def place(job: SpotJob, market: SpotMarket, request: JobRequest, state: ClusterS
     try:
         return plan(request, catalog, state, run_id=job.job_id)
     except NoFeasibleOfferError:
-        if request.deadline_hours is None:
+        if request.deadline_hours is None or not best_effort:
             return None
     try:
         return plan(replace(request, deadline_hours=None), catalog, state, run_id=job.job_id)
@@ -546,11 +549,13 @@ class _JobSim:
         t: float,
         time_left_h: float | None = None,
         exact: bool = True,
+        best_effort: bool = True,
     ) -> Option | None:
         """Where the placement engine launches ``market`` now (``place``), or None when nothing is
         feasible. Blocked: the constraint's zones and regions (every zone but ``wait_zone`` when it
         is set, as live recovery plans), and for spot every zone the trace gives no capacity now.
-        ``exact=False``: an estimate for the strategy's inputs, planned once per ``ESTIMATE_SLOT_S``."""
+        ``exact=False``: an estimate for the strategy's inputs, planned once per ``ESTIMATE_SLOT_S``.
+        ``best_effort=False``: None when no zone meets the deadline (``place``)."""
         k = self.job.num_gpus
         blocked = set(self._blocked(c, market))
         if market == "spot":
@@ -567,7 +572,7 @@ class _JobSim:
             self.strategy.name,
         )
         ckpt = self._checkpoint_region()
-        state_key = (frozenset(blocked), frozenset(self.data_regions), ckpt)
+        state_key = (frozenset(blocked), frozenset(self.data_regions), ckpt, best_effort or late)
         if exact or late:
             # late: the request no longer moves with time (a waiting run's remaining work is fixed)
             key: tuple = (request, *state_key)
@@ -584,6 +589,7 @@ class _JobSim:
                     self.market,
                     request,
                     launch_state(self.job, self.data_regions, frozenset(blocked), ckpt),
+                    best_effort,
                 )
             if len(self._placed) >= 4096:
                 self._placed.clear()
@@ -657,16 +663,20 @@ class _JobSim:
         self, t: float, remaining: float, time_left_h: float | None, exact: bool = False
     ) -> Option | None:
         """The engine's on-demand launch now under the constraint; as live recovery, when it blocks
-        every zone only the last preempted zone stays blocked, then none."""
+        every zone only the last preempted zone stays blocked, then none. With a deadline every
+        such tier is tried on it first; only when none meets it, the tiers again without it."""
         last = self.history[-1].zone if self.history else None
-        for c in (
+        tiers = (
             self.constraint,
             PlacementConstraint(blocked_zones=frozenset({last}) if last else frozenset()),
             PlacementConstraint(),
-        ):
-            opt = self.best("on_demand", remaining, c, t, time_left_h, exact)
-            if opt is not None:
-                return opt
+        )
+        passes = (False, True) if time_left_h is not None and time_left_h > 0 else (True,)
+        for best_effort in passes:
+            for c in tiers:
+                opt = self.best("on_demand", remaining, c, t, time_left_h, exact, best_effort)
+                if opt is not None:
+                    return opt
         return None
 
     def decide(self, t: float, current: Option | None) -> tuple[str, str, float | None, Option | None]:

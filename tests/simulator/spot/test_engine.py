@@ -498,3 +498,32 @@ def test_spot_launch_weighs_the_catalog_preemption_rate_as_the_engine_does(trans
     market = SpotMarket((b, c), transfer)
     out = simulate_spot([job(work_h=2.0)], market, "spot_restart").outcomes[0]
     assert [x.zone for x in out.attempts] == ["us-central1-c"]
+
+
+def test_on_demand_relaunch_tries_every_blocked_zone_tier_on_the_deadline_before_a_late_one(transfer):
+    """As live recovery: the dataset (3 TB) is in australia-southeast1, the run was lost there and
+    then in asia-east1, both regions now blocked. The only zone outside them (us-central1-a) is
+    late behind the dataset's transfer; blocking only the last preempted zone lets the run
+    relaunch on-demand where the data is, in time. The late zone is taken only when no tier is
+    on time."""
+    from sailor_tasks.simulator.spot.engine import _JobSim
+    from sailor_tasks.strategies import get_strategy
+    from sailor_tasks.strategies.base import PlacementConstraint, PreemptionRecord
+
+    home = "australia-southeast1"
+    market = SpotMarket(
+        (zone(f"{home}-a", [0] * 22), zone("asia-east1-a", [0] * 22), zone("us-central1-a", None)), transfer
+    )
+    link = transfer.bucket_link(home, "us-central1")
+    data_gb = 3000.0
+    transfer_h = data_gb * 8 / link.gbps / HOUR
+    sim = _JobSim(job(work_h=2.0, home=home, data_gb=data_gb), market, get_strategy("sailor"), SpotParams())
+    sim.history = [
+        PreemptionRecord(attempt=1, region=home, zone=f"{home}-a", noticed=True),
+        PreemptionRecord(attempt=2, region="asia-east1", zone="asia-east1-a", noticed=True),
+    ]
+    sim.constraint = PlacementConstraint(blocked_regions=frozenset({home, "asia-east1"}))
+    time_left_h = 2.0 + 0.1 + transfer_h / 2  # room for the restart, not for the transfer
+    assert sim.on_demand_choice(0.0, 2.0, time_left_h, exact=True).zone.zone == f"{home}-a"
+    # No tier on time: the late relaunch still goes where the constraint allows.
+    assert sim.on_demand_choice(0.0, 2.0, 1.0, exact=True).zone.zone == "us-central1-a"
