@@ -1188,30 +1188,41 @@ class Ledger:
     def measured_throughputs(
         self, exclude_backends: Iterable[str] = ("local",)
     ) -> list[tuple[str, str, float]]:
-        """(model, GPU type, steps/s) of successful runs: their steps over their recorded training
-        time, every attempt's (one row per attempt: a run preempted k times trained its steps in
-        k + 1 attempts, not in each of them). A run whose attempts ran on several GPU types is
-        left out (its steps cannot be split between them), and so are runs on
-        ``exclude_backends`` (the local backend trains on this machine's CPU whatever GPU type the
-        placement named, so its speed says nothing about that GPU).
+        """(model, GPU type, steps/s) of successful runs of a built-in model on one VM: their steps
+        over their recorded training time, every attempt's (one row per attempt: a run preempted k
+        times trained its steps in k + 1 attempts, not in each of them). Left out: a run whose
+        attempts ran on several GPU types (its steps cannot be split between them); a run of its
+        own ``command`` (its steps are not the model's, which it still names); a run with an
+        attempt on several VMs (the table's entry is one VM's speed, and placement slows a spread
+        run by the spread penalty itself); runs on ``exclude_backends`` (the local backend trains
+        on this machine's CPU whatever GPU type the placement named, so its speed says nothing
+        about that GPU).
         """
-        r, u = t.runs.c, t.utilization.c
+        r, u, a = t.runs.c, t.utilization.c, t.run_attempts.c
         q = (
-            select(r.run_id, r.model, u.gpu_type, r.steps, u.started_at, u.ended_at)
+            select(r.run_id, r.model, r.request, u.gpu_type, r.steps, u.started_at, u.ended_at)
             .join(t.utilization, u.run_id == r.run_id)
             .where(r.status == "success", r.steps > 0, r.backend.not_in(list(exclude_backends)))
             .order_by(u.ended_at)
         )
         runs: dict[str, dict[str, Any]] = {}  # in the order of their first attempt's end
         with self.engine.connect() as c:
-            for run_id, model, gpu, steps, started, ended in c.execute(q):
+            for run_id, model, request, gpu, steps, started, ended in c.execute(q):
+                if (request or {}).get("command"):
+                    continue
                 run = runs.setdefault(run_id, {"model": model, "steps": steps, "gpus": set(), "s": 0.0})
                 run["gpus"].add(gpu)
                 run["s"] += max((ended - started).total_seconds(), 0.0)
+            spread = set()
+            if runs:
+                placed = select(a.run_id, a.placement).where(a.run_id.in_(list(runs)))
+                spread = {
+                    run_id for run_id, pl in c.execute(placed) if int((pl or {}).get("num_nodes") or 1) > 1
+                }
         return [
             (run["model"], next(iter(run["gpus"])), run["steps"] / run["s"])
-            for run in runs.values()
-            if len(run["gpus"]) == 1 and run["s"] > 0
+            for run_id, run in runs.items()
+            if len(run["gpus"]) == 1 and run["s"] > 0 and run_id not in spread
         ]
 
     # --- leases ----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from sailor_tasks.catalog import Catalog
-from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES
+from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, ThroughputTable
 from sailor_tasks.errors import CapacityUnavailableError, InvalidRequestError, NoFeasibleOfferError
 from sailor_tasks.model import ANY_GPU, ClusterState, JobRequest, Placement
 from sailor_tasks.placement import preferences as prefs
@@ -58,14 +58,25 @@ def view_for(index: CatalogIndex, state: ClusterState) -> PlanningView:
 def check_request(
     request: JobRequest, catalog: Catalog, job_types: Mapping[str, Any] = MODEL_JOB_TYPES
 ) -> None:
-    """Reject names the catalog does not know, listing the valid ones.
+    """Reject names the catalog does not know, listing the valid ones, and numbers no run can
+    have (a request built without ``request.from_params``, which refuses them first).
 
     Args:
         job_types: the models the index has throughputs for (``CatalogIndex.job_types``).
 
     Raises:
-        InvalidRequestError: unknown GPU type, region or model.
+        InvalidRequestError: unknown GPU type, region or model; fewer than one worker, GPU per
+            worker, step or step between checkpoints; a price cap or deadline that is not a
+            finite number above 0.
     """
+    for field_name in ("num_workers", "gpus_per_worker", "total_steps", "checkpoint_every_steps"):
+        value = getattr(request, field_name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidRequestError(field_name, value, "need a whole number >= 1")
+    for field_name in ("max_usd_per_hour", "deadline_hours"):
+        value = getattr(request, field_name)
+        if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
+            raise InvalidRequestError(field_name, value, "need a finite number > 0, or none")
     if request.gpu_type != ANY_GPU and request.gpu_type not in catalog.gpu_types:
         raise InvalidRequestError(
             "gpu_type", request.gpu_type, "not in the catalog", (ANY_GPU, *catalog.gpu_types)
@@ -501,26 +512,46 @@ def _as_dict(p: Placement) -> dict[str, Any]:
     return to_dict(p)
 
 
-def _unreserved_context(request: JobRequest, catalog: Catalog) -> RequestContext | None:
-    """The request's candidates with nothing reserved; None when the request itself is invalid
-    (reported by its own validation)."""
-    try:
-        check_request(request, catalog)
-    except InvalidRequestError:
-        return None
-    index = index_for(catalog)
+def _unreserved_context(
+    request: JobRequest, catalog: Catalog, throughput: ThroughputTable | None = None
+) -> RequestContext:
+    """The request's candidates with nothing reserved, at the speeds of ``throughput`` (default:
+    the packaged table).
+
+    Raises:
+        InvalidRequestError: ``check_request`` refuses the request.
+    """
+    check_request(request, catalog)
+    index = index_for(catalog, throughput)
     return build_context(index, request, _EMPTY_STATE, view_for(index, _EMPTY_STATE))
 
 
-def catalog_errors(request: JobRequest, catalog: Catalog) -> list[InvalidRequestError]:
+def _context_or_none(request: JobRequest, catalog: Catalog) -> RequestContext | None:
+    """``_unreserved_context``, or None when ``check_request`` refuses the request."""
+    try:
+        return _unreserved_context(request, catalog)
+    except InvalidRequestError:
+        return None
+
+
+def catalog_errors(
+    request: JobRequest, catalog: Catalog, throughput: ThroughputTable | None = None
+) -> list[InvalidRequestError]:
     """Every way ``request`` can never be placed on ``catalog``, whatever is reserved or blocked:
-    no offer can run it (``never_feasible_error``), the price cap is below every offer that could
-    (``price_cap_error``), the deadline is shorter than any run can take (``deadline_error``). The
-    candidates are evaluated once for all three. Empty when the request itself is invalid (its own
-    validation reports that)."""
-    ctx = _unreserved_context(request, catalog)
-    if ctx is None:
-        return []
+    a name or number the catalog refuses (``check_request``: a continent the transfer file does
+    not have, for one), no offer can run it (``never_feasible_error``), the price cap is below
+    every offer that could (``price_cap_error``), the deadline is shorter than any run can take
+    (``deadline_error``). The candidates are evaluated once for all three.
+
+    Args:
+        throughput: the speeds ``plan`` will use (``StageContext.planning_table``: the packaged
+            table with the ledger's measured speeds), so that a deadline validation accepts is
+            one planning can meet; default: the packaged table.
+    """
+    try:
+        ctx = _unreserved_context(request, catalog, throughput)
+    except InvalidRequestError as exc:
+        return [exc]
     errors = []
     never = never_feasible_error(request, catalog, ctx)
     if never is not None:
@@ -545,7 +576,7 @@ def deadline_error(request: JobRequest, catalog: Catalog, ctx: RequestContext | 
     """
     if request.deadline_hours is None:
         return None
-    ctx = ctx or _unreserved_context(request, catalog)
+    ctx = ctx or _context_or_none(request, catalog)
     if ctx is None:
         return None
     # market=auto picks spot or on-demand by the deadline's slack: either may serve it.
@@ -577,7 +608,7 @@ def price_cap_error(request: JobRequest, catalog: Catalog, ctx: RequestContext |
     """
     if request.max_usd_per_hour is None:
         return None
-    ctx = ctx or _unreserved_context(request, catalog)
+    ctx = ctx or _context_or_none(request, catalog)
     if ctx is None:
         return None
     index = ctx.index
@@ -626,7 +657,7 @@ def never_feasible_error(
         ctx: the request's candidates with nothing reserved (``_unreserved_context``), when the
             caller has them.
     """
-    ctx = ctx or _unreserved_context(request, catalog)
+    ctx = ctx or _context_or_none(request, catalog)
     if ctx is None:
         return None
     fail = first_failure(ctx, ignore=frozenset({BLOCKED_ZONE, DEADLINE, PRICE_CAP}))

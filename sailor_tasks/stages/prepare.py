@@ -112,7 +112,7 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
                     errors.append(command_err)
             # What no offer can ever satisfy (GPUs, residency, price cap, deadline): refused now,
             # not after queueing.
-            errors.extend(catalog_errors(as_planned(request), ctx.catalog))
+            errors.extend(catalog_errors(as_planned(request), ctx.catalog, ctx.planning_table()))
             try:
                 get_backend(request.backend, ctx.settings)
             except ValueError as exc:

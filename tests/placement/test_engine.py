@@ -443,3 +443,50 @@ def test_plan_and_explain_refuse_an_index_built_for_another_catalog():
     for decide in (plan, explain):
         with pytest.raises(ValueError, match="index was built for another catalog"):
             decide(req(), catalog, ClusterState(), "r", index=other)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("num_workers", 0),
+        ("num_workers", -2),
+        ("gpus_per_worker", 0),
+        ("total_steps", -5),
+        ("checkpoint_every_steps", 0),
+        ("max_usd_per_hour", float("nan")),
+        ("max_usd_per_hour", -1.0),
+        ("deadline_hours", float("inf")),
+        ("deadline_hours", 0.0),
+    ],
+)
+def test_a_request_built_without_from_params_with_a_number_no_run_can_have_is_refused_naming_it(field, value):
+    """``plan``, ``plan_many`` and ``explain`` take requests built directly too: a worker count of
+    0 placed 0 GPUs, negative steps gave negative hours and the dearest offer the best score."""
+    from sailor_tasks.placement import catalog_errors
+
+    catalog = Catalog((offer("us-east1-b"),))
+    bad = req(**{field: value})
+    with pytest.raises(InvalidRequestError) as info:
+        plan(bad, catalog, ClusterState(), "r")
+    assert info.value.field == field
+    with pytest.raises(InvalidRequestError):
+        explain(bad, catalog, ClusterState())
+    assert [e.field for e in catalog_errors(bad, catalog)] == [field]
+
+
+def test_catalog_errors_report_a_continent_the_transfer_file_does_not_have(monkeypatch):
+    """``validate`` calls ``catalog_errors`` after ``from_params``, which knows the packaged
+    continents only: with a transfer file without one, the run must be refused at validate, not
+    fail at plan."""
+    from sailor_tasks.catalog import transfer as transfer_module
+    from sailor_tasks.placement import catalog_errors
+
+    catalog = load_catalog()
+    transfer = catalog.transfer
+    prefixes = {p: c for p, c in transfer.continent_of_prefix.items() if c != "AF"}
+    without_af = dataclasses.replace(transfer, continent_of_prefix=prefixes)
+    monkeypatch.setattr(transfer_module, "load_transfer", lambda *a, **k: without_af)
+    catalog = Catalog(catalog.offers)  # reads the transfer file anew
+    assert catalog.transfer is without_af
+    errors = catalog_errors(req(data_residency=("AF",)), catalog)
+    assert [e.field for e in errors] == ["data_residency"] and "unknown continent" in str(errors[0])

@@ -133,3 +133,46 @@ def test_plan_stage_places_with_the_policies_throughput_matrix(ctx, demo_dataset
     assert index_for(ctx.catalog, packaged_with_measured(measured)).throughput is packaged_with_measured(
         measured
     )
+
+
+def test_measured_speeds_leave_out_runs_of_a_users_own_command_and_runs_spread_over_several_vms(ctx):
+    """A run of its own command still names the default model, and a spread run is slowed by the
+    spread penalty placement applies itself: neither is the built-in model's one-VM speed."""
+    ledger = ctx.ledger
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for run_id in ("own", "spread", "plain"):
+        add_run(ledger, run_id, "success", "us-central1", model="tiny_gpt", steps=1200, backend="gke")
+        ledger.record_utilization(
+            run_id, "research", "us-central1", "A100", 1, start, start + dt.timedelta(seconds=60)
+        )
+    ledger.upsert_run("own", request={"gpu_type": "A100", "num_workers": 1, "command": ["python", "mine.py"]})
+    for run_id, nodes in (("spread", 2), ("plain", 1)):
+        placement = {"region": "us-central1", "zone": "us-central1-a", "gpu_type": "A100"}
+        ledger.start_attempt(run_id, 1, 1, {**placement, "num_nodes": nodes, "num_gpus": 2}, {})
+    assert ledger.measured_throughputs() == [("tiny_gpt", "A100", 20.0)]
+
+
+def test_validate_refuses_a_deadline_the_measured_speeds_make_unmeetable_as_plan_would(ctx, demo_dataset):
+    """``plan`` reads the measured speeds; so does ``validate``'s deadline check, or it accepted a
+    run that plan then refused after queueing."""
+    from sailor_tasks.errors import InvalidRequestErrors
+
+    params = {
+        "dataset_uri": demo_dataset,
+        "num_workers": 1,
+        "gpu_type": "A100",
+        "total_steps": 30_000,
+        "checkpoint_every_steps": 1000,
+        "deadline_hours": 2,
+    }
+    stages.validate(params, "before", ctx)  # the packaged speed meets it easily
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for i in range(8):  # 1 step/s measured on A100, eight times
+        add_run(ctx.ledger, f"slow{i}", "success", "us-central1", model="tiny_gpt", steps=100, backend="gke")
+        begin = start + dt.timedelta(hours=i)
+        ctx.ledger.record_utilization(
+            f"slow{i}", "research", "us-central1", "A100", 1, begin, begin + dt.timedelta(seconds=100)
+        )
+    with pytest.raises(InvalidRequestErrors) as info:
+        stages.validate(params, "after", ctx)
+    assert "deadline_hours" in str(info.value)
