@@ -64,15 +64,25 @@ class PlanningView:
         return dataclasses.replace(self, used=self.used.copy())
 
 
-def dataset_sources(request: JobRequest, state: ClusterState, index: CatalogIndex) -> tuple[str, ...]:
-    """Regions that hold a complete copy of the dataset: recorded replicas, plus the region named
-    by a ``sailor://<region>/...`` URI. Empty when unknown (``sailor://source``, ``gs://``, ``file://``)."""
-    regions = set(state.replicas.get(request.dataset_uri, ()))
+def dataset_origin(request: JobRequest, index: CatalogIndex) -> str | None:
+    """The region of the dataset's own URI (``sailor://<region>/...``), which every copy reads
+    (``place_data``, the rebalance's replication); None when unknown (``sailor://source``,
+    ``gs://``, ``file://``)."""
     scheme, _, rest = request.dataset_uri.partition("://")
     if scheme == "sailor":
         bucket = rest.split("/", 1)[0]
         if bucket in index.region_idx:
-            regions.add(bucket)
+            return bucket
+    return None
+
+
+def dataset_sources(request: JobRequest, state: ClusterState, index: CatalogIndex) -> tuple[str, ...]:
+    """Regions that hold a complete copy of the dataset: recorded replicas, plus its origin
+    (``dataset_origin``). Empty when unknown."""
+    regions = set(state.replicas.get(request.dataset_uri, ()))
+    origin = dataset_origin(request, index)
+    if origin is not None:
+        regions.add(origin)
     return tuple(sorted(r for r in regions if r in index.region_idx))
 
 
@@ -113,7 +123,8 @@ class RequestContext:
     r_data_hours: np.ndarray
     """Per region: hours to copy the dataset there, and the run's checkpoint (``ClusterState.checkpoint``)."""
     r_data_source: np.ndarray
-    """Per region: index of the nearest source region (-1: no known source)."""
+    """Per region: index of the region its copy of the dataset reads (itself where it holds one; -1:
+    the dataset's unknown origin)."""
     r_checkpoint_usd: np.ndarray
     """Per region: USD of copying the run's checkpoint there (0 without one, or in its region)."""
 
@@ -154,13 +165,23 @@ def build_context(
     gb = nbytes / 1e9
     n_r = len(index.regions)
     if sources and gb > 0:
-        src = np.array([index.region_idx[r] for r in sources])
-        per_src = index.bucket_usd_per_gb[src]  # [source, dst region]
-        nearest = np.argmin(per_src, axis=0)
-        r_usd = per_src[nearest, np.arange(n_r)]
-        r_gbps = index.bucket_gbps[src][nearest, np.arange(n_r)]
+        # A region holding a complete copy only verifies it (its own bucket's link); any other
+        # copies from the dataset's origin, which every copy reads, not from a replica; with the
+        # origin unknown, at the dearest and slowest link into the region from any region.
+        everywhere = np.arange(n_r)
+        origin = dataset_origin(request, index)
+        if origin is not None:
+            o = index.region_idx[origin]
+            r_usd, r_gbps = index.bucket_usd_per_gb[o].copy(), index.bucket_gbps[o].copy()
+            r_source = np.full(n_r, o)
+        else:
+            r_usd, r_gbps = index.bucket_usd_per_gb.max(axis=0), index.bucket_gbps.min(axis=0)
+            r_source = np.full(n_r, -1)
+        held = np.array([index.region_idx[r] for r in sources])
+        r_usd[held] = index.bucket_usd_per_gb[held, held]
+        r_gbps[held] = index.bucket_gbps[held, held]
+        r_source[held] = everywhere[held]
         r_hours = gb * BITS_PER_BYTE / r_gbps / SECONDS_PER_HOUR
-        r_source = src[nearest]
     else:
         r_usd = np.zeros(n_r)
         r_hours = np.zeros(n_r)

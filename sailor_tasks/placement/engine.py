@@ -312,6 +312,9 @@ def _placement(
                 "; dataset location unknown (no transfer charged)"
                 if not ctx.sources
                 else "; dataset size unknown (no transfer charged)"
+                if ctx.dataset_gb <= 0
+                else f"; dataset {ctx.dataset_gb:.3g} GB from its source, location unknown (charged at "
+                "the dearest link into the region)"
             )
         )
         + (

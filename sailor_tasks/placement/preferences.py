@@ -42,8 +42,9 @@ def compute_cost(ctx: RequestContext) -> np.ndarray:
 
 
 def data_transfer(ctx: RequestContext) -> np.ndarray:
-    """USD of copying the dataset from its nearest replica (and, on a relaunch, the checkpoint from
-    its region), plus the copy time valued at the placement's hourly price (the run waits for them)."""
+    """USD of getting the dataset into the region (``build_context``: verifying the region's own
+    copy, else copying from the dataset's origin), and, on a relaunch, the checkpoint from its
+    region, plus the copy time valued at the placement's hourly price (the run waits for them)."""
     region = ctx.c.region
     usd = ctx.dataset_gb * ctx.r_data_usd_per_gb[region] + ctx.r_checkpoint_usd[region]
     return usd + ctx.data_hours * ctx.usd_per_hour
@@ -97,7 +98,7 @@ def packing(ctx: RequestContext) -> np.ndarray:
 
 PREFERENCES: tuple[Preference, ...] = (
     Preference("compute_cost", "zone", "USD for the expected duration on this GPU type", compute_cost),
-    Preference("data_transfer", "region", "egress USD + copy time from the nearest replica", data_transfer),
+    Preference("data_transfer", "region", "egress USD + copy time of dataset and checkpoint", data_transfer),
     Preference("preemption_loss", "zone", "expected USD of work lost to spot preemptions", preemption_loss),
     Preference("overload", "region", "region load vs the assignment (overload > underload)", overload),
     Preference(

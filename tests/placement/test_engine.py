@@ -490,3 +490,41 @@ def test_catalog_errors_report_a_continent_the_transfer_file_does_not_have(monke
     assert catalog.transfer is without_af
     errors = catalog_errors(req(data_residency=("AF",)), catalog)
     assert [e.field for e in errors] == ["data_residency"] and "unknown continent" in str(errors[0])
+
+
+def test_the_dataset_copy_is_priced_from_its_origin_which_place_data_reads_not_from_a_replica():
+    """``place_data`` copies from the dataset's own URI: a region without a copy pays the link from
+    the origin region, though a replica is nearer; a region holding one pays its own bucket's."""
+    from sailor_tasks.placement.context import build_context
+    from sailor_tasks.placement.engine import view_for
+    from sailor_tasks.placement.index import index_for
+
+    catalog = load_catalog()
+    transfer = catalog.transfer
+    uri = "sailor://us-central1/datasets/x"
+    state = ClusterState(replicas={uri: ("asia-east1",)}, dataset_bytes={uri: 2000 * GB})
+    index = index_for(catalog)
+    ctx = build_context(index, req(dataset_uri=uri), state, view_for(index, state))
+    for region, source in (
+        ("asia-east2", "us-central1"),
+        ("asia-east1", "asia-east1"),
+        ("us-central1", "us-central1"),
+    ):
+        r = index.region_idx[region]
+        link = transfer.bucket_link(source, region)
+        assert index.regions[ctx.r_data_source[r]] == source
+        assert ctx.r_data_usd_per_gb[r] == pytest.approx(link.usd_per_gb)
+        assert ctx.r_data_hours[r] == pytest.approx(2000 * 8 / link.gbps / 3600)
+    assert (
+        transfer.bucket_link("asia-east1", "asia-east2").usd_per_gb
+        < transfer.bucket_link("us-central1", "asia-east2").usd_per_gb
+    )  # the replica is the nearer one
+    # Origin unknown: a region without a copy is charged at the dearest, slowest link into it.
+    unknown = "sailor://source/datasets/y"
+    state = ClusterState(replicas={unknown: ("asia-east1",)}, dataset_bytes={unknown: 2000 * GB})
+    ctx = build_context(index, req(dataset_uri=unknown), state, view_for(index, state))
+    r = index.region_idx["asia-east2"]
+    links = [transfer.bucket_link(s, "asia-east2") for s in index.regions]
+    assert ctx.r_data_source[r] == -1
+    assert ctx.r_data_usd_per_gb[r] == pytest.approx(max(k.usd_per_gb for k in links))
+    assert ctx.r_data_usd_per_gb[index.region_idx["asia-east1"]] == 0.0

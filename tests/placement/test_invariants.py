@@ -113,16 +113,23 @@ def brute_force(request: JobRequest, catalog, state: ClusterState) -> tuple[list
         held[(r.zone, r.gpu_type)] += r.gpus
     sources = set(state.replicas.get(request.dataset_uri, ()))
     scheme, _, rest = request.dataset_uri.partition("://")
-    if scheme == "sailor" and rest.split("/", 1)[0] in catalog.regions:
-        sources.add(rest.split("/", 1)[0])
+    origin = rest.split("/", 1)[0] if scheme == "sailor" and rest.split("/", 1)[0] in catalog.regions else None
+    if origin is not None:
+        sources.add(origin)
     gb = state.dataset_bytes.get(request.dataset_uri, 0) / 1e9
 
     def data(region: str) -> tuple[float, float]:
-        """(USD, hours) to copy the dataset from its cheapest replica."""
+        """(USD, hours) to get the dataset there: verify the region's own copy, else copy it from
+        its origin, else (origin unknown) at the dearest and slowest link from any region."""
         if not sources or gb <= 0:
             return 0.0, 0.0
-        link = min((transfer.bucket_link(s, region) for s in sorted(sources)), key=lambda k: k.usd_per_gb)
-        return gb * link.usd_per_gb, gb * 8 / link.gbps / 3600
+        if region in sources or origin is not None:
+            link = transfer.bucket_link(region if region in sources else origin, region)
+            usd, gbps = link.usd_per_gb, link.gbps
+        else:
+            links = [transfer.bucket_link(s, region) for s in catalog.regions]
+            usd, gbps = max(k.usd_per_gb for k in links), min(k.gbps for k in links)
+        return gb * usd, gb * 8 / gbps / 3600
 
     a = state.assignment
     shares = a.shares.get(request.team, {}) if a else {}
