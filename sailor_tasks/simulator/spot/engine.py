@@ -496,7 +496,9 @@ class _JobSim:
         self, region: str, ckpt_from: str | None | object = _RESUMED, data_regions: set[str] | None = None
     ) -> tuple[float, float]:
         """(hours, USD) to bring the dataset and the checkpoint (from ``ckpt_from``; None: there
-        is none; by default the one a launch now resumes from) to ``region``."""
+        is none; by default the one a launch now resumes from) to ``region``. The dataset comes
+        from its home region (a copy reads the dataset's own URI, as ``place_data`` does), unless
+        ``region`` holds a copy already."""
         if ckpt_from is _RESUMED:
             ckpt_from = self._checkpoint_region()
         data_regions = self.data_regions if data_regions is None else data_regions
@@ -506,10 +508,7 @@ class _JobSim:
             return hit
         hours = usd = 0.0
         if region not in data_regions and self.job.data_gb > 0:
-            link = min(
-                (self.market.transfer.bucket_link(r, region) for r in sorted(data_regions)),
-                key=lambda ln: (ln.usd_per_gb, -ln.gbps),
-            )
+            link = self.market.transfer.bucket_link(self.job.home_region, region)
             hours += self.job.data_gb * BITS_PER_BYTE / link.gbps / SECONDS_PER_HOUR
             usd += self.job.data_gb * link.usd_per_gb
         if ckpt_from and ckpt_from != region and self.job.checkpoint_gb > 0:

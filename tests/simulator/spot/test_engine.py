@@ -527,3 +527,21 @@ def test_on_demand_relaunch_tries_every_blocked_zone_tier_on_the_deadline_before
     assert sim.on_demand_choice(0.0, 2.0, time_left_h, exact=True).zone.zone == f"{home}-a"
     # No tier on time: the late relaunch still goes where the constraint allows.
     assert sim.on_demand_choice(0.0, 2.0, 1.0, exact=True).zone.zone == "us-central1-a"
+
+
+def test_a_relaunch_copies_the_dataset_from_its_home_region_not_from_a_region_it_ran_in(transfer):
+    """A copy reads the dataset's own URI (``place_data``): a region without a copy pays the
+    link from the home region, though a region the job ran in (which holds one) is nearer."""
+    from sailor_tasks.simulator.spot.engine import _JobSim
+    from sailor_tasks.strategies import get_strategy
+
+    home = "australia-southeast1"
+    market = SpotMarket((zone(f"{home}-a", [0] * 22), zone("asia-east1-a", [0] * 22)), transfer)
+    sim = _JobSim(job(work_h=2.0, home=home, data_gb=100.0), market, get_strategy("sailor"), SpotParams())
+    sim.data_regions.add("asia-east1")
+    far, near = transfer.bucket_link(home, "asia-east2"), transfer.bucket_link("asia-east1", "asia-east2")
+    assert near.usd_per_gb < far.usd_per_gb
+    hours, usd = sim._transfer("asia-east2", None)
+    assert usd == pytest.approx(100.0 * far.usd_per_gb)
+    assert hours == pytest.approx(100.0 * 8 / far.gbps / HOUR)
+    assert sim._transfer("asia-east1", None) == (0.0, 0.0)  # it holds a copy
