@@ -89,3 +89,53 @@ def test_resuming_before_init_distributed_then_saving_on_two_ranks(tmp_path):
     for rank in (0, 1):
         assert (tmp_path / "out" / f"rank-{rank}").read_text() == "None 2"
     assert CheckpointManager(f"file://{tmp_path / 'ckpt'}").committed_steps() == [1, 2]
+
+
+def _failing_fence_worker(rank: int, port: int, ckpt: str, out: str) -> None:
+    """Rank 1's fence check fails once, in its first async save's background thread."""
+    run = _run(rank, port, ckpt)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))  # a hang shows as an error
+    run.init_distributed()
+    manager = run.checkpoints
+    if rank == 1:
+        real, calls = manager.check_fence, []
+
+        def flaky() -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise OSError("transient storage error reading the fence")
+            real()
+
+        manager.check_fence = flaky
+    outcomes = []
+    for step in (1, 2, 3):
+        manager.save_async(step, {"w": torch.full((1000,), float(step)), f"rank{rank}": torch.ones(3)})
+        try:
+            manager.wait()
+            outcomes.append("ok")
+        except Exception as exc:  # noqa: BLE001 - the test records which save failed where
+            outcomes.append(type(exc).__name__)
+    with open(os.path.join(out, f"rank-{rank}"), "w") as f:
+        f.write(" ".join(outcomes))
+    os._exit(0)
+
+
+def test_one_ranks_failure_before_an_async_saves_collectives_fails_that_save_on_every_rank(tmp_path):
+    """Every rank fails step 1 together, and steps 2 and 3 commit with both ranks' files: one
+    rank leaving the save's collectives made the others wait there, then pair each later save
+    with another step's, committing steps without the other rank's data."""
+    from sailor_tasks.train.checkpoint.dcp import CheckpointManager
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "out").mkdir()
+    mp.spawn(_failing_fence_worker, args=(port, str(tmp_path / "ckpt"), str(tmp_path / "out")), nprocs=2)
+    assert (tmp_path / "out" / "rank-0").read_text() == "RuntimeError ok ok"
+    assert (tmp_path / "out" / "rank-1").read_text() == "OSError ok ok"
+    manager = CheckpointManager(f"file://{tmp_path / 'ckpt'}")
+    assert manager.committed_steps() == [2, 3]
+    for step in (2, 3):
+        files = manager.marker(step)["files"]
+        assert any(n.startswith("__0_") for n in files) and any(n.startswith("__1_") for n in files)
+        assert manager.verify(step)

@@ -1100,10 +1100,13 @@ class CheckpointManager(CheckpointStore):
         """Write ``state_dict`` (Stateful values resolved) into the step's folder, ``.metadata``
         last: planned by ``dcp.save``, or, in a single process, with the previous save's plan when
         the layout is unchanged."""
-        writer = self._writer(step)
         if self.distributed:
+            # Every rank's own preparation (fence check, rank 0 clearing the folder) agreed on
+            # before DCP's collectives, which keep the ranks together from there on.
+            writer = self._together(lambda: self._writer(step), process_group, f"the save of step {step}")
             dcp.save(state_dict, storage_writer=writer, process_group=process_group)
             return writer
+        writer = self._writer(step)
         layout: list[Any] | None = []
         nodes: list[Any] = []
         try:
@@ -1157,14 +1160,19 @@ class CheckpointManager(CheckpointStore):
     def _stage_and_save(
         self, step: int, state: dict[str, Any], staged: threading.Event, start: float
     ) -> SaveInfo:
+        failed: BaseException | None = None
         try:
             snapshot = self._staging.stage(_resolve_stateful(state))
+        except BaseException as exc:
+            if not self.distributed:
+                raise
+            failed = exc  # the other ranks still agree on it in ``_kept``, then every rank fails
         finally:
             staged.set()  # also on failure: the error surfaces in poll()/wait(), never a hang
         del state
         # After the snapshot: the caller waits for it (wait_staged), and the check's collective
         # must not hold it while another rank is still in a training collective.
-        kept = self._kept(step, self.process_group)
+        kept = self._kept(step, self.process_group, failed)
         if kept is not None:
             return kept
         info = self._write_and_commit(step, snapshot, start, self.process_group)
@@ -1180,24 +1188,57 @@ class CheckpointManager(CheckpointStore):
             self.retain, "retention failed: older checkpoints kept until the next save", logging.WARNING
         )
 
-    def _kept(self, step: int, process_group: Any = None) -> SaveInfo | None:
+    def _kept(
+        self, step: int, process_group: Any = None, failed: BaseException | None = None
+    ) -> SaveInfo | None:
         """Step ``step``'s checkpoint when it is already committed and valid (a save on the notice
         of the step an async save just committed, or of the step the run resumed from): it is
         kept, since writing it anew would first delete it and a failure then would leave an older
-        one. Rank 0 decides, every rank learns it. None: write it."""
-        self.check_fence()  # a stale attempt saves nothing, even a step that is there
-        size = None
+        one. Rank 0 decides, every rank learns it. None: write it. ``failed``: this rank's save
+        already failed (its snapshot); with several ranks every rank fails the save together."""
         marker_uri = storage.join(self.step_uri(step), MARKER)
-        if self.rank == 0 and storage.exists(marker_uri) and self.verify(step):
-            size = sum(int(f["size"]) for f in self.marker(step)["files"].values())
-        if self.distributed:
-            box = [size]
-            dist.broadcast_object_list(box, src=0, group=process_group)
-            size = box[0]
+
+        def check() -> int | None:
+            if failed is not None:
+                raise failed
+            self.check_fence()  # a stale attempt saves nothing, even a step that is there
+            if self.rank == 0 and storage.exists(marker_uri) and self.verify(step):
+                return sum(int(f["size"]) for f in self.marker(step)["files"].values())
+            return None
+
+        size = self._together(check, process_group, f"the save of step {step}", share=True)
         if size is None:
             return None
         logger.info("checkpoint step %d is already committed at %s; kept, not saved again", step, marker_uri)
         return SaveInfo(step=step, uri=self.step_uri(step), bytes=size, seconds=0.0)
+
+    def _together(self, fn: Callable[[], Any], process_group: Any, what: str, *, share: bool = False) -> Any:
+        """``fn()`` on every rank, then one collective on ``process_group`` (with several ranks):
+        when it raised on any rank, it raises on every rank (this rank's own error, or one naming
+        the ranks that failed). Returns this rank's result, or with ``share`` rank 0's (pickled).
+        A rank's own failure before a save's collectives (its fence check, a storage error, its
+        snapshot) would otherwise leave the other ranks waiting in them, and pair each later save
+        with another step's."""
+        if not self.distributed:
+            return fn()
+        error: BaseException | None = None
+        result = None
+        try:
+            result = fn()
+        except BaseException as exc:
+            error = exc
+        outcomes: list[Any] = [None] * dist.get_world_size(process_group)
+        mine = (None if error is None else repr(error), result if share else None)
+        dist.all_gather_object(outcomes, mine, group=process_group)
+        if error is not None:
+            raise error
+        failures = {rank: err for rank, (err, _) in enumerate(outcomes) if err is not None}
+        if failures:
+            raise RuntimeError(
+                f"{self.root_uri}: {what} failed on rank(s) "
+                + "; ".join(f"{rank}: {err}" for rank, err in sorted(failures.items()))
+            )
+        return outcomes[0][1] if share else result
 
     def _background(self) -> ThreadPoolExecutor:
         """One worker: async saves and retention run one at a time, in order."""
@@ -1237,7 +1278,12 @@ class CheckpointManager(CheckpointStore):
         nbytes = 0
         if self.rank == 0:
             # A single process wrote every file itself (no sidecars to collect, nothing to list).
-            nbytes = self.commit(step, writer.fs.sums, complete=not self.distributed)
+            required = (
+                {info.relative_path for info in writer.metadata.storage_data.values()}
+                if self.distributed and writer.metadata is not None
+                else ()
+            )
+            nbytes = self.commit(step, writer.fs.sums, complete=not self.distributed, required=required)
             if self.local and not self.distributed:
                 # Every checksum in the marker was computed from the bytes this process wrote, and
                 # on a local root reading them back (from the page cache) can only find those

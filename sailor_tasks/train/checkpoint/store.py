@@ -23,6 +23,7 @@ import pickletools
 import posixpath
 import re
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from sailor_tasks import storage
@@ -245,7 +246,12 @@ class CheckpointStore:
         return None
 
     def commit(
-        self, step: int, own_sums: dict[str, dict[str, Any]] | None = None, *, complete: bool = False
+        self,
+        step: int,
+        own_sums: dict[str, dict[str, Any]] | None = None,
+        *,
+        complete: bool = False,
+        required: Iterable[str] = (),
     ) -> int:
         """Write the step's marker: checksums from the writers' sidecars (files with none are read
         back). Called by global rank 0 once every rank's data is on storage.
@@ -254,15 +260,21 @@ class CheckpointStore:
             step: the step folder to commit.
             own_sums: crc32c and size of the files this process wrote, by file name.
             complete: ``own_sums`` covers every file of the folder: it is not listed.
+            required: files the checkpoint cannot load without (the data files DCP's metadata
+                names): with one missing, nothing is committed.
 
         Returns:
             The checkpoint's size in bytes (the files the marker lists).
 
         Raises:
             StaleAttemptError: a newer attempt claimed the root: nothing is committed.
+            RuntimeError: a ``required`` file is not in the folder: nothing is committed.
         """
         uri = self.step_uri(step)
         names = list(own_sums or {}) if complete else storage.listdir(uri)
+        missing = sorted(set(required) - set(names))
+        if missing:
+            raise RuntimeError(f"checkpoint {uri} not committed: {', '.join(missing)} missing from the folder")
         known: dict[str, dict[str, Any]] = dict(own_sums or {})
         for name in names:
             if name.endswith(SIDECAR_SUFFIX):

@@ -99,6 +99,17 @@ def test_uncommitted_or_corrupt_steps_fall_back_to_the_previous_one(tmp_path):
     assert not store.verify(1) and store.latest_valid_step() is None
 
 
+def test_a_step_missing_a_data_file_dcps_metadata_names_is_not_committed(tmp_path):
+    """Another rank's data file missing (its save went to another folder): no marker, so the step
+    never becomes the newest valid checkpoint that no rank can load."""
+    store = CheckpointStore(f"file://{tmp_path}/ck")
+    _write_step(store, 1, _files(1), commit=False)
+    with pytest.raises(RuntimeError, match="__1_0.distcp missing"):
+        store.commit(1, required=["__0_0.distcp", "__1_0.distcp"])
+    assert not storage.exists(storage.join(store.step_uri(1), MARKER))
+    assert store.commit(1, required=["__0_0.distcp", "__0_1.distcp"]) > 0
+
+
 def test_committed_bytes_is_the_newest_marker_total(tmp_path):
     store = CheckpointStore(f"file://{tmp_path}/r1")
     assert store.committed_bytes() is None
