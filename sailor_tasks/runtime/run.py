@@ -200,13 +200,29 @@ class Run:
     # --- checkpoints ------------------------------------------------------------------------
     @property
     def checkpoints(self) -> CheckpointManager:
-        """SAILOR's checkpoint manager on the run's checkpoint root (built on first use)."""
+        """SAILOR's checkpoint manager on the run's checkpoint root (built on first use, and again
+        once a process group exists that it was built without).
+
+        Raises:
+            RuntimeError: several workers and no process group yet: every rank would write the
+                same files into the same folder.
+        """
+        grouped = dist.is_available() and dist.is_initialized()
+        if self.world_size > 1 and not grouped:
+            raise RuntimeError(
+                f"{self.world_size} workers and no process group: call run.init_distributed() (or "
+                "torch.distributed.init_process_group) before using run.checkpoints, so that each rank "
+                "saves its own part of every checkpoint"
+            )
+        if self._checkpoints is not None and self._checkpoints.distributed != grouped:
+            self._checkpoints.wait()  # its pending save ends as it began
+            self._checkpoints = None
         if self._checkpoints is None:
             self._checkpoints = CheckpointManager(
                 self.checkpoint_dir,
                 rank=self.rank,
                 keep_latest_k=self.keep_latest_k,
-                distributed=dist.is_available() and dist.is_initialized(),
+                distributed=grouped,
                 process_group=self._ckpt_group,
                 attempt=self.attempt,
             )

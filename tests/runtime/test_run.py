@@ -180,3 +180,29 @@ def test_several_workers_without_a_process_group_cannot_resume_and_are_told_why(
     run = Run.from_env({**environ, "WORLD_SIZE": "2"}, handle_sigterm=False)
     with pytest.raises(RuntimeError, match=r"2 workers and no process group: call run.init_distributed\(\)"):
         run.load_latest({"w": torch.zeros(3)})
+
+
+def test_checkpoints_are_refused_without_a_group_and_rebuilt_once_one_exists(environ, tmp_path):
+    """A manager built before the user's own ``init_process_group`` would save as a single
+    process on every rank (every rank writing rank 0's files into one folder)."""
+    import socket
+
+    import torch.distributed as dist
+
+    run = Run.from_env({**environ, "WORLD_SIZE": "2"}, handle_sigterm=False)
+    with pytest.raises(RuntimeError, match="2 workers and no process group"):
+        run.checkpoints  # noqa: B018 - the property is what refuses
+    run = Run.from_env(environ, handle_sigterm=False)
+    assert run.checkpoints.keep_latest_k >= 1 and not run.checkpoints.distributed
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        assert run.checkpoints.distributed
+        info = run.save(3, {"w": torch.ones(4)})
+        assert info.step == 3 and run.latest_step() == 3
+    finally:
+        run.close()  # leaves the group too
+        if dist.is_initialized():
+            dist.destroy_process_group()
