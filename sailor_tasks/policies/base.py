@@ -442,8 +442,9 @@ def add_rows(lp: LinearProgram, rows: spmatrix, rhs: np.ndarray) -> LinearProgra
     return lp
 
 
-def solve(lp: LinearProgram, policy: str) -> np.ndarray:
-    """Solve with HiGHS (highspy); return the variable vector.
+def solve(lp: LinearProgram, policy: str, *, simplex: bool = False) -> np.ndarray:
+    """Solve with HiGHS (highspy); return the variable vector. ``simplex``: dual simplex whatever
+    the size (else interior point above ``IPM_ABOVE_VARS`` columns).
 
     Raises:
         InfeasibleAllocationError: HiGHS did not report an optimal solution.
@@ -454,7 +455,7 @@ def solve(lp: LinearProgram, policy: str) -> np.ndarray:
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
-    if len(lp.c) > IPM_ABOVE_VARS:
+    if len(lp.c) > IPM_ABOVE_VARS and not simplex:
         h.setOptionValue("solver", "ipm")
     model = highspy.HighsLp()
     model.num_col_ = len(lp.c)
