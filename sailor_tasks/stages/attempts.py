@@ -202,9 +202,51 @@ def train_attempt(
         TrainingFailedError: the process group failed for another reason.
     """
     backend = get_backend(from_dict(JobRequest, request).backend, ctx.settings)
+    done = end_reported_attempt(ctx, request, run_id, try_number)
+    if done is not None:
+        return done
     att = begin_attempt(ctx, request, placement, data, run_id, try_number)
     rc = backend.train(att.launch)
     return finish_attempt(ctx, att, rc, try_number, max_tries)
+
+
+def end_reported_attempt(ctx: StageContext, request: JSON, run_id: str, try_number: int = 1) -> JSON | None:
+    """End the run's last attempt from its launch report when the try that launched it died after
+    its process group exited but before recording how (a ledger or storage error, the task killed):
+    the report says whether it completed, was preempted or failed, as it would have told that try.
+    Returns the result of a completed attempt; None when there is nothing to end that way (no
+    attempt running, or no report of its end), or when the attempt ended otherwise (recorded:
+    the next attempt recovers from a preemption, resumes after a failure).
+
+    Raises:
+        RunCancelledError, LeaseReclaimedError: as ``finish_attempt``.
+    """
+    attempts = ctx.ledger.attempts(run_id)
+    if not attempts or attempts[-1]["outcome"] != "running":
+        return None
+    last = attempts[-1]
+    region = (last["placement"] or {}).get("region") or last["region"]
+    report_uri = paths.launch_report_uri(ctx.run_uri(region, run_id))
+    try:
+        report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
+    except (OSError, ValueError) as exc:
+        logger.warning("run %s: launch report of attempt %d unreadable (%s)", run_id, last["attempt"], exc)
+        return None
+    if report.get("attempt") != last["attempt"] or report.get("rc") is None:
+        return None
+    logger.warning(
+        "attempt %d of run %s ended (exit status %s) before its try recorded it: recording it from its report",
+        last["attempt"],
+        run_id,
+        report["rc"],
+    )
+    att = resume_attempt(ctx, request, run_id, last["attempt"])
+    ended = dt.datetime.fromtimestamp(report["ended_at"], dt.UTC) if report.get("ended_at") else None
+    try:
+        return finish_attempt(ctx, att, int(report["rc"]), try_number, final=False, ended_at=ended)
+    except (PreemptedError, TrainingFailedError, TrainingInterruptedError) as exc:
+        logger.info("attempt %d of run %s recorded as ended: %s", last["attempt"], run_id, exc)
+        return None
 
 
 @dataclass(frozen=True)
@@ -467,6 +509,7 @@ def finish_attempt(
     max_tries: int = 0,
     *,
     final: bool | None = None,
+    ended_at: dt.datetime | None = None,
 ) -> JSON:
     """End a launched attempt from its process group's exit status and what the trainer wrote:
     record it (utilization, checkpoint, preemption) and return the result, or raise.
@@ -477,6 +520,7 @@ def finish_attempt(
     Args:
         rc: the process group's exit status (0 done, 75 preempted after saving).
         final: whether a preemption ends the run (default: ``try_number > max_tries``).
+        ended_at: when the process group exited (default: now).
 
     Raises:
         PreemptedError, RecoveryExhaustedError, TrainingFailedError: as ``train_attempt``.
@@ -484,7 +528,7 @@ def finish_attempt(
     req, run_id, attempt, attempts = att.req, att.run_id, att.number, att.prior
     pl, data, config, started = att.placement, att.data, att.config, att.started
     report_uri = paths.launch_report_uri(ctx.run_uri(pl.region, run_id))
-    ended = utcnow()
+    ended = max(ended_at, started) if ended_at is not None else utcnow()
     ctx.ledger.record_utilization(run_id, req.team, pl.region, pl.gpu_type, pl.num_gpus, started, ended)
     ctx.ledger.end_attempt_market(
         run_id, attempt, (ended - started).total_seconds() / 3600.0, pl.usd_per_hour, pl.market, req.strategy

@@ -171,3 +171,44 @@ def test_a_deadline_relaunch_tries_looser_blocks_on_the_deadline_before_going_la
     ctx.ledger.record_preemption("r", 1, "us-central1", "us-central1-a", True, 10, 0, None)
     placed, _ = attempts.recover(ctx, req, lost, {"data_uri": "x"}, "r", 2)
     assert placed.zone == "us-central1-b" and tried == [(True, False), (False, False)]
+
+
+@pytest.mark.parametrize("preempt", [True, False])
+def test_a_retried_try_records_how_the_attempt_it_launched_ended_from_its_report(
+    ctx, demo_dataset, monkeypatch, preempt
+):
+    """The try died after the process group exited but before it recorded the end (a ledger
+    error): the retry records the end its launch report gives, a preemption (recovered, then
+    the next attempt) or a completion (its result, nothing trains again), not a failure."""
+    from sailor_tasks import stages
+
+    run_id = f"blip-{preempt}"
+    params = {
+        **BASE, "dataset_uri": demo_dataset, "num_workers": 1, "total_steps": 20,
+        **({"inject_preemptions": [10]} if preempt else {}),
+    }  # fmt: skip
+    request = stages.validate(params, run_id, ctx)
+    placement = stages.plan(request, run_id, ctx)
+    data = stages.place_data(request, placement, run_id, ctx)
+    stages.provision(request, placement, run_id, ctx)
+    real, calls = ctx.ledger.record_utilization, []
+
+    def blip(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("ledger failover")
+        return real(*a, **k)
+
+    monkeypatch.setattr(ctx.ledger, "record_utilization", blip)
+    with pytest.raises(ConnectionError):
+        stages.train(request, placement, data, run_id, ctx, try_number=1, max_tries=3)
+    result = stages.train(request, placement, data, run_id, ctx, try_number=2, max_tries=3)
+    attempts = [(a["attempt"], a["outcome"]) for a in ctx.ledger.attempts(run_id)]
+    assert result["step"] == 20
+    if preempt:
+        assert attempts == [(1, "preempted"), (2, "completed")]
+        [lost] = ctx.ledger.preemptions(run_id)
+        assert lost["attempt"] == 1 and lost["noticed"]
+    else:
+        assert attempts == [(1, "completed")]
+    assert len(calls) == len(attempts) + 1  # every attempt's use recorded once more after the blip
