@@ -159,6 +159,8 @@ def main() -> None:
                 "samples_per_s_bare": round(bare_result["samples_per_s"], 1),
                 "final_loss_dag": record["final_loss"],
                 "final_loss_bare": bare_result["final_loss"],
+                # the same work on both sides: the same seed and data give the same final loss
+                "same_final_loss": record["final_loss"] == bare_result["final_loss"],
                 "placed_in": f"{record['region']}/{record['gpu_type']}",
                 "cpu_count": os.cpu_count(),
             }

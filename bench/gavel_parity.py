@@ -19,10 +19,11 @@ region: nothing to route).
 
 The ratio of a case is SAILOR / Gavel on the pair's metric: average JCT, or makespan for the
 makespan policies (< 1: SAILOR is better). Gavel's results are cached by trace hash, policy,
-cluster, round length and seed under ``--cache`` (default ``~/.cache/sailor/gavel_parity``), so a
+cluster, round length, seed, throughput table and Gavel's code under ``--cache`` (default ``~/.cache/sailor/gavel_parity``), so a
 rerun only re-simulates SAILOR. Job counts are small (``--jobs``, default 24) because Gavel's
 cvxpy solver, re-run at every arrival and completion, takes minutes per trace beyond that
-(its space-sharing LP has a variable per job pair). Prints one JSON object (last line).
+(its space-sharing LP has a variable per job pair). Prints one JSON object (last line);
+``target_met``: at least 24 cases, median ratio <= 1.00, max <= 1.03.
 
     .venv/bin/python bench/gavel_parity.py [--jobs 24] [--rates 0.3,0.6,1.2] [--seeds 0,1]
         [--pairs las,las_agnostic,ftf,makespan,las_packed,makespan_packed] [--parallel 2]
@@ -66,6 +67,8 @@ GPU_ORDER = ("V100", "P100", "K80")
 ROUND_S = 360.0
 SEED = 0
 GPUS_PER_SERVER = 4
+TARGET_CASES, TARGET_MEDIAN, TARGET_MAX = 24, 1.00, 1.03
+"""``target_met``: at least this many trace x pair cases, median and max ratio to Gavel at most these."""
 
 
 def trace_lines(jobs: list[SimJob]) -> str:
@@ -218,15 +221,25 @@ def main() -> None:
     gpus = {g: int(c) for g, c in zip(GPU_ORDER, counts, strict=True) if int(c) > 0}
     rates = [float(r) for r in args.rates.split(",") if r]
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    # Gavel's simulator reads the table in its own source folder (its wrapper takes no other):
-    # SAILOR must read the same one, or the ratios compare two simulators on two inputs.
-    own = Path(args.gavel).resolve().parent / "src" / "simulation_throughputs.json"
-    if own.is_file() and Path(args.throughputs).read_bytes() != own.read_bytes():
-        sys.exit(
-            f"--throughputs {args.throughputs}: not the table Gavel's simulator reads ({own}); "
-            "both sides need the same"
-        )
-    table_hash = hashlib.sha256(Path(args.throughputs).read_bytes()).hexdigest()[:16]
+    # Gavel's simulator reads the table in its own source folder (its wrapper takes no other), from
+    # the private copy the wrapper runs (under GAVEL_HOME, refreshed when Gavel's scheduler.py is
+    # newer): SAILOR must read the same one, or the ratios compare two simulators on two inputs.
+    src = Path(args.gavel).resolve().parent / "src"
+    home = Path(
+        os.environ.get("GAVEL_HOME")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sailor-gavel"
+    )
+    for read in (src / "simulation_throughputs.json", home / "src" / "simulation_throughputs.json"):
+        if read.is_file() and Path(args.throughputs).read_bytes() != read.read_bytes():
+            sys.exit(
+                f"--throughputs {args.throughputs}: not the table Gavel's simulator reads ({read}); "
+                "both sides need the same"
+            )
+    # Cached results depend on the table and on Gavel's code.
+    digest = hashlib.sha256(Path(args.throughputs).read_bytes())
+    for path in sorted(src.rglob("*.py")) if src.is_dir() else ():
+        digest.update(str(path.relative_to(src)).encode() + path.read_bytes())
+    table_hash = digest.hexdigest()[:16]
     started = time.perf_counter()
     full = load_gavel(args.throughputs)
     # Gavel charges no penalty for workers spread over servers: neither does SAILOR here.
@@ -300,6 +313,9 @@ def main() -> None:
                 "seeds": seeds,
                 "median_ratio": round(statistics.median(ratios), 4),
                 "max_ratio": round(max(ratios), 4),
+                "target_met": len(rows) >= TARGET_CASES
+                and statistics.median(ratios) <= TARGET_MEDIAN
+                and max(ratios) <= TARGET_MAX,
                 "ratio_per_pair": per_pair,
                 "worst": sorted(rows, key=lambda row: -row["ratio"])[:3],
                 "gavel_cached": sum(bool(g.get("cached")) for g in gavel_out),

@@ -158,6 +158,9 @@ def main() -> None:
                 "partitions": sol.partitions,
                 "binaries": sol.binaries,
                 "status": sol.status,
+                "stage_status": sol.stage_status,
+                # a stage that ran out of its time limit: the figure is that of a cut-short search
+                "time_limited": any("time limit" in st for st in sol.stage_status),
                 "generate_s": round(gen_s, 3),
             }
             print(json.dumps(run), file=sys.stderr, flush=True)
@@ -168,6 +171,7 @@ def main() -> None:
                 "runs": runs,
                 "solves": len(runs),
                 "all_targets_met": all(r["target_met"] for r in runs),
+                "time_limited_solves": sum(r["time_limited"] for r in runs),
                 "worst_ratio_after": max(r["max_ratio_after"] for r in runs),
                 "worst_ratio_over_bound": max(r["max_ratio_after"] / r["lower_bound"] for r in runs),
                 "max_solve_s": max(r["solve_s"] for r in runs),

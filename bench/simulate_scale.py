@@ -53,6 +53,9 @@ REGIONS: dict[str, dict[str, int]] = {
 SPOT_REGIONS = ("region-1", "region-4", "region-7")
 """Spot capacity (315 GPUs), each following one GCP 2020 trace (taken in name order)."""
 TARGET_LOAD = 0.8
+TARGET_JOBS = 100_000
+TARGET_WALL_S = 300.0
+"""``TARGET_JOBS`` jobs within this wall time."""
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "gcp_preemption_2020"
 
@@ -158,6 +161,14 @@ def main() -> None:
         "routing_cpu_s": round(router.cpu_seconds, 2),
         **({"routed_gpu_types": router.inner.summary()} if isinstance(router.inner, PlacementRouter) else {}),
         **{k: v for k, v in result.to_json().items() if k not in ("jobs", "wall_s")},
+        # The target: at least its jobs, every one completed (none left past the horizon), at
+        # least its load, spot preemptions on, within its wall time.
+        "all_completed": result.completed == result.jobs,
+        "target_met": result.jobs >= TARGET_JOBS
+        and result.completed == result.jobs
+        and args.load >= TARGET_LOAD
+        and bool(spot_traces)
+        and wall <= TARGET_WALL_S,
     }
     print(json.dumps(out))
 
