@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import functools
+import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -186,6 +188,19 @@ def _status_of(exc: BaseException) -> int | None:
     return None
 
 
+def _seconds_since(stamp: str | None, margin_s: float) -> int | None:
+    """``since_seconds`` that reaches back to ``stamp`` (a log line's RFC 3339 timestamp) with
+    ``margin_s`` to spare, however long ago it was (failed polls, a slow loop); None (the whole
+    log) without a readable one."""
+    if not stamp:
+        return None
+    try:
+        at = dt.datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+    return max(1, math.ceil(time.time() - at.timestamp() + margin_s))
+
+
 class AttemptPodsTrigger(BaseTrigger):
     """Follow the pods ``pod_names`` of one attempt until one fails or all succeed.
 
@@ -225,7 +240,10 @@ class AttemptPodsTrigger(BaseTrigger):
         self.started_at = time.time() if started_at is None else started_at
         self.state = dict(state or {})
         self.log_marks = dict(log_marks or {})
-        """Timestamp of the last log line streamed per pod (a re-run trigger does not repeat lines)."""
+        """Timestamp of the last log line streamed per pod: later reads stream only lines after it.
+        Kept in memory only (the triggerer stores a trigger's arguments once, when the task
+        defers): a trigger rebuilt after a triggerer restart streams each pod's log from its start
+        again."""
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -283,7 +301,7 @@ class AttemptPodsTrigger(BaseTrigger):
     async def _stream_logs(self, hook: Any, name: str) -> None:
         """Log the lines the pod wrote since the last read (timestamped lines, deduplicated)."""
         try:
-            since = int(self.poll_interval * 2 + 5) if name in self.log_marks else None
+            since = _seconds_since(self.log_marks.get(name), margin_s=self.poll_interval + 5)
             lines = await hook.read_logs(name, self.namespace, self.container, since_seconds=since)
         except Exception as exc:  # logs are best effort: the pod's outcome is what matters
             self.log.debug("no logs of %s yet: %s", name, exc)

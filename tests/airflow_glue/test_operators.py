@@ -1050,3 +1050,29 @@ def test_cancel_while_a_recoverys_pool_is_created_cancels_the_attempt(gke_env):
     (_, second) = gke_env.ctx.ledger.attempts(run_id)
     assert second["outcome"] == "cancelled", second
     assert gke_env.ctx.ledger.get_run(run_id)["status"] == "cancelled"
+
+
+def test_the_pod_trigger_reads_logs_back_to_its_last_line_however_long_ago(monkeypatch):
+    """After failed polls the next read reaches back to the last line streamed, not a fixed
+    window of two polls (lines written during the gap were lost)."""
+    import asyncio
+
+    from sailor_tasks.airflow_glue import triggers
+
+    trigger = triggers.AttemptPodsTrigger(
+        pod_names=["p"], namespace="ns", cluster_url="https://x", ssl_ca_cert="", gcp_conn_id="g",
+        container="c", poll_interval=15, startup_timeout=60,
+    )  # fmt: skip
+    asked = []
+
+    class Hook:
+        async def read_logs(self, name, namespace, container_name=None, since_seconds=None):
+            asked.append(since_seconds)
+            return ["2026-11-23T00:00:10.000000001Z step 1", "2026-11-23T00:00:20.5Z step 2"]
+
+    clock = dt.datetime(2026, 11, 23, 0, 2, 0, tzinfo=dt.UTC).timestamp()  # 100 s after the last line
+    monkeypatch.setattr(triggers.time, "time", lambda: clock)
+    asyncio.run(trigger._stream_logs(Hook(), "p"))
+    assert asked == [None] and trigger.log_marks["p"] == "2026-11-23T00:00:20.5Z"
+    asyncio.run(trigger._stream_logs(Hook(), "p"))
+    assert asked[1] >= 100 + 15  # back to the last line, with a poll to spare
