@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
@@ -24,8 +25,10 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Plan as the ``plan`` stage does: the catalog with the preemption rates learned from the
-    ledger's spot attempts, the throughputs measured by past runs and the dataset's size."""
+    """Plan as the ``plan`` stage plans a first launch: the catalog with the preemption rates
+    learned from the ledger's spot attempts, the throughputs measured by past runs, the dataset's
+    size and the residency other runs of it declared, on the market the run's strategy chooses
+    (``decide_market``). Nothing is reserved."""
     from sailor_tasks import storage
     from sailor_tasks.data.manifest import read_manifest
     from sailor_tasks.errors import SailorError
@@ -34,6 +37,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from sailor_tasks.placement.reservations import ledger_state
     from sailor_tasks.request import from_params
     from sailor_tasks.stages import StageContext
+    from sailor_tasks.stages.queueing import with_dataset_residency
+    from sailor_tasks.strategies.live import decide_market
 
     try:
         params = load_params(args.request, args.set)
@@ -43,7 +48,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ctx = StageContext(Settings.from_env())
     offered = ctx.catalog  # a catalog that cannot be loaded is main()'s error, as for every command
     try:
-        request = from_params(params, offered)
+        request = with_dataset_residency(ctx, from_params(params, offered))
         catalog = ctx.planning_catalog()
         index = index_for(catalog, ctx.planning_table())
         try:
@@ -52,13 +57,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
             manifest = None
         nbytes = manifest.total_bytes if manifest is not None else None
         state = ledger_state(ctx.ledger, request, "cli-plan", nbytes)
+        decision = decide_market(request, catalog, state, index=index)
+        request = dataclasses.replace(request, market=decision.market)
         if args.json:  # the whole decision: winner, runners-up, regions, every rejected candidate
-            decision = explain(request, catalog, state, run_id="cli-plan", index=index)
-            print_json(decision)
-            return ExitCode.BAD_INPUT if decision.get("error") else ExitCode.OK
+            explained = explain(request, catalog, state, run_id="cli-plan", index=index)
+            print_json(
+                {**explained, "market_decision": {"market": decision.market, "reason": decision.reason}}
+            )
+            return ExitCode.BAD_INPUT if explained.get("error") else ExitCode.OK
         placement = plan(request, catalog, state, run_id="cli-plan", index=index)
     except SailorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    print(f"market: {decision.reason}")
     print("\n".join(placement.explanation))
     return ExitCode.OK

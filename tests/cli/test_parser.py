@@ -157,3 +157,18 @@ def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait() == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_plan_places_on_the_market_the_runs_strategy_chooses(settings, demo_dataset, capsys):
+    """`sailor plan` plans as the plan stage does: strategy on_demand never shows a spot
+    placement, which the engine's own auto market would pick."""
+    import json
+
+    base = ["plan", "--set", f"dataset_uri={json.dumps(demo_dataset)}", "--set", 'gpu_type="A100"']
+    assert sailor([*base, "--set", 'strategy="on_demand"']) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("market: on_demand") and " spot " not in out.splitlines()[1]
+    assert sailor([*base, "--set", 'strategy="on_demand"', "--json"]) == 0
+    decision = json.loads(capsys.readouterr().out)
+    assert decision["market_decision"]["market"] == "on_demand"
+    assert decision["placement"]["market"] == "on_demand"
