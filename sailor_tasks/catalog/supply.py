@@ -8,6 +8,7 @@ shared by every VM shape of that type in the zone.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections import defaultdict
@@ -21,6 +22,8 @@ import yaml
 from sailor_tasks.model import Offer
 
 PACKAGED_SUPPLY = "supply.yaml"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,12 @@ def parse_supply(doc: Mapping[str, Any]) -> Supply:
     caps, rates = defaults.get("capacity_gpus") or {}, defaults.get("preemption_rate_per_hour") or {}
     caps = {gpu: _count(n, f"defaults.capacity_gpus.{gpu}") for gpu, n in caps.items()}
     rates = {gpu: _rate(r, f"defaults.preemption_rate_per_hour.{gpu}") for gpu, r in rates.items()}
+    if unrated := sorted(gpu for gpu, n in caps.items() if n > 0 and gpu not in rates):
+        # Planning would take their spot VMs as never preempted.
+        raise ValueError(
+            f"defaults.preemption_rate_per_hour: no rate for {', '.join(unrated)}, which "
+            f"capacity_gpus gives GPUs; give each one (0: never preempted)"
+        )
     gpu_types = sorted({*caps, *rates})
     multipliers = {}
     for region, spec in (doc.get("regions") or {}).items():
@@ -131,7 +140,20 @@ def load_supply(path: str | None = None) -> Supply:
 
 
 def apply_supply(offers: tuple[Offer, ...], supply: Supply) -> tuple[Offer, ...]:
-    """Offers with capacity and preemption rate filled from ``supply``."""
+    """Offers with capacity and preemption rate filled from ``supply``: a GPU type the file gives no
+    capacity has none (the organisation may use none of it). A region or zone of the file that no
+    offer has is logged (a misspelt name changes nothing; a catalog of fewer regions than the
+    file's is not an error)."""
+    for kind, named, known in (
+        ("regions", supply.region_multiplier, {o.region for o in offers}),
+        ("zones", supply.zone_overrides, {o.zone for o in offers}),
+    ):
+        if unknown := sorted(set(named) - known):
+            logger.warning(
+                "supply file %s %s: no offer of the catalog is there; their entries change nothing",
+                kind,
+                ", ".join(unknown),
+            )
     return tuple(
         replace(
             o,

@@ -46,6 +46,10 @@ def test_region_supply_counts_each_zone_once_across_vm_shapes():
         ({"defaults": {"capacity_gpus": {"T4": True}}}, "capacity_gpus.T4=True: need an integer"),
         ({"zones": {"us-east1-c": {"T4": {"capacity": 0}}}}, "zones.us-east1-c.T4: unknown key 'capacity'"),
         ({"zones": {"us-east1-c": {"t4": {"capacity_gpus": 0}}}}, "zones.us-east1-c: 't4' is no GPU type"),
+        (
+            {"defaults": {"capacity_gpus": {"T4": 8, "L4": 64}, "preemption_rate_per_hour": {"T4": 0.1}}},
+            "no rate for L4, which capacity_gpus gives GPUs",
+        ),
     ],
 )
 def test_bad_supply_file_names_the_entry(patch, fragment):
@@ -57,3 +61,10 @@ def test_packaged_catalog_has_supply_for_every_offer():
     for o in load_catalog().offers:
         assert o.capacity_gpus and o.capacity_gpus > 0, o
         assert 0 < o.preemption_rate_per_hour < 1, o
+
+
+def test_a_region_or_zone_no_offer_has_is_logged_by_name(caplog):
+    doc = {**DOC, "regions": {"us-centrall1": {"capacity_multiplier": 2.0}}, "zones": {"us-east1-z": {}}}
+    with caplog.at_level("WARNING", logger="sailor_tasks.catalog.supply"):
+        apply_supply((offer("us-east1-b"),), parse_supply(doc))
+    assert "regions us-centrall1" in caplog.text and "zones us-east1-z" in caplog.text

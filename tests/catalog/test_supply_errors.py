@@ -9,7 +9,7 @@ import pytest
 from sailor_tasks.catalog import load_catalog
 from sailor_tasks.errors import CatalogError
 
-GOOD_HEAD = "version: 1\ndefaults: {capacity_gpus: {T4: 8}}\n"
+GOOD_HEAD = "version: 1\ndefaults: {capacity_gpus: {T4: 8}, preemption_rate_per_hour: {T4: 0.1}}\n"
 
 
 @pytest.mark.parametrize(
