@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from sailor_tasks.backends.preemption import InjectionSpec, PreemptionEvent, due
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 from sailor_tasks.model import Placement, to_dict
 from sailor_tasks.runtime.contract import contract_env, write_notice
+from sailor_tasks.runtime.die_with_agent import set_parent_death_signal
 from sailor_tasks.settings import Settings
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.progress import read_progress
@@ -199,7 +201,10 @@ class LocalBackend:
         logger.info("launching: %s", " ".join(cmd))
         # A session of its own: signals meant for the task's process group (a terminal's Ctrl-C, a
         # supervisor's kill) do not reach torchrun behind SAILOR's back; ``cancel`` stops the run
-        # in order (workers first, so they can save), here on any exception and from on_kill.
+        # in order (workers first, so they can save), here on any exception and from on_kill. A
+        # task killed too hard for that (SIGKILL, an OOM kill) takes torchrun with it all the
+        # same (``_die_with_task``): left running, it would train beside the retry's launch, on
+        # another worker's host unseen by the next try's check above.
         proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
@@ -209,6 +214,7 @@ class LocalBackend:
             errors="backslashreplace",  # any bytes a worker prints: one bad byte must not stop the reader
             env=env,
             start_new_session=True,
+            preexec_fn=functools.partial(_die_with_task, os.getpid()),
         )
         failures = FailureSummary()
         reader = threading.Thread(target=self._stream, args=(proc, failures), daemon=True)
@@ -477,6 +483,14 @@ def trainer_exit_code(rc: int, failures: FailureSummary) -> int | None:
     if rc == 0:
         return 0
     return failures.exit_codes.get(failures.root_cause_rank) if failures.root_cause_rank is not None else None
+
+
+def _die_with_task(task_pid: int) -> None:
+    """In torchrun's process, before it starts: SIGTERM (torchrun's stop: its workers save on it
+    as on a notice, then exit, and die with it) when the thread that started it exits, the task
+    killed included; exit at once if the task is gone already."""
+    if set_parent_death_signal(signal.SIGTERM) and os.getppid() != task_pid:
+        os._exit(1)
 
 
 def run_processes(run_key: str, state_dir: str | None = None) -> list[Any]:

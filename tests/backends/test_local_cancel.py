@@ -181,12 +181,45 @@ def test_a_train_task_killed_before_its_launch_starts_no_training(ctx, demo_data
     assert ctx.ledger.attempts(run_id)[-1]["outcome"] == "cancelled"
 
 
-def test_teardown_stops_workers_that_outlived_a_hard_killed_task(ctx, demo_dataset):
-    """A task process killed with SIGKILL cannot run on_kill; torchrun and its workers, in their
-    own sessions, go on. teardown, which Airflow still runs, stops them before releasing."""
-    run_id = "manual__orphans"
+NO_DEATH_SIGNAL = (
+    "import sailor_tasks.backends.local as local\n"
+    "local._die_with_task = lambda task_pid: None  # a system without PR_SET_PDEATHSIG\n"
+)
+"""Makes a task script's torchrun outlive the task, as where the kernel has no parent-death signal."""
+
+
+def test_a_hard_killed_task_takes_its_runs_processes_with_it(ctx, demo_dataset):
+    """A task process killed with SIGKILL cannot run on_kill; torchrun, in a session of its own,
+    gets SIGTERM as its task dies (its workers save on it, then exit): nothing trains on beside a
+    retry, which may run on another worker's host."""
+    run_id = "manual__taken"
     stages_out = prepare(ctx, run_id, demo_dataset)
     script = (
+        "import json, sys\n"
+        "from sailor_tasks import stages\n"
+        "request, placement, data = json.loads(sys.argv[1])\n"
+        "stages.train(request, placement, data, sys.argv[2])\n"
+    )
+    task = subprocess.Popen([sys.executable, "-c", script, json.dumps(stages_out), run_id])
+    try:
+        tree = wait_for_workers(run_id, 2)
+        task.kill()
+        task.wait()
+        deadline = time.monotonic() + 60
+        while alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert alive(tree) == [] and run_processes(run_key(run_id)) == []
+    finally:
+        stages.teardown(run_id, ctx)
+
+
+def test_teardown_stops_workers_that_outlived_a_hard_killed_task(ctx, demo_dataset):
+    """A task process killed with SIGKILL cannot run on_kill; where torchrun outlives it (no
+    parent-death signal), it and its workers, in their own sessions, go on. teardown, which
+    Airflow still runs, stops them before releasing."""
+    run_id = "manual__orphans"
+    stages_out = prepare(ctx, run_id, demo_dataset)
+    script = NO_DEATH_SIGNAL + (
         "import json, sys\n"
         "from sailor_tasks import stages\n"
         "request, placement, data = json.loads(sys.argv[1])\n"

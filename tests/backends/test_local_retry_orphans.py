@@ -1,5 +1,6 @@
-"""A retried local ``train`` task after a try that was killed hard (SIGKILL: no on_kill): the dead
-try's torchrun and workers, in sessions of their own, outlive it. The retry must not train a second
+"""A retried local ``train`` task after a try that was killed hard (SIGKILL: no on_kill): where the
+kernel has no parent-death signal, the dead try's torchrun and workers, in sessions of their own,
+outlive it. The retry must not train a second
 process group of the run next to them."""
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def test_a_retried_train_stops_the_dead_tries_process_group(tmp_path, settings, 
     data = stages.place_data(request, placement, run_id, ctx)
     stages.provision(request, placement, run_id, ctx)
     script = (
+        "import sailor_tasks.backends.local as local\n"
+        "local._die_with_task = lambda task_pid: None  # a system without PR_SET_PDEATHSIG\n"
         "import json, sys\n"
         "from sailor_tasks import stages\n"
         "request, placement, data = json.loads(sys.argv[1])\n"
