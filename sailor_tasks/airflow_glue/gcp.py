@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
@@ -260,6 +260,17 @@ def follow_pods(config: gke.GkeConfig, launch: TrainLaunch, ops: Sequence[Any], 
     return max(codes[i] for i in range(len(ops)) if i not in stopped)
 
 
+def report_pods_started(run_uri: str) -> None:
+    """Mark in the attempt's launch report that every pod of it was created: a retry that
+    reattaches then takes a pod missing as gone (its node reclaimed), never one to create."""
+    from sailor_tasks import storage
+
+    uri = paths.launch_report_uri(run_uri)
+    report = storage.read_json(uri) if storage.exists(uri) else {}
+    if not report.get("pods_started"):
+        storage.write_json(uri, {**report, "pods_started": True})
+
+
 def report_pod_ends(run_uri: str, ends: Mapping[str, Mapping[str, Any]]) -> None:
     """Write how the attempt's pods ended into its launch report (``launch.json`` in ``run_uri``),
     which ``stages.finish_train`` reads with the trainer's result: a pod judged preempted (its Spot
@@ -379,6 +390,40 @@ class TrainingPods:
             _ensure_service(self.op(0), self.service)
         return [self._drive(i, self._create_or_follow, ended=False) for i in range(len(self))]
 
+    def missing(self) -> list[int]:
+        """Indexes of the attempt's pods the cluster no longer has (404)."""
+        from kubernetes.client.exceptions import ApiException
+
+        gone = []
+        for index in range(len(self)):
+            try:
+                self.op(index).hook.core_v1_client.read_namespaced_pod(
+                    self.name(index), self.config.namespace
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                gone.append(index)
+        return gone
+
+    def phases(self) -> dict[str, dict[str, Any]]:
+        """Every pod's phase now (``Gone`` for one the cluster no longer has), as the trigger
+        reports them to ``conclude``."""
+        from kubernetes.client.exceptions import ApiException
+
+        out: dict[str, dict[str, Any]] = {}
+        for index in range(len(self)):
+            name = self.name(index)
+            try:
+                pod = self.op(index).hook.core_v1_client.read_namespaced_pod(name, self.config.namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                out[name] = {"phase": "Gone", "exit_code": None}
+                continue
+            out[name] = {"phase": (pod.status.phase if pod.status else "") or "", "exit_code": None}
+        return out
+
     def _create_or_follow(self, op: Any) -> None:
         from kubernetes.client.exceptions import ApiException
 
@@ -393,27 +438,37 @@ class TrainingPods:
             op.pod = op.hook.get_pod(op.name, self.config.namespace)
             op.invoke_defer_method(context=self.context)
 
-    def conclude(self, status: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    def conclude(
+        self,
+        status: Mapping[str, Mapping[str, Any]],
+        record: Callable[[dict[str, dict[str, Any]]], None] | None = None,
+    ) -> dict[str, dict[str, Any]]:
         """End the attempt's pods from what ``AttemptPodsTrigger`` saw (pod name → phase, exit
-        status): a succeeded pod is deleted (cleanup) and completed; a failed or gone one is judged
+        status): a succeeded pod is completed and deleted (cleanup); a failed or gone one is judged
         from the pod and its node (``judge_pod``) and kept for inspection; one still running or
-        pending is deleted at once, since the attempt has ended with its peer. Returns node index →
-        ``end_dict``."""
+        pending is deleted, since the attempt has ended with its peer. ``record`` gets every pod's
+        end before any pod is deleted: a try that dies in between leaves the ends recorded, or
+        the pods to judge again, never neither. Returns node index → ``end_dict``."""
         ends: dict[str, dict[str, Any]] = {}
+        doomed = []
         failed = [n for n, p in status.items() if p.get("phase") in ("Failed", "Gone")]
         for index in range(len(self)):
             name = self.name(index)
             phase = (status.get(name) or {}).get("phase", "")
             if phase == "Succeeded":
-                self._delete(index)
+                doomed.append(index)
                 ends[str(index)] = end_dict(gke.PodEnd("completed", "exit status 0", 0))
             elif phase in ("Failed", "Gone"):
                 ends[str(index)] = end_dict(self.judge(index))
             else:
-                self._delete(index)
+                doomed.append(index)
                 why = f"stopped: pod {failed[0]} ended first" if failed else f"stopped in phase {phase or '?'}"
                 ends[str(index)] = end_dict(gke.PodEnd("failed", why, None))
                 logger.warning("training pod %s %s", name, why)
+        if record is not None:
+            record(ends)
+        for index in doomed:
+            self._delete(index)
         return ends
 
     def _delete(self, index: int) -> None:

@@ -54,6 +54,15 @@ class SailorProvisionOperator(BaseOperator):
         return _capacity_or_defer(self, context, self.request, self.placement, "resume_provision", finished)
 
 
+def _launch_report(attempt: Any) -> dict[str, Any]:
+    """The attempt's launch report (the pods' start and ends, ``gcp.report_pods_started`` and
+    ``gcp.report_pod_ends``); empty when there is none yet."""
+    from sailor_tasks import paths, storage
+
+    uri = paths.launch_report_uri(attempt.config.output_uri)
+    return storage.read_json(uri) if storage.exists(uri) else {}
+
+
 def _capacity_or_defer(
     task: BaseOperator,
     context: Any,
@@ -392,8 +401,17 @@ class SailorTrainOperator(BaseOperator):
 
     def _launch(self, context: Any, attempt: Any) -> Any:
         from sailor_tasks import stages, storage
+        from sailor_tasks.airflow_glue import gcp
 
         ctx = stages.StageContext.from_env()
+        report = _launch_report(attempt) if attempt.reattached else {}
+        if report.get("pods"):
+            # The try that judged the pods died after recording their ends (its pods may be deleted).
+            self.log.info(
+                "attempt %d already ended (its pods' ends recorded): not touching its pods", attempt.number
+            )
+            codes = [e["exit_code"] for e in report["pods"].values() if e.get("exit_code") is not None]
+            return self._finish(context, attempt.number, max(codes, default=1))
         if attempt.reattached and storage.exists(attempt.config.result_uri):
             # The trainer finished before the try that followed it died: end from what it wrote.
             result = storage.read_json(attempt.config.result_uri)
@@ -406,7 +424,13 @@ class SailorTrainOperator(BaseOperator):
         placement = to_dict(attempt.placement)
         _capacity_or_defer(self, context, self.request, placement, "resume_capacity", attempt=attempt.number)
         pods = self._pods(context, ctx, attempt)
+        if report.get("pods_started") and pods.missing():
+            # Every pod was created, and one is gone (its node reclaimed, or deleted): the attempt
+            # has ended. Judged now; never created again.
+            self.log.info("attempt %d: a pod of it is gone; judging its pods, creating none", attempt.number)
+            return self._conclude(context, pods, attempt, pods.phases())
         steps = pods.start()
+        gcp.report_pods_started(attempt.config.output_uri)
         names = [pods.name(i) for i in range(len(pods))]
         self.log.info(
             "attempt %d: %d training pod(s) %s in namespace %s",
@@ -452,12 +476,11 @@ class SailorTrainOperator(BaseOperator):
         """Judge every pod, stop those still running, record the ends, finish the attempt."""
         from sailor_tasks.airflow_glue import gcp
 
-        ends = pods.conclude(status)
+        ends = pods.conclude(status, record=lambda e: gcp.report_pod_ends(attempt.config.output_uri, e))
         for index, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
             self.log.info(
                 "training pod %s: %s (%s)", pods.name(int(index)), end.get("outcome"), end.get("reason")
             )
-        gcp.report_pod_ends(attempt.config.output_uri, ends)
         codes = [e["exit_code"] for e in ends.values() if e.get("exit_code") is not None]
         return self._finish(context, attempt.number, max(codes, default=1))
 

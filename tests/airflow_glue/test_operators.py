@@ -1076,3 +1076,51 @@ def test_the_pod_trigger_reads_logs_back_to_its_last_line_however_long_ago(monke
     assert asked == [None] and trigger.log_marks["p"] == "2026-11-23T00:00:20.5Z"
     asyncio.run(trigger._stream_logs(Hook(), "p"))
     assert asked[1] >= 100 + 15  # back to the last line, with a poll to spare
+
+
+@pytest.mark.parametrize("fails", ["record", "delete"])
+def test_a_retry_after_the_pods_were_judged_records_the_preemption_not_new_pods(gke_env, monkeypatch, fails):
+    """The try that judged the attempt's pods died before recording its end: its spot node's pod
+    was gone, the other pod running. Whether it died writing the pods' ends (``record``: nothing
+    deleted yet, judged again) or after (``delete``: the ends recorded), the retry records the
+    preemption; it never creates the ended attempt's pods again."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from sailor_tasks.airflow_glue import gcp
+
+    run_id = f"manual__judged-{fails}"
+    request, placement, data = gke_env.prepare(run_id)
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    node0, node1 = deferred.value.trigger.pod_names
+    del gke_env.core.pods[node1]  # its spot VM reclaimed: the pod is gone with the node
+    event = _trigger_event(gke_env, deferred.value, timeout_s=30)
+    if fails == "record":
+        real, calls = gcp.report_pod_ends, []
+
+        def flaky(*a, **k):
+            calls.append(1)
+            if len(calls) == 1:
+                raise OSError("GCS 503")
+            return real(*a, **k)
+
+        monkeypatch.setattr(gcp, "report_pod_ends", flaky)
+    else:
+        real_delete = gcp.TrainingPods._delete
+
+        def dies(self, index):
+            monkeypatch.setattr(gcp.TrainingPods, "_delete", real_delete)
+            raise OSError("the task's worker lost")
+
+        monkeypatch.setattr(gcp.TrainingPods, "_delete", dies)
+    with pytest.raises(OSError):
+        op.resume_train(context, event=event)
+    # Airflow retries the task: it recovers from the preemption (a new attempt's pods, deferred on).
+    with pytest.raises(TaskDeferred) as again:
+        _operator(request, placement, data).execute(_context(run_id, try_number=2))
+    assert again.value.trigger.state == {"attempt": 2}
+    assert node1 not in gke_env.core.pods  # the gone pod of attempt 1 was not created again
+    [lost] = gke_env.ctx.ledger.preemptions(run_id)
+    assert lost["attempt"] == 1
+    assert gke_env.ctx.ledger.attempts(run_id)[0]["outcome"] == "preempted"
