@@ -10,8 +10,10 @@ what the stages add around them, and what a gke run of one's own image and comma
 - ``orchestration_s``: for each script, the same command, workers, steps, dataset contents and
   environment run bare under ``python -m torch.distributed.run`` (the argv the local backend builds)
   and through every stage (validate, plan, place_data, provision, train, finalize, teardown),
-  alternately, ``--rounds`` times; the median of (staged - bare) wall seconds over all pairs
-  (``orchestration_runs`` has each pair with the staged run's seconds per stage). Target ≤ 10 s.
+  alternately (bare first in even rounds, staged first in odd ones, after one untimed bare run
+  that reads torch and the script from disk), ``--rounds`` times; the median of (staged - bare)
+  wall seconds over all pairs (``orchestration_runs`` has each pair with the staged run's seconds
+  per stage). Target ≤ 10 s.
   Both sides include the training itself, whose speed varies by several seconds between identical
   runs on a loaded machine; ``outside_torchrun_s`` (the median of the staged wall time minus the
   torchrun process's own, from the attempt's ``launch.json``) is the stages' share without it.
@@ -240,11 +242,20 @@ def main() -> None:
             "env": {"CHECKPOINT_EVERY": str(args.every)},
         }
         pairs, reference = [], None
+        # Untimed: the first run of a script reads torch and the script from disk, whichever side
+        # it is on.
+        bare(script, params, settings, source, f"file://{state}/bare/{script}-warm-up")
         for i in range(args.rounds):
-            bare_s = bare(script, params, settings, source, f"file://{state}/bare/{script}-{i}")
-            started = time.perf_counter()
-            summary = run_inline(params, f"ref-{script}-{i}", ctx)
-            staged_s = time.perf_counter() - started
+            # Sides alternate (bare first, then staged first, ...): neither is always the later one.
+            times: dict[str, float] = {}
+            for side in ("bare", "staged") if i % 2 == 0 else ("staged", "bare"):
+                if side == "bare":
+                    times[side] = bare(script, params, settings, source, f"file://{state}/bare/{script}-{i}")
+                else:
+                    started = time.perf_counter()
+                    summary = run_inline(params, f"ref-{script}-{i}", ctx)
+                    times[side] = time.perf_counter() - started
+            bare_s, staged_s = times["bare"], times["staged"]
             reference = reference or summary
             stages = {
                 t["stage"]: round(t["seconds"], 2) for t in ctx.ledger.stage_timings(f"ref-{script}-{i}")

@@ -197,6 +197,7 @@ def main() -> None:
             "queued_worker_slots_max": slots_max,
             "deferred_max": deferred_max,
             "leaked_reservations_after_kill": leaked_after_kill,
+            "max_reserved_gpus_exact": peak_reserved_gpus(ledger),
             "victim_killed_pids": len(killed),
             "victim_status_after_reconcile": (ledger.get_run(victim) or {}).get("status"),
             "queued_runs": len(admitted),
@@ -212,6 +213,31 @@ def main() -> None:
         stack.stop()
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(out))
+    if not killed or leaked_after_kill is None:
+        sys.exit("the victim was not killed hard, or the reconciler never ran: the hard-kill figures are unmeasured")
+
+
+def peak_reserved_gpus(ledger: Ledger) -> int:
+    """The most GPUs reserved at any one moment over the whole run, from the ledger's records of
+    every reservation's interval (live and released ones, and the intervals of reservations a
+    re-plan replaced): exact, where the polled ``max_reserved_gpus`` can miss a short overlap."""
+    from sqlalchemy import select
+
+    from sailor_tasks.ledger import schema as t
+
+    r, i = t.reservations.c, t.reservation_intervals.c
+    events: list[tuple[float, int]] = []
+    with ledger.engine.connect() as c:
+        rows = [*c.execute(select(r.created_at, r.released_at, r.gpus)), *c.execute(select(i.started_at, i.ended_at, i.gpus))]
+    for start, end, gpus in rows:
+        events.append((start.timestamp(), gpus))
+        if end is not None:
+            events.append((end.timestamp(), -gpus))
+    held = peak = 0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):  # a release before a reserve at one instant
+        held += delta
+        peak = max(peak, held)
+    return peak
 
 
 if __name__ == "__main__":
