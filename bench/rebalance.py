@@ -160,7 +160,7 @@ def main() -> None:
                 "status": sol.status,
                 "stage_status": sol.stage_status,
                 # a stage that ran out of its time limit: the figure is that of a cut-short search
-                "time_limited": any("time limit" in st for st in sol.stage_status),
+                "time_limited": any("time limit (feasible)" in st for st in sol.stage_status),
                 "generate_s": round(gen_s, 3),
             }
             print(json.dumps(run), file=sys.stderr, flush=True)

@@ -139,3 +139,49 @@ def test_one_ranks_failure_before_an_async_saves_collectives_fails_that_save_on_
         files = manager.marker(step)["files"]
         assert any(n.startswith("__0_") for n in files) and any(n.startswith("__1_") for n in files)
         assert manager.verify(step)
+
+
+def _failing_snapshot_worker(rank: int, port: int, ckpt: str, out: str) -> None:
+    """Rank 1's state fails to resolve (its ``state_dict()`` raises) in the first sync save."""
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    class Flaky(Stateful):
+        calls = 0
+
+        def state_dict(self):
+            Flaky.calls += 1
+            if rank == 1 and Flaky.calls == 1:
+                raise ValueError("a user's state_dict failed")
+            return {"w": torch.full((1000,), float(Flaky.calls))}
+
+        def load_state_dict(self, state):
+            pass
+
+    run = _run(rank, port, ckpt)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))  # a hang shows as an error
+    run.init_distributed()
+    outcomes = []
+    for step in (1, 2):
+        try:
+            run.checkpoints.save(step, {"app": Flaky(), f"rank{rank}": torch.ones(3)})
+            outcomes.append("ok")
+        except Exception as exc:  # noqa: BLE001 - the test records which save failed where
+            outcomes.append(type(exc).__name__)
+        dist.all_reduce(torch.ones(1))  # training goes on between saves
+    with open(os.path.join(out, f"rank-{rank}"), "w") as f:
+        f.write(" ".join(outcomes))
+    os._exit(0)
+
+
+def test_one_ranks_failure_resolving_its_state_fails_that_sync_save_on_every_rank(tmp_path):
+    from sailor_tasks.train.checkpoint.dcp import CheckpointManager
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "out").mkdir()
+    mp.spawn(_failing_snapshot_worker, args=(port, str(tmp_path / "ckpt"), str(tmp_path / "out")), nprocs=2)
+    assert (tmp_path / "out" / "rank-0").read_text() == "RuntimeError ok"
+    assert (tmp_path / "out" / "rank-1").read_text() == "ValueError ok"
+    manager = CheckpointManager(f"file://{tmp_path / 'ckpt'}")
+    assert manager.committed_steps() == [2] and manager.verify(2)

@@ -1126,11 +1126,18 @@ class CheckpointManager(CheckpointStore):
         failed (its error is logged) does not stop this one: a save on a notice still keeps the
         run's latest step. A newer attempt's fence does."""
         unless_fenced(self.wait, f"the pending async checkpoint failed; saving step {step} now")
-        kept = self._kept(step)
+        start = time.monotonic()
+        failed: BaseException | None = None
+        try:
+            resolved = _resolve_stateful(state)
+        except BaseException as exc:
+            if not self.distributed:
+                raise
+            failed = exc  # the other ranks agree on it in ``_kept``, then every rank fails
+        kept = self._kept(step, failed=failed)
         if kept is not None:
             return kept
-        start = time.monotonic()
-        info = self._write_and_commit(step, _resolve_stateful(state), start)
+        info = self._write_and_commit(step, resolved, start)
         if self.rank == 0:  # deleting old checkpoints need not hold up training
             self._retention = self._background().submit(self._retain_after_save)
         return info
@@ -1233,6 +1240,8 @@ class CheckpointManager(CheckpointStore):
         if error is not None:
             raise error
         failures = {rank: err for rank, (err, _) in enumerate(outcomes) if err is not None}
+        if any(err.startswith("StaleAttemptError") for err in failures.values()):
+            self.check_fence()  # a newer attempt claimed the root: the same error on every rank
         if failures:
             raise RuntimeError(
                 f"{self.root_uri}: {what} failed on rank(s) "
