@@ -404,7 +404,9 @@ class SailorTrainOperator(BaseOperator):
         from sailor_tasks.airflow_glue import gcp
 
         ctx = stages.StageContext.from_env()
-        report = _launch_report(attempt) if attempt.reattached else {}
+        # Read for every launch: a new attempt's was cleared when it began; a resumed one's (after
+        # a retry, or a deferral for capacity) says how far it got.
+        report = _launch_report(attempt)
         if report.get("pods"):
             # The try that judged the pods died after recording their ends (its pods may be deleted).
             self.log.info(
@@ -424,7 +426,7 @@ class SailorTrainOperator(BaseOperator):
         placement = to_dict(attempt.placement)
         _capacity_or_defer(self, context, self.request, placement, "resume_capacity", attempt=attempt.number)
         pods = self._pods(context, ctx, attempt)
-        if report.get("pods_started") and pods.missing():
+        if report.get("pods_started") and not report.get("stopping") and pods.missing():
             # Every pod was created, and one is gone (its node reclaimed, or deleted): the attempt
             # has ended. Judged now; never created again.
             self.log.info("attempt %d: a pod of it is gone; judging its pods, creating none", attempt.number)

@@ -289,6 +289,8 @@ def stop_training(
     ends it from what its workers report."""
     ctx = resolve_ctx(ctx)
     backend = _backend_of(ctx, run_id)
+    if backend.detached_attempts:
+        _mark_stopping(ctx, run_id)
     stopped = backend.cancel(run_key(run_id), for_good=for_good)
     if stopped:
         logger.warning("run %s: stopped %d training process(es) or pod(s)", run_id, stopped)
@@ -299,6 +301,22 @@ def stop_training(
     elif cancelled and for_good:
         _record_cancel(ctx, run_id)
     return stopped
+
+
+def _mark_stopping(ctx: StageContext, run_id: str) -> None:
+    """Mark the running attempt's launch report as being stopped, before its pods are deleted: a
+    retry that finds them gone (the stop interrupted before it ended the attempt) then resumes the
+    attempt rather than judge a missing pod a preemption. Best effort: a stop goes on without it."""
+    try:
+        rows = ctx.ledger.attempts(run_id)
+        if not rows or rows[-1]["outcome"] != "running":
+            return
+        region = (rows[-1]["placement"] or {}).get("region") or rows[-1]["region"]
+        uri = paths.launch_report_uri(ctx.run_uri(region, run_id))
+        report = storage.read_json(uri) if storage.exists(uri) else {}
+        storage.write_json(uri, {**report, "stopping": True})
+    except Exception as exc:
+        logger.warning("run %s: its launch report could not be marked as stopping: %s", run_id, exc)
 
 
 def _record_cancel(ctx: StageContext, run_id: str) -> None:

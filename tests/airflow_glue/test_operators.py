@@ -1124,3 +1124,29 @@ def test_a_retry_after_the_pods_were_judged_records_the_preemption_not_new_pods(
     [lost] = gke_env.ctx.ledger.preemptions(run_id)
     assert lost["attempt"] == 1
     assert gke_env.ctx.ledger.attempts(run_id)[0]["outcome"] == "preempted"
+
+
+def test_a_retry_after_a_stop_interrupted_before_it_ended_the_attempt_resumes_it(gke_env):
+    """A stop (Airflow stopping the task) marks the attempt's launch report before deleting its
+    pods; interrupted before it ended the attempt, the retry resumes the attempt on new pods rather
+    than judge the pods it deleted a preemption."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from sailor_tasks import paths, storage
+    from sailor_tasks.stages.train import _mark_stopping
+
+    run_id = "manual__stop-interrupted"
+    request, placement, data = gke_env.prepare(run_id)
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    node0, node1 = deferred.value.trigger.pod_names
+    _mark_stopping(gke_env.ctx, run_id)
+    report = storage.read_json(paths.launch_report_uri(gke_env.ctx.run_uri(placement["region"], run_id)))
+    assert report["stopping"] and report["pods_started"]
+    for name in (node0, node1):  # deleted by the stop, which then died
+        del gke_env.core.pods[name]
+    with pytest.raises(TaskDeferred) as again:
+        _operator(request, placement, data).execute(_context(run_id, try_number=2))
+    assert again.value.trigger.state == {"attempt": 1} and set(again.value.trigger.pod_names) == {node0, node1}
+    assert gke_env.ctx.ledger.preemptions(run_id) == []
