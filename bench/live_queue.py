@@ -92,7 +92,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="sailor-live-queue-", dir="/tmp"))
     supply = root / "supply.yaml"
     supply.write_text(
-        f"version: 1\ndefaults:\n  capacity_gpus: {{}}\nzones:\n  {ZONE}:\n    T4: {{capacity_gpus: {CAPACITY_GPUS}}}\n"
+        f"version: 1\ndefaults:\n  capacity_gpus: {{}}\n  preemption_rate_per_hour: {{T4: 0.0}}\nzones:\n  {ZONE}:\n    T4: {{capacity_gpus: {CAPACITY_GPUS}}}\n"
     )
     stack = AirflowStack(
         root, ROOT, extra_env={"SAILOR_SUPPLY_FILE": str(supply), "SAILOR_LEASE_S": str(args.lease_s)}

@@ -684,9 +684,16 @@ def supply_from_quotas(
             "date": today,
             "quotas_per_region": sources,
         },
+        # Every GPU type written gets a default (capacity 0: the zones say where it is; the current
+        # rate, 0 where the current file has none): a type the defaults lack would be refused.
         "defaults": {
-            "capacity_gpus": {gpu: 0 for gpu in sorted(current.default_capacity)},
-            "preemption_rate_per_hour": dict(sorted(current.default_preemption_rate.items())),
+            "capacity_gpus": {gpu: 0 for gpu in sorted({*current.default_capacity, *(g for _, g in zones)})},
+            "preemption_rate_per_hour": {
+                gpu: float(current.default_preemption_rate.get(gpu, 0.0))
+                for gpu in sorted(
+                    {*current.default_preemption_rate, *current.default_capacity, *(g for _, g in zones)}
+                )
+            },
         },
         "zones": out_zones,
     }

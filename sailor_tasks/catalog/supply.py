@@ -119,8 +119,13 @@ def parse_supply(doc: Mapping[str, Any]) -> Supply:
                 raise ValueError(
                     f"zones.{zone}.{gpu}: unknown key {', '.join(map(repr, unknown))}; valid: {', '.join(ZONE_KEYS)}"
                 )
-            _count(entry.get("capacity_gpus", 0), f"zones.{zone}.{gpu}.capacity_gpus")
+            capacity = _count(entry.get("capacity_gpus", 0), f"zones.{zone}.{gpu}.capacity_gpus")
             _rate(entry.get("preemption_rate_per_hour", 0.0), f"zones.{zone}.{gpu}.preemption_rate_per_hour")
+            if capacity > 0 and "preemption_rate_per_hour" not in entry and gpu not in rates:
+                raise ValueError(
+                    f"zones.{zone}.{gpu}: capacity_gpus={capacity} but no preemption_rate_per_hour, here or "
+                    f"in defaults; give one (0: never preempted)"
+                )
             zones[zone][gpu] = entry
     return Supply(dict(caps), rates, multipliers, zones)
 

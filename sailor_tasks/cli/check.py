@@ -147,7 +147,10 @@ def write_supply(path: str, quotas: list[Any], catalog: Any, settings: Any) -> t
         project=settings.gcp_project,
         today=dt.datetime.now(dt.UTC).date().isoformat(),
     )
-    parse_supply(doc)  # the file loads as a supply file
+    try:
+        parse_supply(doc)  # the file loads as a supply file
+    except ValueError as exc:
+        return None, f"supply file not written: {exc}; {path} unchanged"
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w") as f:

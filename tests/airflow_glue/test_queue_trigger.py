@@ -20,7 +20,7 @@ ZONE = "us-central1-a"
 def tight(ctx, tmp_path, demo_dataset, monkeypatch):
     supply = tmp_path / "supply.yaml"
     supply.write_text(
-        f"version: 1\ndefaults:\n  capacity_gpus: {{}}\nzones:\n  {ZONE}:\n    T4: {{capacity_gpus: 2}}\n"
+        f"version: 1\ndefaults:\n  capacity_gpus: {{}}\n  preemption_rate_per_hour: {{T4: 0.0}}\nzones:\n  {ZONE}:\n    T4: {{capacity_gpus: 2}}\n"
     )
     monkeypatch.setenv("SAILOR_SUPPLY_FILE", str(supply))
     load_catalog.cache_clear()

@@ -259,3 +259,26 @@ def test_supply_file_from_quotas_adds_up_to_each_regions_quota(tmp_path, monkeyp
     )
     assert supply.preemption_rate(zones_l4[0], "L4") == current.preemption_rate(zones_l4[0], "L4")
     assert doc["source"]["quotas_per_region"]["us-central1"]["L4"] == {"on_demand": 8.0, "preemptible": 25.0}
+
+
+def test_supply_file_from_quotas_loads_when_the_current_file_names_only_some_gpu_types():
+    """The current supply file of configuration.md's example (H100, A100, L4): the written file
+    gives every GPU type of the catalog a default, so it loads (a zone's type the defaults lacked
+    was refused, and `sailor check --write-supply` failed with a traceback)."""
+    catalog = load_catalog()
+    current = parse_supply(
+        {
+            "version": 1,
+            "defaults": {
+                "capacity_gpus": {"H100": 32, "A100": 32, "L4": 64},
+                "preemption_rate_per_hour": {"H100": 0.15, "A100": 0.10, "L4": 0.05},
+            },
+        }
+    )
+    quotas = [RegionQuota("us-central1", {"L4": (8.0, 25.0)})]
+    doc = supply_from_quotas(quotas, catalog, current, project=PROJECT, today="2026-11-30")
+    supply = parse_supply(doc)
+    assert set(supply.default_capacity) >= {o.gpu_type for o in catalog.offers}
+    t4 = next(o for o in catalog.offers if o.gpu_type == "T4")
+    assert supply.capacity(t4.region, t4.zone, "T4") == current.capacity(t4.region, t4.zone, "T4") == 0
+    assert supply.preemption_rate(t4.zone, "L4") == 0.05

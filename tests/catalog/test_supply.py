@@ -50,6 +50,10 @@ def test_region_supply_counts_each_zone_once_across_vm_shapes():
             {"defaults": {"capacity_gpus": {"T4": 8, "L4": 64}, "preemption_rate_per_hour": {"T4": 0.1}}},
             "no rate for L4, which capacity_gpus gives GPUs",
         ),
+        (
+            {"zones": {"us-east1-c": {"L4": {"capacity_gpus": 2}}}, "defaults": {"capacity_gpus": {"L4": 0}}},
+            "zones.us-east1-c.L4: capacity_gpus=2 but no preemption_rate_per_hour",
+        ),
     ],
 )
 def test_bad_supply_file_names_the_entry(patch, fragment):

@@ -32,7 +32,7 @@ def tight(ctx, tmp_path, demo_dataset):
     """A catalog whose only capacity is 2 T4 GPUs in one zone."""
     supply = tmp_path / "supply.yaml"
     supply.write_text(
-        f"version: 1\ndefaults:\n  capacity_gpus: {{}}\nzones:\n  {ZONE}:\n    T4: {{capacity_gpus: 2}}\n"
+        f"version: 1\ndefaults:\n  capacity_gpus: {{}}\n  preemption_rate_per_hour: {{T4: 0.0}}\nzones:\n  {ZONE}:\n    T4: {{capacity_gpus: 2}}\n"
     )
     ctx.__dict__["catalog"] = load_catalog(None, str(supply))
     return ctx
@@ -189,7 +189,7 @@ def test_max_queue_hours_zero_is_placed_when_it_fits_although_others_wait(ctx, t
     """Runs waiting for T4 do not make a V100 run that fits fail: it gets its arrival pass."""
     supply = tmp_path / "supply.yaml"
     supply.write_text(
-        "version: 1\ndefaults:\n  capacity_gpus: {}\nzones:\n"
+        "version: 1\ndefaults:\n  capacity_gpus: {}\n  preemption_rate_per_hour: {T4: 0.0, V100: 0.0}\nzones:\n"
         f"  {ZONE}:\n    T4: {{capacity_gpus: 2}}\n    V100: {{capacity_gpus: 2}}\n"
     )
     ctx.__dict__["catalog"] = load_catalog(None, str(supply))
@@ -312,7 +312,7 @@ def test_a_cleared_run_planned_into_another_region_trains_there(ctx, tmp_path, d
 
     supply = tmp_path / "supply.yaml"
     supply.write_text(
-        "version: 1\ndefaults:\n  capacity_gpus: {}\nzones:\n"
+        "version: 1\ndefaults:\n  capacity_gpus: {}\n  preemption_rate_per_hour: {T4: 0.0, V100: 0.0}\nzones:\n"
         "  us-central1-a:\n    T4: {capacity_gpus: 2}\n  us-east1-b:\n    T4: {capacity_gpus: 2}\n"
     )
     ctx.__dict__["catalog"] = load_catalog(None, str(supply))

@@ -61,7 +61,7 @@ def test_the_live_pass_and_the_simulator_admit_the_same_runs_in_the_same_order(
     ctx = stages.StageContext(Settings.from_env())
     supply = tmp_path / "supply.yaml"
     supply.write_text(
-        f"version: 1\ndefaults:\n  capacity_gpus: {{}}\nzones:\n  {ZONE}:\n    T4: {{capacity_gpus: {GPUS}}}\n"
+        f"version: 1\ndefaults:\n  capacity_gpus: {{}}\n  preemption_rate_per_hour: {{T4: 0.0}}\nzones:\n  {ZONE}:\n    T4: {{capacity_gpus: {GPUS}}}\n"
     )
     ctx.__dict__["catalog"] = load_catalog(None, str(supply))
     requests = {
