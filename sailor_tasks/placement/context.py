@@ -14,6 +14,7 @@ import numpy as np
 
 from sailor_tasks.model import ClusterState, JobRequest
 from sailor_tasks.placement.index import CatalogIndex, Columns, region_load_array
+from sailor_tasks.settings import SOURCE_BUCKET
 
 RESTART_HOURS = 0.1
 """Time to get a replacement spot VM running and the checkpoint loaded after a preemption (6 min;
@@ -64,14 +65,14 @@ class PlanningView:
         return dataclasses.replace(self, used=self.used.copy())
 
 
-def dataset_origin(request: JobRequest, index: CatalogIndex) -> str | None:
+def dataset_origin(request: JobRequest) -> str | None:
     """The region of the dataset's own URI (``sailor://<region>/...``), which every copy reads
-    (``place_data``, the rebalance's replication); None when unknown (``sailor://source``,
-    ``gs://``, ``file://``)."""
+    (``place_data``, the rebalance's replication), whether or not the catalog sells VMs there;
+    None when unknown (``sailor://source``, ``gs://``, ``file://``)."""
     scheme, _, rest = request.dataset_uri.partition("://")
     if scheme == "sailor":
         bucket = rest.split("/", 1)[0]
-        if bucket in index.region_idx:
+        if bucket and bucket != SOURCE_BUCKET:
             return bucket
     return None
 
@@ -80,7 +81,7 @@ def dataset_sources(request: JobRequest, state: ClusterState, index: CatalogInde
     """Regions that hold a complete copy of the dataset: recorded replicas, plus its origin
     (``dataset_origin``). Empty when unknown."""
     regions = set(state.replicas.get(request.dataset_uri, ()))
-    origin = dataset_origin(request, index)
+    origin = dataset_origin(request)
     if origin is not None:
         regions.add(origin)
     return tuple(sorted(r for r in regions if r in index.region_idx))
@@ -124,7 +125,8 @@ class RequestContext:
     """Per region: hours to copy the dataset there, and the run's checkpoint (``ClusterState.checkpoint``)."""
     r_data_source: np.ndarray
     """Per region: index of the region its copy of the dataset reads (itself where it holds one; -1:
-    the dataset's unknown origin)."""
+    the dataset's origin, ``data_origin``, when that is no region of the catalog or unknown)."""
+    data_origin: str | None
     r_checkpoint_usd: np.ndarray
     """Per region: USD of copying the run's checkpoint there (0 without one, or in its region)."""
 
@@ -164,20 +166,21 @@ def build_context(
     nbytes = state.dataset_bytes.get(request.dataset_uri, 0)
     gb = nbytes / 1e9
     n_r = len(index.regions)
-    if sources and gb > 0:
+    origin = dataset_origin(request)
+    if (sources or origin is not None) and gb > 0:
         # A region holding a complete copy only verifies it (its own bucket's link); any other
         # copies from the dataset's origin, which every copy reads, not from a replica; with the
-        # origin unknown, at the dearest and slowest link into the region from any region.
+        # origin unknown (and some region holding a copy), at the dearest and slowest link into
+        # the region from any region. Origin unknown and no copy anywhere: nothing is charged.
         everywhere = np.arange(n_r)
-        origin = dataset_origin(request, index)
         if origin is not None:
-            o = index.region_idx[origin]
-            r_usd, r_gbps = index.bucket_usd_per_gb[o].copy(), index.bucket_gbps[o].copy()
-            r_source = np.full(n_r, o)
+            usd_from, gbps_from = index.links_from(origin)
+            r_usd, r_gbps = usd_from.copy(), gbps_from.copy()
+            r_source = np.full(n_r, index.region_idx.get(origin, -1))
         else:
             r_usd, r_gbps = index.bucket_usd_per_gb.max(axis=0), index.bucket_gbps.min(axis=0)
             r_source = np.full(n_r, -1)
-        held = np.array([index.region_idx[r] for r in sources])
+        held = np.array([index.region_idx[r] for r in sources], dtype=np.int64)
         r_usd[held] = index.bucket_usd_per_gb[held, held]
         r_gbps[held] = index.bucket_gbps[held, held]
         r_source[held] = everywhere[held]
@@ -218,5 +221,6 @@ def build_context(
         r_data_usd_per_gb=r_usd,
         r_data_hours=r_hours,
         r_data_source=r_source,
+        data_origin=origin,
         r_checkpoint_usd=r_ckpt_usd,
     )

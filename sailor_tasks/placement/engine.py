@@ -308,6 +308,8 @@ def _placement(
         + (
             f"; dataset {ctx.dataset_gb:.3g} GB from {idx.regions[source]}"
             if source >= 0
+            else f"; dataset {ctx.dataset_gb:.3g} GB from {ctx.data_origin}"
+            if ctx.data_origin is not None and ctx.dataset_gb > 0
             else (
                 "; dataset location unknown (no transfer charged)"
                 if not ctx.sources

@@ -122,6 +122,22 @@ class CatalogIndex:
     _subset_cache: dict[tuple[str, int], Subset] = field(default_factory=dict)
     _subset_speed_cache: dict[tuple[str, str, int], np.ndarray] = field(default_factory=dict)
     _regions_cache: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)
+    _origin_cache: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def links_from(self, region: str) -> tuple[np.ndarray, np.ndarray]:
+        """(USD/GB, Gbit/s) of copying from ``region``'s bucket into each region's: the catalog's
+        rows for one of its regions, else from the transfer file (a region with a bucket and no
+        offer of the catalog)."""
+        i = self.region_idx.get(region)
+        if i is not None:
+            return self.bucket_usd_per_gb[i], self.bucket_gbps[i]
+        cached = self._origin_cache.get(region)
+        if cached is None:
+            links = [self.catalog.transfer.bucket_link(region, dst) for dst in self.regions]
+            cached = (np.array([k.usd_per_gb for k in links]), np.array([k.gbps for k in links]))
+            if len(self._origin_cache) < 1024:
+                self._origin_cache[region] = cached
+        return cached
 
     @property
     def num_candidates(self) -> int:

@@ -528,3 +528,26 @@ def test_the_dataset_copy_is_priced_from_its_origin_which_place_data_reads_not_f
     assert ctx.r_data_source[r] == -1
     assert ctx.r_data_usd_per_gb[r] == pytest.approx(max(k.usd_per_gb for k in links))
     assert ctx.r_data_usd_per_gb[index.region_idx["asia-east1"]] == 0.0
+
+
+def test_a_dataset_in_a_region_the_catalog_sells_no_vm_in_is_priced_from_there():
+    """``place_data`` reads ``sailor://<region>/...`` from that region's bucket, whether or not the
+    catalog has offers there: the copy is priced with the transfer file's link from it."""
+    from sailor_tasks.placement.context import build_context
+    from sailor_tasks.placement.engine import view_for
+    from sailor_tasks.placement.index import index_for
+
+    catalog = load_catalog()
+    index = index_for(catalog)
+    origin = "us-west9"
+    assert origin not in index.region_idx
+    uri = f"sailor://{origin}/datasets/x"
+    state = ClusterState(dataset_bytes={uri: 500 * GB})
+    ctx = build_context(index, req(dataset_uri=uri), state, view_for(index, state))
+    for region in ("us-central1", "europe-west4"):
+        link = catalog.transfer.bucket_link(origin, region)
+        r = index.region_idx[region]
+        assert ctx.r_data_usd_per_gb[r] == pytest.approx(link.usd_per_gb) and link.usd_per_gb > 0
+        assert ctx.r_data_hours[r] == pytest.approx(500 * 8 / link.gbps / 3600)
+    winner = plan(req(dataset_uri=uri), catalog, state, "r")
+    assert f"GB from {origin}" in winner.explanation[2]

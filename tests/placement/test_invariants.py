@@ -113,15 +113,16 @@ def brute_force(request: JobRequest, catalog, state: ClusterState) -> tuple[list
         held[(r.zone, r.gpu_type)] += r.gpus
     sources = set(state.replicas.get(request.dataset_uri, ()))
     scheme, _, rest = request.dataset_uri.partition("://")
-    origin = rest.split("/", 1)[0] if scheme == "sailor" and rest.split("/", 1)[0] in catalog.regions else None
-    if origin is not None:
+    bucket = rest.split("/", 1)[0]
+    origin = bucket if scheme == "sailor" and bucket != "source" else None  # a region, VMs sold there or not
+    if origin in catalog.regions:
         sources.add(origin)
     gb = state.dataset_bytes.get(request.dataset_uri, 0) / 1e9
 
     def data(region: str) -> tuple[float, float]:
         """(USD, hours) to get the dataset there: verify the region's own copy, else copy it from
         its origin, else (origin unknown) at the dearest and slowest link from any region."""
-        if not sources or gb <= 0:
+        if (not sources and origin is None) or gb <= 0:
             return 0.0, 0.0
         if region in sources or origin is not None:
             link = transfer.bucket_link(region if region in sources else origin, region)
