@@ -864,14 +864,15 @@ class Ledger:
     def end_attempt(
         self, run_id: str, attempt: int, outcome: str, *, if_running: bool = False, **fields: Any
     ) -> bool:
-        """Record how the attempt ended; ``if_running``: only while it is still ``running`` (an
-        outcome another process recorded meanwhile stays). Whether it was recorded."""
+        """Record how the attempt ended (at ``ended_at`` in ``fields``, else now); ``if_running``:
+        only while it is still ``running`` (an outcome another process recorded meanwhile stays).
+        Whether it was recorded."""
         a = t.run_attempts.c
         q = update(t.run_attempts).where(a.run_id == run_id, a.attempt == attempt)
         if if_running:
             q = q.where(a.outcome == "running")
         with self.engine.begin() as c:
-            return c.execute(q.values(outcome=outcome, ended_at=utcnow(), **fields)).rowcount > 0
+            return c.execute(q.values(**{"outcome": outcome, "ended_at": utcnow(), **fields})).rowcount > 0
 
     def spot_observations(
         self, exclude_backends: Iterable[str] = ("local",), now: dt.datetime | None = None

@@ -553,7 +553,9 @@ def finish_attempt(
     resumed = result["resumed_from_step"] if result else report.get("resumed_from")
     preemption = report.get("preemption")
     if rc == 0 and result and result["status"] == "completed":
-        ctx.ledger.end_attempt(run_id, attempt, "completed", step=result["step"], resumed_from_step=resumed)
+        ctx.ledger.end_attempt(
+            run_id, attempt, "completed", step=result["step"], resumed_from_step=resumed, ended_at=ended
+        )
         _record_completed(ctx, run_id, result)
         return {
             **result,
@@ -569,10 +571,18 @@ def finish_attempt(
         reclaimed = (ctx.ledger.reservation_leases().get(run_id) or {}).get("reclaimed_at")
         if reclaimed is not None:  # stopped by the reconciler, which has ended the run
             ctx.ledger.end_attempt(
-                run_id, attempt, "failed", step=reached, resumed_from_step=resumed, detail="lease reclaimed"
+                run_id,
+                attempt,
+                "failed",
+                step=reached,
+                resumed_from_step=resumed,
+                detail="lease reclaimed",
+                ended_at=ended,
             )
             raise LeaseReclaimedError(run_id, reclaimed.isoformat(timespec="seconds"))
-        ctx.ledger.end_attempt(run_id, attempt, "cancelled", step=reached, resumed_from_step=resumed)
+        ctx.ledger.end_attempt(
+            run_id, attempt, "cancelled", step=reached, resumed_from_step=resumed, ended_at=ended
+        )
         ctx.ledger.advance_run(run_id, "cancelled", from_statuses=RUN_STATUSES_LIVE)
         raise RunCancelledError(run_id, reached)
 
@@ -585,6 +595,7 @@ def finish_attempt(
             step=reached,
             resumed_from_step=resumed,
             detail="its train task was stopped by Airflow, not by a user: the next try resumes it",
+            ended_at=ended,
         )
         raise TrainingInterruptedError(run_id, reached)
 
@@ -594,7 +605,9 @@ def finish_attempt(
         tail = report.get("log_tail") or []
         detail = f"exit code {rc}" + (f": {tail[-1][:200]}" if tail else "")
         step = max(said) if said else None
-        ctx.ledger.end_attempt(run_id, attempt, "failed", step=step, resumed_from_step=resumed, detail=detail)
+        ctx.ledger.end_attempt(
+            run_id, attempt, "failed", step=step, resumed_from_step=resumed, detail=detail, ended_at=ended
+        )
         raise TrainingFailedError(run_id, rc, "\n".join(tail))
 
     noticed = preemption["noticed"] if preemption else True
@@ -603,7 +616,9 @@ def finish_attempt(
     reached = max([*said, resume_step])
     lost = max(0, reached - resume_step) if said else None
     at = _ts(preemption["at"] if preemption else report.get("ended_at")) or ended
-    ctx.ledger.end_attempt(run_id, attempt, "preempted", step=reached, resumed_from_step=resumed)
+    ctx.ledger.end_attempt(
+        run_id, attempt, "preempted", step=reached, resumed_from_step=resumed, ended_at=ended
+    )
     ctx.ledger.record_preemption(run_id, attempt, pl.region, pl.zone, noticed, reached, lost, None, at=at)
     ctx.ledger.upsert_run(run_id, steps=resume_step)
     ctx.ledger.advance_run(run_id, "preempted", from_statuses=RUN_STATUSES_LIVE)  # not over an end

@@ -181,6 +181,7 @@ def test_a_retried_try_records_how_the_attempt_it_launched_ended_from_its_report
     error): the retry records the end its launch report gives, a preemption (recovered, then
     the next attempt) or a completion (its result, nothing trains again), not a failure."""
     from sailor_tasks import stages
+    from sailor_tasks.ledger.store import aware, utcnow
 
     run_id = f"blip-{preempt}"
     params = {
@@ -202,7 +203,10 @@ def test_a_retried_try_records_how_the_attempt_it_launched_ended_from_its_report
     monkeypatch.setattr(ctx.ledger, "record_utilization", blip)
     with pytest.raises(ConnectionError):
         stages.train(request, placement, data, run_id, ctx, try_number=1, max_tries=3)
+    retried_at = utcnow()
     result = stages.train(request, placement, data, run_id, ctx, try_number=2, max_tries=3)
+    # the attempt ended when its process group exited, not when the retry recorded it
+    assert aware(ctx.ledger.attempts(run_id)[0]["ended_at"]) < retried_at
     attempts = [(a["attempt"], a["outcome"]) for a in ctx.ledger.attempts(run_id)]
     assert result["step"] == 20
     if preempt:
