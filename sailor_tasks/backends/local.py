@@ -28,7 +28,7 @@ from sailor_tasks.backends.preemption import InjectionSpec, PreemptionEvent, due
 from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 from sailor_tasks.model import Placement, to_dict
 from sailor_tasks.runtime.contract import contract_env, write_notice
-from sailor_tasks.runtime.die_with_agent import set_parent_death_signal
+from sailor_tasks.runtime.die_with_agent import libc, set_parent_death_signal
 from sailor_tasks.settings import Settings
 from sailor_tasks.train.config import TrainConfig
 from sailor_tasks.train.progress import read_progress
@@ -205,6 +205,8 @@ class LocalBackend:
         # task killed too hard for that (SIGKILL, an OOM kill) takes torchrun with it all the
         # same (``_die_with_task``): left running, it would train beside the retry's launch, on
         # another worker's host unseen by the next try's check above.
+        if sys.platform.startswith("linux"):
+            libc()  # loaded here, so that torchrun's preexec_fn only calls prctl
         proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,

@@ -13,7 +13,7 @@ Torch-free and import-light: it runs once per worker before the worker's interpr
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
 import signal
 import sys
@@ -22,13 +22,20 @@ PR_SET_PDEATHSIG = 1
 """``prctl`` option (linux/prctl.h): the signal the process gets when its parent thread exits."""
 
 
+@functools.cache
+def libc() -> ctypes.CDLL:
+    """The C library's symbols, as this process already has them (no search for the file: the
+    lookup runs ``ldconfig``, which a ``preexec_fn`` must not do between fork and exec). Load it
+    before forking to keep the child's work to the ``prctl`` call."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
     """Ask the kernel to send ``sig`` to this process when its parent exits; False where the
     system has no ``prctl`` (not Linux)."""
     if not sys.platform.startswith("linux"):
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if libc().prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
     return True
