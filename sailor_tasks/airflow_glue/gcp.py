@@ -284,6 +284,7 @@ def report_pod_ends(run_uri: str, ends: Mapping[str, Mapping[str, Any]]) -> None
     uri = paths.launch_report_uri(run_uri)
     report = storage.read_json(uri) if storage.exists(uri) else {}
     report["pods"] = dict(ends)
+    report.setdefault("ended_at", time.time())  # when the pods were judged: the attempt's end
     if preemption is not None:
         report["preemption"] = preemption
     storage.write_json(uri, report)

@@ -520,7 +520,7 @@ def finish_attempt(
     Args:
         rc: the process group's exit status (0 done, 75 preempted after saving).
         final: whether a preemption ends the run (default: ``try_number > max_tries``).
-        ended_at: when the process group exited (default: now).
+        ended_at: when the process group exited (default: its launch report's end, else now).
 
     Raises:
         PreemptedError, RecoveryExhaustedError, TrainingFailedError: as ``train_attempt``.
@@ -528,12 +528,14 @@ def finish_attempt(
     req, run_id, attempt, attempts = att.req, att.run_id, att.number, att.prior
     pl, data, config, started = att.placement, att.data, att.config, att.started
     report_uri = paths.launch_report_uri(ctx.run_uri(pl.region, run_id))
+    report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
+    if ended_at is None and report.get("ended_at"):  # when the process group or the pods ended
+        ended_at = dt.datetime.fromtimestamp(report["ended_at"], dt.UTC)
     ended = max(ended_at, started) if ended_at is not None else utcnow()
     ctx.ledger.record_utilization(run_id, req.team, pl.region, pl.gpu_type, pl.num_gpus, started, ended)
     ctx.ledger.end_attempt_market(
         run_id, attempt, (ended - started).total_seconds() / 3600.0, pl.usd_per_hour, pl.market, req.strategy
     )
-    report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
     store = CheckpointStore(config.checkpoint_uri, attempt=attempt)
     store.seal()  # plain DCP checkpoints the workers left without a marker become resumable elsewhere
     result = storage.read_json(config.result_uri) if storage.exists(config.result_uri) else None
