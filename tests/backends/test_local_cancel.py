@@ -188,19 +188,23 @@ NO_DEATH_SIGNAL = (
 """Makes a task script's torchrun outlive the task, as where the kernel has no parent-death signal."""
 
 
-def test_a_hard_killed_task_takes_its_runs_processes_with_it(ctx, demo_dataset):
-    """A task process killed with SIGKILL cannot run on_kill; torchrun, in a session of its own,
-    gets SIGTERM as its task dies (its workers save on it, then exit): nothing trains on beside a
-    retry, which may run on another worker's host."""
-    run_id = "manual__taken"
-    stages_out = prepare(ctx, run_id, demo_dataset)
-    script = (
+def start_task(run_id: str, prepared, prelude: str = "") -> subprocess.Popen:
+    """A train task process running ``stages.train`` of the prepared run, ``prelude`` first."""
+    script = prelude + (
         "import json, sys\n"
         "from sailor_tasks import stages\n"
         "request, placement, data = json.loads(sys.argv[1])\n"
         "stages.train(request, placement, data, sys.argv[2])\n"
     )
-    task = subprocess.Popen([sys.executable, "-c", script, json.dumps(stages_out), run_id])
+    return subprocess.Popen([sys.executable, "-c", script, json.dumps(prepared), run_id])
+
+
+def test_a_hard_killed_task_takes_its_runs_processes_with_it(ctx, demo_dataset):
+    """A task process killed with SIGKILL cannot run on_kill; torchrun, in a session of its own,
+    gets SIGTERM as its task dies (its workers save on it, then exit): nothing trains on beside a
+    retry, which may run on another worker's host."""
+    run_id = "manual__taken"
+    task = start_task(run_id, prepare(ctx, run_id, demo_dataset))
     try:
         tree = wait_for_workers(run_id, 2)
         task.kill()
@@ -218,14 +222,7 @@ def test_teardown_stops_workers_that_outlived_a_hard_killed_task(ctx, demo_datas
     parent-death signal), it and its workers, in their own sessions, go on. teardown, which
     Airflow still runs, stops them before releasing."""
     run_id = "manual__orphans"
-    stages_out = prepare(ctx, run_id, demo_dataset)
-    script = NO_DEATH_SIGNAL + (
-        "import json, sys\n"
-        "from sailor_tasks import stages\n"
-        "request, placement, data = json.loads(sys.argv[1])\n"
-        "stages.train(request, placement, data, sys.argv[2])\n"
-    )
-    task = subprocess.Popen([sys.executable, "-c", script, json.dumps(stages_out), run_id])
+    task = start_task(run_id, prepare(ctx, run_id, demo_dataset), NO_DEATH_SIGNAL)
     try:
         tree = wait_for_workers(run_id, 2)
         task.kill()
