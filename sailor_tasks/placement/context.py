@@ -77,13 +77,12 @@ def dataset_origin(request: JobRequest) -> str | None:
     return None
 
 
-def dataset_sources(request: JobRequest, state: ClusterState, index: CatalogIndex) -> tuple[str, ...]:
-    """Regions that hold a complete copy of the dataset: recorded replicas, plus its origin
-    (``dataset_origin``). Empty when unknown."""
-    regions = set(state.replicas.get(request.dataset_uri, ()))
-    origin = dataset_origin(request)
-    if origin is not None:
-        regions.add(origin)
+def dataset_sources(
+    request: JobRequest, state: ClusterState, index: CatalogIndex, origin: str | None
+) -> tuple[str, ...]:
+    """Regions of the catalog that hold a complete copy of the dataset: recorded replicas, plus
+    its ``origin`` (``dataset_origin``). Empty when unknown."""
+    regions = {*state.replicas.get(request.dataset_uri, ()), *([origin] if origin is not None else [])}
     return tuple(sorted(r for r in regions if r in index.region_idx))
 
 
@@ -162,17 +161,16 @@ def build_context(
         spot_overhead = np.where(c.spot_rate > 0, expected_preemptions * lost, 0.0)
     overhead = np.where(c.rate > 0, spot_overhead, 0.0)
 
-    sources = dataset_sources(request, state, index)
+    origin = dataset_origin(request)
+    sources = dataset_sources(request, state, index, origin)
     nbytes = state.dataset_bytes.get(request.dataset_uri, 0)
     gb = nbytes / 1e9
     n_r = len(index.regions)
-    origin = dataset_origin(request)
     if (sources or origin is not None) and gb > 0:
         # A region holding a complete copy only verifies it (its own bucket's link); any other
         # copies from the dataset's origin, which every copy reads, not from a replica; with the
         # origin unknown (and some region holding a copy), at the dearest and slowest link into
         # the region from any region. Origin unknown and no copy anywhere: nothing is charged.
-        everywhere = np.arange(n_r)
         if origin is not None:
             usd_from, gbps_from = index.links_from(origin)
             r_usd, r_gbps = usd_from.copy(), gbps_from.copy()
@@ -183,7 +181,7 @@ def build_context(
         held = np.array([index.region_idx[r] for r in sources], dtype=np.int64)
         r_usd[held] = index.bucket_usd_per_gb[held, held]
         r_gbps[held] = index.bucket_gbps[held, held]
-        r_source[held] = everywhere[held]
+        r_source[held] = held
         r_hours = gb * BITS_PER_BYTE / r_gbps / SECONDS_PER_HOUR
     else:
         r_usd = np.zeros(n_r)
