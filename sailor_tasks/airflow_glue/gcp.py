@@ -261,14 +261,12 @@ def follow_pods(config: gke.GkeConfig, launch: TrainLaunch, ops: Sequence[Any], 
 
 
 def report_pods_started(run_uri: str) -> None:
-    """Mark in the attempt's launch report that every pod of it was created: a retry that
-    reattaches then takes a pod missing as gone (its node reclaimed), never one to create."""
-    from sailor_tasks import storage
+    """Mark in the attempt's launch report that every pod of it was created: a later launch of
+    the attempt (a retry, or one after a wait for capacity) then takes a pod missing as gone (its
+    node reclaimed), never one to create."""
+    from sailor_tasks.stages.usage import update_launch_report
 
-    uri = paths.launch_report_uri(run_uri)
-    report = storage.read_json(uri) if storage.exists(uri) else {}
-    if not report.get("pods_started"):
-        storage.write_json(uri, {**report, "pods_started": True})
+    update_launch_report(run_uri, {"pods_started": True})
 
 
 def report_pod_ends(run_uri: str, ends: Mapping[str, Mapping[str, Any]]) -> None:
@@ -279,15 +277,15 @@ def report_pod_ends(run_uri: str, ends: Mapping[str, Mapping[str, Any]]) -> None
     import time
 
     from sailor_tasks import storage
+    from sailor_tasks.stages.usage import launch_report
 
     preemption = attempt_preemption(ends, time.time())
-    uri = paths.launch_report_uri(run_uri)
-    report = storage.read_json(uri) if storage.exists(uri) else {}
+    report = launch_report(run_uri)
     report["pods"] = dict(ends)
     report.setdefault("ended_at", time.time())  # when the pods were judged: the attempt's end
     if preemption is not None:
         report["preemption"] = preemption
-    storage.write_json(uri, report)
+    storage.write_json(paths.launch_report_uri(run_uri), report)
 
 
 @dataclass(frozen=True)
@@ -390,22 +388,6 @@ class TrainingPods:
         if self.service is not None:
             _ensure_service(self.op(0), self.service)
         return [self._drive(i, self._create_or_follow, ended=False) for i in range(len(self))]
-
-    def missing(self) -> list[int]:
-        """Indexes of the attempt's pods the cluster no longer has (404)."""
-        from kubernetes.client.exceptions import ApiException
-
-        gone = []
-        for index in range(len(self)):
-            try:
-                self.op(index).hook.core_v1_client.read_namespaced_pod(
-                    self.name(index), self.config.namespace
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                gone.append(index)
-        return gone
 
     def phases(self) -> dict[str, dict[str, Any]]:
         """Every pod's phase now (``Gone`` for one the cluster no longer has), as the trigger

@@ -54,15 +54,6 @@ class SailorProvisionOperator(BaseOperator):
         return _capacity_or_defer(self, context, self.request, self.placement, "resume_provision", finished)
 
 
-def _launch_report(attempt: Any) -> dict[str, Any]:
-    """The attempt's launch report (the pods' start and ends, ``gcp.report_pods_started`` and
-    ``gcp.report_pod_ends``); empty when there is none yet."""
-    from sailor_tasks import paths, storage
-
-    uri = paths.launch_report_uri(attempt.config.output_uri)
-    return storage.read_json(uri) if storage.exists(uri) else {}
-
-
 def _capacity_or_defer(
     task: BaseOperator,
     context: Any,
@@ -402,11 +393,13 @@ class SailorTrainOperator(BaseOperator):
     def _launch(self, context: Any, attempt: Any) -> Any:
         from sailor_tasks import stages, storage
         from sailor_tasks.airflow_glue import gcp
+        from sailor_tasks.stages.usage import launch_report
 
         ctx = stages.StageContext.from_env()
         # Read for every launch: a new attempt's was cleared when it began; a resumed one's (after
-        # a retry, or a deferral for capacity) says how far it got.
-        report = _launch_report(attempt)
+        # a retry, or a deferral for capacity) says how far it got (the pods' start and ends,
+        # ``gcp.report_pods_started`` and ``gcp.report_pod_ends``).
+        report = launch_report(attempt.config.output_uri)
         if report.get("pods"):
             # The try that judged the pods died after recording their ends (its pods may be deleted).
             self.log.info(
@@ -426,11 +419,12 @@ class SailorTrainOperator(BaseOperator):
         placement = to_dict(attempt.placement)
         _capacity_or_defer(self, context, self.request, placement, "resume_capacity", attempt=attempt.number)
         pods = self._pods(context, ctx, attempt)
-        if report.get("pods_started") and not report.get("stopping") and pods.missing():
+        phases = pods.phases() if report.get("pods_started") and not report.get("stopping") else {}
+        if any(p["phase"] == "Gone" for p in phases.values()):
             # Every pod was created, and one is gone (its node reclaimed, or deleted): the attempt
             # has ended. Judged now; never created again.
             self.log.info("attempt %d: a pod of it is gone; judging its pods, creating none", attempt.number)
-            return self._conclude(context, pods, attempt, pods.phases())
+            return self._conclude(context, pods, attempt, phases)
         steps = pods.start()
         gcp.report_pods_started(attempt.config.output_uri)
         names = [pods.name(i) for i in range(len(pods))]

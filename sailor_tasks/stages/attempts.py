@@ -42,7 +42,7 @@ from sailor_tasks.model import RUN_STATUSES_LIVE, JobRequest, Placement, from_di
 from sailor_tasks.stages import prepare
 from sailor_tasks.stages.context import JSON, StageContext
 from sailor_tasks.stages.summary import attempt_markets, describe_attempts
-from sailor_tasks.stages.usage import end_unreported_attempt
+from sailor_tasks.stages.usage import attempt_run_uri, end_unreported_attempt, launch_report
 from sailor_tasks.strategies import PreemptionRecord, RecoveryContext, get_strategy
 from sailor_tasks.train.checkpoint.store import CheckpointStore
 from sailor_tasks.train.config import TrainConfig
@@ -225,10 +225,8 @@ def end_reported_attempt(ctx: StageContext, request: JSON, run_id: str, try_numb
     if not attempts or attempts[-1]["outcome"] != "running":
         return None
     last = attempts[-1]
-    region = (last["placement"] or {}).get("region") or last["region"]
-    report_uri = paths.launch_report_uri(ctx.run_uri(region, run_id))
     try:
-        report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
+        report = launch_report(attempt_run_uri(ctx, run_id, last))
     except (OSError, ValueError) as exc:
         logger.warning("run %s: launch report of attempt %d unreadable (%s)", run_id, last["attempt"], exc)
         return None
@@ -241,9 +239,8 @@ def end_reported_attempt(ctx: StageContext, request: JSON, run_id: str, try_numb
         report["rc"],
     )
     att = resume_attempt(ctx, request, run_id, last["attempt"])
-    ended = dt.datetime.fromtimestamp(report["ended_at"], dt.UTC) if report.get("ended_at") else None
-    try:
-        return finish_attempt(ctx, att, int(report["rc"]), try_number, final=False, ended_at=ended)
+    try:  # it ended when its report says (``finish_attempt``), not now
+        return finish_attempt(ctx, att, int(report["rc"]), try_number, final=False)
     except (PreemptedError, TrainingFailedError, TrainingInterruptedError) as exc:
         logger.info("attempt %d of run %s recorded as ended: %s", last["attempt"], run_id, exc)
         return None
@@ -509,7 +506,6 @@ def finish_attempt(
     max_tries: int = 0,
     *,
     final: bool | None = None,
-    ended_at: dt.datetime | None = None,
 ) -> JSON:
     """End a launched attempt from its process group's exit status and what the trainer wrote:
     record it (utilization, checkpoint, preemption) and return the result, or raise.
@@ -520,18 +516,15 @@ def finish_attempt(
     Args:
         rc: the process group's exit status (0 done, 75 preempted after saving).
         final: whether a preemption ends the run (default: ``try_number > max_tries``).
-        ended_at: when the process group exited (default: its launch report's end, else now).
 
     Raises:
         PreemptedError, RecoveryExhaustedError, TrainingFailedError: as ``train_attempt``.
     """
     req, run_id, attempt, attempts = att.req, att.run_id, att.number, att.prior
     pl, data, config, started = att.placement, att.data, att.config, att.started
-    report_uri = paths.launch_report_uri(ctx.run_uri(pl.region, run_id))
-    report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
-    if ended_at is None and report.get("ended_at"):  # when the process group or the pods ended
-        ended_at = dt.datetime.fromtimestamp(report["ended_at"], dt.UTC)
-    ended = max(ended_at, started) if ended_at is not None else utcnow()
+    report = launch_report(ctx.run_uri(pl.region, run_id))
+    reported_end = _ts(report.get("ended_at"))  # when the process group or the pods ended
+    ended = max(reported_end, started) if reported_end is not None else utcnow()
     ctx.ledger.record_utilization(run_id, req.team, pl.region, pl.gpu_type, pl.num_gpus, started, ended)
     ctx.ledger.end_attempt_market(
         run_id, attempt, (ended - started).total_seconds() / 3600.0, pl.usd_per_hour, pl.market, req.strategy

@@ -307,14 +307,13 @@ def _mark_stopping(ctx: StageContext, run_id: str) -> None:
     """Mark the running attempt's launch report as being stopped, before its pods are deleted: a
     retry that finds them gone (the stop interrupted before it ended the attempt) then resumes the
     attempt rather than judge a missing pod a preemption. Best effort: a stop goes on without it."""
+    from sailor_tasks.stages.usage import attempt_run_uri, update_launch_report
+
     try:
         rows = ctx.ledger.attempts(run_id)
         if not rows or rows[-1]["outcome"] != "running":
             return
-        region = (rows[-1]["placement"] or {}).get("region") or rows[-1]["region"]
-        uri = paths.launch_report_uri(ctx.run_uri(region, run_id))
-        report = storage.read_json(uri) if storage.exists(uri) else {}
-        storage.write_json(uri, {**report, "stopping": True})
+        update_launch_report(attempt_run_uri(ctx, run_id, rows[-1]), {"stopping": True})
     except Exception as exc:
         logger.warning("run %s: its launch report could not be marked as stopping: %s", run_id, exc)
 

@@ -1,6 +1,7 @@
 """What an attempt used and cost, recorded for one that no try ended itself (its try died, the run
 was stopped from outside, its lease was reclaimed): imported by the attempt stages and the
-reconciler alike."""
+reconciler alike; and the attempt's launch report (``launch.json`` in its run folder), which says
+how far it got and how it ended."""
 
 from __future__ import annotations
 
@@ -14,6 +15,22 @@ from sailor_tasks.ledger.store import aware, utcnow
 from sailor_tasks.stages.context import StageContext
 
 logger = logging.getLogger(__name__)
+
+
+def attempt_run_uri(ctx: StageContext, run_id: str, row: Mapping[str, Any]) -> str:
+    """The run folder of the attempt ``row`` (a ``run_attempts`` row): its placement's region's."""
+    return ctx.run_uri((row["placement"] or {}).get("region") or row["region"], run_id)
+
+
+def launch_report(run_uri: str) -> dict[str, Any]:
+    """The launch report in the run folder ``run_uri``; empty when there is none."""
+    uri = paths.launch_report_uri(run_uri)
+    return storage.read_json(uri) if storage.exists(uri) else {}
+
+
+def update_launch_report(run_uri: str, changes: Mapping[str, Any]) -> None:
+    """Write ``changes`` into the launch report in the run folder ``run_uri``."""
+    storage.write_json(paths.launch_report_uri(run_uri), {**launch_report(run_uri), **changes})
 
 
 def end_unreported_attempt(
@@ -30,8 +47,7 @@ def end_unreported_attempt(
     started = aware(row["started_at"])
     ended = utcnow()
     try:
-        report_uri = paths.launch_report_uri(ctx.run_uri(region, run_id))
-        report = storage.read_json(report_uri) if storage.exists(report_uri) else {}
+        report = launch_report(attempt_run_uri(ctx, run_id, row))
         if report.get("ended_at"):
             ended = dt.datetime.fromtimestamp(report["ended_at"], dt.UTC)
     except (OSError, ValueError) as exc:  # its folder unreadable: up to now
