@@ -207,13 +207,9 @@ class Run:
             RuntimeError: several workers and no process group yet: every rank would write the
                 same files into the same folder.
         """
-        grouped = dist.is_available() and dist.is_initialized()
-        if self.world_size > 1 and not grouped:
-            raise RuntimeError(
-                f"{self.world_size} workers and no process group: call run.init_distributed() (or "
-                "torch.distributed.init_process_group) before using run.checkpoints, so that each rank "
-                "saves its own part of every checkpoint"
-            )
+        grouped = self._grouped(
+            "using run.checkpoints, so that each rank saves its own part of every checkpoint"
+        )
         if self._checkpoints is not None and self._checkpoints.distributed != grouped:
             self._checkpoints.wait()  # its pending save ends as it began
             self._checkpoints = None
@@ -228,18 +224,24 @@ class Run:
             )
         return self._checkpoints
 
+    def _grouped(self, before: str) -> bool:
+        """Whether a process group exists; raises RuntimeError, saying to make one ``before``
+        what, when several workers have none."""
+        grouped = dist.is_available() and dist.is_initialized()
+        if self.world_size > 1 and not grouped:
+            raise RuntimeError(
+                f"{self.world_size} workers and no process group: call run.init_distributed() (or "
+                f"torch.distributed.init_process_group) before {before}"
+            )
+        return grouped
+
     def latest_step(self) -> int | None:
         """The newest checkpoint that verifies against its marker (rank 0 decides, every rank agrees).
 
         Raises:
             RuntimeError: several workers and no process group yet: the ranks could not agree.
         """
-        if self.world_size > 1 and not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                f"{self.world_size} workers and no process group: call run.init_distributed() (or "
-                "torch.distributed.init_process_group) before latest_step/load_latest, so that every "
-                "rank resumes from the step rank 0 finds"
-            )
+        self._grouped("latest_step/load_latest, so that every rank resumes from the step rank 0 finds")
         checkpoints = self.checkpoints  # built on every rank: the group choice must not differ
         if self.rank == 0:
             checkpoints.claim(self.attempt)  # older attempts' workers may write no more
