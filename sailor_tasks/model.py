@@ -222,7 +222,7 @@ class ClusterState:
     reservations: tuple[Reservation, ...] = ()
     held_gpus: Mapping[tuple[str, str], int] = field(default_factory=dict)
     """(zone, GPU type) → GPUs held by live reservations besides ``reservations``, as the ledger
-    sums them (``Ledger.held_gpus``: a snapshot from the ledger reads the sums, not every row).
+    keeps their sums (``Ledger.held_gpus``: a snapshot from the ledger reads the sums, not every row).
     The planner counts both; clearing what is held means clearing both."""
     assignment: Assignment | None = None
     replicas: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

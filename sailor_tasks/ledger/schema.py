@@ -83,6 +83,17 @@ reservations = Table(
     Index("ix_reservations_live", "released_at", "zone", "gpu_type"),
 )
 
+held = Table(
+    # GPUs the live reservations hold per (zone, GPU type), kept by the transactions that reserve
+    # and release (``store._add_held``): a planner's snapshot reads these sums, a row per pair,
+    # rather than summing every live reservation.
+    "held",
+    metadata,
+    Column("zone", String(50), primary_key=True),
+    Column("gpu_type", String(30), primary_key=True),
+    Column("gpus", Integer, nullable=False),
+)
+
 reservation_intervals = Table(
     # The ended holdings of a run's reservation: a reservation replaced (a re-plan) or reserved
     # again after its release keeps its run_id row, so the interval it held before is kept here

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import create_engine, delete, event, func, insert, select, text, union_all, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 
 from sailor_tasks.errors import LeaseReclaimedError, ReservationReleasedError
@@ -96,6 +98,43 @@ def _update_or_insert(
         conn.execute(insert(table).values(**key, **values, **(on_insert or {})))
 
 
+def _add_held(conn: Any, deltas: Mapping[tuple[str, str], int]) -> None:
+    """Inside the caller's transaction: add ``deltas`` ((zone, GPU type) -> GPUs) to the sums of
+    the GPUs live reservations hold (``schema.held``), each in one statement, in key order: two
+    transactions update the rows they share in the same order (no deadlock on PostgreSQL)."""
+    h = t.held
+    dialect = conn.dialect.name
+    for (zone, gpu_type), gpus in sorted(deltas.items()):
+        if gpus == 0:
+            continue
+        if dialect == "postgresql":
+            stmt: Any = postgresql_insert(h)
+        else:
+            stmt = sqlite_insert(h)
+        stmt = stmt.values(zone=zone, gpu_type=gpu_type, gpus=gpus)
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[h.c.zone, h.c.gpu_type], set_={"gpus": h.c.gpus + stmt.excluded.gpus}
+            )
+        )
+
+
+def _release(conn: Any, run_id: str, when: dt.datetime) -> bool:
+    """Inside the caller's transaction: release the run's live reservation at ``when``, its GPUs
+    taken off the held sums; False when it held none (nothing changed)."""
+    cols = t.reservations.c
+    row = conn.execute(
+        update(t.reservations)
+        .where(cols.run_id == run_id, cols.released_at.is_(None))
+        .values(released_at=when)
+        .returning(cols.zone, cols.gpu_type, cols.gpus)
+    ).first()
+    if row is None:
+        return False
+    _add_held(conn, {(row.zone, row.gpu_type): -row.gpus})
+    return True
+
+
 def _put_lease(conn: Any, run_id: str, lease_s: float, holder: str) -> None:
     """Inside the caller's transaction: the run's lease runs ``lease_s`` seconds from now."""
     now = utcnow()
@@ -119,11 +158,17 @@ def _replace_reservation(conn: Any, r: Reservation, lease_s: float = DEFAULT_LEA
     ``reservation_intervals``: a team's attained service counts it."""
     cols = t.reservations.c
     now = utcnow()
+    # Locked (PostgreSQL) before its GPUs come off the held sums: a concurrent replacement of the
+    # same run waits, then reads this one's reservation.
     old = conn.execute(
-        select(cols.zone, cols.gpu_type, cols.gpus, cols.market, cols.created_at, cols.released_at).where(
-            cols.run_id == r.run_id
-        )
+        select(cols.zone, cols.gpu_type, cols.gpus, cols.market, cols.created_at, cols.released_at)
+        .where(cols.run_id == r.run_id)
+        .with_for_update()
     ).first()
+    held: dict[tuple[str, str], int] = {(r.zone, r.gpu_type): r.gpus}
+    if old is not None and old.released_at is None:
+        key = (old.zone, old.gpu_type)
+        held[key] = held.get(key, 0) - old.gpus
     if old is not None:
         ended = aware(old.released_at) if old.released_at is not None else now
         if ended > aware(old.created_at):
@@ -152,6 +197,7 @@ def _replace_reservation(conn: Any, r: Reservation, lease_s: float = DEFAULT_LEA
             "released_at": None,
         },
     )
+    _add_held(conn, held)
     _put_lease(conn, r.run_id, lease_s, "reserve")
 
 
@@ -246,11 +292,7 @@ class Ledger:
                 select(t.runs.c.status).where(t.runs.c.run_id == run_id).with_for_update()
             ).scalar()
             if status in RUN_STATUSES_DONE:
-                c.execute(
-                    update(t.reservations)
-                    .where(t.reservations.c.run_id == run_id, t.reservations.c.released_at.is_(None))
-                    .values(released_at=utcnow())
-                )
+                _release(c, run_id, utcnow())
                 return False
             c.execute(
                 update(t.runs)
@@ -539,7 +581,7 @@ class Ledger:
         (``claim_expired``), checked in the same transaction, so a renewal that just happened
         wins; True when it was reclaimed."""
         now = now or utcnow()
-        cols, lc = t.reservations.c, t.reservation_leases.c
+        lc = t.reservation_leases.c
         with self._locking_engine.begin() as c:
             if not _lock_live_reservation(c, run_id):
                 return False
@@ -550,13 +592,9 @@ class Ledger:
             ).first()
             if expired is None:
                 return False
-            res = c.execute(
-                update(t.reservations)
-                .where(cols.run_id == run_id, cols.released_at.is_(None))
-                .values(released_at=now)
-            )
+            released = _release(c, run_id, now)
             c.execute(update(t.reservation_leases).where(lc.run_id == run_id).values(reclaimed_at=now))
-            return res.rowcount > 0
+            return released
 
     # --- the queue -------------------------------------------------------------------------------
     def enqueue(
@@ -670,24 +708,25 @@ class Ledger:
     def release(self, run_id: str) -> bool:
         """Release a run's reservation; True when one was live."""
         with self.engine.begin() as c:
-            res = c.execute(
-                update(t.reservations)
-                .where(t.reservations.c.run_id == run_id, t.reservations.c.released_at.is_(None))
-                .values(released_at=utcnow())
-            )
-            return res.rowcount > 0
+            return _release(c, run_id, utcnow())
 
     def held_gpus(self, exclude_run_id: str | None = None) -> dict[tuple[str, str], int]:
         """(zone, GPU type) → GPUs held by live reservations (of runs other than
-        ``exclude_run_id``), summed by the database: what planning needs of them, without reading
-        every row."""
-        cols = t.reservations.c
-        q = select(cols.zone, cols.gpu_type, func.sum(cols.gpus)).where(cols.released_at.is_(None))
+        ``exclude_run_id``): the sums the reserving and releasing transactions keep
+        (``schema.held``), a row per pair, less the run's own live reservation, read in one
+        statement (one snapshot of both)."""
+        h, cols = t.held.c, t.reservations.c
+        q: Any = select(h.zone, h.gpu_type, h.gpus).where(h.gpus != 0)
         if exclude_run_id is not None:
-            q = q.where(cols.run_id != exclude_run_id)
+            own = select(cols.zone, cols.gpu_type, -cols.gpus).where(
+                cols.run_id == exclude_run_id, cols.released_at.is_(None)
+            )
+            q = union_all(q, own)
+        out: dict[tuple[str, str], int] = {}
         with self.engine.connect() as c:
-            rows = c.execute(q.group_by(cols.zone, cols.gpu_type)).all()
-        return {(zone, gpu): int(n) for zone, gpu, n in rows if n}
+            for zone, gpu, n in c.execute(q):
+                out[(zone, gpu)] = out.get((zone, gpu), 0) + int(n)
+        return {key: n for key, n in out.items() if n > 0}
 
     def live_reservation(self, run_id: str) -> Reservation | None:
         """The run's live reservation, or None (one row read, not every run's)."""

@@ -33,7 +33,7 @@ def ledger_state(
     checkpoint: tuple[str, int] | None = None,
 ) -> ClusterState:
     """A fresh snapshot from the ledger: the GPUs live reservations of other runs hold per zone
-    and GPU type (summed by the database: ``held_gpus``), the latest assignment, the dataset's
+    and GPU type (the ledger's sums: ``held_gpus``), the latest assignment, the dataset's
     replicas and its size (``dataset_bytes`` when the caller read the manifest, otherwise the
     largest recorded replica), and the checkpoint a relaunch resumes from
     (``ClusterState.checkpoint``)."""
