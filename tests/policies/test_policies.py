@@ -262,6 +262,50 @@ def test_merging_identical_jobs_keeps_the_optimum(table):
     assert worst == pytest.approx(full[-1], rel=1e-6)
 
 
+def _spare_objective(alloc, units, coef) -> float:
+    """What the spare stage maximises: Σ_j w_j² · coef_j · steps/s of job j."""
+    e = alloc.effective_throughput()
+    w = np.array([j.priority_weight for j in units.jobs])
+    return float(sum(e[j.job_id] * c * wj * wj for j, c, wj in zip(units.jobs, coef, w, strict=True)))
+
+
+@pytest.mark.parametrize(("n", "seed"), [(120, 0), (120, 1), (120, 2), (1100, 3)])
+def test_the_spare_stage_from_the_fair_shares_basis_reaches_a_fresh_solves_optimum(table, monkeypatch, n, seed):
+    """The spare stage starts from the first stage's optimal basis in the same HiGHS model (simplex
+    or, above ``IPM_ABOVE_VARS`` columns, interior point and crossover); its optimum (the fair
+    share kept, the spare objective) is that of both stages solved from scratch."""
+    from sailor_tasks.errors import InfeasibleAllocationError
+    from sailor_tasks.policies import base, fairness
+
+    gpus = {g: n // 10 for g in ("K80", "P100", "V100")}
+    state = random_state(table, n=n, gpus=gpus, seed=seed, scales=(1, 2, 4))
+    state = replace(state, jobs=tuple(replace(j, priority_weight=1.0 + 0.01 * i) for i, j in enumerate(state.jobs)))
+    policy = get_policy("las")
+    warm_starts = []
+
+    def counted(*args):
+        warm_starts.append(args)
+        return base.resolve(*args)
+
+    monkeypatch.setattr(fairness, "resolve", counted)
+    warm = policy.allocate(state)
+    assert len(warm_starts) == 1
+
+    def fails(*args):
+        raise InfeasibleAllocationError("las", "Unknown")
+
+    monkeypatch.setattr(fairness, "resolve", fails)
+    fresh = policy.allocate(state)  # the warm start fails: the spare stage is solved from scratch
+    units = singles(state.jobs, state.gpus)
+    coef = policy.coefficients(units, state)
+    for alloc in (warm, fresh):
+        check_feasible(alloc, state)
+    e_warm, e_fresh = warm.effective_throughput(), fresh.effective_throughput()
+    worst = [min(e[j.job_id] * c for j, c in zip(units.jobs, coef, strict=True)) for e in (e_warm, e_fresh)]
+    assert worst[0] == pytest.approx(worst[1], rel=1e-7)
+    assert _spare_objective(warm, units, coef) == pytest.approx(_spare_objective(fresh, units, coef), rel=1e-7)
+
+
 def _assert_session_matches_fresh_solve(policy, session, state):
     """The session's allocation is feasible and reaches the fresh solve's optimum (worst job)."""
     a, b = session.allocate(state), policy.allocate(state)
