@@ -98,17 +98,28 @@ def cmd_submit(args: argparse.Namespace) -> int:
         # Triggered first (the run waits while the DAG is paused), unpaused after: params Airflow
         # refuses leave the DAG paused, not running its schedule.
         run = client.trigger(args.dag_id, params, note=args.note)
-        if paused:
-            client.unpause(args.dag_id)
-            print(f"unpaused DAG {args.dag_id}", file=sys.stderr)
     except (AirflowAPIError, ValueError, OSError) as exc:
         where = f"Airflow at {args.airflow_url}"
         print(f"error: {where}: {exc}", file=sys.stderr)
         return exit_code_of(exc)
     run_id = run["dag_run_id"]
-    print(run_id, flush=True)
+    print(run_id, flush=True)  # the run exists: its id is shown whatever comes next
     print(f"{args.airflow_url.rstrip('/')}/dags/{args.dag_id}/runs/{run_id}", file=sys.stderr)
     print(next_steps(run_id, args.dag_id, args.airflow_url), file=sys.stderr, flush=True)
+    if paused:
+        try:
+            client.unpause(args.dag_id)
+        except (AirflowAPIError, ValueError, OSError) as exc:
+            print(
+                f"error: run {run_id} was created but waits: DAG {args.dag_id} is still paused "
+                f"(unpausing it failed: Airflow at {args.airflow_url}: {exc}). Unpause the DAG with "
+                f"the toggle on its page in the UI or `airflow dags unpause {args.dag_id}` (a new "
+                f"submit would start a second run), or cancel the run: "
+                f"`sailor cancel {run_id}{'' if args.dag_id == 'sailor_train' else ' --dag-id ' + args.dag_id}`",
+                file=sys.stderr,
+            )
+            return exit_code_of(exc)
+        print(f"unpaused DAG {args.dag_id}", file=sys.stderr)
     if args.no_wait:
         return ExitCode.OK
 

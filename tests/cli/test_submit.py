@@ -161,21 +161,61 @@ def test_params_airflow_refuses_leave_a_paused_dag_paused(params, airflow, capsy
     assert airflow.paused and ("unpause", "sailor_rebalance") not in airflow.calls
 
 
+def test_a_run_created_before_unpausing_fails_is_named_and_not_lost(params, airflow, capsys):
+    """--unpause: the run is triggered, then unpausing the DAG is refused (a user who may trigger
+    but not edit it): the run's id is still printed, and the error says it exists and waits."""
+    run_id = "manual__2026-11-22T10:00:00+00:00"
+
+    def refuse(dag_id):
+        airflow.calls.append(("unpause", dag_id))
+        raise AirflowAPIError("PATCH", f"/api/v2/dags/{dag_id}", 403, "Forbidden")
+
+    airflow.unpause = refuse
+    assert sailor(["submit", params, "--no-wait", "--unpause"]) == 2
+    out, err = capsys.readouterr()
+    assert out.strip() == run_id
+    assert f"run {run_id} was created but waits: DAG sailor_train is still paused" in err
+    assert "HTTP 403" in err and "airflow dags unpause sailor_train" in err
+    assert f"sailor cancel {run_id}" in err
+    assert [c[0] for c in airflow.calls] == ["get_dag", "trigger", "unpause"]
+
+
 @pytest.mark.parametrize(
-    "tasks, printed, code",
+    "dag_id, tasks, printed, code",
     [
-        ({"validate": "success", "finalize": "success", "teardown": "success"}, "success", 0),
-        ({"validate": "success", "finalize": "skipped", "teardown": "success"}, "cancelled", 1),
+        ("sailor_train", {"validate": "success", "finalize": "success", "teardown": "success"}, "success", 0),
+        (
+            "sailor_train",
+            {"validate": "success", "finalize": "skipped", "teardown": "success"},
+            "cancelled",
+            1,
+        ),
+        # No teardown: a cancel ends the run failed; tasks its own branches skip (a dry run's) are done.
+        (
+            "sailor_rebalance",
+            {
+                "collect": "success",
+                "publish_assignment": "skipped",
+                "replicate_data": "skipped",
+                "report": "success",
+            },
+            "success",
+            0,
+        ),
     ],
 )
 def test_a_run_airflow_calls_success_succeeded_only_if_its_work_completed(
-    params, airflow, capsys, tasks, printed, code
+    params, airflow, capsys, dag_id, tasks, printed, code
 ):
     """A cancelled run ends "success" once its teardown does (the skipped tasks count as done):
     submit reports it cancelled and exits 1."""
     airflow.paused = False
+    if dag_id != "sailor_train":
+        params_argv = ["--dag-id", dag_id]
+    else:
+        params_argv = []
     airflow.wait = lambda *a, **k: "success"
     airflow.task_instances = lambda dag_id, run_id: [{"task_id": t, "state": s} for t, s in tasks.items()]
     airflow.xcom = lambda *a: {"summary_md": "## summary"}
-    assert sailor(["submit", params]) == code
+    assert sailor(["submit", params, *params_argv]) == code
     assert capsys.readouterr().out.splitlines()[-1] == printed
