@@ -121,6 +121,11 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     from sailor_tasks.ledger.store import open_engine
 
     settings = _settings(args)
+    try:  # before the engine: opening a SQLite ledger makes its folder
+        migrate.check_revision(args.revision)
+    except LedgerSchemaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     engine = open_engine(settings.ledger_url)
     try:
         before, after = migrate.upgrade(engine, args.revision)

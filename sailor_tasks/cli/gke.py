@@ -74,18 +74,26 @@ def cmd_render(args: argparse.Namespace) -> int:
         params = load_params(args.params, args.set)
         with contextlib.redirect_stdout(sys.stderr):  # operator logs must not mix with the JSON
             from sailor_tasks.airflow_glue.gcp import install_for_command, render_run
+            from sailor_tasks.catalog import load_catalog
             from sailor_tasks.ledger import Ledger
             from sailor_tasks.model import ClusterState
-            from sailor_tasks.request import DEMO_DATASET_URI
+            from sailor_tasks.request import from_params
 
             install_for_command()  # the Airflow connection's project names the clusters and buckets
             settings = Settings.from_env()
-            ledger = Ledger(settings.ledger_url)
-            state = ClusterState(  # the same snapshot `plan` would see
-                reservations=tuple(ledger.live_reservations()),
-                assignment=ledger.latest_assignment(),
-                replicas=ledger.replicas([params.get("dataset_uri", DEMO_DATASET_URI)]),
-            )
+            # The params checked before the ledger is read (nothing is made or upgraded for it).
+            request = from_params({**params, "backend": "gke"}, load_catalog())
+            ledger = Ledger.for_reading(settings.ledger_url)
+            state = ClusterState()  # nothing recorded yet: an empty snapshot
+            if ledger is not None:
+                try:  # the same snapshot `plan` would see
+                    state = ClusterState(
+                        reservations=tuple(ledger.live_reservations()),
+                        assignment=ledger.latest_assignment(),
+                        replicas=ledger.replicas([request.dataset_uri]),
+                    )
+                finally:
+                    ledger.dispose()
             out = render_run(params, settings, run_id=args.run_id, state=state)
     except (SailorError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -156,6 +156,21 @@ def _migration_connection(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
+def check_revision(revision: str, script_location: Path | None = None) -> None:
+    """Refuse a target revision this SAILOR does not know (before anything is opened or made).
+
+    Raises:
+        LedgerSchemaError: names the revision and the valid ones.
+    """
+    known = set(revisions(script_location)) | {"head", "heads"}
+    if revision not in known:
+        raise LedgerSchemaError(
+            f"unknown ledger revision {revision!r}; valid: head, " + ", ".join(revisions(script_location))
+        )
+    if revision == "head":
+        head_revision(script_location)  # two heads: the clear error, not alembic's
+
+
 def upgrade(
     engine: Engine,
     revision: str = "head",
@@ -164,13 +179,7 @@ def upgrade(
     target_metadata: MetaData | None = None,
 ) -> tuple[str | None, str | None]:
     """Upgrade the ledger to ``revision``; returns (revision before, revision after)."""
-    known = set(revisions(script_location)) | {"head", "heads"}
-    if revision not in known:
-        raise LedgerSchemaError(
-            f"unknown ledger revision {revision!r}; valid: head, " + ", ".join(revisions(script_location))
-        )
-    if revision == "head":
-        head_revision(script_location)  # two heads: the clear error, not alembic's
+    check_revision(revision, script_location)
     with _THREAD_LOCK, _migration_connection(engine) as conn:
         before = current_revision(conn)
         _check_known(before, script_location)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -269,14 +270,23 @@ def test_sailor_render_prints_valid_node_pool_and_manifests(tmp_path, settings):
     assert out["manifests"][0]["spec"]["containers"][0]["command"][-1].startswith("gs://")
 
 
-def test_sailor_render_names_a_bad_param(tmp_path, settings):
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [('gpu_type="TPU"', "A100"), ("num_workers=abc", "integer"), ('dataset_uri=["a"]', "sailor://")],
+)
+def test_sailor_render_names_a_bad_param_and_makes_no_ledger(tmp_path, settings, override, named):
+    """The params are checked before the ledger is read: a bad one is named, and no ledger is
+    made for it (nor is its error blamed on the ledger)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "sailor_tasks.cli", "render", "--set", 'gpu_type="TPU"'],
+        [sys.executable, "-m", "sailor_tasks.cli", "render", "--set", override],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 2 and "gpu_type" in proc.stderr and "A100" in proc.stderr
+    key = override.split("=", 1)[0]
+    assert proc.returncode == 2 and key in proc.stderr and named in proc.stderr, proc.stderr
+    assert "ledger" not in proc.stderr
+    assert not os.path.exists(settings.ledger_url.removeprefix("sqlite:///"))
 
 
 def test_exit_status_of_a_finished_training_container_is_read_from_the_pod():

@@ -4,6 +4,7 @@ head (and is a no-op there), bad revisions are bad input naming the valid ones."
 from __future__ import annotations
 
 import json
+import os
 
 from sqlalchemy import create_engine, inspect
 
@@ -51,7 +52,16 @@ def test_an_unknown_revision_is_bad_input_naming_the_valid_ones(settings, capsys
     assert sailor(["db", "upgrade", "--revision", "nope"]) == 2
     err = capsys.readouterr().err
     assert "'nope'" in err and migrate.head_revision() in err
-    assert inspect(create_engine(settings.ledger_url)).get_table_names() == []
+    assert not os.path.exists(settings.ledger_url.removeprefix("sqlite:///"))  # nothing made
+
+
+def test_an_unknown_revision_makes_no_folder_for_the_ledger(settings, tmp_path, capsys):
+    folder = tmp_path / "not-yet"
+    assert (
+        sailor(["db", "upgrade", "--revision", "nope", "--ledger-url", f"sqlite:///{folder}/ledger.db"]) == 2
+    )
+    assert "unknown ledger revision 'nope'" in capsys.readouterr().err
+    assert not folder.exists()
 
 
 def test_current_of_a_ledger_file_that_does_not_exist_creates_nothing(settings, tmp_path, capsys):
