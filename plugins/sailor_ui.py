@@ -43,16 +43,29 @@ def _snapshot():
     return snapshot()
 
 
+def _unavailable() -> tuple[type[Exception], ...]:
+    """What makes the page's data unreadable (``_ledger_down`` answers each): the ledger down, at
+    a revision this SAILOR does not know or is not at, or the catalog unloadable."""
+    from sqlalchemy.exc import DBAPIError
+
+    from sailor_tasks.errors import CatalogError, LedgerSchemaError
+
+    return DBAPIError, LedgerSchemaError, CatalogError
+
+
 def _ledger_down(exc: Exception) -> JSONResponse:
-    """503 naming the ledger (its password hidden) and why it cannot be read."""
+    """503 naming what cannot be read, the ledger (its password hidden) or the catalog, and why."""
+    from sailor_tasks.errors import CatalogError, LedgerSchemaError
     from sailor_tasks.settings import Settings
 
-    where = Settings.from_env().ledger_url_redacted
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
-    return JSONResponse(
-        {"detail": f"the SAILOR ledger {where} cannot be reached: {type(exc).__name__}: {reason}"},
-        status_code=503,
-    )
+    if isinstance(exc, CatalogError):
+        what = "the SAILOR catalog cannot be loaded"
+    else:
+        where = Settings.from_env().ledger_url_redacted
+        how = "cannot be read" if isinstance(exc, LedgerSchemaError) else "cannot be reached"
+        what = f"the SAILOR ledger {where} {how}"
+    return JSONResponse({"detail": f"{what}: {type(exc).__name__}: {reason}"}, status_code=503)
 
 
 def _e(value: Any) -> str:
@@ -228,12 +241,10 @@ def render_page(snap) -> str:
 
 @app.get("/", response_class=HTMLResponse)
 def page() -> HTMLResponse:
-    """The SAILOR page (503 naming the ledger when it cannot be reached)."""
-    from sqlalchemy.exc import DBAPIError
-
+    """The SAILOR page (503 naming the ledger when it cannot be read)."""
     try:
         snap = _snapshot()
-    except DBAPIError as exc:
+    except _unavailable() as exc:
         return _ledger_down(exc)
     return HTMLResponse(render_page(snap))
 
@@ -243,13 +254,11 @@ def snapshot_json() -> JSONResponse:
     """The page's data as JSON (NaN and infinities as null)."""
     import dataclasses
 
-    from sqlalchemy.exc import DBAPIError
-
     from sailor_tasks.model import finite, json_default
 
     try:
         snap = _snapshot()
-    except DBAPIError as exc:
+    except _unavailable() as exc:
         return _ledger_down(exc)
     data = dataclasses.asdict(snap)
     for row, region in zip(data["regions"], snap.regions, strict=True):
@@ -263,14 +272,12 @@ def report_png() -> Response:
     credentials (``gcp.install``, as every stage); 404 when no rebalance has recorded one or its
     file is gone (its bucket cleaned up), 502 naming it when it cannot be read (access denied),
     503 when the ledger cannot be reached."""
-    from sqlalchemy.exc import DBAPIError
-
     from sailor_tasks.airflow_glue import gcp
     from sailor_tasks.stages.dashboard import read_report, report_uri
 
     try:
         uri = report_uri()
-    except DBAPIError as exc:
+    except _unavailable() as exc:
         return _ledger_down(exc)
     if not uri:
         return JSONResponse({"detail": "no report yet"}, status_code=404)

@@ -254,6 +254,28 @@ def test_the_report_is_read_with_the_connection_credentials_and_a_refusal_is_nam
     assert report.status_code == 502 and uri in report.json()["detail"] and "403" in report.json()["detail"]
 
 
+def test_a_ledger_at_an_unknown_revision_is_a_503_naming_the_revision(client, token, monkeypatch, tmp_path):
+    """A ledger a newer SAILOR upgraded: every route answers 503 saying why, not a bare 500."""
+    from sqlalchemy import create_engine, text
+
+    from sailor_tasks.ledger import Ledger
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    Ledger(url).dispose()
+    engine = create_engine(url)
+    with engine.begin() as c:
+        c.execute(text("UPDATE alembic_version SET version_num = 'ffffffffffff'"))
+    engine.dispose()
+    monkeypatch.setenv("SAILOR_LEDGER_URL", url)
+    auth = {"Authorization": f"Bearer {token}"}
+    for path in ("/", "/api/snapshot", "/report.png"):
+        resp = client.get(path, headers=auth)
+        assert resp.status_code == 503, (path, resp.status_code, resp.text[:200])
+        detail = resp.json()["detail"]
+        assert f"the SAILOR ledger {url} cannot be read: LedgerSchemaError" in detail
+        assert "'ffffffffffff'" in detail
+
+
 def test_an_unreachable_ledger_is_a_503_naming_it_without_its_password(client, token, monkeypatch):
     """Every route reads the ledger: one that cannot be reached (its server down) is answered 503
     with the URL (password hidden) and the reason, not a bare Internal Server Error."""
