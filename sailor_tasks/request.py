@@ -795,6 +795,7 @@ LOCAL_ONLY_PARAMS = {
     "inject_kills": [],
     "preemption_rate_per_hour": 0,
     "preemption_trace_uri": "",
+    "preemption_trace_time_scale": 1.0,
     "preemption_notice_s": 30.0,
 }
 """The params of injected preemptions (the local backend's) and their unset value (the notice
@@ -853,6 +854,14 @@ def _check_code(values: Mapping[str, Any]) -> list[InvalidRequestError]:
         )
     if backend == "local":
         errors.extend(check_local_env(values["env"]))
+        if not values["preemption_trace_uri"] and values["preemption_trace_time_scale"] != 1.0:
+            errors.append(
+                InvalidRequestError(
+                    "preemption_trace_time_scale",
+                    values["preemption_trace_time_scale"],
+                    "speeds up an availability trace: give preemption_trace_uri too, or leave it 1",
+                )
+            )
     else:  # the local backend injects preemptions; on another one they would silently never come
         for field, unset in LOCAL_ONLY_PARAMS.items():
             if values[field] != unset:

@@ -166,8 +166,9 @@ def test_late_injection_steps_are_named_under_their_own_field():
         {"inject_kills": [10]},
         {"preemption_rate_per_hour": 2.0},
         {"preemption_trace_uri": "gs://corp/trace.json"},
+        {"preemption_trace_time_scale": 5},
     ],
-    ids=["inject_preemptions", "inject_kills", "rate", "trace"],
+    ids=["inject_preemptions", "inject_kills", "rate", "trace", "trace_time_scale"],
 )
 def test_local_only_injection_params_are_refused_on_gke(params):
     from sailor_tasks.catalog import load_catalog
@@ -176,6 +177,19 @@ def test_local_only_injection_params_are_refused_on_gke(params):
     with pytest.raises(InvalidRequestErrors) as info:
         from_params({"backend": "gke", **params}, load_catalog())
     assert info.value.field in params
+
+
+def test_a_trace_speed_up_without_a_trace_is_refused_naming_both():
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.request import from_params
+
+    with pytest.raises(InvalidRequestErrors) as info:
+        from_params({"preemption_trace_time_scale": 3600}, load_catalog())
+    assert info.value.field == "preemption_trace_time_scale" and "preemption_trace_uri" in str(info.value)
+    req = from_params(
+        {"preemption_trace_time_scale": 3600, "preemption_trace_uri": "file:///tmp/t.json"}, load_catalog()
+    )
+    assert req.preemption_trace_time_scale == 3600.0
 
 
 def test_huge_reserved_env_name_is_cut_in_the_message():
