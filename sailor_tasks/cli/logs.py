@@ -45,7 +45,8 @@ def add_parser(sub: Any) -> None:
         "$AIRFLOW_HOME/logs, else ./.airflow/logs when it exists, else ~/airflow/logs)",
     )
     add_connection_options(p, url_default=None)
-    p.set_defaults(func=cmd_logs)
+    # $SAILOR_AIRFLOW_URL applies only without --log-folder (cmd_logs): an explicit folder wins.
+    p.set_defaults(func=cmd_logs, airflow_url=None)
 
 
 @dataclass(frozen=True, order=True)
@@ -343,6 +344,15 @@ def _bad_selection(
 
 def cmd_logs(args: argparse.Namespace) -> int:
     source: LogSource
+    if args.airflow_url and args.log_folder:
+        print(
+            f"error: --airflow-url {args.airflow_url} and --log-folder {args.log_folder}: give one "
+            "(the API server's logs, or a local log folder)",
+            file=sys.stderr,
+        )
+        return ExitCode.BAD_INPUT
+    if not args.airflow_url and not args.log_folder:
+        args.airflow_url = os.environ.get("SAILOR_AIRFLOW_URL") or None
     if args.airflow_url:
         source = ApiLogs(client_from_args(args), args.dag_id, args.run_id)
     else:

@@ -56,6 +56,18 @@ def test_local_logs_print_every_try_in_pipeline_order(tmp_path, capsys):
     assert "step 30 loss 3.9" in out and "step 10" not in out and "params ok" not in out
 
 
+def test_an_explicit_log_folder_wins_over_the_airflow_url_variable(tmp_path, monkeypatch, capsys):
+    """$SAILOR_AIRFLOW_URL is the default source; --log-folder on the command line reads that folder
+    (it was ignored, and the API asked); both given explicitly are refused, naming both."""
+    write_log(tmp_path, "validate", 1, [record("params ok")])
+    monkeypatch.setenv("SAILOR_AIRFLOW_URL", "http://127.0.0.1:9")
+    assert sailor(["logs", RUN_ID, "--log-folder", str(tmp_path)]) == 0
+    assert "params ok" in capsys.readouterr().out
+    assert sailor(["logs", RUN_ID, "--log-folder", str(tmp_path), "--airflow-url", "http://af:8080"]) == 2
+    err = capsys.readouterr().err
+    assert "--airflow-url http://af:8080 and --log-folder" in err and "give one" in err
+
+
 def test_local_logs_show_what_the_triggerer_logged_for_a_deferred_try(tmp_path, capsys):
     """On GKE the deferred train task's pods' output reaches the log the triggerer writes beside
     the task's (``attempt=N.log.trigger.<job>.log``), as Airflow's own log reader finds it."""
