@@ -50,18 +50,20 @@ def print_json(value: Any, indent: int | None = 2) -> None:
 
 def load_params(path: str | None, overrides: Sequence[str] | None) -> dict[str, Any]:
     """sailor_train params from a JSON file (optional), then ``KEY=VALUE`` overrides (JSON values,
-    else plain strings; a param whose type is a string keeps the text as given: ``job_name=2024``).
+    else plain strings; a param whose type is a string keeps the text as given: ``job_name=2024``,
+    and ``job_name=null`` unless the param may be null).
 
     Raises:
         ValueError: an unreadable file, not a JSON object, or an override without ``=``.
     """
     from sailor_tasks.request import train_param_schemas
 
-    string_params = {
-        name
+    types = {
+        name: spec.get("type") if isinstance(spec.get("type"), list) else [spec.get("type")]
         for name, spec in train_param_schemas().items()
-        if "string" in (spec.get("type") if isinstance(spec.get("type"), list) else [spec.get("type")])
     }
+    string_params = {name for name, kinds in types.items() if "string" in kinds}
+    nullable = {name for name, kinds in types.items() if "null" in kinds}
     params: dict[str, Any] = {}
     if path:
         try:
@@ -79,6 +81,7 @@ def load_params(path: str | None, overrides: Sequence[str] | None) -> dict[str, 
             params[key] = json.loads(value)
         except json.JSONDecodeError:
             params[key] = value
-        if key in string_params and not isinstance(params[key], str) and params[key] is not None:
-            params[key] = value  # job_name=2024 is a name, not a number
+        if key in string_params and not isinstance(params[key], str):
+            if params[key] is not None or key not in nullable:
+                params[key] = value  # job_name=2024 (or null) is a name, not a number (or nothing)
     return params

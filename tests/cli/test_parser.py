@@ -172,3 +172,12 @@ def test_plan_places_on_the_market_the_runs_strategy_chooses(settings, demo_data
     decision = json.loads(capsys.readouterr().out)
     assert decision["market_decision"]["market"] == "on_demand"
     assert decision["placement"]["market"] == "on_demand"
+
+
+def test_a_string_param_keeps_the_text_null_unless_it_may_be_null():
+    """``--set`` values are JSON, but a string param keeps its text: ``job_name=2024`` and
+    ``job_name=null`` are names; ``image=null`` (a param that may be null) is null."""
+    from sailor_tasks.cli.output import load_params
+
+    params = load_params(None, ["job_name=null", "team=2024", "image=null", "num_workers=2"])
+    assert params == {"job_name": "null", "team": "2024", "image": None, "num_workers": 2}
