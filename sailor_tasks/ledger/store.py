@@ -18,7 +18,7 @@ from sailor_tasks.errors import LeaseReclaimedError, ReservationReleasedError
 from sailor_tasks.ledger import migrate
 from sailor_tasks.ledger import schema as t
 from sailor_tasks.ledger.lease import Lease
-from sailor_tasks.model import RUN_STATUSES_DONE, Assignment, Placement, Reservation
+from sailor_tasks.model import RUN_STATUSES_DONE, RUN_STATUSES_LIVE, Assignment, Placement, Reservation
 from sailor_tasks.settings import DEFAULT_LEASE_S
 
 RUN_LIST_FIELDS = (
@@ -318,6 +318,15 @@ class Ledger:
             row = c.execute(select(t.runs).where(t.runs.c.run_id == run_id)).mappings().first()
             return _aware_row(row) if row else None
 
+    def run_statuses(self, run_ids: Iterable[str]) -> dict[str, str]:
+        """run id → status of the recorded runs among ``run_ids`` (one query)."""
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        r = t.runs.c
+        with self.engine.connect() as c:
+            return {run_id: status for run_id, status in c.execute(select(r.run_id, r.status).where(r.run_id.in_(ids)))}
+
     def list_runs(
         self, limit: int = 100, *, team: str | None = None, status: Iterable[str] | None = None
     ) -> list[dict[str, Any]]:
@@ -576,10 +585,13 @@ class Ledger:
             ).first()
             return claimed is not None
 
-    def reclaim(self, run_id: str, now: dt.datetime | None = None) -> bool:
+    def reclaim(self, run_id: str, now: dt.datetime | None = None, *, fail: str | None = None) -> bool:
         """Release the run's reservation if its lease is still expired or was claimed
         (``claim_expired``), checked in the same transaction, so a renewal that just happened
-        wins; True when it was reclaimed."""
+        wins; True when it was reclaimed. ``fail``: the error the same transaction records the run
+        ``failed`` with, unless it has ended or its latest attempt completed its training (only
+        ``finalize``, which needs no capacity, is left): a plan retried right after the release
+        finds the run ended and reserves nothing."""
         now = now or utcnow()
         lc = t.reservation_leases.c
         with self._locking_engine.begin() as c:
@@ -594,6 +606,17 @@ class Ledger:
                 return False
             released = _release(c, run_id, now)
             c.execute(update(t.reservation_leases).where(lc.run_id == run_id).values(reclaimed_at=now))
+            if released and fail is not None:
+                a, r = t.run_attempts.c, t.runs.c
+                last = c.execute(
+                    select(a.outcome).where(a.run_id == run_id).order_by(a.attempt.desc()).limit(1)
+                ).scalar()
+                if last != "completed":
+                    c.execute(
+                        update(t.runs)
+                        .where(r.run_id == run_id, r.status.in_(list(RUN_STATUSES_LIVE)))
+                        .values(status="failed", error=fail, updated_at=utcnow())
+                    )
             return released
 
     # --- the queue -------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ class Ranked:
     estimated_start_s: float | None
     urgent: bool = False
     blocks: tuple[str, ...] = field(default=())
-    """GPU types this run waits for (a run behind it that needs them waits too)."""
+    """GPU types this run waits for (``usable_types``: a run behind it that needs them waits too)."""
 
 
 def _weights(
@@ -263,7 +263,7 @@ def rank(
             reason=reason,
             estimated_start_s=starts[r.run_id],
             urgent=urgent(r),
-            blocks=r.gpu_types or tuple(sorted(capacity)),
+            blocks=usable_types(r, capacity, region_capacity),
         )
         for i, (r, reason) in enumerate(order)
     ]
@@ -324,6 +324,25 @@ def _reason(
     return f"{head}fifo: by arrival"
 
 
+def usable_types(
+    run: QueuedRun, capacity: Mapping[str, int], region_capacity: Mapping[tuple[str, str], int] | None = None
+) -> tuple[str, ...]:
+    """The GPU types ``run`` can take its GPUs from: those it runs on (every type of ``capacity``
+    when its throughput names none) that hold its GPUs, with ``region_capacity`` in one region it
+    may use (``QueuedRun.regions``). A type only other regions hold is not one it waits for."""
+    types = sorted(frozenset(run.gpu_types) or frozenset(capacity))
+    if region_capacity is None:
+        return tuple(g for g in types if int(capacity.get(g, 0)) >= run.gpus)
+    return tuple(
+        g
+        for g in types
+        if any(
+            t == g and n >= run.gpus and (not run.regions or r in run.regions)
+            for (r, t), n in region_capacity.items()
+        )
+    )
+
+
 def estimate_starts(
     order: Sequence[QueuedRun],
     held: Sequence[HeldRun],
@@ -374,7 +393,7 @@ def estimate_starts(
     starts: dict[str, float | None] = {}
     type_clock: dict[str, float] = {}
     for run in order:
-        types = sorted(frozenset(run.gpu_types) or frozenset(capacity))
+        types = usable_types(run, capacity, region_capacity)
         if region_capacity is None:
             cells = [(None, g) for g in types]
         else:

@@ -7,8 +7,10 @@ on-demand with the hours left, where the engine's deadline rule takes any offer 
 the fastest included. Estimating it on the cheapest offer instead would make its latest start
 too early, and a run whose deadline a faster on-demand offer can still meet would be refused or
 failed. A run without a deadline is estimated on its best on-demand offer (the engine's choice).
-Spot offers count only where no offer sells the run on-demand. Capacity held by other runs is
-ignored: this is the run's duration, not its wait.
+Spot offers count only where no offer sells the run on-demand. A run bound to one market
+(``market`` spot or on_demand) is estimated on that market alone: a spot-only run's latest start
+comes from the spot offers it will run on. Capacity held by other runs is ignored: this is the
+run's duration, not its wait.
 
 The estimate leaves the launch out (the callers add one); the engine's deadline rule counts it, so
 an offer the engine accepts for the hours left finishes in time.
@@ -48,7 +50,9 @@ def estimate_hours(
     """
     state = dataclasses.replace(state, reservations=(), held_gpus={})
     fastest = request.deadline_hours is not None
-    for market in ("on_demand", "spot"):
+    # A run bound to one market is estimated on it; another on on-demand first, then spot.
+    markets = (request.market,) if request.market in ("on_demand", "spot") else ("on_demand", "spot")
+    for market in markets:
         req = dataclasses.replace(request, market=market, deadline_hours=None)
         try:
             check_request(req, catalog, index.job_types)

@@ -43,7 +43,7 @@ from sailor_tasks.errors import (
     RunQueuedError,
 )
 from sailor_tasks.ledger.store import utcnow
-from sailor_tasks.model import ANY_GPU, JobRequest, Placement, from_dict, run_key, to_dict
+from sailor_tasks.model import ANY_GPU, RUN_STATUSES_DONE, JobRequest, Placement, from_dict, run_key, to_dict
 from sailor_tasks.stages.context import JSON, StageContext, resolve_ctx
 
 logger = logging.getLogger(__name__)
@@ -223,13 +223,19 @@ def expected_hours(ctx: StageContext, req: JobRequest) -> float | None:
     a deadline always takes the engine's estimate on its fastest offer: its latest start must be
     the last moment the engine's deadline rule, which admission applies, still lets an offer meet
     the deadline (from learned speeds it was later, and the run failed before it, never urgent).
-    Capacity held by others is ignored (an estimate of the run, not of the wait). None: no offer
-    can run it."""
+    Capacity held by others is ignored (an estimate of the run, not of the wait), not the
+    dataset's residency (``with_dataset_residency``), which admission applies too. None: no offer
+    can run it.
+
+    Raises:
+        InvalidRequestError: the run's own residency shares no continent with the dataset's.
+    """
     from sailor_tasks.placement.context import RESTART_HOURS
     from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state
     from sailor_tasks.queue import estimate_hours
 
+    req = with_dataset_residency(ctx, req)
     table = ctx.planning_table()
     catalog = ctx.planning_catalog()
     est = estimate_hours(req, catalog, ledger_state(ctx.ledger, req, ""), index_for(catalog, table))
@@ -254,8 +260,6 @@ def plan_or_queue(ctx: StageContext, req: JobRequest, run_id: str) -> Placement:
         ReservationReleasedError: the run has ended (a plan retried after its lease was reclaimed,
             or after its teardown): it reserves nothing.
     """
-    from sailor_tasks.model import RUN_STATUSES_DONE
-
     status = (ctx.ledger.get_run(run_id) or {}).get("status")
     if status in RUN_STATUSES_DONE:
         raise ReservationReleasedError(run_id, f"and the run ended ({status}) before this plan ran")
@@ -415,9 +419,18 @@ def _region_capacity(ctx: StageContext) -> dict[tuple[str, str], int]:
 
 
 def _allowed_regions(ctx: StageContext, request: Mapping[str, Any]) -> frozenset[str]:
-    """The regions a queued request may use, or empty when that is every region of the catalog."""
+    """The regions a queued request may use (within its dataset's residency too, as
+    ``with_dataset_residency`` limits its placement), or empty when that is every region of the
+    catalog."""
     every = set(ctx.catalog.regions)
     allowed = set(request.get("regions") or every) - set(request.get("exclude_regions") or ())
+    residency = set(request.get("data_residency") or ())
+    declared = ctx.ledger.dataset_residency(str(request.get("dataset_uri") or ""))
+    if declared is not None:
+        residency = residency & declared if residency else set(declared)
+    if residency or declared is not None:
+        continent = ctx.catalog.transfer.continent
+        allowed = {r for r in allowed if continent(r) in residency}
     return frozenset() if allowed >= every else frozenset(allowed)
 
 
@@ -564,6 +577,13 @@ def admit_queued(
     ctx = resolve_ctx(ctx)
     now = now or utcnow()
     entries = ctx.ledger.queue_entries(("queued",))
+    # A run that ended while queued (its teardown could not take it out) leaves before the ranking:
+    # it would hold back the runs behind it on its GPU types, and count in its team's share.
+    statuses = ctx.ledger.run_statuses(e["run_id"] for e in entries)
+    ended = {run_id: s for run_id, s in statuses.items() if s in RUN_STATUSES_DONE}
+    for run_id, status in ended.items():
+        leave_queue(ctx, run_id, f"the run had ended ({status}) while still queued")
+    entries = [e for e in entries if e["run_id"] not in ended]
     if not entries:
         return {"admitted": [], "timed_out": [], "failed": [], "waiting": 0}
     queued, held, capacity = _views(ctx, entries, now)
@@ -674,7 +694,6 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
             rest of the pass; its ``result`` is what the pass returns otherwise).
     """
     from sailor_tasks.backends import get_backend
-    from sailor_tasks.model import RUN_STATUSES_DONE, RUN_STATUSES_LIVE
     from sailor_tasks.settings import BACKENDS
     from sailor_tasks.stages.usage import end_unreported_attempt
 
@@ -695,7 +714,9 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
         except Exception as exc:  # keep the capacity held until its backend is really gone
             errors.append(f"{res.run_id}: {type(exc).__name__}: {exc}")
             continue
-        if ctx.ledger.reclaim(res.run_id, now):
+        # Marked failed in the same transaction (unless it ended or trained to the end): a plan
+        # retried right after the release finds it ended.
+        if ctx.ledger.reclaim(res.run_id, now, fail="lease expired: the run stopped renewing its reservation"):
             reclaimed.append(res.run_id)
             logger.warning(
                 "run %s: lease expired; stopped %d process(es) or pod(s), reclaimed %dx %s in %s",
@@ -705,20 +726,7 @@ def reconcile(ctx: StageContext | None = None, now: dt.datetime | None = None) -
                 res.gpu_type,
                 res.zone,
             )
-            # Read again after the reclaim: the run may have ended meanwhile. One whose training
-            # completed has only finalize left, which needs no capacity: it is not failed.
-            run = ctx.ledger.get_run(res.run_id) or {}
-            attempts = ctx.ledger.attempts(res.run_id)
-            trained = bool(attempts) and attempts[-1]["outcome"] == "completed"
-            # Both writes conditional: a cancel or the train task's own end landing meanwhile stays.
-            if run and run.get("status") not in RUN_STATUSES_DONE and not trained:
-                ctx.ledger.advance_run(
-                    res.run_id,
-                    "failed",
-                    from_statuses=RUN_STATUSES_LIVE,
-                    error="lease expired: the run stopped renewing its reservation",
-                )
-            for att in attempts:
+            for att in ctx.ledger.attempts(res.run_id):
                 if att["outcome"] == "running":
                     end_unreported_attempt(ctx, res.run_id, att, "failed", "lease expired; reclaimed")
     # On the clock of when it runs: stopping and removing what runs left can take minutes each.

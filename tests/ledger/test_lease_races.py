@@ -153,8 +153,9 @@ def test_a_plan_cannot_undo_the_reconcilers_claim_on_an_expired_lease(tmp_path):
 
 
 def test_a_cancel_landing_while_the_reconciler_reclaims_stays_a_cancel(tmp_path, monkeypatch):
-    """The reconciler reads the run and its attempts after its reclaim; a user's cancel (or the
-    train task's own end) recorded just then is not overwritten with its ``failed``."""
+    """The reconciler marks the run failed in its reclaim's transaction, only if the run is still
+    live; a user's cancel (or the train task's own end) recorded just before is not overwritten,
+    nor is the attempt it ended when the reconciler reads the attempts afterwards."""
     from sailor_tasks.settings import Settings
     from sailor_tasks.stages.context import StageContext
 
@@ -171,18 +172,14 @@ def test_a_cancel_landing_while_the_reconciler_reclaims_stays_a_cancel(tmp_path,
             return True
 
     monkeypatch.setattr(backends, "get_backend", lambda name, settings: Backend())
-    reads = []
-    attempts = ctx.ledger.attempts
+    reclaim = ctx.ledger.reclaim
 
-    def cancel_lands(run_id):  # the reconciler's read of the attempts, then the cancel commits
-        rows = attempts(run_id)
-        if not reads:
-            reads.append(run_id)
-            ctx.ledger.end_attempt("run-a", 1, "cancelled", detail="stopped while running (run cancelled)")
-            ctx.ledger.advance_run("run-a", "cancelled", from_statuses=("running",))
-        return rows
+    def cancel_lands(run_id, now=None, **kw):  # the cancel commits, then the reclaim's transaction
+        ctx.ledger.end_attempt("run-a", 1, "cancelled", detail="stopped while running (run cancelled)")
+        ctx.ledger.advance_run("run-a", "cancelled", from_statuses=("running",))
+        return reclaim(run_id, now, **kw)
 
-    monkeypatch.setattr(ctx.ledger, "attempts", cancel_lands)
+    monkeypatch.setattr(ctx.ledger, "reclaim", cancel_lands)
     assert queueing.reconcile(ctx, now=now)["reclaimed"] == ["run-a"]
     assert ctx.ledger.get_run("run-a")["status"] == "cancelled"
-    assert attempts("run-a")[0]["outcome"] == "cancelled"
+    assert ctx.ledger.attempts("run-a")[0]["outcome"] == "cancelled"

@@ -209,3 +209,23 @@ def test_a_lease_shorter_than_three_renewals_is_refused():
     ):
         Settings.from_env({**gke, "SAILOR_LEASE_S": "30"})
     assert Settings.from_env({**gke, "SAILOR_LEASE_S": "45"}).lease_s == 45
+
+
+def test_a_waiting_run_holds_back_only_the_gpu_types_it_can_take():
+    """A run that may use any type but only in r2, where only T4s are, waits for T4s: a run behind
+    it that needs the A100s of r1 is not held back by it (it was, on every type it runs on)."""
+    from sailor_tasks.queue import admission_pass
+
+    cap = {"T4": 2, "A100": 8}
+    by_region = {("r1", "A100"): 8, ("r2", "T4"): 2}
+    running = [HeldRun("h", "a", 2, "T4", THR, started_s=0.0, expected_end_s=3600.0, region="r2")]
+    anything = {"T4": 2.0, "A100": 9.0}
+    x = QueuedRun("x", "b", 2, anything, arrival_s=0.0, expected_s=3600.0, regions=frozenset({"r2"}))
+    y = QueuedRun("y", "c", 2, {"A100": 9.0}, arrival_s=1.0, expected_s=3600.0)
+    ranked = rank([x, y], running, cap, 100.0, "fifo", region_capacity=by_region)
+    assert [(r.run_id, r.blocks) for r in ranked] == [("x", ("T4",)), ("y", ("A100",))]
+    assert [r.estimated_start_s for r in ranked] == [3600.0, 100.0]
+    assert admission_pass(ranked, lambda r: r.run_id == "y") == ["y"]  # x does not fit, y does
+    # Without regions the types are pooled: x may take A100s, so y waits behind it.
+    pooled = rank([x, y], running, cap, 100.0, "fifo")
+    assert pooled[0].blocks == ("A100", "T4")

@@ -165,3 +165,30 @@ def test_a_deadline_run_is_estimated_on_its_fastest_on_demand_offer_others_on_th
     # reservation: the estimate is the same with every GPU held.
     full = ClusterState(held_gpus={(o.zone, o.gpu_type): o.capacity_gpus for o in catalog.offers})
     assert estimate_hours(cap.request(job, "auto"), catalog, full, idx) == best
+
+
+def test_a_run_bound_to_one_market_is_estimated_on_that_market():
+    """A spot-only deadline run's latest start comes from the spot offers it will run on (the
+    on-demand ones, faster here, made it start too late); an on-demand-only run never counts spot."""
+    from sailor_tasks.catalog.throughput import load_packaged
+    from sailor_tasks.model import ClusterState
+    from sailor_tasks.simulator.queue import QueueJob, SimCapacity
+
+    cap = SimCapacity(
+        load_packaged(),
+        {"T4": 4},  # spot: T4 only
+        {"V100": 4},  # on-demand: V100 only
+        prices={"spot": {"V100": 0.5, "T4": 0.1}, "on_demand": {"V100": 2.0, "T4": 0.5}},
+    )
+    job = QueueJob("r", "a", ("LM (batch size 20)", 2), total_steps=132.17 * 3600, arrival_s=0.0)
+    idx, catalog = cap.placement.index, cap.placement.catalog
+    for deadline in (None, 30.0):
+        spot = estimate_hours(cap.request(job, "spot", deadline_hours=deadline), catalog, ClusterState(), idx)
+        assert (spot.market, spot.gpu_type) == ("spot", "T4")
+        on_demand = estimate_hours(
+            cap.request(job, "on_demand", deadline_hours=deadline), catalog, ClusterState(), idx
+        )
+        assert (on_demand.market, on_demand.gpu_type) == ("on_demand", "V100")
+        auto = estimate_hours(cap.request(job, "auto", deadline_hours=deadline), catalog, ClusterState(), idx)
+        assert auto.market == "on_demand"
+        assert spot.hours > on_demand.hours

@@ -918,3 +918,81 @@ def test_a_deadline_runs_latest_start_is_the_engines_even_with_faster_learned_sp
     admit_queued(ctx, entry["latest_start_at"] + dt.timedelta(minutes=1))
     after = ctx.ledger.queue_entry("dl")
     assert after["state"] == "failed" and "latest start" in after["reason"]
+
+
+def test_a_queued_runs_estimate_keeps_to_its_datasets_residency(ctx, tmp_path, demo_dataset):
+    """Another run of the dataset declared it stays in the EU: a run that declares nothing is
+    estimated (its latest start) on the EU offers admission will use, not on faster ones elsewhere."""
+    import dataclasses
+
+    from sailor_tasks.model import JobRequest, from_dict
+    from sailor_tasks.stages.queueing import expected_hours
+
+    supply = tmp_path / "supply.yaml"
+    supply.write_text(
+        "version: 1\ndefaults:\n  capacity_gpus: {}\n  preemption_rate_per_hour: {T4: 0.0, A100: 0.0}\nzones:\n"
+        "  us-central1-a:\n    A100: {capacity_gpus: 8}\n  europe-west1-b:\n    T4: {capacity_gpus: 2}\n"
+    )
+    ctx.__dict__["catalog"] = load_catalog(None, str(supply))
+    params = {"dataset_uri": demo_dataset, "num_workers": 2, "total_steps": 200_000, "deadline_hours": 50.0}
+    req = from_dict(JobRequest, stages.validate({**params, "team": "b"}, "b", ctx))
+    anywhere = expected_hours(ctx, req)
+    in_eu = expected_hours(ctx, dataclasses.replace(req, data_residency=("EU",)))
+    assert in_eu > anywhere  # the EU has only the slower T4s
+    from sailor_tasks.stages.queueing import _allowed_regions
+
+    assert _allowed_regions(ctx, {"dataset_uri": demo_dataset}) == frozenset()  # any region
+    stages.validate({**params, "team": "a", "data_residency": ["EU"]}, "r1", ctx)
+    assert expected_hours(ctx, req) == pytest.approx(in_eu)
+    # Its estimated start and the types it holds back count the EU's regions alone.
+    allowed = _allowed_regions(ctx, {"dataset_uri": demo_dataset})
+    assert allowed and all(r.startswith("europe-") for r in allowed)
+
+
+def test_a_run_that_ended_while_still_queued_leaves_before_it_holds_anyone_back(
+    ctx, tmp_path, demo_dataset, monkeypatch
+):
+    """Its teardown could not take it out of the queue (the ledger refused every try): the next
+    admission pass takes it out, and the run behind it on the same GPU type is admitted."""
+    supply = tmp_path / "supply.yaml"
+    supply.write_text(
+        "version: 1\ndefaults:\n  capacity_gpus: {}\n  preemption_rate_per_hour: {T4: 0.0}\nzones:\n"
+        f"  {ZONE}:\n    T4: {{capacity_gpus: 4}}\n"
+    )
+    ctx.__dict__["catalog"] = load_catalog(None, str(supply))
+    stages.plan(submit(ctx, "r1", demo_dataset), "r1", ctx)  # 2 of the 4 T4s
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "e", demo_dataset, num_workers=4), "e", ctx)  # needs 4: waits
+    ctx.ledger.upsert_run("e", status="cancelled")  # ended; its entry stayed queued
+    assert ctx.ledger.queue_entry("e")["state"] == "queued"
+    placed = stages.plan(submit(ctx, "f", demo_dataset), "f", ctx)  # 2 T4s are free
+    assert placed["zone"] == ZONE
+    entry = ctx.ledger.queue_entry("e")
+    assert entry["state"] == "left" and "ended (cancelled) while still queued" in entry["reason"]
+
+
+def test_a_plan_retried_right_after_a_reclaim_reserves_nothing(tight, demo_dataset, monkeypatch):
+    """The reconciler releases an expired lease's capacity and marks the run failed in one
+    transaction: an Airflow retry of the run's plan that lands right after the release finds the
+    run ended (before, it landed before the failed mark, reserved again with a fresh lease, and
+    the failed run held GPUs)."""
+    from sailor_tasks.errors import ReservationReleasedError
+
+    ctx = tight
+    req = submit(ctx, "run-1", demo_dataset)
+    stages.plan(req, "run-1", ctx)
+    expired = ctx.ledger.reservation_leases()["run-1"]["expires_at"] + dt.timedelta(seconds=1)
+    real, retried = ctx.ledger.reclaim, []
+
+    def reclaim_then_retry(run_id, now=None, **kw):
+        released = real(run_id, now, **kw)
+        with pytest.raises(ReservationReleasedError):
+            stages.plan(req, run_id, ctx)  # the dead plan task's retry
+        retried.append(run_id)
+        return released
+
+    monkeypatch.setattr(ctx.ledger, "reclaim", reclaim_then_retry)
+    assert stages.reconcile(ctx, now=expired)["reclaimed"] == ["run-1"]
+    assert retried == ["run-1"]
+    assert ctx.ledger.get_run("run-1")["status"] == "failed"
+    assert ctx.ledger.live_reservations() == [] and ctx.ledger.held_gpus() == {}
