@@ -388,8 +388,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
             print(f"error: {bad[1]}", file=sys.stderr)
             return bad[0]
         return print_logs(source, args.task, args.try_number, args.follow, args.poll, args.timeout)
-    except KeyboardInterrupt:
-        return ExitCode.OK
+    except KeyboardInterrupt:  # Ctrl-C: the run goes on; 130, as `sailor --help` says
+        print(f"\nstopped reading the logs of run {args.run_id}; the run goes on", file=sys.stderr)
+        return ExitCode.INTERRUPTED
     except Exception as exc:
         from sailor_tasks.cli.airflow_api import AirflowAPIError
 

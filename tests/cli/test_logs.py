@@ -312,3 +312,16 @@ def test_api_logs_follow_of_a_task_the_run_does_not_have_is_bad_input(monkeypatc
     argv = ["logs", RUN_ID, "--airflow-url", "http://airflow.test", "--follow", "--task", "trian"]
     assert sailor(argv) == 2
     assert "valid: plan, train, finalize" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_following_exits_130_and_says_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    from sailor_tasks.cli import logs
+
+    write_log(tmp_path, "validate", 1, [record("params ok")])
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(logs, "print_logs", interrupted)
+    assert sailor(["logs", RUN_ID, "--log-folder", str(tmp_path), "--follow", "--timeout", "5"]) == 130
+    assert f"stopped reading the logs of run {RUN_ID}; the run goes on" in capsys.readouterr().err
