@@ -219,3 +219,17 @@ def test_a_run_airflow_calls_success_succeeded_only_if_its_work_completed(
     airflow.xcom = lambda *a: {"summary_md": "## summary"}
     assert sailor(["submit", params, *params_argv]) == code
     assert capsys.readouterr().out.splitlines()[-1] == printed
+
+
+def test_a_deadline_too_short_at_the_packaged_speeds_is_a_warning_not_a_refusal(tmp_path, airflow, capsys):
+    """The local check knows only the packaged speeds; validate judges the deadline on the speeds
+    the ledger measured, which may meet it: submit warns and triggers. Other bad params it refuses."""
+    airflow.paused = False
+    params = tmp_path / "p.json"
+    params.write_text(json.dumps({"job_name": "lm", "total_steps": 10_000_000, "deadline_hours": 0.01}))
+    assert sailor(["submit", str(params), "--no-wait"]) == 0
+    assert "warning: deadline_hours=0.01" in capsys.readouterr().err
+    assert [c[0] for c in airflow.calls] == ["get_dag", "trigger"]
+    params.write_text(json.dumps({"total_steps": 10_000_000, "deadline_hours": 0.01, "gpu_type": "TPU"}))
+    assert sailor(["submit", str(params), "--no-wait"]) == 2
+    assert "gpu_type" in capsys.readouterr().err
