@@ -665,6 +665,30 @@ def check_data_access(
     )
 
 
+def dataset_key(uri: str, settings: Settings, regions: Sequence[str]) -> str:
+    """The one URI of the folder ``uri`` names (``check_data_access`` let the run read it): inside
+    one of SAILOR's buckets its ``sailor://<bucket>/<path>`` form, else the ``file://`` path with
+    symbolic links followed, or the ``gs://`` object. A dataset's replicas, locality and
+    ``data_residency`` are keyed by it: a run that spells the same folder another way (its
+    concrete bucket path, a link to it) shares them, and never escapes a residency another run
+    declared."""
+    concrete = storage.resolve(uri, settings)
+    scheme = storage.scheme_of(concrete)
+    own = {b: settings.bucket_uri(b) for b in (SOURCE_BUCKET, *regions)}
+    if scheme == "file":
+        target = os.path.realpath(concrete[len("file://") :])
+        roots = {b: os.path.realpath(u[len("file://") :]) for b, u in own.items() if u.startswith("file://")}
+    elif scheme == "gs":
+        target = concrete[len("gs://") :].rstrip("/")
+        roots = {b: u[len("gs://") :].rstrip("/") for b, u in own.items() if u.startswith("gs://")}
+    else:
+        return uri
+    for bucket, root in roots.items():
+        if target.startswith(root + "/"):
+            return canonical_dataset_uri(f"sailor://{bucket}/{target[len(root) :].strip('/')}")
+    return canonical_dataset_uri(f"{scheme}://{target}")
+
+
 def check_local_command(command: tuple[str, ...], roots: tuple[str, ...]) -> InvalidRequestError | None:
     """A local run's ``command`` must start a script or executable inside ``roots`` (never a shell)."""
     if not command:

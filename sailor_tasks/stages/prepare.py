@@ -81,7 +81,7 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
     """
     ctx = resolve_ctx(ctx)
     from sailor_tasks.placement import catalog_errors
-    from sailor_tasks.request import check_data_access, check_local_command, from_params
+    from sailor_tasks.request import check_data_access, check_local_command, dataset_key, from_params
     from sailor_tasks.strategies.live import as_planned
 
     with timed(ctx, run_id, "validate"):
@@ -106,6 +106,10 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
             ]
             if denied:
                 raise InvalidRequestErrors(denied)  # never look at what a run may not read
+            # One key per folder, whichever way the run spelled it (replicas, residency).
+            request = dataclasses.replace(
+                request, dataset_uri=dataset_key(request.dataset_uri, ctx.settings, ctx.catalog.regions)
+            )
             if request.backend == "local":
                 command_err = check_local_command(request.command, ctx.settings.command_roots)
                 if command_err:

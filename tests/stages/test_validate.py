@@ -161,3 +161,26 @@ def test_a_gke_run_without_a_gcp_project_is_rejected_before_anything_is_reserved
     monkeypatch.setenv("SAILOR_GCP_PROJECT", "acme-ml")  # with a project, the bucket names resolve
     err = _rejection({"backend": "gke", "dataset_uri": "gs://elsewhere/data"}, run_id="with-project")
     assert [e.field for e in err.errors] == ["dataset_uri"] and "acme-ml-sailor-source" in str(err)
+
+
+def test_a_dataset_spelled_by_its_bucket_path_or_a_link_is_keyed_as_its_sailor_uri(demo_dataset, data_root):
+    """The concrete path of a folder in SAILOR's source bucket, or a link to it from a data folder,
+    is the same dataset: validated as its sailor:// URI, so it shares the replicas and the
+    data_residency another run of it declared (spelled another way, it escaped the residency)."""
+    from sailor_tasks.model import JobRequest, from_dict
+    from sailor_tasks.stages.queueing import with_dataset_residency
+
+    ctx = _context()
+    concrete = storage.resolve(demo_dataset, ctx.settings)
+    link = data_root / "demo-link"
+    os.symlink(concrete.removeprefix("file://"), link)
+    stages.validate({"dataset_uri": demo_dataset, "data_residency": ["EU"]}, "eu-only", ctx)
+    for spelling in (concrete, concrete + "/", f"file://{link}"):
+        request = stages.validate({"dataset_uri": spelling}, "other", ctx)
+        assert request["dataset_uri"] == demo_dataset
+        assert with_dataset_residency(ctx, from_dict(JobRequest, request)).data_residency == ("EU",)
+    outside = data_root / "own"
+    outside.mkdir()
+    (outside / "part-0.bin").write_bytes(b"x" * 100)
+    request = stages.validate({"dataset_uri": f"file://{data_root}//own/"}, "own", ctx)
+    assert request["dataset_uri"] == f"file://{os.path.realpath(outside)}"
