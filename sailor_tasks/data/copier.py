@@ -442,16 +442,38 @@ def _same_files(a: DatasetManifest, b: DatasetManifest) -> bool:
     return len(a.files) == len(b.files) and all(same(x, y) for x, y in zip(a.files, b.files, strict=True))
 
 
-def _damaged(manifest: DatasetManifest, listing: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """What the replica's files lack against its manifest (a file gone or of another size), from
-    the listing alone; None when every file is there at its size."""
+def _damaged(
+    manifest: DatasetManifest, listing: Mapping[str, Mapping[str, Any]], sealed_at: float | None = None
+) -> str | None:
+    """What the replica's files lack against its manifest, from the listing alone (nothing is
+    read): a file gone or of another size, on an object store one whose stored crc32c is not the
+    manifest's, on a local disk one modified after the manifest was written (``sealed_at``, its
+    mtime: the copier writes the manifest last). None when every file is there as copied."""
     for e in manifest.files:
         info = listing.get(e.path)
         if info is None:
             return f"{e.path} is gone"
         if int(info["size"]) != e.size:
             return f"{e.path} has {int(info['size'])} B, not {e.size} B"
+        stored = _stored_crc(dict(info))
+        if stored is not None and e.crc32c is not None and stored != e.crc32c:
+            return f"{e.path} holds other bytes (crc32c {stored}, not {e.crc32c})"
+        mtime = info.get("mtime")
+        if sealed_at is not None and isinstance(mtime, int | float) and mtime > sealed_at:
+            return f"{e.path} was modified after the replica was completed"
     return None
+
+
+def _sealed_at(root: str) -> float | None:
+    """The mtime of the replica's manifest on a local disk (None elsewhere, or without one)."""
+    fs, base = storage.filesystem(manifest_uri(root))
+    if storage.scheme_of(root) not in ("", "file"):
+        return None
+    try:
+        mtime = fs.info(base).get("mtime")
+    except FileNotFoundError:
+        return None
+    return float(mtime) if isinstance(mtime, int | float) else None
 
 
 def _unchanged_files(
@@ -565,7 +587,7 @@ def _copy_locked(
     except FileNotFoundError:
         dst_files = {}
     if existing is not None and src_manifest is not None and _same_files(existing, src_manifest):
-        damaged = _damaged(existing, dst_files)
+        damaged = _damaged(existing, dst_files, _sealed_at(dst_root))
         if damaged is None:
             logger.info("%s already holds a complete copy (%d files); nothing to do", dst_root, len(files))
             if on_complete is not None:

@@ -48,6 +48,39 @@ def test_a_replica_that_lost_a_file_is_not_reported_complete(tmp_path):
     assert read_manifest(dst) == read_manifest(src)
 
 
+def test_a_replica_file_overwritten_at_the_same_size_is_copied_again(tmp_path):
+    """Bytes changed in place after the replica was completed (its size unchanged): the next copy
+    finds it damaged from the listing (local: modified after the manifest) and copies that file
+    again; before, the replica stayed "complete" and every run placed there failed its checksum."""
+    from sailor_tasks.data.manifest import verify
+
+    src = _dataset(f"file://{tmp_path}/src", {"a.bin": b"a" * 1000, "b.bin": b"b" * 1000})
+    dst = f"file://{tmp_path}/dst"
+    copy_dataset(src, dst)
+    sealed = os.stat(f"{tmp_path}/dst/_SAILOR_MANIFEST.json").st_mtime
+    with open(f"{tmp_path}/dst/a.bin", "r+b") as f:
+        f.write(b"\0" * 10)
+    os.utime(f"{tmp_path}/dst/a.bin", (sealed + 1, sealed + 1))  # even within the clock's resolution
+    again = copy_dataset(src, dst)
+    assert (again.bytes_copied, again.bytes_skipped) == (1000, 1000)
+    verify(dst, read_manifest(dst))  # every file matches its manifest again
+
+
+def test_an_object_whose_stored_crc32c_is_not_the_manifests_is_damaged():
+    """On an object store the listing carries each object's crc32c: one that differs from the
+    manifest's marks the replica damaged, with nothing read."""
+    import base64
+
+    from sailor_tasks.model import DatasetManifest, ManifestEntry
+
+    entry = ManifestEntry("a.bin", 1000, "0" * 64, crc32c="0a0b0c0d")
+    manifest = DatasetManifest("file:///src", (entry,))
+    same = {"a.bin": {"size": 1000, "crc32c": base64.b64encode(bytes.fromhex("0a0b0c0d")).decode()}}
+    other = {"a.bin": {"size": 1000, "crc32c": base64.b64encode(bytes.fromhex("ffffffff")).decode()}}
+    assert copier._damaged(manifest, same) is None
+    assert "a.bin holds other bytes (crc32c ffffffff, not 0a0b0c0d)" == copier._damaged(manifest, other)
+
+
 def test_a_dataset_that_is_one_file_or_none_is_refused_and_nothing_is_placed(tmp_path):
     one = f"file://{tmp_path}/src/only.bin"
     storage.write_bytes(one, b"x" * 5000)
