@@ -44,8 +44,8 @@ def _snapshot():
 
 
 def _unavailable() -> tuple[type[Exception], ...]:
-    """What makes the page's data unreadable (``_ledger_down`` answers each): the ledger down, at
-    a revision this SAILOR does not know or is not at, or the catalog unloadable."""
+    """What makes the page's data unreadable (``_ledger_down`` answers each): the ledger down or at
+    a revision this SAILOR does not know, or the catalog unloadable."""
     from sqlalchemy.exc import DBAPIError
 
     from sailor_tasks.errors import CatalogError, LedgerSchemaError
