@@ -221,15 +221,25 @@ def test_a_run_airflow_calls_success_succeeded_only_if_its_work_completed(
     assert capsys.readouterr().out.splitlines()[-1] == printed
 
 
-def test_a_deadline_too_short_at_the_packaged_speeds_is_a_warning_not_a_refusal(tmp_path, airflow, capsys):
-    """The local check knows only the packaged speeds; validate judges the deadline on the speeds
-    the ledger measured, which may meet it: submit warns and triggers. Other bad params it refuses."""
+def test_a_deadline_is_judged_on_the_speeds_the_ledger_readable_here_measured(
+    tmp_path, settings, airflow, monkeypatch, capsys
+):
+    """No ledger here: a deadline too short at the packaged speeds is refused, saying so and that
+    --no-check skips the check. With this machine's ledger, on the speeds it measured, as validate
+    judges it: a deadline they meet is triggered."""
+    from sailor_tasks.catalog import load_catalog
+    from sailor_tasks.ledger import Ledger
+
     airflow.paused = False
     params = tmp_path / "p.json"
-    params.write_text(json.dumps({"job_name": "lm", "total_steps": 10_000_000, "deadline_hours": 0.01}))
-    assert sailor(["submit", str(params), "--no-wait"]) == 0
-    assert "warning: deadline_hours=0.01" in capsys.readouterr().err
-    assert [c[0] for c in airflow.calls] == ["get_dag", "trigger"]
-    params.write_text(json.dumps({"total_steps": 10_000_000, "deadline_hours": 0.01, "gpu_type": "TPU"}))
+    params.write_text(json.dumps({"model": "tiny_gpt", "total_steps": 1_000_000, "deadline_hours": 0.5}))
     assert sailor(["submit", str(params), "--no-wait"]) == 2
-    assert "gpu_type" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "deadline_hours=0.5" in err and "at the packaged speeds: no ledger is readable here" in err
+    assert "--no-check skips this check" in err and "trigger" not in [c[0] for c in airflow.calls]
+
+    Ledger(settings.ledger_url).dispose()
+    fast = [("tiny_gpt", g, 1e6) for g in load_catalog().gpu_types]
+    monkeypatch.setattr(Ledger, "measured_throughputs", lambda self, exclude_backends=("local",): fast)
+    assert sailor(["submit", str(params), "--no-wait"]) == 0
+    assert [c[0] for c in airflow.calls][-1] == "trigger"
