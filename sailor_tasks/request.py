@@ -603,6 +603,24 @@ def check_dataset_uri(uri: str, regions: tuple[str, ...]) -> InvalidRequestError
     return None
 
 
+def _located(uri: str, settings: Settings, regions: Sequence[str]) -> tuple[str, str, dict[str, str]] | None:
+    """Where ``uri`` points: (scheme, the path or ``bucket/object`` it names, symbolic links
+    followed, and the same of each of SAILOR's own buckets of that scheme, by name); None for a
+    scheme SAILOR does not read."""
+    concrete = storage.resolve(uri, settings)
+    scheme = storage.scheme_of(concrete)
+    own = {b: settings.bucket_uri(b) for b in (SOURCE_BUCKET, *regions)}
+    if scheme == "file":
+        target = os.path.realpath(concrete[len("file://") :])
+        roots = {b: os.path.realpath(u[len("file://") :]) for b, u in own.items() if u.startswith("file://")}
+    elif scheme == "gs":
+        target = concrete[len("gs://") :].rstrip("/")
+        roots = {b: u[len("gs://") :].rstrip("/") for b, u in own.items() if u.startswith("gs://")}
+    else:
+        return None
+    return scheme, target, roots
+
+
 def check_data_access(
     field: str, uri: str, settings: Settings, regions: Sequence[str]
 ) -> InvalidRequestError | None:
@@ -614,17 +632,10 @@ def check_data_access(
     the state folder (ledger, cluster records); a ``gs://`` object of an allowed bucket
     (``SAILOR_DATA_BUCKETS``). Symbolic links are followed first, so a link cannot lead out.
     """
-    concrete = storage.resolve(uri, settings)
-    scheme = storage.scheme_of(concrete)
-    own = {b: settings.bucket_uri(b) for b in (SOURCE_BUCKET, *regions)}
-    if scheme == "file":
-        target = os.path.realpath(concrete[len("file://") :])
-        roots = {b: os.path.realpath(u[len("file://") :]) for b, u in own.items() if u.startswith("file://")}
-    elif scheme == "gs":
-        target = concrete[len("gs://") :].rstrip("/")
-        roots = {b: u[len("gs://") :].rstrip("/") for b, u in own.items() if u.startswith("gs://")}
-    else:
+    located = _located(uri, settings, regions)
+    if located is None:
         return InvalidRequestError(field, uri, "unsupported URI scheme", ("sailor://", "gs://", "file:///"))
+    scheme, target, roots = located
     for bucket, root in roots.items():
         if target == root or target.startswith(root + "/"):
             inside = target[len(root) :].strip("/")
@@ -672,17 +683,10 @@ def dataset_key(uri: str, settings: Settings, regions: Sequence[str]) -> str:
     ``data_residency`` are keyed by it: a run that spells the same folder another way (its
     concrete bucket path, a link to it) shares them, and never escapes a residency another run
     declared."""
-    concrete = storage.resolve(uri, settings)
-    scheme = storage.scheme_of(concrete)
-    own = {b: settings.bucket_uri(b) for b in (SOURCE_BUCKET, *regions)}
-    if scheme == "file":
-        target = os.path.realpath(concrete[len("file://") :])
-        roots = {b: os.path.realpath(u[len("file://") :]) for b, u in own.items() if u.startswith("file://")}
-    elif scheme == "gs":
-        target = concrete[len("gs://") :].rstrip("/")
-        roots = {b: u[len("gs://") :].rstrip("/") for b, u in own.items() if u.startswith("gs://")}
-    else:
+    located = _located(uri, settings, regions)
+    if located is None:
         return uri
+    scheme, target, roots = located
     for bucket, root in roots.items():
         if target.startswith(root + "/"):
             return canonical_dataset_uri(f"sailor://{bucket}/{target[len(root) :].strip('/')}")
