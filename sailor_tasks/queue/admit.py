@@ -112,11 +112,14 @@ def admit(
     team_weights: Mapping[str, float] | None = None,
     attained: Mapping[str, float] | None = None,
     arriving: Collection[str] = (),
+    region_capacity: Mapping[tuple[str, str], int] | None = None,
 ) -> PassResult:
     """One admission pass over ``queued`` at ``now_s`` (see the module for the rules).
 
-    ``held``, ``capacity``, ``policy``, ``team_weights`` and ``attained`` are ``rank``'s;
-    ``arriving``: ids of the runs whose arrival this pass is (tried before their time-out).
+    ``held``, ``capacity``, ``policy``, ``team_weights``, ``attained`` and ``region_capacity``
+    (GPUs per (region, type): the types a run holds back are those its regions hold) are
+    ``rank``'s; ``arriving``: ids of the runs whose arrival this pass is (tried before their
+    time-out).
 
     Raises:
         ValueError: ``policy`` is not one of ``QUEUE_POLICIES``.
@@ -146,7 +149,7 @@ def admit(
     if not live:
         return out
     by_id = {r.run_id: r for r in live}
-    out.ranked = rank(live, held, capacity, now_s, policy, team_weights, attained)
+    out.ranked = rank(live, held, capacity, now_s, policy, team_weights, attained, region_capacity)
     settled: set[str] = set()
 
     def fail(run: QueuedRun, reason: str) -> None:

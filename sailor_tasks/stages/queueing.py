@@ -431,6 +431,8 @@ def _allowed_regions(ctx: StageContext, request: Mapping[str, Any]) -> frozenset
     if residency or declared is not None:
         continent = ctx.catalog.transfer.continent
         allowed = {r for r in allowed if continent(r) in residency}
+    if not allowed:  # a name no region has: it can take no GPUs (no start, holds nothing back)
+        return frozenset({""})
     return frozenset() if allowed >= every else frozenset(allowed)
 
 
@@ -597,6 +599,7 @@ def admit_queued(
         dict(ctx.settings.team_weights),
         _attained(ctx, now),
         arriving,
+        _region_capacity(ctx),
     )
     waiting = ctx.ledger.queue_entries(("queued",))
     if waiting:

@@ -947,6 +947,9 @@ def test_a_queued_runs_estimate_keeps_to_its_datasets_residency(ctx, tmp_path, d
     # Its estimated start and the types it holds back count the EU's regions alone.
     allowed = _allowed_regions(ctx, {"dataset_uri": demo_dataset})
     assert allowed and all(r.startswith("europe-") for r in allowed)
+    # Its own regions outside the residency: no region at all (not "any"): it takes no GPUs.
+    nowhere = _allowed_regions(ctx, {"dataset_uri": demo_dataset, "regions": ["us-central1"]})
+    assert nowhere == frozenset({""})
 
 
 def test_a_run_that_ended_while_still_queued_leaves_before_it_holds_anyone_back(
@@ -996,3 +999,21 @@ def test_a_plan_retried_right_after_a_reclaim_reserves_nothing(tight, demo_datas
     assert retried == ["run-1"]
     assert ctx.ledger.get_run("run-1")["status"] == "failed"
     assert ctx.ledger.live_reservations() == [] and ctx.ledger.held_gpus() == {}
+
+
+def test_a_run_waiting_for_its_regions_gpus_does_not_hold_back_a_run_for_other_gpus(ctx, tmp_path, demo_dataset):
+    """x may use any GPU type but only in europe-west1, whose T4s r1 holds; y, behind it, needs
+    A100s, free in us-central1: the admission pass admits y (x held back every type it runs on,
+    A100 included, and y waited for r1 to end)."""
+    supply = tmp_path / "supply.yaml"
+    supply.write_text(
+        "version: 1\ndefaults:\n  capacity_gpus: {}\n  preemption_rate_per_hour: {T4: 0.0, A100: 0.0}\nzones:\n"
+        "  us-central1-a:\n    A100: {capacity_gpus: 8}\n  europe-west1-b:\n    T4: {capacity_gpus: 2}\n"
+    )
+    ctx.__dict__["catalog"] = load_catalog(None, str(supply))
+    stages.plan(submit(ctx, "r1", demo_dataset, team="a", regions=["europe-west1"]), "r1", ctx)
+    with pytest.raises(RunQueuedError):
+        stages.plan(submit(ctx, "x", demo_dataset, team="b", gpu_type="any", regions=["europe-west1"]), "x", ctx)
+    placed = stages.plan(submit(ctx, "y", demo_dataset, team="b", gpu_type="A100"), "y", ctx)
+    assert (placed["zone"], placed["gpu_type"]) == ("us-central1-a", "A100")
+    assert ctx.ledger.queue_entry("x")["state"] == "queued"
