@@ -44,15 +44,11 @@ def task_states(client: Any, dag_id: str, run_id: str) -> dict[str, str]:
 
 def run_completed(tasks: Mapping[str, str]) -> bool:
     """Whether a dag run's work completed, from its task states (task id → state): its
-    ``finalize`` succeeded (``sailor_train``), or, in another DAG with a ``teardown``, every task
-    but the teardown did. A run marked failed by a cancel skips the tasks it had not started;
-    once its teardown ends, Airflow calls the run ``success`` all the same. A DAG without a
-    teardown ends such a run ``failed``: there, ``success`` is the whole answer (tasks its own
-    branches skip, as a dry run's, count as done)."""
+    ``finalize`` succeeded (``sailor_train``), or, in another DAG, every task but a ``teardown``
+    did. A run marked failed by a cancel skips the tasks it had not started; once its teardown
+    ends, Airflow calls the run ``success`` all the same."""
     if "finalize" in tasks:
         return tasks["finalize"] == "success"
-    if "teardown" not in tasks:
-        return bool(tasks)
     work = [state for task, state in tasks.items() if task != "teardown"]
     return bool(work) and all(state == "success" for state in work)
 

@@ -94,3 +94,12 @@ def test_cancel_of_an_ended_run_changes_nothing(airflow, capsys):
 def test_cancel_of_an_unknown_run_exits_3(airflow, capsys):
     assert sailor(["cancel", "manual__typo", "--dag-id", "sailor_train"]) == 3
     assert "no run 'manual__typo' of DAG sailor_train" in capsys.readouterr().err
+
+
+def test_a_running_run_of_a_dag_without_teardown_is_cancelled(airflow, capsys):
+    """A rebalance still collecting: no teardown to wait for, nothing completed: it is marked failed
+    (not taken for a completed run because its DAG has no finalize or teardown)."""
+    airflow.tasks = {"collect_utilization": "running", "solve_assignment": "none"}
+    airflow.after_tasks = {"collect_utilization": "failed", "solve_assignment": "skipped"}
+    assert sailor(["cancel", RUN_ID, "--dag-id", "sailor_rebalance", "--no-wait"]) == 0
+    assert ("set_run_state", "sailor_rebalance", RUN_ID, "failed") in airflow.calls
