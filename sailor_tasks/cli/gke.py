@@ -77,12 +77,15 @@ def cmd_render(args: argparse.Namespace) -> int:
             from sailor_tasks.catalog import load_catalog
             from sailor_tasks.ledger import Ledger
             from sailor_tasks.model import ClusterState
-            from sailor_tasks.request import from_params
+            from sailor_tasks.request import dataset_key, from_params
 
             install_for_command()  # the Airflow connection's project names the clusters and buckets
             settings = Settings.from_env()
             # The params checked before the ledger is read (nothing is made or upgraded for it).
-            request = from_params({**params, "backend": "gke"}, load_catalog())
+            catalog = load_catalog()
+            request = from_params({**params, "backend": "gke"}, catalog)
+            dataset = dataset_key(request.dataset_uri, settings, catalog.regions)
+            params = {**params, "dataset_uri": dataset}  # its one key, as validate stores it
             ledger = Ledger.for_reading(settings.ledger_url)
             state = ClusterState()  # nothing recorded yet: an empty snapshot
             if ledger is not None:
@@ -90,7 +93,7 @@ def cmd_render(args: argparse.Namespace) -> int:
                     state = ClusterState(
                         reservations=tuple(ledger.live_reservations()),
                         assignment=ledger.latest_assignment(),
-                        replicas=ledger.replicas([request.dataset_uri]),
+                        replicas=ledger.replicas([dataset]),
                     )
                 finally:
                     ledger.dispose()

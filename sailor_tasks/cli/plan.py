@@ -35,7 +35,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from sailor_tasks.placement import explain, plan
     from sailor_tasks.placement.index import index_for
     from sailor_tasks.placement.reservations import ledger_state
-    from sailor_tasks.request import from_params
+    from sailor_tasks.request import dataset_key, from_params
     from sailor_tasks.stages import StageContext
     from sailor_tasks.stages.queueing import with_dataset_residency
     from sailor_tasks.strategies.live import decide_market
@@ -48,7 +48,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ctx = StageContext(Settings.from_env())
     offered = ctx.catalog  # a catalog that cannot be loaded is main()'s error, as for every command
     try:
-        request = with_dataset_residency(ctx, from_params(params, offered))
+        request = from_params(params, offered)
+        # The dataset's one key (its replicas and residency), as validate stores it.
+        request = dataclasses.replace(
+            request, dataset_uri=dataset_key(request.dataset_uri, ctx.settings, offered.regions)
+        )
+        request = with_dataset_residency(ctx, request)
         catalog = ctx.planning_catalog()
         index = index_for(catalog, ctx.planning_table())
         try:

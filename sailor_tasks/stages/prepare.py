@@ -40,23 +40,24 @@ def _storable(value: Any, limit: int) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")[:limit]
 
 
-def _replica_problem(ctx: StageContext, uri: str, src: str) -> InvalidRequestError | None:
+def _replica_problem(ctx: StageContext, uri: str, src: str, given: str) -> InvalidRequestError | None:
     """A dataset URI that is SAILOR's replica of another dataset (its residency and its copies are
     the source's: name the source), or a folder that would hold its own replica (a region bucket's
-    ``datasets/`` folder: every copy of it would land inside it and grow on each run)."""
+    ``datasets/`` folder: every copy of it would land inside it and grow on each run). ``uri``:
+    the dataset's key (``dataset_key``); ``given``: the URI as the run wrote it (named)."""
     inside = src.rstrip("/") + "/"
     for row in ctx.ledger.replica_rows():
         if row["uri"] and (row["uri"] == src or src.startswith(row["uri"].rstrip("/") + "/")):
             return InvalidRequestError(
                 "dataset_uri",
-                uri,
+                given,
                 f"is SAILOR's replica of {row['dataset_uri']} in {row['region']}: name that dataset",
             )
     for region in ctx.catalog.regions:
         if paths.replica_uri(region, uri, ctx.settings).startswith(inside):
             return InvalidRequestError(
                 "dataset_uri",
-                uri,
+                given,
                 "holds SAILOR's dataset replicas (a region bucket's datasets/ folder): name one dataset in it",
             )
     return None
@@ -106,7 +107,9 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
             ]
             if denied:
                 raise InvalidRequestErrors(denied)  # never look at what a run may not read
-            # One key per folder, whichever way the run spelled it (replicas, residency).
+            # One key per folder, whichever way the run spelled it (replicas, residency); errors
+            # name the URI as given.
+            given = request.dataset_uri
             request = dataclasses.replace(
                 request, dataset_uri=dataset_key(request.dataset_uri, ctx.settings, ctx.catalog.regions)
             )
@@ -122,18 +125,14 @@ def validate(params: Mapping[str, Any], run_id: str, ctx: StageContext | None = 
             except ValueError as exc:
                 errors.append(InvalidRequestError("backend", request.backend, str(exc)))
             src = storage.resolve(request.dataset_uri, ctx.settings)
-            if replica_err := _replica_problem(ctx, request.dataset_uri, src):
+            if replica_err := _replica_problem(ctx, request.dataset_uri, src, given):
                 raise InvalidRequestErrors([replica_err])  # never copied, not even looked into
             if not storage.exists(src):
-                errors.append(
-                    InvalidRequestError("dataset_uri", request.dataset_uri, f"dataset not found at {src}")
-                )
+                errors.append(InvalidRequestError("dataset_uri", given, f"dataset not found at {src}"))
             elif not list_files(src):  # one file, or an empty folder: nothing to place
-                errors.append(
-                    InvalidRequestError("dataset_uri", request.dataset_uri, empty_dataset_reason(src))
-                )
+                errors.append(InvalidRequestError("dataset_uri", given, empty_dataset_reason(src)))
             elif _sealed_empty(src):
-                errors.append(InvalidRequestError("dataset_uri", request.dataset_uri, EMPTY_MANIFEST_REASON))
+                errors.append(InvalidRequestError("dataset_uri", given, EMPTY_MANIFEST_REASON))
             if request.preemption_trace_uri:
                 from sailor_tasks.traces.availability import load_availability_trace
 

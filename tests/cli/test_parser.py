@@ -181,3 +181,17 @@ def test_a_string_param_keeps_the_text_null_unless_it_may_be_null():
 
     params = load_params(None, ["job_name=null", "team=2024", "image=null", "num_workers=2"])
     assert params == {"job_name": "null", "team": "2024", "image": None, "num_workers": 2}
+
+
+def test_plan_keeps_to_the_residency_of_the_dataset_spelled_by_its_bucket_path(ctx, demo_dataset, capsys):
+    """`sailor plan` keys the dataset as validate does: named by its concrete path in the source
+    bucket, it keeps the data_residency another run of it declared."""
+    import json
+
+    from sailor_tasks import stages, storage
+
+    stages.validate({"dataset_uri": demo_dataset, "data_residency": ["EU"]}, "eu-only", ctx)
+    concrete = storage.resolve(demo_dataset, ctx.settings)
+    assert sailor(["plan", "--set", f"dataset_uri={json.dumps(concrete)}", "--json"]) == 0
+    placement = json.loads(capsys.readouterr().out)["placement"]
+    assert ctx.catalog.transfer.continent(placement["region"]) == "EU"

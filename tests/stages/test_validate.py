@@ -179,6 +179,10 @@ def test_a_dataset_spelled_by_its_bucket_path_or_a_link_is_keyed_as_its_sailor_u
         request = stages.validate({"dataset_uri": spelling}, "other", ctx)
         assert request["dataset_uri"] == demo_dataset
         assert with_dataset_residency(ctx, from_dict(JobRequest, request)).data_residency == ("EU",)
+    missing = concrete.rsplit("/", 1)[0] + "/missing"
+    with pytest.raises(InvalidRequestErrors) as info:
+        stages.validate({"dataset_uri": missing}, "missing", ctx)
+    assert f"dataset_uri={missing!r}: dataset not found" in str(info.value)  # named as given
     outside = data_root / "own"
     outside.mkdir()
     (outside / "part-0.bin").write_bytes(b"x" * 100)
