@@ -378,8 +378,10 @@ class Ledger:
             return [_aware_row(r) for r in c.execute(q).mappings()]
 
     def reserve(self, reservation: Reservation, lease_s: float = DEFAULT_LEASE_S) -> None:
-        """Hold capacity for a run; re-reserving the same run replaces its live reservation."""
-        with self.engine.begin() as c:
+        """Hold capacity for a run; re-reserving the same run replaces its live reservation. One
+        write transaction from its start (SQLite ``BEGIN IMMEDIATE``; PostgreSQL locks the row):
+        the replaced reservation's GPUs come off the held sums exactly once."""
+        with self._locking_engine.begin() as c:
             _replace_reservation(c, reservation, lease_s)
 
     def reserve_if_free(
