@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import replace
 
 import numpy as np
@@ -270,7 +271,9 @@ def _spare_objective(alloc, units, coef) -> float:
 
 
 @pytest.mark.parametrize(("n", "seed"), [(120, 0), (120, 1), (120, 2), (1100, 3)])
-def test_the_spare_stage_from_the_fair_shares_basis_reaches_a_fresh_solves_optimum(table, monkeypatch, n, seed):
+def test_the_spare_stage_from_the_fair_shares_basis_reaches_a_fresh_solves_optimum(
+    table, monkeypatch, caplog, n, seed
+):
     """The spare stage starts from the first stage's optimal basis in the same HiGHS model (simplex
     or, above ``IPM_ABOVE_VARS`` columns, interior point and crossover); its optimum (the fair
     share kept, the spare objective) is that of both stages solved from scratch."""
@@ -288,14 +291,16 @@ def test_the_spare_stage_from_the_fair_shares_basis_reaches_a_fresh_solves_optim
         return base.resolve(*args)
 
     monkeypatch.setattr(fairness, "resolve", counted)
+    caplog.set_level(logging.DEBUG, logger=fairness.logger.name)
     warm = policy.allocate(state)
-    assert len(warm_starts) == 1
+    assert len(warm_starts) == 1 and "solving it anew" not in caplog.text  # the warm start itself ended optimal
 
     def fails(*args):
         raise InfeasibleAllocationError("las", "Unknown")
 
     monkeypatch.setattr(fairness, "resolve", fails)
     fresh = policy.allocate(state)  # the warm start fails: the spare stage is solved from scratch
+    assert "solving it anew" in caplog.text
     units = singles(state.jobs, state.gpus)
     coef = policy.coefficients(units, state)
     for alloc in (warm, fresh):
