@@ -58,7 +58,7 @@ def test_local_logs_print_every_try_in_pipeline_order(tmp_path, capsys):
 
 def test_an_explicit_log_folder_wins_over_the_airflow_url_variable(tmp_path, monkeypatch, capsys):
     """$SAILOR_AIRFLOW_URL is the default source; --log-folder on the command line reads that folder
-    (it was ignored, and the API asked); both given explicitly are refused, naming both."""
+    (not the API); both given explicitly are refused, naming both."""
     write_log(tmp_path, "validate", 1, [record("params ok")])
     monkeypatch.setenv("SAILOR_AIRFLOW_URL", "http://127.0.0.1:9")
     assert sailor(["logs", RUN_ID, "--log-folder", str(tmp_path)]) == 0

@@ -51,7 +51,7 @@ def test_a_replica_that_lost_a_file_is_not_reported_complete(tmp_path):
 def test_a_replica_file_overwritten_at_the_same_size_is_copied_again(tmp_path):
     """Bytes changed in place after the replica was completed (its size unchanged): the next copy
     finds it damaged from the listing (local: modified after the manifest) and copies that file
-    again; before, the replica stayed "complete" and every run placed there failed its checksum."""
+    again, so a run placed there does not fail its checksum."""
     from sailor_tasks.data.manifest import verify
 
     src = _dataset(f"file://{tmp_path}/src", {"a.bin": b"a" * 1000, "b.bin": b"b" * 1000})

@@ -213,7 +213,7 @@ def test_a_lease_shorter_than_three_renewals_is_refused():
 
 def test_a_waiting_run_holds_back_only_the_gpu_types_it_can_take():
     """A run that may use any type but only in r2, where only T4s are, waits for T4s: a run behind
-    it that needs the A100s of r1 is not held back by it (it was, on every type it runs on)."""
+    it that needs the A100s of r1 is not held back by it."""
     from sailor_tasks.queue import admission_pass
 
     cap = {"T4": 2, "A100": 8}

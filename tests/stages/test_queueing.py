@@ -977,8 +977,7 @@ def test_a_run_that_ended_while_still_queued_leaves_before_it_holds_anyone_back(
 def test_a_plan_retried_right_after_a_reclaim_reserves_nothing(tight, demo_dataset, monkeypatch):
     """The reconciler releases an expired lease's capacity and marks the run failed in one
     transaction: an Airflow retry of the run's plan that lands right after the release finds the
-    run ended (before, it landed before the failed mark, reserved again with a fresh lease, and
-    the failed run held GPUs)."""
+    run ended and reserves nothing: a failed run never holds GPUs with a fresh lease."""
     from sailor_tasks.errors import ReservationReleasedError
 
     ctx = tight
@@ -1003,8 +1002,8 @@ def test_a_plan_retried_right_after_a_reclaim_reserves_nothing(tight, demo_datas
 
 def test_a_run_waiting_for_its_regions_gpus_does_not_hold_back_a_run_for_other_gpus(ctx, tmp_path, demo_dataset):
     """x may use any GPU type but only in europe-west1, whose T4s r1 holds; y, behind it, needs
-    A100s, free in us-central1: the admission pass admits y (x held back every type it runs on,
-    A100 included, and y waited for r1 to end)."""
+    A100s, free in us-central1: the admission pass admits y now, x holding back only the T4s
+    of its region."""
     supply = tmp_path / "supply.yaml"
     supply.write_text(
         "version: 1\ndefaults:\n  capacity_gpus: {}\n  preemption_rate_per_hour: {T4: 0.0, A100: 0.0}\nzones:\n"
