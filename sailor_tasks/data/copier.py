@@ -466,9 +466,9 @@ def _damaged(
 
 def _sealed_at(root: str) -> float | None:
     """The mtime of the replica's manifest on a local disk (None elsewhere, or without one)."""
-    fs, base = storage.filesystem(manifest_uri(root))
     if storage.scheme_of(root) not in ("", "file"):
         return None
+    fs, base = storage.filesystem(manifest_uri(root))
     try:
         mtime = fs.info(base).get("mtime")
     except FileNotFoundError:

@@ -418,14 +418,21 @@ def _region_capacity(ctx: StageContext) -> dict[tuple[str, str], int]:
     return out
 
 
-def _allowed_regions(ctx: StageContext, request: Mapping[str, Any]) -> frozenset[str]:
+def _allowed_regions(
+    ctx: StageContext, request: Mapping[str, Any], residencies: dict[str, Any] | None = None
+) -> frozenset[str]:
     """The regions a queued request may use (within its dataset's residency too, as
     ``with_dataset_residency`` limits its placement), or empty when that is every region of the
-    catalog."""
+    catalog. ``residencies``: each dataset's residency read so far (one ledger read per dataset
+    for a pass's many runs)."""
     every = set(ctx.catalog.regions)
     allowed = set(request.get("regions") or every) - set(request.get("exclude_regions") or ())
     residency = set(request.get("data_residency") or ())
-    declared = ctx.ledger.dataset_residency(str(request.get("dataset_uri") or ""))
+    uri = str(request.get("dataset_uri") or "")
+    residencies = {} if residencies is None else residencies
+    if uri not in residencies:
+        residencies[uri] = ctx.ledger.dataset_residency(uri)
+    declared = residencies[uri]
     if declared is not None:
         residency = residency & declared if residency else set(declared)
     if residency or declared is not None:
@@ -478,6 +485,7 @@ def _views(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -
     capacity = _capacity(ctx)
     types = sorted(capacity)
     queued = []
+    residencies: dict[str, Any] = {}
     for e in entries:
         req = e["request"]
         thr = _throughput({"run_id": e["run_id"], "model": req.get("model"), **e}, e["gpus"], types, table)
@@ -496,7 +504,7 @@ def _views(ctx: StageContext, entries: list[dict[str, Any]], now: dt.datetime) -
                 market=str(req.get("market") or "auto"),
                 wait_until_s=e["max_wait_until"].timestamp(),
                 waiting_for=_waited_for(ctx, e),
-                regions=_allowed_regions(ctx, req),
+                regions=_allowed_regions(ctx, req, residencies),
             )
         )
     admitted = {e["run_id"]: e for e in ctx.ledger.queue_entries(("admitted",))}
