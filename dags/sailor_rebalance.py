@@ -168,7 +168,9 @@ def sailor_rebalance():
         ti = ctx["ti"]
         # Every copy of the batch is tried; failures fail the try (a retry makes what is missing)
         # except on the last, which hands them to report.
-        result = run_stage(stages.replicate_datasets, copies, final=ti.try_number > ti.max_tries)
+        result = run_stage(
+            stages.replicate_datasets, copies, final=ti.try_number > ti.max_tries, run_id=ctx["run_id"]
+        )
         for replica in result["done"]:
             lineage.emit_replica(ctx["outlet_events"], replica, ctx["run_id"])
         return result

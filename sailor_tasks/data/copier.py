@@ -353,6 +353,7 @@ def copy_dataset(
     lease: LeaseFn | None = None,
     on_invalidate: Callable[[], None] | None = None,
     on_complete: Callable[[DatasetManifest], None] | None = None,
+    on_copied: Callable[[int], None] | None = None,
 ) -> CopyResult:
     """Copy every file of ``src_root`` to ``dst_root`` and write the manifest last.
 
@@ -371,6 +372,9 @@ def copy_dataset(
         on_complete: called with the replica's manifest once it is complete (copied, or found
             complete), while the lease and lock are still held, so the caller lists it as complete
             (the stages record its ledger row) before another copy can change it again.
+        on_copied: called with the size of each file copied (not found in place), from the
+            thread that copied it, as soon as it is: also for the files a copy that then fails
+            copied, which ``CopyResult`` cannot report.
 
     Returns:
         The manifest written, and how many bytes were copied or already in place.
@@ -422,6 +426,7 @@ def copy_dataset(
             on_invalidate,
             on_complete,
             getattr(held, "raise_if_lost", None),
+            on_copied,
         )
 
 
@@ -555,6 +560,7 @@ def _copy_locked(
     on_invalidate: Callable[[], None] | None = None,
     on_complete: Callable[[DatasetManifest], None] | None = None,
     fence: Callable[[], None] | None = None,
+    on_copied: Callable[[int], None] | None = None,
 ) -> CopyResult:
     """``copy_dataset`` under its lease and lock. ``still_held`` checks the lease with the ledger
     before the replica changes hands; ``fence`` (no ledger call) before each file and each removal
@@ -659,10 +665,17 @@ def _copy_locked(
 
     entries: dict[str, ManifestEntry] = dict(unchanged)
     copied, skipped = 0, sum(e.size for e in unchanged.values())
+
+    def place(*args: Any) -> tuple[ManifestEntry, bool]:
+        entry, moved = _place_file(*args)
+        if moved and on_copied is not None:
+            on_copied(entry.size)
+        return entry, moved
+
     with ThreadPoolExecutor(max_workers=min(max_workers, max(1, len(files)))) as pool:
         futures = {
             pool.submit(
-                _place_file,
+                place,
                 rel,
                 storage.join(src_root, rel),
                 storage.join(dst_root, rel),

@@ -4,8 +4,9 @@ solve_assignment → publish_assignment → replicate_dataset[] → report_rebal
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sailor_tasks import paths, storage
@@ -267,13 +268,19 @@ def publish_assignment(
     }
 
 
-def replicate_datasets(copies: list[JSON], final: bool = True, ctx: StageContext | None = None) -> JSON:
+def replicate_datasets(
+    copies: list[JSON], final: bool = True, run_id: str | None = None, ctx: StageContext | None = None
+) -> JSON:
     """A batch of planned replicas (``publish_assignment``'s ``batches``), one after the other,
     each as ``replicate_dataset``: a copy that fails does not stop the others.
 
+    ``run_id``: the rebalance run's: each copy's ``bytes_copied`` then counts what every try of
+    the run copied for it (kept in the run's report folder, ``copied/``), not only this try's, so
+    that a night whose copies needed a retry reports every byte it moved. Without it, this try's.
+
     Returns:
         ``done`` (each replica), ``withheld`` (copies ``data_residency`` keeps out) and ``failed``
-        (each copy with its error; only when ``final``).
+        (each copy with its error and the bytes copied before it failed; only when ``final``).
 
     Raises:
         ReplicationIncompleteError: some copies failed and this is not the ``final`` try: a retry
@@ -282,20 +289,47 @@ def replicate_datasets(copies: list[JSON], final: bool = True, ctx: StageContext
     ctx = resolve_ctx(ctx)
     done, withheld, failed = [], [], []
     for copy in copies:
+        moved: list[int] = []  # sizes of the files this try copied (appended by the copier's threads)
         try:
-            done.append(replicate_dataset(copy, ctx))
+            entry = replicate_dataset(copy, ctx, on_copied=moved.append)
+            done.append(entry)
         except StageSkipped as exc:
             withheld.append({**copy, "reason": str(exc)})
+            continue
         except Exception as exc:
             logger.error("replica of %s in %s failed: %s", copy["dataset_uri"], copy["region"], exc)
-            failed.append({**copy, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            entry = {**copy, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            failed.append(entry)
+        entry["bytes_copied"] = _tallied(run_id, copy, sum(moved), ctx) if run_id else sum(moved)
     if failed and not final:
         raise ReplicationIncompleteError(failed, len(copies))
     return {"done": done, "withheld": withheld, "failed": failed}
 
 
-def replicate_dataset(copy: JSON, ctx: StageContext | None = None) -> JSON:
+def _tallied(run_id: str, copy: JSON, nbytes: int, ctx: StageContext) -> int:
+    """Bytes every try of rebalance run ``run_id`` copied for ``copy``: ``nbytes`` (this try's)
+    added to the run's count for it, which is kept. A count that cannot be read or kept is
+    logged, and this try's bytes stand alone."""
+    uri, region = canonical_dataset_uri(copy["dataset_uri"]), copy["region"]
+    key = hashlib.sha256(f"{uri}\n{region}".encode()).hexdigest()[:24]
+    tally = storage.join(paths.rebalance_report_uri(run_id, ctx.settings), "copied", f"{key}.json")
+    try:
+        before = int(storage.read_json(tally)["bytes"]) if storage.exists(tally) else 0
+        if nbytes:
+            storage.write_json(tally, {"dataset_uri": uri, "region": region, "bytes": before + nbytes})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning(
+            "bytes copied for %s in %s by earlier tries unknown (%s): this try's only", uri, region, exc
+        )
+        return nbytes
+    return before + nbytes
+
+
+def replicate_dataset(
+    copy: JSON, ctx: StageContext | None = None, on_copied: Callable[[int], None] | None = None
+) -> JSON:
     """One planned replica: the same checksummed, resumable copier as ``place_data``.
+    ``on_copied``: called with the size of each file copied (``copy_dataset``).
 
     Raises:
         StageSkipped: ``region`` is outside the continents a run reading the dataset restricted it
@@ -326,6 +360,7 @@ def replicate_dataset(copy: JSON, ctx: StageContext | None = None) -> JSON:
         lease=ctx.ledger.lease,
         on_invalidate=lambda: ctx.ledger.forget_replica(uri, region),
         on_complete=lambda m: ctx.ledger.record_replica(uri, region, dst, m.total_bytes, len(m.files)),
+        on_copied=on_copied,
     )
     return {
         "dataset_uri": uri,
@@ -364,6 +399,8 @@ def report_rebalance(
     copies = [c for b in batches for c in b["done"]]
     failed = [f for b in batches for f in b["failed"]]
     withheld = sum(len(b["withheld"]) for b in batches)
+    # A failed copy's files copied before it failed were moved too.
+    copied_bytes = sum(c["bytes_copied"] for c in copies) + sum(f.get("bytes_copied", 0) for f in failed)
     if dry_run:
         unpublished = "dry run"
     elif not solution["shares"]:
@@ -379,7 +416,7 @@ def report_rebalance(
         solution,
         top_moves(utilization["problem"], solution["placement"]),
         window=f"{utilization['window_days']} days ({utilization['since']} → {utilization['until']})",
-        bytes_replicated=None if version is None else sum(c["bytes_copied"] for c in copies),
+        bytes_replicated=None if version is None else copied_bytes,
         copies_done=None if version is None else len(copies),
         version=version,
         chart_uri=chart_uri,
@@ -403,7 +440,7 @@ def report_rebalance(
         region_ratio_before=solution["region_load_before"],
         region_ratio_after=solution["region_load_after"],
         bytes_planned=solution["bytes_moved"],
-        bytes_replicated=sum(c["bytes_copied"] for c in copies),
+        bytes_replicated=copied_bytes,
         report_uri=chart_uri,
         summary_uri=summary_uri,
     )

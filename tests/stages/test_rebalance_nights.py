@@ -100,6 +100,60 @@ def test_a_failed_copy_neither_stops_its_batch_nor_hides_the_nights_report(ctx):
     assert "1 done" in summary and "**1 failed**" in summary
 
 
+def _two_files(ctx, uri: str) -> dict:
+    """A sealed dataset of two files (3000 and 5000 B); its planned copy into us-east1."""
+    from sailor_tasks import storage
+    from sailor_tasks.data.copier import seal
+
+    root = storage.resolve(uri, ctx.settings)
+    storage.write_bytes(storage.join(root, "part-0.bin"), b"a" * 3000)
+    storage.write_bytes(storage.join(root, "part-1.bin"), b"b" * 5000)
+    seal(root)
+    return {"dataset_uri": uri, "region": "us-east1", "bytes": 8000}
+
+
+def _second_file_fails(monkeypatch) -> None:
+    """Every copy of ``part-1.bin`` fails (a reset connection); other files copy."""
+    from sailor_tasks.data import copier
+
+    copy_one = copier._copy_one
+
+    def flaky(src: str, dst: str):
+        if src.endswith("part-1.bin"):
+            raise OSError(f"{src}: connection reset")
+        return copy_one(src, dst)
+
+    monkeypatch.setattr(copier, "_copy_one", flaky)
+
+
+def test_a_night_whose_copy_needed_a_retry_reports_every_byte_it_copied(ctx, monkeypatch):
+    """The first try copies one file of two and fails on the other; the retry copies the second.
+    The night counts both files' bytes: what the first try moved is not lost from its report."""
+    from sailor_tasks import stages
+
+    copies = [_two_files(ctx, "sailor://source/two")]
+    utilization, solution = _solution(ctx, copies)
+    stages.publish_assignment(solution, source="sailor_rebalance/retried", ctx=ctx)
+    with monkeypatch.context() as patch:
+        _second_file_fails(patch)
+        with pytest.raises(ReplicationIncompleteError):
+            stages.replicate_datasets(copies, final=False, run_id="retried", ctx=ctx)
+    last = stages.replicate_datasets(copies, final=True, run_id="retried", ctx=ctx)
+    assert last["done"][0]["bytes_copied"] == 8000  # 3000 by the first try, 5000 by the retry
+    stages.report_rebalance(utilization, solution, [last], run_id="retried", ctx=ctx)
+    (night,) = ctx.ledger.rebalance_nights()
+    assert night["bytes_replicated"] == 8000
+
+
+def test_a_failed_copy_counts_the_bytes_it_copied_before_it_failed(ctx, monkeypatch):
+    from sailor_tasks import stages
+
+    copies = [_two_files(ctx, "sailor://source/half")]
+    _second_file_fails(monkeypatch)
+    last = stages.replicate_datasets(copies, final=True, run_id="half", ctx=ctx)
+    assert [f["bytes_copied"] for f in last["failed"]] == [3000]
+
+
 def test_the_review_judges_a_reservation_by_its_gpu_types_shares(ctx):
     """``plan`` steers a run by its GPU type's shares: an A100 run in us-east1 is outside an
     assignment that gives the team's A100s to europe-west4 only, although the team as a whole
