@@ -107,8 +107,10 @@ class Ranked:
     reason: str
     estimated_start_s: float | None
     urgent: bool = False
-    blocks: tuple[str, ...] = field(default=())
-    """GPU types this run waits for (``usable_types``: a run behind it that needs them waits too)."""
+    blocks: tuple[tuple[str, str], ...] = field(default=())
+    """The (region, GPU type) pools this run waits for (``usable_pools``; region "" when the
+    ranking knew no regions: the type's GPUs everywhere): a run behind it that may take its GPUs
+    from one of them waits too."""
 
 
 def _weights(
@@ -263,7 +265,7 @@ def rank(
             reason=reason,
             estimated_start_s=starts[r.run_id],
             urgent=urgent(r),
-            blocks=usable_types(r, capacity, region_capacity),
+            blocks=usable_pools(r, capacity, region_capacity),
         )
         for i, (r, reason) in enumerate(order)
     ]
@@ -273,11 +275,12 @@ def admission_pass(ranked: Sequence[Ranked], try_admit: Callable[[Ranked], bool 
     """Admit in ``ranked`` order: ``try_admit`` reserves the run's capacity and answers True
     (admitted), False (it does not fit now) or None (it left the queue, or could not be tried in
     this pass: no effect on others).
-    A run that does not fit holds back every non-urgent run behind it that waits for one of the
-    same GPU types (no backfill past it, so it is not starved by smaller runs), and so does a run
-    held back itself, on all its types (a later run must not take the GPUs an earlier one waits
-    for, as ``estimate_starts`` counts); urgent runs are always tried. Returns the admitted run
-    ids, in order."""
+    A run that does not fit holds back every non-urgent run behind it that may take its GPUs from
+    one of the same (region, GPU type) pools (``Ranked.blocks``; no backfill past it, so it is not
+    starved by smaller runs), and so does a run held back itself, on all its pools (a later run
+    must not take the GPUs an earlier one waits for, as ``estimate_starts`` counts); a run whose
+    pools are all elsewhere (other regions, other types) is tried. Urgent runs are always tried.
+    Returns the admitted run ids, in order."""
     blocked: set[str] = set()
     admitted = []
     for r in ranked:
@@ -343,6 +346,22 @@ def usable_types(
     )
 
 
+def usable_pools(
+    run: QueuedRun, capacity: Mapping[str, int], region_capacity: Mapping[tuple[str, str], int] | None = None
+) -> tuple[tuple[str, str], ...]:
+    """The (region, GPU type) pools ``run`` can take all its GPUs from: those of ``region_capacity``
+    in a region it may use (``QueuedRun.regions``) of a type it runs on, big enough for it; without
+    ``region_capacity``, ("", type) for each of ``usable_types`` (a type's GPUs, every region's)."""
+    types = usable_types(run, capacity, region_capacity)
+    if region_capacity is None:
+        return tuple(("", g) for g in types)
+    return tuple(
+        (r, g)
+        for (r, g), n in sorted(region_capacity.items())
+        if g in types and n >= run.gpus and (not run.regions or r in run.regions)
+    )
+
+
 def estimate_starts(
     order: Sequence[QueuedRun],
     held: Sequence[HeldRun],
@@ -352,7 +371,7 @@ def estimate_starts(
 ) -> dict[str, float | None]:
     """Start time of each run in ``order`` if they were admitted in that order as the held runs
     end at their expected ends (list scheduling), as ``admission_pass`` admits: no run starts
-    before an earlier run that may use one of its GPU types (no backfill past it).
+    before an earlier run that may take its GPUs from one of its pools (no backfill past it).
 
     The GPUs are simulated per type, or per (region, type) with ``region_capacity`` (GPUs per
     (region, type)); a run takes all its GPUs from one of the pools it may use (its types, and
@@ -391,25 +410,19 @@ def estimate_starts(
         return after if free >= gpus else math.inf
 
     starts: dict[str, float | None] = {}
-    type_clock: dict[str, float] = {}
+    pool_clock: dict[tuple[str | None, str], float] = {}
     for run in order:
-        types = usable_types(run, capacity, region_capacity)
-        if region_capacity is None:
-            cells = [(None, g) for g in types]
-        else:
-            cells = [
-                (r, g)
-                for (r, g) in sorted(region_capacity)
-                if g in types and (not run.regions or r in run.regions)
-            ]
-        cells = [c for c in cells if cap_of(c) >= run.gpus]
+        cells: list[tuple[str | None, str]] = [
+            (r if region_capacity is not None else None, g)
+            for r, g in usable_pools(run, capacity, region_capacity)
+        ]
         if not cells:
             starts[run.run_id] = None
             continue
-        earliest = max([now_s, *(type_clock.get(g, now_s) for g in types)])
+        earliest = max([now_s, *(pool_clock.get(c, now_s) for c in cells)])
         start, cell = min((first_free(c, run.gpus, earliest), c) for c in cells)
-        for g in types:  # no run behind it on these types starts before it
-            type_clock[g] = start
+        for c in cells:  # no run behind it that may use these pools starts before it
+            pool_clock[c] = start
         if not math.isfinite(start):
             starts[run.run_id] = None
             continue

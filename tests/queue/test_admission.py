@@ -223,9 +223,35 @@ def test_a_waiting_run_holds_back_only_the_gpu_types_it_can_take():
     x = QueuedRun("x", "b", 2, anything, arrival_s=0.0, expected_s=3600.0, regions=frozenset({"r2"}))
     y = QueuedRun("y", "c", 2, {"A100": 9.0}, arrival_s=1.0, expected_s=3600.0)
     ranked = rank([x, y], running, cap, 100.0, "fifo", region_capacity=by_region)
-    assert [(r.run_id, r.blocks) for r in ranked] == [("x", ("T4",)), ("y", ("A100",))]
+    assert [(r.run_id, r.blocks) for r in ranked] == [("x", (("r2", "T4"),)), ("y", (("r1", "A100"),))]
     assert [r.estimated_start_s for r in ranked] == [3600.0, 100.0]
     assert admission_pass(ranked, lambda r: r.run_id == "y") == ["y"]  # x does not fit, y does
     # Without regions the types are pooled: x may take A100s, so y waits behind it.
     pooled = rank([x, y], running, cap, 100.0, "fifo")
-    assert pooled[0].blocks == ("A100", "T4")
+    assert pooled[0].blocks == (("", "A100"), ("", "T4"))
+
+
+def test_a_waiting_run_holds_back_only_the_regions_it_can_take_its_gpus_in():
+    """x and y both want 4 A100s; x may only use r1, which is full until h ends, and y only r2.
+    y is not held back behind x (it cannot take r1's GPUs), and starts now; z, which may use
+    either region, waits behind x (it could take the r1 GPUs x waits for), then takes r2's when
+    y ends."""
+    from sailor_tasks.queue import admission_pass
+
+    cap = {"A100": 8}
+    by_region = {("r1", "A100"): 4, ("r2", "A100"): 4}
+    running = [HeldRun("h", "a", 4, "A100", THR, started_s=0.0, expected_end_s=3600.0, region="r1")]
+    a100 = {"A100": 9.0}
+    x = QueuedRun("x", "b", 4, a100, arrival_s=0.0, expected_s=3600.0, regions=frozenset({"r1"}))
+    y = QueuedRun("y", "c", 4, a100, arrival_s=1.0, expected_s=3600.0, regions=frozenset({"r2"}))
+    z = QueuedRun("z", "d", 4, a100, arrival_s=2.0, expected_s=3600.0)
+    ranked = rank([x, y, z], running, cap, 100.0, "fifo", region_capacity=by_region)
+    assert [r.estimated_start_s for r in ranked] == [3600.0, 100.0, 3700.0]
+    tried = []
+
+    def try_admit(r):
+        tried.append(r.run_id)
+        return r.run_id != "x"  # r1 is full
+
+    assert admission_pass(ranked, try_admit) == ["y"]
+    assert tried == ["x", "y"]  # z is held back behind x
