@@ -992,7 +992,9 @@ class GkeBackend:
             storage.write_json(self._record_uri(run_key), record)  # the operation is over
             try:
                 self.check_operation(op, earlier.what)
-                after = earlier.phase
+                # Another run's operation that this run waited for: the cluster is checked again
+                # (it may have gone on with a next operation meanwhile).
+                after = None if earlier.phase == "busy" else earlier.phase
             except RuntimeError as exc:
                 # The try that waited for it failed with this error; this one provisions again
                 # (a stockout or a quota may be over) instead of failing on the same operation.
@@ -1054,6 +1056,14 @@ class GkeBackend:
                 op = create()
                 entry["state"] = "created"
             except Exception as exc:
+                if _is_failed_precondition(exc):
+                    # The cluster went on with another operation since it was checked: wait for it.
+                    cluster = self._client().get_cluster(name=cfg.cluster_path(region))
+                    busy = self._cluster_busy(cluster, region)
+                    if busy is None:
+                        raise
+                    logger.info("%s: refused while the cluster is busy; waiting for %s", exc, busy.what)
+                    return self._started(run_key, record, busy, placement)
                 if not _is_already_exists(exc):
                     raise
                 existing = self._client().get_node_pool(name=pool_path)

@@ -502,6 +502,65 @@ def test_another_operations_failure_does_not_fail_the_run_that_waited_for_it(gke
 
 
 @pytest.mark.gcs
+def test_a_run_that_waited_for_another_operation_waits_again_when_the_cluster_runs_a_next_one(
+    gke_settings,
+):
+    """The operation the run waited for ended, but the cluster went straight on with the next
+    (another pool's upgrade): the run checks the cluster again and waits for that one, instead of
+    asking for its pool, which GKE would refuse."""
+    from google.cloud.container_v1 import types
+
+    pl = _placement("T4", 1, 1)
+    fake = ExistingCluster(pl.region, "RECONCILING")
+    running = [_running_op("op-a", "UPGRADE_NODES", pl.region, f"{fake.path}/nodePools/a")]
+    fake.list_operations = lambda *, parent: types.ListOperationsResponse(operations=running)
+    fake.get_operation = lambda *, name: (
+        running[0]
+        if name.endswith(running[0].name)
+        else types.Operation(name=name.rsplit("/", 1)[-1], status=types.Operation.Status.DONE)
+    )
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    first = backend.provision_step("run-1", pl)
+    assert (first.phase, first.name) == ("busy", "op-a")
+    running[:] = [_running_op("op-b", "UPGRADE_NODES", pl.region, f"{fake.path}/nodePools/b")]
+    backend.finish_operation(first)
+    second = backend.provision_step("run-1", pl, after=first.phase)
+    assert isinstance(second, PendingOperation) and (second.phase, second.name) == ("busy", "op-b")
+    assert "create_node_pool" not in fake.calls
+
+
+@pytest.mark.gcs
+def test_a_pool_refused_while_the_cluster_turned_busy_waits_for_that_operation(gke_settings):
+    """The cluster was free when checked and started another operation before the pool's
+    creation arrived (GKE answers FailedPrecondition): provisioning waits for that operation."""
+    from google.api_core.exceptions import FailedPrecondition
+    from google.cloud.container_v1 import types
+
+    pl = _placement("T4", 1, 1)
+    fake = ExistingCluster(pl.region, "RUNNING")
+    real_create = fake.create_node_pool
+    refused = []
+
+    def create_node_pool(*, parent, node_pool):
+        if not refused:  # another run's operation starts just before the first call
+            refused.append(node_pool)
+            fake.clusters[fake.path].status = types.Cluster.Status.RECONCILING
+            raise FailedPrecondition("Cluster is running incompatible operation op-other-run")
+        return real_create(parent=parent, node_pool=node_pool)
+
+    def get_operation(*, name):  # the other operation ends once waited for
+        fake.clusters[fake.path].status = types.Cluster.Status.RUNNING
+        return types.Operation(name=name.rsplit("/", 1)[-1], status=types.Operation.Status.DONE)
+
+    fake.create_node_pool, fake.get_operation = create_node_pool, get_operation
+    backend = GkeBackend(gke_settings, config=CONFIG, client=fake, poll_s=0)
+    pending = backend.provision_step("run-1", pl)
+    assert isinstance(pending, PendingOperation) and (pending.phase, pending.name) == ("busy", "op-other-run")
+    backend.finish_operation(pending)
+    assert backend.provision_step("run-1", pl, after=pending.phase)["status"] == "ready"
+
+
+@pytest.mark.gcs
 def test_teardown_waits_for_the_operation_a_busy_cluster_runs_then_deletes_the_pool(gke_settings):
     """GKE refuses the deletion while another operation runs on the cluster (FailedPrecondition):
     teardown waits for it, then deletes, instead of failing within its retries."""
