@@ -83,12 +83,13 @@ def launch_train(
     preemption, through the same code as ``train``) or take over the attempt a dead try left
     running. Returns the ``recovery.Attempt``; its ``launch`` is what the backend starts.
     """
-    from sailor_tasks.stages.queueing import hold_lease
+    from sailor_tasks.stages.queueing import heartbeat, hold_lease
 
     ctx = resolve_ctx(ctx)
-    # Deferred, no task heartbeat renews the lease: the pods' trigger does, every poll.
+    # Deferred, no task heartbeat renews the lease: the pods' trigger does, every poll. Until the
+    # task defers, its own heartbeat does: a recovery copies the checkpoint to its new region here.
     hold_lease(ctx, run_id, "train (deferred)")
-    with timed(ctx, run_id, "train_launch", try_number):
+    with timed(ctx, run_id, "train_launch", try_number), heartbeat(ctx, run_id, "train (deferred)"):
         return begin_attempt(ctx, request, placement, data, run_id, try_number, reattach=True)
 
 

@@ -271,6 +271,33 @@ def test_an_expired_lease_is_reclaimed_and_the_queue_moves_on(tight, demo_datase
         stages.train(request, placement, {"data_uri": "x"}, "run-1", ctx)
 
 
+def test_the_deferred_trains_launch_renews_the_lease_while_it_works(tight, demo_dataset, monkeypatch):
+    """Beginning a deferred attempt can take long (a recovery copies the checkpoint to its new
+    region): the lease is renewed meanwhile, as every stage that holds a task while it works."""
+    import dataclasses
+    import importlib
+    import time
+
+    train_stage = importlib.import_module("sailor_tasks.stages.train")  # the module, not the stage
+
+    ctx = tight
+    ctx.__dict__["settings"] = dataclasses.replace(ctx.settings, lease_s=3)  # a beat every second
+    request = submit(ctx, "run-1", demo_dataset)
+    placement = stages.plan(request, "run-1", ctx)
+    stages.provision(request, placement, "run-1", ctx)
+    seen = []
+
+    def slow_begin(*args, **kwargs):
+        seen.append(ctx.ledger.reservation_leases()["run-1"]["renewed_at"])
+        time.sleep(2.5)
+        seen.append(ctx.ledger.reservation_leases()["run-1"]["renewed_at"])
+        return "attempt"
+
+    monkeypatch.setattr(train_stage, "begin_attempt", slow_begin)
+    assert train_stage.launch_train(request, placement, {"data_uri": "x"}, "run-1", ctx) == "attempt"
+    assert seen[1] > seen[0]
+
+
 @pytest.mark.parametrize("ending", ["admitted", "timed_out"])
 def test_a_run_whose_tasks_are_cleared_goes_through_the_queue_afresh(tight, demo_dataset, ending):
     """Clearing a task of an ended run re-runs its setups (validate, plan): the queue's verdict
