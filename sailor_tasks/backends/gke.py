@@ -642,11 +642,16 @@ class PodEnd:
     """For a preemption: whether the pod got its grace period (graceful node shutdown, exit 75)."""
 
 
+SCALE_DOWN_TAINT = "ToBeDeletedByClusterAutoscaler"
+"""The cluster autoscaler's taint on a node it removes: one whose pods have ended (a training pod
+is a bare pod, which keeps its node from being scaled down while it runs)."""
+
+
 def _node_reclaimed(node: Any) -> str:
     """Why a node is going away ('' when it is not): a taint of GKE's or the autoscaler's, or Ready
     false/unknown."""
     for taint in getattr(getattr(node, "spec", None), "taints", None) or ():
-        if taint.key in (IMPENDING_TERMINATION_TAINT, "ToBeDeletedByClusterAutoscaler"):
+        if taint.key in (IMPENDING_TERMINATION_TAINT, SCALE_DOWN_TAINT):
             return f"node tainted {taint.key}"
     for cond in getattr(getattr(node, "status", None), "conditions", None) or ():
         if cond.type == "Ready" and cond.status != "True":
@@ -667,7 +672,10 @@ def classify_pod_end(pod: Any, node: Any, *, spot: bool, node_gone: bool = False
       ``DisruptionTarget`` condition by the kubelet) or exit status 75 (the trainer saved on a
       notice and stopped): preempted with notice;
     - on Spot, an exit nothing explains (unreadable, or death by a signal): preempted;
-    - anything else: failed (the command's own error, e.g. exit status 1 from a traceback).
+    - anything else: failed (the command's own error, e.g. exit status 1 from a traceback), also
+      when the node went away after it: the command's own exit status (1-128) with its node being
+      scaled down by the autoscaler (which removes only nodes whose pods ended), or on an
+      on-demand node now gone, is the command's failure, not a preemption.
     """
     from sailor_tasks.errors import PREEMPTED_EXIT_CODE
 
@@ -699,6 +707,13 @@ def classify_pod_end(pod: Any, node: Any, *, spot: bool, node_gone: bool = False
     if code == PREEMPTED_EXIT_CODE:
         return PodEnd("preempted", "the trainer saved on a notice (exit status 75)", code)
     reclaimed = "node gone" if node_gone else _node_reclaimed(node)
+    if (
+        reclaimed
+        and code is not None
+        and 0 < code <= SIGNAL_EXIT_MIN
+        and (reclaimed == f"node tainted {SCALE_DOWN_TAINT}" or (node_gone and not spot))
+    ):
+        reclaimed = ""  # the node went after the command ended on its own
     if reclaimed:
         return PodEnd("preempted", reclaimed, code, noticed=False)
     if spot and (code is None or code > SIGNAL_EXIT_MIN):

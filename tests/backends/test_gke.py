@@ -977,6 +977,11 @@ def _node(taints=(), ready="True"):
             False,
         ),
         (_ended_pod(1), _node(ready="Unknown"), False, False, "preempted", False),
+        # The autoscaler removes only a node whose pods ended: the command's own exit decides.
+        (_ended_pod(1), _node(taints=["ToBeDeletedByClusterAutoscaler"]), False, False, "failed", True),
+        (_ended_pod(1), _node(taints=["ToBeDeletedByClusterAutoscaler"]), True, False, "failed", True),
+        (_ended_pod(1), None, False, True, "failed", True),  # an on-demand node gone after a traceback
+        (_ended_pod(1), None, True, True, "preempted", False),  # a Spot node gone: reclaimed
         (
             _ended_pod(137),
             _node(),
