@@ -73,7 +73,8 @@ POD_STARTUP_TIMEOUT_S = 30 * 60
 driver install) takes minutes to be ready."""
 RENDEZVOUS_TIMEOUT_S = POD_STARTUP_TIMEOUT_S + 5 * 60
 """How long the nodes of a multi-node run wait for each other in torchrun's rendezvous: longer than
-a pod may take to start (torchrun's own 900 s would fail a run whose last node starts late)."""
+a pod may take to start (the 600 s of torchrun's static rendezvous would fail a run whose last
+node starts late)."""
 
 TEARDOWN_MODES = ("delete", "scale_to_zero")
 GCS_BUCKET_TEMPLATE = "gs://{project}-sailor-{bucket}"
