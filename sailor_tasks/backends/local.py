@@ -135,10 +135,12 @@ class LocalBackend:
         ]
 
     def environment(self, launch: TrainLaunch, config: TrainConfig) -> dict[str, str]:
-        """The workers' environment: this process's (less torchrun's ``PET_*`` options), the run's
-        ``env``, then the run contract's."""
+        """The workers' environment: this process's, less torchrun's ``PET_*`` options and what
+        only Airflow and SAILOR's services read (``WORKER_ENV_WITHHELD``: their configuration,
+        connections and secrets, the ledger's URL), then the run's ``env``, then the run
+        contract's."""
         return {
-            **{k: v for k, v in os.environ.items() if not k.startswith("PET_")},
+            **{k: v for k, v in os.environ.items() if not _withheld(k)},
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
             **config.env,
@@ -476,6 +478,17 @@ class FailureSummary:
         """The workers' last lines, then each failed worker's exit status (torchrun's report)."""
         codes = ", ".join(f"rank {r}: {c}" for r, c in sorted(self.exit_codes.items()))
         return [*self.workers_tail, *([f"[torchrun] worker exit status: {codes}"] if codes else [])]
+
+
+WORKER_ENV_WITHHELD = ("PET_", "AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_", "SAILOR_LEDGER_URL")
+"""Prefixes of the task's environment variables the training workers do not get: torchrun's
+options (``PET_*``: they would restart or silence the workers behind SAILOR's back), Airflow's
+configuration, connections and variables (the metadata database's URL and password, the API's
+signing secret), and the ledger's URL (its password). A run that needs one names it in ``env``."""
+
+
+def _withheld(name: str) -> bool:
+    return name.startswith(WORKER_ENV_WITHHELD)
 
 
 def trainer_exit_code(rc: int, failures: FailureSummary) -> int | None:

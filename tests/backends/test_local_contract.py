@@ -85,6 +85,21 @@ def test_torchruns_own_options_are_not_inherited_from_the_task(backend, monkeypa
     assert "PET_MAX_RESTARTS" not in env and env["MY_SITE_FLAG"] == "kept"
 
 
+def test_workers_do_not_get_airflows_or_the_ledgers_secrets(backend, monkeypatch):
+    """The run's own code gets neither the metadata database's URL (with its password), Airflow's
+    connections, nor the ledger's URL; the rest of the environment (credentials it needs, such as
+    ``GOOGLE_APPLICATION_CREDENTIALS``) it keeps, and a run may still pass any of them in ``env``."""
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql://airflow:s3cret@db/airflow")
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "s3cret")
+    monkeypatch.setenv("AIRFLOW_CONN_WAREHOUSE", "postgresql://u:s3cret@wh/db")
+    monkeypatch.setenv("SAILOR_LEDGER_URL", "postgresql://sailor:s3cret@db/ledger")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/keys/sa.json")
+    env = backend.environment(launch(), config(env={"AIRFLOW_CONN_WAREHOUSE": "passed on purpose"}))
+    assert not any("s3cret" in v for v in env.values())
+    assert env["GOOGLE_APPLICATION_CREDENTIALS"] == "/keys/sa.json"
+    assert env["AIRFLOW_CONN_WAREHOUSE"] == "passed on purpose"
+
+
 def test_notice_file_holds_the_deadline(tmp_path):
     path = str(tmp_path / "notice.json")
     assert contract.read_notice(path) is None  # no file: no notice
