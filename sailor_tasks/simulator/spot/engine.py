@@ -146,11 +146,19 @@ class SpotZone:
         return gpus in self.spot_usd and self.spot_capacity(t_s) >= gpus
 
     def next_slot_s(self, t_s: float) -> float:
-        """Start of the trace slot after the one holding ``t_s``."""
+        """Start of the trace slot after the one holding ``t_s``: the first time after ``t_s`` at
+        which ``spot_capacity`` reads the next slot."""
         if self.trace is None:
             return math.inf
-        gap = self.trace.gap_seconds
-        return (math.floor((t_s + self.trace_offset_s) / gap) + 1) * gap - self.trace_offset_s
+        gap, off = self.trace.gap_seconds, self.trace_offset_s
+        slot = (t_s + off) // gap  # as ``Trace.slot`` reads it
+        nxt = (slot + 1) * gap - off
+        # In floating point the boundary so computed can land on or before ``t_s``, or still read
+        # the slot of ``t_s`` (a gap such as 15.3 s): step to the first time past it that reads
+        # the next slot, so that the simulation always moves on and sees the change.
+        while nxt <= t_s or (nxt + off) // gap <= slot:
+            nxt = math.nextafter(nxt, math.inf)
+        return nxt
 
 
 @dataclass(frozen=True)

@@ -545,3 +545,21 @@ def test_a_relaunch_copies_the_dataset_from_its_home_region_not_from_a_region_it
     assert usd == pytest.approx(100.0 * far.usd_per_gb)
     assert hours == pytest.approx(100.0 * 8 / far.gbps / HOUR)
     assert sim._transfer("asia-east1", None) == (0.0, 0.0)  # it holds a copy
+
+
+@pytest.mark.parametrize("gap", [15.3, 0.1, 122.25206005573273, 900.0])
+def test_each_next_slot_is_later_and_reads_the_next_slot_whatever_the_gap(gap):
+    """A trace's slot boundaries are not exact in floating point for most gaps (15.3 s): each
+    next slot is still strictly later than the time asked and reads the slot after it, so a
+    simulation that steps from slot to slot always moves on and sees every change."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(20):
+        z = replace(zone("us-central1-a", [0, 1, 0, 0, 1], gap), trace_offset_s=rng.uniform(0, 10 * gap))
+        t = rng.uniform(0, 3 * gap)
+        for _ in range(500):
+            after = z.next_slot_s(t)
+            assert after > t
+            assert (after + z.trace_offset_s) // gap == (t + z.trace_offset_s) // gap + 1
+            t = after
