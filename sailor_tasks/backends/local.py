@@ -359,11 +359,18 @@ class LocalBackend:
             )
             for p in workers or [agent]:
                 _signal(p, signal.SIGTERM)
+            deadline = time.monotonic() + notice_s
             try:
                 proc.wait(timeout=notice_s)
-                return time.time()
+                # torchrun saw its workers exit; what they started may still be saving (a wrapper
+                # script that did not ``exec`` the trainer exits at once on SIGTERM and leaves it
+                # behind): the notice window holds for every process signalled.
+                _wait_gone(workers, deadline - time.monotonic())
+                if not _still_running(workers):
+                    return time.time()
             except subprocess.TimeoutExpired:
-                logger.warning("notice window of %.0f s over: killing the process group", notice_s)
+                pass
+            logger.warning("notice window of %.0f s over: killing the process group", notice_s)
         else:
             logger.warning("injecting preemption %s: SIGKILL without notice", event.key)
         with contextlib.suppress(psutil.NoSuchProcess):

@@ -115,3 +115,56 @@ def test_trace_notice_checkpoints_then_the_next_launch_resumes(settings, tmp_pat
     assert report2["rc"] == -signal.SIGKILL and report2["exit_code"] is None
     assert report2["resumed_from"] == saved and report2["first_step_at"] is not None
     assert backend.teardown("r") is False  # no cluster record; progress/injection files removed
+
+
+def test_a_noticed_preemption_waits_for_the_trainer_a_wrapper_script_started(tmp_path):
+    """The run's command is a shell script that starts the trainer without ``exec``: on the
+    notice the script dies at once and torchrun ends, while the trainer still saves. The
+    preemption waits for the trainer (within the notice window) rather than ending the attempt
+    under it, and leaves no process behind."""
+    import contextlib
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from sailor_tasks.backends.preemption import PreemptionEvent
+
+    started, saved = tmp_path / "started", tmp_path / "saved"
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(
+        "import signal, sys, time\n"
+        "stop = []\n"
+        "signal.signal(signal.SIGTERM, lambda *a: stop.append(1))\n"
+        f"open({str(started)!r}, 'w').close()\n"
+        "while not stop:\n"
+        "    time.sleep(0.05)\n"
+        "time.sleep(2)  # saving its checkpoint\n"
+        f"open({str(saved)!r}, 'w').close()\n"
+        "sys.exit(75)\n"
+    )
+    wrapper = tmp_path / "train.sh"
+    wrapper.write_text(f"#!/bin/sh\n{sys.executable} {trainer}\n")  # no exec: the trainer is its child
+    wrapper.chmod(0o755)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "--no-python"]
+    cmd += [sys.executable, "-m", "sailor_tasks.runtime.die_with_agent", str(wrapper)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    training: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert started.exists(), "the trainer did not start"
+        training = [p for p in psutil.Process(proc.pid).children(recursive=True) if str(trainer) in p.cmdline()]
+        event = PreemptionEvent("notice@test", True, step=1)
+        LocalBackend._deliver(proc, event, 30.0, str(tmp_path / "notice.json"))
+        assert saved.exists()  # the trainer finished saving before the capacity was gone
+        assert not [p for p in training if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        for p in training:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
