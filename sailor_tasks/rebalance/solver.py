@@ -596,7 +596,45 @@ def _greedy_enable(
                 ((excess(c) / cells[c], c) for c in load if c in cells), default=(0.0, None)
             )
             budget_bound = stuck.get(worst, False)
+    if not probe:
+        _give_every_team_a_region(
+            problem, cand, cells, pairs, chosen, load, cost_of, affordable, quota_room, enable
+        )
     return chosen, worst_over_first, budget_bound
+
+
+def _give_every_team_a_region(
+    problem: Problem,
+    cand: list[dict[str, tuple[str, ...]]],
+    cells: Mapping[tuple[str, str], float],
+    pairs: Mapping[int, list[str]],
+    chosen: set[tuple[int, str]],
+    load: Mapping[tuple[str, str], float],
+    cost_of: Callable[[int, str], int],
+    affordable: Callable[[str, float], bool],
+    quota_room: Callable[[int, str], float],
+    enable: Callable[[int, str, float], None],
+) -> None:
+    """After the greedy moves: a team left with no region it may hold one of its GPU types in (its
+    demand had to leave a region, and every region it may use was at or over the goal, so no
+    move took it there) gets the affordable one it misses the fewest bytes in (then the least
+    loaded), whatever the balance. The model then places its demand, moving others' out to make
+    room where that helps; without a region the demand would have no place at all."""
+    for k, team in enumerate(problem.teams):
+        if team.pinned:
+            continue
+        for g in sorted(team.demand()):
+            usable = [r for r in pairs.get(k, ()) if (r, g) in cells]
+            if not usable or any(not cand[k][r] or (k, r) in chosen or cost_of(k, r) == 0 for r in usable):
+                continue  # none to give (the diagnosis names it), or it has one already
+            options = sorted(
+                (cost_of(k, r), load.get((r, g), 0.0) / cells[(r, g)], r)
+                for r in usable
+                if affordable(r, cost_of(k, r)) and quota_room(k, r) > 1e-9
+            )
+            if options:
+                cost, _, r = options[0]
+                enable(k, r, float(cost))
 
 
 def _enable_pairs(

@@ -241,3 +241,27 @@ def test_a_team_kept_where_it_runs_in_a_cell_with_no_supply_is_refused_naming_it
     doc["teams"][0]["pinned"] = "yes"
     with pytest.raises(ValueError, match=r"teams\[0\]: pinned 'yes' is not true or false"):
         P.from_json(doc)
+
+
+@pytest.mark.parametrize("mip_max_binaries", [200, 0])
+def test_a_team_its_datas_residency_moves_gets_a_region_although_every_one_it_may_use_is_full(
+    mip_max_binaries,
+):
+    """t's dataset may only be in europe-west4, which u (9 of 10 A100s) holds over the mean: t's
+    demand must leave us-east1 for it. With the replicas rounded greedily (no MIP binaries), t still
+    gets europe-west4 and the model moves u out to make room, as the MIP does."""
+    doc = {
+        "supply": {"europe-west4": {"A100": 10}, "us-east1": {"A100": 10}, "us-west1": {"A100": 10}},
+        "teams": [
+            {"name": "t", "current": {"us-east1": {"A100": 10}}, "datasets": ["gs://eu-only"]},
+            {"name": "u", "current": {"europe-west4": {"A100": 9}}},
+        ],
+        "datasets": [
+            {"uri": "gs://eu-only", "bytes": 1000, "replicas": ["us-east1"], "regions": ["europe-west4"]}
+        ],
+        "budget_bytes": 10**12,
+    }
+    sol = solve(Problem.from_json(doc), mip_max_binaries=mip_max_binaries, time_limit_s=10)
+    assert sol.placement["t"] == {"europe-west4": {"A100": pytest.approx(10.0)}}
+    assert sol.max_cell_ratio_after == pytest.approx(1.0, abs=1e-4)
+    assert [r["region"] for r in sol.replicate] == ["europe-west4"]
