@@ -1155,7 +1155,19 @@ class CheckpointManager(CheckpointStore):
                 changes the saved state in place (the optimizer step), and the Stateful values'
                 ``state_dict()`` must only read. Without it, the snapshot is complete when this
                 returns.
+
+        Raises:
+            RuntimeError: a distributed manager without a ``process_group`` of its own: the
+                background save's collectives would run on the default group and pair up with
+                the training's (a hang until the collective timeout). ``Run.init_distributed``
+                makes that group.
         """
+        if self.distributed and self.process_group is None:
+            raise RuntimeError(
+                f"{self.root_uri}: an async save across ranks needs a process group of its own "
+                "(process_group=...); with the run contract's Run, call run.init_distributed() on "
+                "every rank first, also after making the default group yourself"
+            )
         self.wait()
         start = time.monotonic()
         staged = threading.Event()

@@ -708,3 +708,12 @@ def test_a_save_that_fails_before_its_writer_exists_leaves_the_last_checkpoint_a
     monkeypatch.setattr(dcp.storage, "remove", real_remove)
     assert CheckpointManager(f"file://{tmp_path}/ck").latest_valid_step() == 1
     assert torch.equal(mgr.load_all(1)["w"], torch.full((1000,), 1.0))
+
+
+def test_an_async_save_across_ranks_without_a_group_of_its_own_is_refused(tmp_path):
+    """Its collectives would run on the default group beside the training's and pair up with
+    them (a hang): the save is refused, saying how to make the group, and nothing is written."""
+    mgr = CheckpointManager(f"file://{tmp_path}/ckpt", distributed=True, process_group=None)
+    with pytest.raises(RuntimeError, match=r"call run.init_distributed\(\) on every rank"):
+        mgr.save_async(1, {"w": torch.zeros(4)})
+    assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").iterdir())
