@@ -43,12 +43,14 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
 
 def _parent_is_agent(ppid: int) -> bool:
     """Whether ``ppid`` is still a torchrun agent (it may have died before the setting took hold,
-    and this process been adopted by init or a subreaper)."""
+    and this process been adopted by init or a subreaper): ``python -m torch.distributed.run``, or
+    the ``torchrun`` console script (``python .../bin/torchrun``)."""
     try:
         with open(f"/proc/{ppid}/cmdline", "rb") as f:
-            return b"torch.distributed" in f.read()
+            argv = f.read().split(b"\0")
     except OSError:
         return False
+    return any(b"torch.distributed" in a or os.path.basename(a) == b"torchrun" for a in argv[:3])
 
 
 def main(argv: list[str] | None = None) -> None:
