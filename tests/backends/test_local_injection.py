@@ -156,7 +156,9 @@ def test_a_noticed_preemption_waits_for_the_trainer_a_wrapper_script_started(tmp
         while not started.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert started.exists(), "the trainer did not start"
-        training = [p for p in psutil.Process(proc.pid).children(recursive=True) if str(trainer) in p.cmdline()]
+        training = [
+            p for p in psutil.Process(proc.pid).children(recursive=True) if str(trainer) in p.cmdline()
+        ]
         event = PreemptionEvent("notice@test", True, step=1)
         LocalBackend._deliver(proc, event, 30.0, str(tmp_path / "notice.json"))
         assert saved.exists()  # the trainer finished saving before the capacity was gone
