@@ -97,24 +97,44 @@ class Run:
             raise ValueError(
                 f"not started by SAILOR: {', '.join(missing)} unset (docs/run-contract.md lists the variables)"
             )
+
+        def integer(name: str, default: str | None = None, least: int = 0) -> int:
+            raw = env.get(name, default)
+            try:
+                value = int(raw)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                value = None
+            if value is None or value < least:
+                raise ValueError(
+                    f"malformed run contract variable {name}={raw!r}: need an integer >= {least}"
+                )
+            return value
+
         try:
-            run = cls(
-                run_id=env[contract.RUN_ID],
-                attempt=int(env[contract.ATTEMPT]),
-                data_dir=env[contract.DATA_DIR],
-                checkpoint_dir=env[contract.CHECKPOINT_DIR],
-                total_steps=int(env[contract.TOTAL_STEPS]),
-                seed=int(env[contract.SEED]),
-                notice_file=env.get(contract.NOTICE_FILE) or None,
-                progress_file=env.get(contract.PROGRESS_FILE) or None,
-                rank=int(env.get("RANK", "0")),
-                world_size=int(env.get("WORLD_SIZE", "1")),
-                local_rank=int(env.get("LOCAL_RANK", "0")),
-                local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
-                collective_timeout=devices.collective_timeout(env),
-            )
+            timeout = devices.collective_timeout(env)
         except ValueError as exc:
             raise ValueError(f"malformed run contract variable: {exc}") from exc
+        world_size = integer("WORLD_SIZE", "1", least=1)
+        rank = integer("RANK", "0")
+        if rank >= world_size:
+            raise ValueError(
+                f"malformed run contract variables RANK={rank}, WORLD_SIZE={world_size}: need RANK < WORLD_SIZE"
+            )
+        run = cls(
+            run_id=env[contract.RUN_ID],
+            attempt=integer(contract.ATTEMPT, least=1),
+            data_dir=env[contract.DATA_DIR],
+            checkpoint_dir=env[contract.CHECKPOINT_DIR],
+            total_steps=integer(contract.TOTAL_STEPS, least=1),
+            seed=integer(contract.SEED),
+            notice_file=env.get(contract.NOTICE_FILE) or None,
+            progress_file=env.get(contract.PROGRESS_FILE) or None,
+            rank=rank,
+            world_size=world_size,
+            local_rank=integer("LOCAL_RANK", "0"),
+            local_world_size=integer("LOCAL_WORLD_SIZE", "1", least=1),
+            collective_timeout=timeout,
+        )
         if handle_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda signum, frame: run._stop.set())
         return run

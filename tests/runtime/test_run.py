@@ -4,6 +4,7 @@ SAILOR's marker (the multi-rank path runs in tests/examples)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import pytest
@@ -32,6 +33,23 @@ def environ(tmp_path):
 def test_missing_contract_variables_are_named(environ):
     del environ[contract.CHECKPOINT_DIR], environ[contract.SEED]
     with pytest.raises(ValueError, match="SAILOR_CHECKPOINT_DIR, SAILOR_SEED unset"):
+        Run.from_env(environ, handle_sigterm=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        (contract.ATTEMPT, "2x", "SAILOR_ATTEMPT='2x': need an integer >= 1"),
+        (contract.ATTEMPT, "0", "SAILOR_ATTEMPT='0': need an integer >= 1"),
+        (contract.TOTAL_STEPS, "-5", "SAILOR_TOTAL_STEPS='-5': need an integer >= 1"),
+        (contract.SEED, "-1", "SAILOR_SEED='-1': need an integer >= 0"),
+        ("WORLD_SIZE", "0", "WORLD_SIZE='0': need an integer >= 1"),
+        ("RANK", "1", "RANK=1, WORLD_SIZE=1: need RANK < WORLD_SIZE"),
+    ],
+)
+def test_a_malformed_contract_variable_is_named_with_its_value(environ, name, value, said):
+    environ[name] = value
+    with pytest.raises(ValueError, match=re.escape(said)):
         Run.from_env(environ, handle_sigterm=False)
 
 
