@@ -38,6 +38,7 @@ import torch.utils.serialization.config as torch_serialization_config
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import (
     CURRENT_DCP_VERSION,
     DEFAULT_SUFFIX,
@@ -63,15 +64,18 @@ from sailor_tasks.train.checkpoint.store import (
 
 logger = logging.getLogger(__name__)
 
+
 def unless_fenced(fn: Callable[[], Any], what: str, level: int = logging.ERROR) -> tuple[Any, bool]:
     """``(fn(), True)``; ``(None, False)`` when ``fn`` raised anything but ``StaleAttemptError``
     (a newer attempt's fence, which goes on up), logged with its traceback as ``what``: checkpoint
-    work that may fail without losing what the caller does next."""
+    work that may fail without losing what the caller does next. DCP's ``CheckpointException``
+    (what a save across ranks raises on every rank when one rank's part failed) counts, although
+    it is a ``BaseException``."""
     try:
         return fn(), True
     except StaleAttemptError:
         raise
-    except Exception:
+    except (Exception, CheckpointException):
         logger.log(level, what, exc_info=True)
         return None, False
 

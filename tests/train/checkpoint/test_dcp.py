@@ -717,3 +717,22 @@ def test_an_async_save_across_ranks_without_a_group_of_its_own_is_refused(tmp_pa
     with pytest.raises(RuntimeError, match=r"call run.init_distributed\(\) on every rank"):
         mgr.save_async(1, {"w": torch.zeros(4)})
     assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").iterdir())
+
+
+def test_a_save_across_ranks_that_failed_on_one_rank_is_a_checkpoint_failure_like_any_other():
+    """DCP raises ``CheckpointException`` (a ``BaseException``) on every rank when one rank's part
+    failed: checkpoint work that may fail (a background save) reports it as failed, as on one
+    rank, rather than letting it end the training."""
+    from sailor_tasks.errors import StaleAttemptError
+    from sailor_tasks.train.checkpoint.dcp import unless_fenced
+
+    def failed_on_rank_1():
+        raise CheckpointException("save", {1: OSError(28, "No space left on device")})
+
+    assert unless_fenced(failed_on_rank_1, "async checkpoint failed") == (None, False)
+
+    def fenced():
+        raise StaleAttemptError("file:///ckpt", 1, 2)
+
+    with pytest.raises(StaleAttemptError):
+        unless_fenced(fenced, "async checkpoint failed")
