@@ -236,6 +236,8 @@ class Trainer:
         self.tokens_seen = 0
         self.initial_loss = float("nan")
         self.last_checkpoint_step: int | None = None
+        self._async_failed = False
+        """A background save failed since the last save committed (the next is made in the foreground)."""
 
     # --- state -------------------------------------------------------------------------------
     def _lr_factor(self, step: int) -> float:
@@ -311,13 +313,29 @@ class Trainer:
         return any_rank(self.stop_event.is_set(), self._vote_group)
 
     def save(self, *, blocking: bool = True) -> None:
-        """Checkpoint the current step; in the background when configured and not ``blocking``."""
+        """Checkpoint the current step; in the background when configured and not ``blocking``,
+        unless a background save failed since the last one committed: then in the foreground,
+        so that an error that lasts (a full disk, a read-only bucket) stops the run rather than
+        leave it training on with no checkpoint to resume from. One that passes (a store's
+        transient error) costs one foreground save."""
         if self.config.async_checkpoint and not blocking:
-            # The previous background save's failure (logged) stops neither this one nor training.
-            unless_fenced(self._collect_async_now, f"async checkpoint failed; saving step {self.step} anyway")
-            self.checkpoints.save_async(self.step, self.state(), pipelined=True)
-            return
+            _, collected = unless_fenced(
+                self._collect_async_now, f"async checkpoint failed; saving step {self.step} anyway"
+            )
+            self._async_failed |= not collected
+            foreground = self._async_failed
+            if self.distributed:  # a collective save: every rank takes the same branch
+                foreground = any_rank(foreground, self._vote_group)
+            if not foreground:
+                self.checkpoints.save_async(self.step, self.state(), pipelined=True)
+                return
+            logger.warning(
+                "an async checkpoint failed (last committed: step %s): saving step %d in the foreground",
+                self.last_checkpoint_step,
+                self.step,
+            )
         info = self.checkpoints.save(self.step, self.state())  # waits for a pending async save first
+        self._async_failed = False
         self.last_checkpoint_step = info.step
         self._report_progress()
 
@@ -399,7 +417,8 @@ class Trainer:
             )
         # A background save that failed (a store's transient error) is logged; training goes on
         # from the last committed step, and a notice in this step is still saved.
-        unless_fenced(self._collect_async, "async checkpoint failed; training goes on")
+        _, collected = unless_fenced(self._collect_async, "async checkpoint failed; training goes on")
+        self._async_failed |= not collected
         if self.step == cfg.total_steps:
             self.save()
         elif self.step % cfg.checkpoint_every_steps == 0:

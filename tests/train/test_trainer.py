@@ -157,6 +157,37 @@ def test_a_failed_periodic_async_save_fails_neither_the_run_nor_a_later_notice(
         assert CheckpointManager(cfg.checkpoint_uri).latest_valid_step() == 5
 
 
+def test_after_a_failed_async_save_the_next_one_is_made_in_the_foreground(data_uri, tmp_path, monkeypatch):
+    """Every background save fails (a full disk, say): each next checkpoint is then made in the
+    foreground, so the run keeps a checkpoint at least every other interval; once the foreground
+    save fails too, the error stops the run instead of leaving it training with none."""
+    import threading
+
+    cfg = config(
+        data_uri, f"file://{tmp_path}/o", total_steps=30, checkpoint_every_steps=3, async_checkpoint=True
+    )
+    full = {"disk": False}
+
+    def failing(self, step, *a, **k):
+        if full["disk"] or threading.current_thread() is not threading.main_thread():
+            raise OSError(28, "No space left on device")
+        return real(self, step, *a, **k)
+
+    real = CheckpointManager._write_and_commit
+    monkeypatch.setattr(CheckpointManager, "_write_and_commit", failing)
+    trainer = Trainer(cfg)
+    trainer.resume()
+    trainer.initial_loss = trainer.evaluate()
+    for _ in range(13):
+        trainer.run_step()
+    assert trainer.step == 13 and trainer.last_checkpoint_step == 12  # steps 6 and 12 in the foreground
+    full["disk"] = True
+    with pytest.raises(OSError, match="No space left on device"):
+        for _ in range(17):
+            trainer.run_step()
+    assert trainer.step == 18  # the async save of 15 failed; 18, in the foreground, stopped the run
+
+
 @pytest.mark.parametrize("async_checkpoint", [False, True])
 def test_a_failed_retention_fails_neither_the_save_nor_the_run(
     data_uri, tmp_path, monkeypatch, async_checkpoint
