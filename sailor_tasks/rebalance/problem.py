@@ -130,6 +130,19 @@ class Problem:
         if missing:
             raise ValueError(f"problem JSON: missing {', '.join(missing)}; expected {PROBLEM_KEYS}")
         supply = _gpu_table(doc["supply"], "supply")
+        regions = sorted(supply)
+
+        def in_supply(row: dict[str, float], what: str, any_region: bool = False) -> dict[str, float]:
+            """``row`` when every key is a region of the supply (or ``ANY_REGION`` where allowed):
+            a misspelt region would otherwise be silently not applied."""
+            for r in row:
+                if r not in supply and not (any_region and r == ANY_REGION):
+                    star = f" or {ANY_REGION!r} (every other region)" if any_region else ""
+                    raise ValueError(
+                        f"{what}: {r!r} is not a region of the supply; valid: {', '.join(regions)}{star}"
+                    )
+            return row
+
         where = "teams"
         try:
             teams = []
@@ -145,8 +158,10 @@ class Problem:
                         current=_gpu_table(t["current"], f"{where}.current"),
                         datasets=_names(t.get("datasets", ()), "datasets"),
                         priority=_number(t.get("priority", 1.0), "priority"),
-                        quota_max=_gpu_row(t.get("quota_max") or {}, "quota_max"),
-                        quota_min=_gpu_row(t.get("quota_min") or {}, "quota_min"),
+                        quota_max=in_supply(
+                            _gpu_row(t.get("quota_max") or {}, "quota_max"), "quota_max", True
+                        ),
+                        quota_min=in_supply(_gpu_row(t.get("quota_min") or {}, "quota_min"), "quota_min"),
                         peak_gpus=_number(t.get("peak_gpus", 0.0), "peak_gpus"),
                         pinned=_flag(t.get("pinned", False), "pinned"),
                     )
@@ -154,6 +169,8 @@ class Problem:
             datasets = {}
             for i, d in enumerate(doc["datasets"]):
                 where = f"datasets[{i}]"
+                if d["uri"] in datasets:
+                    raise ValueError(f"dataset uri {d['uri']!r} appears twice")
                 datasets[d["uri"]] = Dataset(
                     d["uri"],
                     _whole(d["bytes"], "bytes"),
@@ -165,13 +182,19 @@ class Problem:
                 if unknown := sorted(set(team.datasets) - set(datasets)):
                     raise ValueError(f"{', '.join(map(repr, unknown))} not among the problem's datasets")
             where = "storage_cap_bytes"
-            caps = _gpu_row(doc.get("storage_cap_bytes") or {}, "storage_cap_bytes")
+            caps = in_supply(
+                _gpu_row(doc.get("storage_cap_bytes") or {}, "storage_cap_bytes"), "storage_cap_bytes"
+            )
             where = "storage_held_bytes"
-            held = _gpu_row(doc.get("storage_held_bytes") or {}, "storage_held_bytes")
+            held = in_supply(
+                _gpu_row(doc.get("storage_held_bytes") or {}, "storage_held_bytes"), "storage_held_bytes"
+            )
             where = "budget_bytes"
             budget = _whole(doc["budget_bytes"], "budget_bytes")
         except KeyError as exc:
-            raise ValueError(f"problem JSON: {where} has no {exc.args[0]!r}; expected {PROBLEM_KEYS}") from None
+            raise ValueError(
+                f"problem JSON: {where} has no {exc.args[0]!r}; expected {PROBLEM_KEYS}"
+            ) from None
         except (TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"problem JSON: {where}: {exc}; expected {PROBLEM_KEYS}") from None
         return cls(
@@ -229,11 +252,15 @@ def _gpu_table(value: Any, where: str) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for region, per_gpu in value.items():
         if not isinstance(per_gpu, Mapping):
-            raise ValueError(f"problem JSON: {where}[{region!r}] must map GPU type → GPUs, got {per_gpu!r:.80}")
+            raise ValueError(
+                f"problem JSON: {where}[{region!r}] must map GPU type → GPUs, got {per_gpu!r:.80}"
+            )
         row = {}
         for gpu, n in per_gpu.items():
             if not is_gpu_count(n):
-                raise ValueError(f"problem JSON: {where}[{region!r}][{gpu!r}]={n!r}: need a finite number of GPUs ≥ 0")
+                raise ValueError(
+                    f"problem JSON: {where}[{region!r}][{gpu!r}]={n!r}: need a finite number of GPUs ≥ 0"
+                )
             row[gpu] = n
         out[region] = row
     return out

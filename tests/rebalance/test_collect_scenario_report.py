@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 import numpy as np
 import pytest
@@ -567,3 +568,40 @@ def test_a_team_kept_where_it_ran_keeps_each_gpu_type_in_its_region(mip_max_bina
     assert list(stats["kept_in_place"]) == ["t"]
     sol = solve(problem, mip_max_binaries=mip_max_binaries, team_block=team_block, time_limit_s=20.0)
     assert sol.placement["t"] == {"eu": {"T4": 8.0}, "us": {"A100": 8.0}}
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (
+            {"teams": [{"name": "t", "current": {}, "quota_max": {"europe-west-4": 2}}]},
+            "quota_max: 'europe-west-4' is not a region of the supply; valid: europe-west4, us-east1 or '*'",
+        ),
+        (
+            {"teams": [{"name": "t", "current": {}, "quota_min": {"*": 2}}]},
+            "quota_min: '*' is not a region of the supply; valid: europe-west4, us-east1;",
+        ),
+        (
+            {"storage_cap_bytes": {"us-east": 10}},
+            "storage_cap_bytes: 'us-east' is not a region of the supply",
+        ),
+        (
+            {"datasets": [{"uri": "gs://d", "bytes": 1}, {"uri": "gs://d", "bytes": 2}]},
+            "dataset uri 'gs://d' appears twice",
+        ),
+    ],
+)
+def test_a_scenario_naming_a_region_the_supply_lacks_or_a_dataset_twice_is_refused(change, said):
+    """A misspelt region in a quota or a storage cap would otherwise be silently not applied, and
+    a dataset given twice would keep only its second entry."""
+    from sailor_tasks.rebalance.problem import Problem
+
+    doc = {
+        "supply": {"europe-west4": {"A100": 8}, "us-east1": {"A100": 8}},
+        "teams": [],
+        "datasets": [],
+        "budget_bytes": 0,
+        **change,
+    }
+    with pytest.raises(ValueError, match=re.escape(said)):
+        Problem.from_json(doc)
