@@ -264,7 +264,7 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
     if over_cap.size:
         i = int(over_cap[np.argmin(ctx.usd_per_hour[over_cap])])
         hints.append(
-            f"cheapest offer: {_describe(ev, i)}; raise max_usd_per_hour to at least {ctx.usd_per_hour[i]:.2f}"
+            f"cheapest offer: {_describe(ev, i)}; raise max_usd_per_hour to at least {_cents_up(ctx.usd_per_hour[i])}"
         )
     too_slow = np.flatnonzero((ev.fail == DEADLINE) & holds)
     if request.max_usd_per_hour is not None:  # raising the deadline alone must be enough
@@ -631,8 +631,14 @@ def price_cap_error(request: JobRequest, catalog: Catalog, ctx: RequestContext |
     cheapest = float(ctx.usd_per_hour[i])
     if cheapest > request.max_usd_per_hour + 1e-9:
         ev = Evaluation(ctx, fail, np.zeros((0, 0)), np.zeros(0), np.zeros(0))
-        return f"below the cheapest matching offer {_describe(ev, i)}; raise it to at least {cheapest:.2f}"
+        return f"below the cheapest matching offer {_describe(ev, i)}; raise it to at least {_cents_up(cheapest)}"
     return None
+
+
+def _cents_up(usd: float) -> str:
+    """``usd`` rounded up to the cent, as a price cap to advise: one rounded to the nearest cent
+    can fall under the offer's price and be refused again."""
+    return f"{math.ceil(round(usd * 100, 6)) / 100:.2f}"
 
 
 _EMPTY_STATE = ClusterState()

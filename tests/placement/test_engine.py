@@ -551,3 +551,30 @@ def test_a_dataset_in_a_region_the_catalog_sells_no_vm_in_is_priced_from_there()
         assert ctx.r_data_hours[r] == pytest.approx(500 * 8 / link.gbps / 3600)
     winner = plan(req(dataset_uri=uri), catalog, state, "r")
     assert f"GB from {origin}" in winner.explanation[2]
+
+
+def test_the_price_cap_a_refusal_advises_is_accepted_for_every_offer():
+    """The cap a refusal names ("raise it to at least X") is rounded up to the cent: following it
+    gets the run planned, never the same refusal again."""
+    import re
+
+    from sailor_tasks.placement import catalog_errors
+    from sailor_tasks.request import from_params
+
+    cat = load_catalog()
+    advised = 0
+    for gpu in cat.gpu_types:
+        for workers in (1, 2, 4, 8):
+            for market in ("spot", "on_demand"):
+                params = {"gpu_type": gpu, "num_workers": workers, "market": market}
+                try:
+                    errors = catalog_errors(from_params({**params, "max_usd_per_hour": 0.01}, cat), cat)
+                except ValueError:
+                    continue  # no such shape in the catalog
+                found = re.search(r"raise it to at least ([0-9.]+)", " ".join(map(str, errors)))
+                if found is None:
+                    continue
+                advised += 1
+                cap = float(found.group(1))
+                assert catalog_errors(from_params({**params, "max_usd_per_hour": cap}, cat), cat) == []
+    assert advised > 20
