@@ -107,6 +107,10 @@ def parse_transfer(doc: Mapping[str, Any]) -> TransferTable:
     prefixes = {str(k): str(v) for k, v in (doc.get("continent_of_prefix") or {}).items()}
     continents = set(prefixes.values())
     within = {str(c): _link(f"within.{c}", v) for c, v in (doc.get("within") or {}).items()}
+    if unknown := sorted(set(within) - continents):
+        raise ValueError(
+            f"within.{unknown[0]}: not a continent of continent_of_prefix; valid: {', '.join(sorted(continents))}"
+        )
     between: dict[frozenset[str], Link] = {}
     default = Link(0.0, 1.0)
     for key, spec in (doc.get("between") or {}).items():

@@ -51,6 +51,10 @@ def test_bad_transfer_file_names_the_entry():
     doc["between"]["NA-MARS"] = {"usd_per_gb": 0.1, "gbps": 1}
     with pytest.raises(ValueError, match="between.NA-MARS"):
         parse_transfer(doc)
+    del doc["between"]["NA-MARS"]
+    doc["within"]["Eu"] = doc["within"].pop("EU")  # a misspelt continent: not silently the default
+    with pytest.raises(ValueError, match=r"within.Eu: not a continent of continent_of_prefix; valid: .*EU"):
+        parse_transfer(doc)
 
 
 @pytest.mark.parametrize(
