@@ -146,18 +146,25 @@ def load_supply(path: str | None = None) -> Supply:
 
 def apply_supply(offers: tuple[Offer, ...], supply: Supply) -> tuple[Offer, ...]:
     """Offers with capacity and preemption rate filled from ``supply``: a GPU type the file gives no
-    capacity has none (the organisation may use none of it). A region or zone of the file that no
-    offer has is logged (a misspelt name changes nothing; a catalog of fewer regions than the
-    file's is not an error)."""
+    capacity has none (the organisation may use none of it). A region, zone or GPU type of the file
+    that no offer has is logged, with the catalog's own (a misspelt name changes nothing; a catalog
+    of fewer regions or types than the file's is not an error)."""
+    named_types = {
+        *supply.default_capacity,
+        *supply.default_preemption_rate,
+        *(g for per_gpu in supply.zone_overrides.values() for g in per_gpu),
+    }
     for kind, named, known in (
         ("regions", supply.region_multiplier, {o.region for o in offers}),
         ("zones", supply.zone_overrides, {o.zone for o in offers}),
+        ("GPU types", named_types, {o.gpu_type for o in offers}),
     ):
         if unknown := sorted(set(named) - known):
             logger.warning(
-                "supply file %s %s: no offer of the catalog is there; their entries change nothing",
+                "supply file %s %s: no offer of the catalog is there; their entries change nothing%s",
                 kind,
                 ", ".join(unknown),
+                "" if kind == "zones" else f" (the catalog's: {', '.join(sorted(known))})",
             )
     return tuple(
         replace(

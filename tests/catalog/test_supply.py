@@ -72,3 +72,16 @@ def test_a_region_or_zone_no_offer_has_is_logged_by_name(caplog):
     with caplog.at_level("WARNING", logger="sailor_tasks.catalog.supply"):
         apply_supply((offer("us-east1-b"),), parse_supply(doc))
     assert "regions us-centrall1" in caplog.text and "zones us-east1-z" in caplog.text
+
+
+def test_a_gpu_type_no_offer_has_is_logged_with_the_catalogs_types(caplog):
+    """A misspelt type (``T-4``) gives the real one no capacity: the log names it and the valid ones."""
+    doc = {
+        **DOC,
+        "defaults": {"capacity_gpus": {"T-4": 8}, "preemption_rate_per_hour": {"T-4": 0.1}},
+        "zones": {},
+    }
+    with caplog.at_level("WARNING", logger="sailor_tasks.catalog.supply"):
+        offers = apply_supply((offer("us-east1-b"),), parse_supply(doc))
+    assert "GPU types T-4: no offer of the catalog is there" in caplog.text
+    assert "(the catalog's: T4)" in caplog.text and offers[0].capacity_gpus == 0
