@@ -255,7 +255,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "default": 20.0,
             "type": "number",
             **FINITE,
-            "minimum": 0,
+            "exclusiveMinimum": 0,
             "maximum": 1_000_000,
             "title": "Max USD per hour",
             "section": SECTION_MARKET,

@@ -117,6 +117,18 @@ def test_huge_int_is_refused_with_invalid_request_error():
     assert "an integer of 16610 bits" in str(info.value) and len(str(info.value)) < 2_000
 
 
+def test_a_zero_price_cap_is_refused_by_the_params_themselves():
+    """No offer costs nothing: the form and the REST API refuse 0 as the params' own bound, before
+    anything is planned, as they do a zero deadline."""
+    from sailor_tasks.request import from_params
+
+    for field in ("max_usd_per_hour", "deadline_hours"):
+        with pytest.raises(InvalidRequestErrors) as info:
+            from_params({field: 0})
+        assert [e.field for e in info.value.errors] == [field]
+        assert "less than or equal to the minimum of 0" in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("setting", "field"),
     [
