@@ -92,7 +92,11 @@ def training_pod_operator(
     """The GKEStartPodOperator that runs one training pod (built by ``gke.build_training_pods``).
 
     ``durable`` (reattach): a retried task finds the pod by its dag/task/run labels plus the run,
-    plan and node-rank labels, and follows it instead of starting a second one.
+    plan and node-rank labels, and follows it instead of starting a second one. The provider
+    keeps every pod it finds ended (``keep_pod``): with ``delete_succeeded_pod`` (or
+    ``delete_pod``) a retry that finds its pod succeeded deletes it and creates it again, running
+    the finished command a second time. SAILOR deletes a succeeded pod itself once its end is
+    recorded (``TrainingPods.conclude``, ``follow_pods``).
     """
     from airflow.providers.google.cloud.operators.kubernetes_engine import GKEStartPodOperator
 
@@ -111,7 +115,7 @@ def training_pod_operator(
         labels=dict(pod.metadata.labels),
         image=pod.spec.containers[0].image,
         durable=True,
-        on_finish_action="delete_succeeded_pod",
+        on_finish_action="keep_pod",
         termination_grace_period=pod.spec.termination_grace_period_seconds,
         startup_timeout_seconds=POD_STARTUP_TIMEOUT_S,
         get_logs=True,
@@ -217,7 +221,8 @@ def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence
 def follow_pods(config: gke.GkeConfig, launch: TrainLaunch, ops: Sequence[Any], context: Any) -> int:
     """Follow every pod operator of an attempt at once (a thread each): when one pod fails, the
     others are deleted at once; then each pod's end is judged (``judge_pod``) into the attempt's
-    launch report. Returns the highest exit status of the pods that were not stopped."""
+    launch report, and the succeeded pods are deleted (failed ones are kept for inspection).
+    Returns the highest exit status of the pods that were not stopped."""
     from kubernetes.client.exceptions import ApiException
 
     def run(op: Any) -> int:
@@ -257,6 +262,14 @@ def follow_pods(config: gke.GkeConfig, launch: TrainLaunch, ops: Sequence[Any], 
         else:
             ends[str(index)] = end_dict(judge_pod(op.hook.core_v1_client, config.namespace, op.name, spot=spot))
     report_pod_ends(launch.run_folder, ends)
+    for index, op in enumerate(ops):
+        if index in stopped or codes[index] != 0:
+            continue
+        try:
+            op.hook.core_v1_client.delete_namespaced_pod(op.name, config.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
     return max(codes[i] for i in range(len(ops)) if i not in stopped)
 
 

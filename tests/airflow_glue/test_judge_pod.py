@@ -142,3 +142,16 @@ def test_a_pod_gone_with_its_node_makes_the_attempt_a_preemption(tmp_path):
     code, report, core = _follow(tmp_path, node2_reclaimed)
     assert code == 1 and sorted(core.deleted) == [f"sailor-x-a1-node-{i}" for i in (0, 1)]
     assert report["preemption"]["node"] == 2 and report["preemption"]["noticed"] is False
+
+
+def test_succeeded_pods_are_deleted_once_their_ends_are_recorded(tmp_path):
+    def every_node_succeeds(core, names):
+        for name in names:
+            core.pods[name] = k8s.V1Pod(
+                spec=k8s.V1PodSpec(containers=[], node_name="n1"), status=k8s.V1PodStatus(phase="Succeeded")
+            )
+            core.ended[name].set()
+
+    code, report, core = _follow(tmp_path, every_node_succeeds)
+    assert code == 0 and sorted(core.deleted) == [f"sailor-x-a1-node-{i}" for i in range(3)]
+    assert {end["outcome"] for end in report["pods"].values()} == {"completed"}

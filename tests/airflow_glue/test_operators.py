@@ -1150,3 +1150,34 @@ def test_a_retry_after_a_stop_interrupted_before_it_ended_the_attempt_resumes_it
         _operator(request, placement, data).execute(_context(run_id, try_number=2))
     assert again.value.trigger.state == {"attempt": 1} and set(again.value.trigger.pod_names) == {node0, node1}
     assert gke_env.ctx.ledger.preemptions(run_id) == []
+
+
+def test_a_retry_finding_its_pods_succeeded_follows_them_and_never_runs_them_again(gke_env):
+    """The try's worker died while its attempt was deferred, and the pods then succeeded: the
+    retry reattaches to the succeeded pods and ends the attempt from them; it deletes none of
+    them to create it anew (the run's command would run a second time)."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    run_id = "manual__succeeded-retry"
+    request, placement, data = gke_env.prepare(run_id, command=["python", "train.py"])
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(request, placement, data).execute(_context(run_id))
+    names = deferred.value.trigger.pod_names
+    pods = {name: gke_env.core.pods[name] for name in names}
+    for pod in pods.values():
+        pod["exit"] = 0
+
+    op, context = _operator(request, placement, data), _context(run_id, try_number=2)
+    with pytest.raises(TaskDeferred) as again:
+        op.execute(context)
+    assert gke_env.core.deleted == []  # no succeeded pod deleted to be created again
+    assert again.value.trigger.pod_names == names
+    assert all(gke_env.core.pods[name] is pods[name] for name in names)
+    event = _trigger_event(gke_env, again.value, timeout_s=30)
+    assert event["status"] == "success"
+    result = op.resume_train(context, event=event)
+
+    assert result["status"] == "completed"
+    assert sorted(gke_env.core.deleted) == sorted(names)  # cleaned up once judged
+    (attempt,) = gke_env.ctx.ledger.attempts(run_id)
+    assert attempt["outcome"] == "completed"
