@@ -137,5 +137,8 @@ def backend_checks(
         regions=list(regions or catalog.regions),
         apis=apis,
         quotas_read=quotas_read,
+        workload_identity=(config.gcp_service_account_email(), config.workload_identity_member())
+        if config
+        else None,
     )
     return checks

@@ -180,6 +180,53 @@ def render_pod(config: gke.GkeConfig, launch: TrainLaunch, pod: Any) -> dict[str
     return gke.serialize(op.build_pod_request_obj(context=None, dry_run=True))
 
 
+def ensure_pod_identity(core: Any, config: gke.GkeConfig) -> None:
+    """Create the training pods' namespace and Kubernetes service account (``gke.build_namespace``,
+    ``gke.build_service_account``: annotated for Workload Identity with the Google service account
+    the pods act as) unless they exist. A fresh cluster has neither, and Kubernetes refuses a pod
+    in a namespace that does not exist (404) or naming a service account that does not (403).
+
+    A service account that exists is kept as it is (the operator may have made it); one whose
+    annotation names another Google service account, or none, is logged: its pods act as that
+    one, or have no Google identity.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    namespace, account = gke.build_namespace(config), gke.build_service_account(config)
+    try:
+        core.create_namespace(namespace)
+        logger.info("created namespace %s for the training pods", config.namespace)
+    except ApiException as exc:
+        if exc.status != 409:  # already exists
+            raise
+    try:
+        core.create_namespaced_service_account(config.namespace, account)
+        logger.info(
+            "created service account %s/%s, acting as %s (Workload Identity)",
+            config.namespace,
+            config.service_account,
+            config.gcp_service_account_email(),
+        )
+        return
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = core.read_namespaced_service_account(config.service_account, config.namespace)
+    acts_as = ((existing.metadata.annotations if existing.metadata else None) or {}).get(
+        gke.WORKLOAD_IDENTITY_ANNOTATION
+    )
+    if acts_as != config.gcp_service_account_email():
+        logger.warning(
+            "service account %s/%s acts as %s (annotation %s), not as %s (SAILOR_GKE_GCP_SERVICE_ACCOUNT); "
+            "the training pods use it as it is",
+            config.namespace,
+            config.service_account,
+            acts_as or "no Google service account",
+            gke.WORKLOAD_IDENTITY_ANNOTATION,
+            config.gcp_service_account_email(),
+        )
+
+
 def _ensure_service(op: Any, service: Any) -> None:
     from kubernetes.client.exceptions import ApiException
 
@@ -210,6 +257,7 @@ def run_training_pods(config: gke.GkeConfig, launch: TrainLaunch, pods: Sequence
 
     context = get_current_context()
     ops = [training_pod_operator(config, launch, pod) for pod in pods]
+    ensure_pod_identity(ops[0].hook.core_v1_client, config)
     if service is not None:
         _ensure_service(ops[0], service)
         # Several pods from one task: reattach by labels (node-rank differs), not by the task's one
@@ -360,12 +408,14 @@ class TrainingPods:
     """The pods of one launched attempt, each driven by the provider's deferrable
     ``GKEStartPodOperator`` (built by ``training_pod_operator``), one step at a time.
 
-    ``start`` creates the rendezvous service and every pod, or finds them by their labels when a
-    retried task reattaches (``durable``: dag/task/run labels without try_number, plus run, plan,
-    attempt and node-rank, and not ``already_checked``), and returns a ``PodStep`` per pod: the
-    provider's trigger when the pod runs (its cluster address is what ``AttemptPodsTrigger``
-    needs), else its exit status. ``conclude`` ends them all from the trigger's event: succeeded
-    pods deleted, failed or gone ones judged (``judge_pod``) and kept, the rest stopped.
+    ``start`` creates the pods' namespace and service account unless they exist
+    (``ensure_pod_identity``), then the rendezvous service and every pod, or finds them by their
+    labels when a retried task reattaches (``durable``: dag/task/run labels without try_number,
+    plus run, plan, attempt and node-rank, and not ``already_checked``), and returns a
+    ``PodStep`` per pod: the provider's trigger when the pod runs (its cluster address is what
+    ``AttemptPodsTrigger`` needs), else its exit status. ``conclude`` ends them all from the
+    trigger's event: succeeded pods deleted, failed or gone ones judged (``judge_pod``) and kept,
+    the rest stopped.
 
     Several pods of one task share the task's identity, so the provider's single persisted pod
     identity (``task_state_store``) is withheld: the pods are found by their labels.
@@ -398,6 +448,7 @@ class TrainingPods:
         return self._ops[index]
 
     def start(self) -> list[PodStep]:
+        ensure_pod_identity(self.op(0).hook.core_v1_client, self.config)
         if self.service is not None:
             _ensure_service(self.op(0), self.service)
         return [self._drive(i, self._create_or_follow, ended=False) for i in range(len(self))]
@@ -542,8 +593,10 @@ def render_run(
     params: Mapping[str, Any], settings: Any, run_id: str = "manual__render", state: Any = None
 ) -> dict[str, Any]:
     """What a ``backend=gke`` run of ``params`` would submit: the placement, the cluster and node
-    pool bodies (validated by ``container_v1`` types) and the pods/service as the operators build
-    them (validated by ``kubernetes-validate`` for ``KUBERNETES_VERSION``). No cloud call is made.
+    pool bodies (validated by ``container_v1`` types) and the Kubernetes objects: the namespace
+    and service account (created unless they exist), the pods as the operators build them and the
+    rendezvous service (validated by ``kubernetes-validate`` for ``KUBERNETES_VERSION``). No cloud
+    call is made.
 
     Raises:
         InvalidRequestError: bad params (names the field and the valid choices).
@@ -595,7 +648,8 @@ def render_run(
     gke.validate_node_pool_body(node_pool)
     pods = gke.build_training_pods(config, launch, train)
     service = gke.build_rendezvous_service(config, launch)
-    manifests = [render_pod(config, launch, pod) for pod in pods]
+    manifests = [gke.serialize(gke.build_namespace(config)), gke.serialize(gke.build_service_account(config))]
+    manifests += [render_pod(config, launch, pod) for pod in pods]
     if service is not None:
         manifests.append(gke.serialize(service))
     for manifest in manifests:

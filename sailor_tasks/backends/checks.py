@@ -6,13 +6,14 @@ Google credentials' project, i.e. the Airflow connection's, unless ``SAILOR_GCP_
 overrides it), gs:// bucket template, every bucket exists and takes a write, the training image is
 in each region's Artifact Registry, the GPUs SAILOR plans with fit the project's quota per region
 and GPU type the catalog offers there (Compute Engine regions; ``supply_from_quotas`` turns the
-quotas into a supply file), and the APIs SAILOR calls are enabled (Service Usage).
+quotas into a supply file), the APIs SAILOR calls are enabled (Service Usage), and the Google
+service account the training pods act as lets their Kubernetes service account do so (IAM).
 ``config_problems`` is the network-free part ``validate`` runs for gke runs before anything is
 reserved. The orchestrator's glue adds what needs Airflow (the connection, the DAGs).
 
 Google is reached through its client libraries: ``google.cloud.compute_v1`` for region quotas, the
 discovery clients of google-api-python-client (their documents ship with the library) for
-Artifact Registry and Service Usage, and fsspec/gcsfs (``storage``) for the buckets.
+Artifact Registry, Service Usage and IAM, and fsspec/gcsfs (``storage``) for the buckets.
 ``GcpApis(endpoint=...)`` points all three API clients at another host (tests run a local
 stand-in for Google there).
 """
@@ -43,6 +44,9 @@ GKE_SERVICES: Mapping[str, str] = {
     "storage.googleapis.com": "region buckets",
 }
 """APIs a gke run calls, and what for."""
+
+WORKLOAD_IDENTITY_ROLE = "roles/iam.workloadIdentityUser"
+"""Role on a Google service account that lets a Kubernetes service account's pods act as it."""
 
 QUOTA_METRICS: Mapping[str, str] = {
     "P4": "NVIDIA_P4_GPUS",
@@ -342,6 +346,17 @@ class GcpApis:
             raise
         return True
 
+    def service_account_policy(self, email: str) -> dict[str, Any]:
+        """The IAM policy of a Google service account (IAM ``projects.serviceAccounts.getIamPolicy``;
+        version 3, which conditional bindings need)."""
+        request = (
+            self._service("iam", "v1")
+            .projects()
+            .serviceAccounts()
+            .getIamPolicy(resource=f"projects/-/serviceAccounts/{email}", options_requestedPolicyVersion=3)
+        )
+        return dict(self._execute(request))
+
     def service_state(self, project: str, service: str) -> str:
         """``ENABLED`` or ``DISABLED`` (Service Usage ``services.get``)."""
         request = (
@@ -374,11 +389,15 @@ def gke_checks(
     regions: Sequence[str],
     apis: GcpApis | None = None,
     quotas_read: list[RegionQuota] | None = None,
+    workload_identity: tuple[str, str] | None = None,
 ) -> list[Check]:
     """Every prerequisite of a gke run in ``regions`` (the connection itself is the glue's check).
 
     ``image_for(region)``: the training image of the region (``GkeConfig.image_for``); None when
     no config could be built (no project). ``quotas_read`` receives the GPU quotas read.
+    ``workload_identity``: the Google service account the pods act as and the IAM member of their
+    Kubernetes service account (``GkeConfig.gcp_service_account_email()``,
+    ``GkeConfig.workload_identity_member()``); None when no config could be built.
     """
     project = project_check(settings, conn_id)
     template = template_check(settings)
@@ -391,6 +410,7 @@ def gke_checks(
             "training image in each region",
             "GPU quota",
             "APIs enabled",
+            "Workload Identity",
         ):
             checks.append(Check(name, FAILED, blocked, fix))
         return checks
@@ -419,6 +439,9 @@ def gke_checks(
 
     checks.append(run_probe("GPU quota", gpu_quota))
     checks.append(run_probe("APIs enabled", lambda: services_check(apis, settings.gcp_project)))
+    if workload_identity is not None:
+        email, member = workload_identity
+        checks.append(run_probe("Workload Identity", lambda: workload_identity_check(apis, email, member)))
     return checks
 
 
@@ -635,6 +658,56 @@ def services_check(apis: GcpApis, project: str) -> Check:
             tuple(items),
         )
     return Check(name, OK, ", ".join(GKE_SERVICES), items=tuple(items))
+
+
+def workload_identity_check(apis: GcpApis, email: str, member: str) -> Check:
+    """The Google service account the training pods act as exists and grants their Kubernetes
+    service account (``member``: ``serviceAccount:PROJECT.svc.id.goog[NAMESPACE/NAME]``)
+    ``roles/iam.workloadIdentityUser``. SAILOR creates the Kubernetes service account, annotated
+    with ``email``; the Google side is the operator's."""
+    name = "Workload Identity"
+    bind = (
+        f"gcloud iam service-accounts add-iam-policy-binding {email} "
+        f'--role {WORKLOAD_IDENTITY_ROLE} --member "{member}"'
+    )
+    try:
+        policy = apis.service_account_policy(email)
+    except ApiError as exc:
+        if exc.status == 404:
+            account, _, domain = email.partition("@")
+            project = domain.removesuffix(".iam.gserviceaccount.com")
+            create = (
+                f"gcloud iam service-accounts create {account} --project {project}, "
+                if domain.endswith(".iam.gserviceaccount.com")
+                else ""
+            )
+            return Check(
+                name,
+                FAILED,
+                f"Google service account {email} does not exist",
+                f"{create}grant it roles/storage.objectAdmin on the buckets, then {bind}; or set "
+                "SAILOR_GKE_GCP_SERVICE_ACCOUNT to the one the pods should act as",
+            )
+        return Check(
+            name,
+            UNREACHABLE if exc.status == 0 else FAILED,
+            f"cannot read the IAM policy of {email}: {exc.status}: {exc}",
+            "grant the connection's service account roles/iam.securityReviewer and enable "
+            f"iam.googleapis.com; or check it yourself: gcloud iam service-accounts get-iam-policy {email}",
+        )
+    granted = any(
+        b.get("role") == WORKLOAD_IDENTITY_ROLE and member in b.get("members", ())
+        for b in policy.get("bindings", ())
+    )
+    if not granted:
+        return Check(
+            name,
+            FAILED,
+            f"{member} may not act as {email} (no {WORKLOAD_IDENTITY_ROLE} binding): the training "
+            "pods would get no Google credentials",
+            bind,
+        )
+    return Check(name, OK, f"the training pods act as {email} ({member} has {WORKLOAD_IDENTITY_ROLE})")
 
 
 # --- the supply file from quotas ------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The GKE backend: a GKE cluster per region, a GPU node pool per run, training pods on that pool.
 
 Every request Google or Kubernetes receives is built by a pure function of this module
-(``build_cluster_body``, ``build_node_pool_body``, ``build_training_pods``,
-``build_rendezvous_service``), so it can be rendered and validated offline (``sailor render``).
+(``build_cluster_body``, ``build_node_pool_body``, ``build_namespace``, ``build_service_account``,
+``build_training_pods``, ``build_rendezvous_service``), so it can be rendered and validated offline
+(``sailor render``).
 Calls go through the ``ClusterManager`` protocol (the subset of
 ``google.cloud.container_v1.ClusterManagerClient`` SAILOR uses); creating what already exists is
 success, so a retried ``provision`` reuses the cluster and the pool. Pods are submitted by a pod
@@ -34,7 +35,7 @@ from sailor_tasks.settings import SOURCE_BUCKET, Settings
 from sailor_tasks.train.config import TrainConfig
 
 if TYPE_CHECKING:
-    from kubernetes.client import V1Pod, V1Service
+    from kubernetes.client import V1Namespace, V1Pod, V1Service, V1ServiceAccount
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,10 @@ CONTAINER_NAME = "base"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
 SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NO_SCHEDULE"}
 LABEL_PREFIX = "sailor.dev"
+WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
+"""Annotation of a Kubernetes service account naming the Google service account its pods act as
+(GKE Workload Identity)."""
+_GOOGLE_SERVICE_ACCOUNT = re.compile(r"^[a-z0-9][a-z0-9-]*@[a-z0-9.-]+\.gserviceaccount\.com$")
 _OPERATION_TIMEOUT_S = 30 * 60  # GKE cluster creation takes 5-10 min; GPU pools a few minutes
 
 
@@ -108,11 +113,18 @@ class GkeConfig:
     cluster_template: str = "sailor-{region}"
     """Name of the region's cluster; one regional cluster per region is created or reused."""
     namespace: str = "sailor"
-    """Kubernetes namespace of the training pods."""
+    """Kubernetes namespace of the training pods; it and their service account are created unless
+    they exist before an attempt's pods start (``build_namespace``, ``build_service_account``)."""
     image: str = ""
     """Training image (docker/train.Dockerfile); default ``{region}-docker.pkg.dev/{project}/sailor/sailor-train:0.1.0``."""
     service_account: str = "sailor-train"
-    """Kubernetes service account of the pods, bound to a GCP service account by workload identity."""
+    """Kubernetes service account of the pods (``SAILOR_GKE_SERVICE_ACCOUNT``), bound to the
+    Google service account ``gcp_service_account`` by Workload Identity."""
+    gcp_service_account: str = ""
+    """Google service account the pods act as (``SAILOR_GKE_GCP_SERVICE_ACCOUNT``); default
+    ``sailor-train@{project}.iam.gserviceaccount.com``. The pods' Kubernetes service account is
+    annotated with it, and it must grant that account ``roles/iam.workloadIdentityUser`` (the
+    member ``workload_identity_member()``)."""
     teardown: str = "delete"
     """``delete`` the run's node pool, or ``scale_to_zero`` it (keeps the pool for a quick restart)."""
     gcp_conn_id: str = "google_cloud_default"
@@ -141,6 +153,12 @@ class GkeConfig:
             )
         if not self.project:
             raise ValueError("SAILOR_GCP_PROJECT is empty; set it to the GCP project of the GKE clusters")
+        if self.gcp_service_account and not _GOOGLE_SERVICE_ACCOUNT.match(self.gcp_service_account):
+            raise ValueError(
+                f"SAILOR_GKE_GCP_SERVICE_ACCOUNT={self.gcp_service_account!r} is not a Google service "
+                "account's email; set it to NAME@PROJECT.iam.gserviceaccount.com (or unset it for "
+                f"sailor-train@{self.project}.iam.gserviceaccount.com)"
+            )
 
     @classmethod
     def from_env(cls, settings: Settings, environ: Mapping[str, str] | None = None) -> GkeConfig:
@@ -151,6 +169,7 @@ class GkeConfig:
             namespace=env.get("SAILOR_GKE_NAMESPACE", "sailor"),
             image=env.get("SAILOR_GKE_IMAGE", ""),
             service_account=env.get("SAILOR_GKE_SERVICE_ACCOUNT", "sailor-train"),
+            gcp_service_account=env.get("SAILOR_GKE_GCP_SERVICE_ACCOUNT", ""),
             teardown=env.get("SAILOR_GKE_TEARDOWN", "delete"),
             gcp_conn_id=env.get("SAILOR_GCP_CONN_ID", "google_cloud_default"),
             spot_shutdown_s=_int_env(env, "SAILOR_GKE_SPOT_SHUTDOWN_S", 120),
@@ -172,6 +191,16 @@ class GkeConfig:
 
     def cluster_path(self, region: str) -> str:
         return f"projects/{self.project}/locations/{region}/clusters/{self.cluster_name(region)}"
+
+    def gcp_service_account_email(self) -> str:
+        """The Google service account the training pods act as."""
+        return self.gcp_service_account or f"sailor-train@{self.project}.iam.gserviceaccount.com"
+
+    def workload_identity_member(self) -> str:
+        """The IAM principal of the pods' Kubernetes service account in the clusters' workload
+        pool (``build_cluster_body``): the member the Google service account grants
+        ``roles/iam.workloadIdentityUser``."""
+        return f"serviceAccount:{self.project}.svc.id.goog[{self.namespace}/{self.service_account}]"
 
 
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
@@ -597,6 +626,36 @@ def build_rendezvous_service(config: GkeConfig, launch: TrainLaunch) -> V1Servic
                 f"{LABEL_PREFIX}/node-rank": "0",
             },
             ports=[k8s.V1ServicePort(name="rdzv", port=RENDEZVOUS_PORT, target_port=RENDEZVOUS_PORT)],
+        ),
+    )
+
+
+def build_namespace(config: GkeConfig) -> V1Namespace:
+    """The training pods' namespace, created unless it exists before an attempt's pods start."""
+    from kubernetes.client import models as k8s
+
+    return k8s.V1Namespace(
+        api_version="v1",
+        kind="Namespace",
+        metadata=k8s.V1ObjectMeta(name=config.namespace, labels={"app.kubernetes.io/managed-by": "sailor"}),
+    )
+
+
+def build_service_account(config: GkeConfig) -> V1ServiceAccount:
+    """The training pods' Kubernetes service account, annotated for Workload Identity with the
+    Google service account the pods act as; created with the namespace. The Google service
+    account's binding (``roles/iam.workloadIdentityUser`` for ``config.workload_identity_member()``)
+    is the operator's to grant (docs/gke.md)."""
+    from kubernetes.client import models as k8s
+
+    return k8s.V1ServiceAccount(
+        api_version="v1",
+        kind="ServiceAccount",
+        metadata=k8s.V1ObjectMeta(
+            name=config.service_account,
+            namespace=config.namespace,
+            labels={"app.kubernetes.io/managed-by": "sailor"},
+            annotations={WORKLOAD_IDENTITY_ANNOTATION: config.gcp_service_account_email()},
         ),
     )
 

@@ -71,7 +71,10 @@ def _matches(labels: dict, selector: str) -> bool:
 
 
 class FakeCoreV1:
-    """In-memory pods and services with the CoreV1Api methods the pod operators call."""
+    """In-memory pods, services, namespaces and service accounts with the CoreV1Api methods the
+    pod operators call. As on a fresh cluster, only the ``default`` namespace exists at first; a
+    pod or service in a namespace that does not exist is refused (404), and so is a pod naming a
+    service account that does not exist (403, the ServiceAccount admission controller)."""
 
     def __init__(self, folder: str, mode: str = "scripted"):
         from kubernetes.client import ApiClient
@@ -82,6 +85,10 @@ class FakeCoreV1:
         self.services: dict[str, object] = {}
         self.deleted: list[str] = []
         self.deleted_services: list[str] = []
+        self.namespaces: dict[str, object] = {"default": None}
+        self.service_accounts: dict[tuple[str, str], object] = {}
+        self.sent: list[dict] = []
+        """Every namespace and service account manifest received, as JSON, in order."""
         self.port = free_port()
         self.progress = os.path.join(folder, "progress.json")
         """Rank 0's progress file; every pod's output goes to ``<pod name>.log`` beside it."""
@@ -89,6 +96,11 @@ class FakeCoreV1:
     # pods
     def create_namespaced_pod(self, body, namespace, **_):
         name = body["metadata"]["name"]
+        if namespace not in self.namespaces:
+            raise _api_error(404)
+        account = body["spec"].get("serviceAccountName") or "default"
+        if account != "default" and (namespace, account) not in self.service_accounts:
+            raise _api_error(403)
         if name in self.pods:
             raise _api_error(409)
         pod = {"body": body, "labels": dict(body["metadata"]["labels"]), "exit": None, "proc": None}
@@ -175,8 +187,30 @@ class FakeCoreV1:
     def read_node(self, name, **_):
         raise _api_error(404)
 
+    # namespaces and service accounts
+    def create_namespace(self, body, **_):
+        self.sent.append(self.api_client.sanitize_for_serialization(body))
+        if body.metadata.name in self.namespaces:
+            raise _api_error(409)
+        self.namespaces[body.metadata.name] = body
+
+    def create_namespaced_service_account(self, namespace, body, **_):
+        self.sent.append(self.api_client.sanitize_for_serialization(body))
+        if namespace not in self.namespaces:
+            raise _api_error(404)
+        if (namespace, body.metadata.name) in self.service_accounts:
+            raise _api_error(409)
+        self.service_accounts[namespace, body.metadata.name] = body
+
+    def read_namespaced_service_account(self, name, namespace, **_):
+        if (namespace, name) not in self.service_accounts:
+            raise _api_error(404)
+        return self.service_accounts[namespace, name]
+
     # services
     def create_namespaced_service(self, namespace, service, **_):
+        if namespace not in self.namespaces:
+            raise _api_error(404)
         if service.metadata.name in self.services:
             raise _api_error(409)
         self.services[service.metadata.name] = service
@@ -1181,3 +1215,82 @@ def test_a_retry_finding_its_pods_succeeded_follows_them_and_never_runs_them_aga
     assert sorted(gke_env.core.deleted) == sorted(names)  # cleaned up once judged
     (attempt,) = gke_env.ctx.ledger.attempts(run_id)
     assert attempt["outcome"] == "completed"
+
+
+NAMESPACE_MANIFEST = {
+    "apiVersion": "v1",
+    "kind": "Namespace",
+    "metadata": {"name": "sailor", "labels": {"app.kubernetes.io/managed-by": "sailor"}},
+}
+
+
+def _service_account_manifest(google_account: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": "sailor-train",
+            "namespace": "sailor",
+            "labels": {"app.kubernetes.io/managed-by": "sailor"},
+            "annotations": {"iam.gke.io/gcp-service-account": google_account},
+        },
+    }
+
+
+def test_the_first_pods_on_a_fresh_cluster_get_their_namespace_and_workload_identity_account(gke_env, caplog):
+    """A cluster provision just created has no ``sailor`` namespace and no ``sailor-train``
+    service account: the launch creates both (the account annotated with the Google service
+    account the pods act as) before the service and the pods. A retry asks again and takes
+    AlreadyExists as done."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    run_id = "manual__fresh-cluster"
+    request, placement, data = gke_env.prepare(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(request, placement, data).execute(_context(run_id))
+    account = _service_account_manifest("sailor-train@acme-ml.iam.gserviceaccount.com")
+    assert gke_env.core.sent == [NAMESPACE_MANIFEST, account]
+    assert sorted(gke_env.core.pods) == sorted(deferred.value.trigger.pod_names)
+    assert all(
+        pod["body"]["spec"]["serviceAccountName"] == "sailor-train" for pod in gke_env.core.pods.values()
+    )
+
+    with pytest.raises(TaskDeferred):  # the worker died while deferred: Airflow retries the task
+        _operator(request, placement, data).execute(_context(run_id, try_number=2))
+    assert gke_env.core.sent == [NAMESPACE_MANIFEST, account] * 2  # asked again: 409, done
+    assert list(gke_env.core.namespaces) == ["default", "sailor"]
+    assert list(gke_env.core.service_accounts) == [("sailor", "sailor-train")]
+    assert not [r for r in caplog.records if r.name.endswith(".gcp") and r.levelname == "WARNING"]
+
+
+def test_a_service_account_that_exists_is_kept_and_one_acting_as_another_account_is_named(
+    gke_env, monkeypatch, caplog
+):
+    from airflow.sdk.exceptions import TaskDeferred
+    from kubernetes.client import models as k8s
+
+    monkeypatch.setenv("SAILOR_GKE_GCP_SERVICE_ACCOUNT", "trainer@acme-ml.iam.gserviceaccount.com")
+    mine = k8s.V1ServiceAccount(
+        metadata=k8s.V1ObjectMeta(
+            name="sailor-train",
+            namespace="sailor",
+            annotations={"iam.gke.io/gcp-service-account": "legacy@acme-ml.iam.gserviceaccount.com"},
+        )
+    )
+    gke_env.core.namespaces["sailor"] = None
+    gke_env.core.service_accounts["sailor", "sailor-train"] = mine
+    run_id = "manual__own-account"
+    request, placement, data = gke_env.prepare(run_id)
+    with pytest.raises(TaskDeferred):
+        _operator(request, placement, data).execute(_context(run_id))
+
+    assert gke_env.core.sent == [
+        NAMESPACE_MANIFEST,
+        _service_account_manifest("trainer@acme-ml.iam.gserviceaccount.com"),
+    ]
+    assert gke_env.core.service_accounts["sailor", "sailor-train"] is mine  # not replaced
+    (warning,) = [
+        r.getMessage() for r in caplog.records if r.name.endswith(".gcp") and r.levelname == "WARNING"
+    ]
+    assert "acts as legacy@acme-ml.iam.gserviceaccount.com" in warning
+    assert "not as trainer@acme-ml.iam.gserviceaccount.com" in warning

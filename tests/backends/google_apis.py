@@ -1,7 +1,8 @@
 """A local HTTP server answering the Google API calls ``sailor check`` makes, as Google documents
 them: Compute Engine ``regions.get`` (v1 REST), Artifact Registry ``packages.tags.get`` and
-``dockerImages.get``, Service Usage ``services.get``. Requests to any other path get a 404 and are
-kept in ``unexpected``, so a test sees a client library building a wrong URL."""
+``dockerImages.get``, Service Usage ``services.get``, IAM ``projects.serviceAccounts.getIamPolicy``
+(POST). Requests to any other path get a 404 and are kept in ``unexpected``, so a test sees a
+client library building a wrong URL."""
 
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ class GoogleState:
     """``projects/P/locations/L/repositories/R/packages/IMAGE/tags/TAG`` resource names that exist."""
     services: dict[tuple[str, str], str] = field(default_factory=dict)
     """(project, service) → ENABLED | DISABLED."""
+    service_accounts: dict[str, list[dict]] = field(default_factory=dict)
+    """Google service account email → the bindings of its IAM policy (``{"role", "members"}``)."""
     forbidden_projects: set[str] = field(default_factory=set)
     requests: list[str] = field(default_factory=list)
+    """Every request's path (a POST's prefixed ``POST ``, with its query string)."""
     unexpected: list[str] = field(default_factory=list)
 
 
@@ -39,6 +43,10 @@ ROUTES = {
         r"^/v1/projects/(?P<project>[^/]+)/services/(?P<service>[a-z.]+\.googleapis\.com)$"
     ),
 }
+POLICY = re.compile(
+    r"^/v1/projects/-/serviceAccounts/(?P<email>[^/@]+@(?P<project>[^./]+)\.iam\.gserviceaccount\.com)"
+    r":getIamPolicy$"
+)
 
 
 def _handler(state: GoogleState) -> type[BaseHTTPRequestHandler]:
@@ -90,6 +98,23 @@ def _handler(state: GoogleState) -> type[BaseHTTPRequestHandler]:
                 )
             svc = state.services.get((m["project"], m["service"]), "DISABLED")
             return self._send(200, {"name": f"projects/{m['project']}/services/{m['service']}", "state": svc})
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            url = urlsplit(self.path)
+            state.requests.append(f"POST {url.path}?{url.query}")
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            m = POLICY.match(unquote(url.path))
+            if m is None:
+                state.unexpected.append(f"POST {url.path}")
+                return self._error(404, f"no such API path: {url.path}")
+            if m["project"] in state.forbidden_projects:
+                return self._error(
+                    403, f"Permission 'iam.serviceAccounts.getIamPolicy' denied on {m['email']}"
+                )
+            bindings = state.service_accounts.get(m["email"])
+            if bindings is None:
+                return self._error(404, f"Service account projects/-/serviceAccounts/{m['email']} not found")
+            return self._send(200, {"version": 1, "etag": "BwYAAAAAAAA=", "bindings": bindings})
 
     return Handler
 

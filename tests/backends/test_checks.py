@@ -226,6 +226,59 @@ def test_permission_denied_and_unreachable_apis_are_told_apart(gcp_settings):
     assert gone[0].error.startswith("0: ")
 
 
+def test_workload_identity_holds_once_the_google_account_lets_the_pods_account_act_as_it(gcp_settings):
+    from sailor_tasks.backends.checks import workload_identity_check
+    from sailor_tasks.backends.gke import GkeConfig
+
+    config = GkeConfig(project=PROJECT)
+    email, member = config.gcp_service_account_email(), config.workload_identity_member()
+    assert (email, member) == (
+        "sailor-train@acme-ml.iam.gserviceaccount.com",
+        "serviceAccount:acme-ml.svc.id.goog[sailor/sailor-train]",
+    )
+    bind = (
+        "gcloud iam service-accounts add-iam-policy-binding sailor-train@acme-ml.iam.gserviceaccount.com "
+        "--role roles/iam.workloadIdentityUser "
+        '--member "serviceAccount:acme-ml.svc.id.goog[sailor/sailor-train]"'
+    )
+    state = _state()
+    with google_apis(state) as endpoint:
+        apis = GcpApis(endpoint=endpoint)
+        missing = workload_identity_check(apis, email, member)
+        state.service_accounts[email] = [{"role": "roles/iam.serviceAccountUser", "members": [member]}]
+        unbound = workload_identity_check(apis, email, member)
+        state.service_accounts[email].append({"role": "roles/iam.workloadIdentityUser", "members": [member]})
+        checks = _by_name(
+            gke_checks(
+                gcp_settings,
+                conn_id="google_cloud_default",
+                image_for=config.image_for,
+                catalog=load_catalog(),
+                regions=REGIONS,
+                apis=apis,
+                workload_identity=(email, member),
+            )
+        )
+        state.forbidden_projects.add(PROJECT)
+        denied = workload_identity_check(apis, email, member)
+    assert state.unexpected == []
+    assert (
+        "POST /v1/projects/-/serviceAccounts/sailor-train@acme-ml.iam.gserviceaccount.com:getIamPolicy"
+        "?options.requestedPolicyVersion=3&alt=json"
+    ) in state.requests
+
+    assert missing.status == "failed" and missing.detail.endswith(f"{email} does not exist")
+    assert missing.fix.startswith("gcloud iam service-accounts create sailor-train --project acme-ml, ")
+    assert bind in missing.fix
+    assert unbound.status == "failed" and "no roles/iam.workloadIdentityUser binding" in unbound.detail
+    assert unbound.fix == bind
+    assert checks["Workload Identity"].ok, checks["Workload Identity"].to_dict()
+    assert denied.status == "failed" and denied.detail.startswith(
+        f"cannot read the IAM policy of {email}: 403"
+    )
+    assert "roles/iam.securityReviewer" in denied.fix and f"get-iam-policy {email}" in denied.fix
+
+
 def test_supply_file_from_quotas_adds_up_to_each_regions_quota(tmp_path, monkeypatch):
     catalog = load_catalog()
     current = load_supply()

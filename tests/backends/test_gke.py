@@ -23,8 +23,10 @@ from sailor_tasks.backends.gke import (
     PendingOperation,
     accelerator_type,
     build_cluster_body,
+    build_namespace,
     build_node_pool_body,
     build_rendezvous_service,
+    build_service_account,
     build_training_pods,
     node_pool_name,
     run_label,
@@ -247,6 +249,36 @@ def test_a_retried_task_finds_its_own_node_pods_not_the_others():
     assert selectors[0] != selectors[1]
 
 
+def test_the_pods_namespace_and_service_account_are_valid_and_name_the_google_account_they_act_as():
+    namespace, account = serialize(build_namespace(CONFIG)), serialize(build_service_account(CONFIG))
+    for manifest in (namespace, account):
+        kubernetes_validate.validate(manifest, K8S, strict=True)
+    assert namespace["metadata"]["name"] == "sailor"
+    assert (account["metadata"]["namespace"], account["metadata"]["name"]) == ("sailor", "sailor-train")
+    assert account["metadata"]["annotations"] == {
+        "iam.gke.io/gcp-service-account": "sailor-train@acme-ml.iam.gserviceaccount.com"
+    }
+    assert CONFIG.workload_identity_member() == "serviceAccount:acme-ml.svc.id.goog[sailor/sailor-train]"
+
+    from sailor_tasks.settings import Settings
+
+    env = {
+        "SAILOR_GCP_PROJECT": "acme-ml",
+        "SAILOR_GKE_NAMESPACE": "ml",
+        "SAILOR_GKE_SERVICE_ACCOUNT": "trainer",
+        "SAILOR_GKE_GCP_SERVICE_ACCOUNT": "gpu-jobs@shared-iam.iam.gserviceaccount.com",
+    }
+    config = GkeConfig.from_env(Settings.from_env(env), env)
+    account = serialize(build_service_account(config))
+    assert (account["metadata"]["namespace"], account["metadata"]["name"]) == ("ml", "trainer")
+    assert account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"] == (
+        "gpu-jobs@shared-iam.iam.gserviceaccount.com"
+    )
+    assert config.workload_identity_member() == "serviceAccount:acme-ml.svc.id.goog[ml/trainer]"
+    with pytest.raises(ValueError, match="SAILOR_GKE_GCP_SERVICE_ACCOUNT='gpu-jobs' is not.*NAME@PROJECT"):
+        GkeConfig(project="acme-ml", gcp_service_account="gpu-jobs")
+
+
 def test_sailor_render_prints_valid_node_pool_and_manifests(tmp_path, settings):
     params = tmp_path / "params.json"
     params.write_text(
@@ -264,10 +296,12 @@ def test_sailor_render_prints_valid_node_pool_and_manifests(tmp_path, settings):
     assert pool.config.spot and pool.config.accelerators[0].accelerator_type == "nvidia-h100-80gb"
     assert pool.autoscaling.max_node_count == out["placement"]["num_nodes"]
     kinds = [m["kind"] for m in out["manifests"]]
+    assert kinds[:2] == ["Namespace", "ServiceAccount"]  # created unless they exist, before the pods
     assert kinds.count("Pod") == out["placement"]["num_nodes"]
     for manifest in out["manifests"]:
         kubernetes_validate.validate(manifest, K8S, strict=True)
-    assert out["manifests"][0]["spec"]["containers"][0]["command"][-1].startswith("gs://")
+    pod = next(m for m in out["manifests"] if m["kind"] == "Pod")
+    assert pod["spec"]["containers"][0]["command"][-1].startswith("gs://")
 
 
 @pytest.mark.parametrize(

@@ -169,6 +169,14 @@ def _google(prefix: str) -> GoogleState:
                 "storage.googleapis.com",
             )
         },
+        service_accounts={
+            "sailor-train@acme-ml.iam.gserviceaccount.com": [
+                {
+                    "role": "roles/iam.workloadIdentityUser",
+                    "members": ["serviceAccount:acme-ml.svc.id.goog[sailor/sailor-train]"],
+                }
+            ]
+        },
     )
 
 
@@ -215,6 +223,10 @@ def test_a_configured_project_passes_and_writes_the_supply_file(
     assert by_name["Airflow connection 'google_cloud_default'"]["detail"] == "credentials of project acme-ml"
     assert by_name["GCP project"]["detail"] == "acme-ml (from Airflow connection 'google_cloud_default')"
     assert by_name["GPU quota"]["detail"].startswith("the supply fits the quota in 2 (region, GPU type)")
+    assert by_name["Workload Identity"]["detail"] == (
+        "the training pods act as sailor-train@acme-ml.iam.gserviceaccount.com "
+        "(serviceAccount:acme-ml.svc.id.goog[sailor/sailor-train] has roles/iam.workloadIdentityUser)"
+    )
     assert not any(s in json.dumps(out) for s in secrets)
 
     monkeypatch.delenv("SAILOR_SUPPLY_FILE")
