@@ -19,6 +19,10 @@ MARKET_CHOICES: tuple[str, ...] = ("spot", "on_demand", "auto")
 ANY_GPU = "any"
 DEFAULT_MAX_QUEUE_HOURS = 24.0
 """Hours a run may wait in SAILOR's queue unless its ``max_queue_hours`` param says otherwise."""
+DEFAULT_BATCH_SIZE = 16
+"""Sequences per worker per step unless a run's ``batch_size`` says otherwise: the batch size a
+built-in model's speeds (steps/s) stand for, so the only one whose runs' measured speeds are
+learned (``Ledger.measured_throughputs``)."""
 RUN_STATUSES = (
     "validated",
     "rejected",
@@ -125,7 +129,7 @@ class JobRequest:
     seed: int = 0
     backend: str = "local"
     gpus_per_worker: int = 1
-    batch_size: int = 16
+    batch_size: int = DEFAULT_BATCH_SIZE
     learning_rate: float = 3e-3
     deadline_hours: float | None = None
     """Hours from planning by which the run should finish (None: no deadline); drives market=auto

@@ -22,7 +22,13 @@ from sailor_tasks import paths, storage
 from sailor_tasks.backends.local_command import check_local_env, resolve_local_command
 from sailor_tasks.catalog import Catalog, catalog_choices
 from sailor_tasks.errors import InvalidRequestError, InvalidRequestErrors
-from sailor_tasks.model import ANY_GPU, DEFAULT_MAX_QUEUE_HOURS, MARKET_CHOICES, JobRequest
+from sailor_tasks.model import (
+    ANY_GPU,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_QUEUE_HOURS,
+    MARKET_CHOICES,
+    JobRequest,
+)
 from sailor_tasks.settings import BACKENDS, SOURCE_BUCKET, Settings
 from sailor_tasks.strategies import MARKET_STRATEGIES, RECOVERY_STRATEGIES
 from sailor_tasks.train.specs import MODEL_NAMES, MODEL_SPECS
@@ -410,7 +416,7 @@ def train_param_schemas() -> dict[str, dict[str, Any]]:
             "step's forward/backward); saves on a preemption notice and at the end stay synchronous.",
         },
         "batch_size": {
-            "default": 16,
+            "default": DEFAULT_BATCH_SIZE,
             "type": "integer",
             "minimum": 1,
             "maximum": 4096,

@@ -18,7 +18,9 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import math
 import os
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -142,16 +144,23 @@ class ThroughputTable:
                 unconsolidated[job][gpu_type] = spread * new / old if old > 0 and spread > 0 else new
         return replace(self, alone=alone, unconsolidated=unconsolidated)
 
-    def with_measured(
-        self, measurements: Iterable[tuple[str, str, float]], weight: float = 0.5
-    ) -> ThroughputTable:
-        """Blend measured ``(model, GPU type, steps/s)`` triples (e.g. ``Ledger.measured_throughputs``)
-        into the job types of SAILOR's built-in models, oldest first; other models are ignored."""
-        table = self
+    def with_measured(self, measurements: Iterable[tuple[str, str, float]]) -> ThroughputTable:
+        """The table with measured ``(model, GPU type, steps/s)`` triples (e.g.
+        ``Ledger.measured_throughputs``) learned into the job types of SAILOR's built-in models
+        (other models are ignored): each (model, GPU type)'s speed becomes the median of its
+        measurements and the table's own value (``with_measurement``), so that one run's speed
+        moves the entry halfway, and a few runs far off (a slow host, a busy disk) move it no
+        further than the good ones around them allow."""
+        samples: dict[tuple[JobKey, str], list[float]] = {}
         for model, gpu_type, steps_per_s in measurements:
             key = MODEL_JOB_TYPES.get(model)
-            if key is not None and steps_per_s > 0:
-                table = table.with_measurement(key, gpu_type, steps_per_s, weight)
+            if key is not None and steps_per_s > 0 and math.isfinite(steps_per_s):
+                samples.setdefault((key, gpu_type), []).append(float(steps_per_s))
+        table = self
+        for (key, gpu_type), values in samples.items():
+            prior = table.throughput(key, gpu_type)
+            learned = statistics.median([prior, *values] if prior > 0 else values)
+            table = table.with_measurement(key, gpu_type, learned, weight=1.0)
         return table
 
 

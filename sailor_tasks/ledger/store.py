@@ -18,7 +18,14 @@ from sailor_tasks.errors import LeaseReclaimedError, ReservationReleasedError
 from sailor_tasks.ledger import migrate
 from sailor_tasks.ledger import schema as t
 from sailor_tasks.ledger.lease import Lease
-from sailor_tasks.model import RUN_STATUSES_DONE, RUN_STATUSES_LIVE, Assignment, Placement, Reservation
+from sailor_tasks.model import (
+    DEFAULT_BATCH_SIZE,
+    RUN_STATUSES_DONE,
+    RUN_STATUSES_LIVE,
+    Assignment,
+    Placement,
+    Reservation,
+)
 from sailor_tasks.settings import DEFAULT_LEASE_S
 
 RUN_LIST_FIELDS = (
@@ -1257,7 +1264,9 @@ class Ledger:
         over their recorded training time, every attempt's (one row per attempt: a run preempted k
         times trained its steps in k + 1 attempts, not in each of them). Left out: a run whose
         attempts ran on several GPU types (its steps cannot be split between them); a run of its
-        own ``command`` (its steps are not the model's, which it still names); a run with an
+        own ``command`` (its steps are not the model's, which it still names); a run of another
+        ``batch_size`` than ``DEFAULT_BATCH_SIZE`` (a step of more sequences takes longer: not the
+        speed the table's entry stands for); a run with an
         attempt on several VMs (the table's entry is one VM's speed, and placement slows a spread
         run by the spread penalty itself); runs on ``exclude_backends`` (the local backend trains
         on this machine's CPU whatever GPU type the placement named, so its speed says nothing
@@ -1273,7 +1282,9 @@ class Ledger:
         runs: dict[str, dict[str, Any]] = {}  # in the order of their first attempt's end
         with self.engine.connect() as c:
             for run_id, model, request, gpu, steps, started, ended in c.execute(q):
-                if (request or {}).get("command"):
+                if (request or {}).get("command") or (request or {}).get(
+                    "batch_size", DEFAULT_BATCH_SIZE
+                ) != DEFAULT_BATCH_SIZE:
                     continue
                 run = runs.setdefault(run_id, {"model": model, "steps": steps, "gpus": set(), "s": 0.0})
                 run["gpus"].add(gpu)

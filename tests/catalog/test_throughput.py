@@ -78,3 +78,18 @@ def test_a_measurement_reaches_multi_vm_placements_too():
     assert measured.throughput(job, "A100", False) == pytest.approx(
         base.throughput(job, "A100", False) * factor
     )
+
+
+def test_learned_speeds_follow_the_runs_median_not_one_far_off_run():
+    """Twenty runs near the table's speed and one 100 times faster (a mis-timed run): the entry
+    stays with the twenty. Runs that agree on another speed move it there, the table's own value
+    counting as one of them."""
+    from sailor_tasks.catalog.throughput import MODEL_JOB_TYPES, packaged_with_measured
+
+    key = MODEL_JOB_TYPES["gpt_25m"]
+    packaged = packaged_with_measured(()).throughput(key, "A100")
+    good = [("gpt_25m", "A100", packaged * f) for f in (0.9, 1.1) * 10]
+    learned = packaged_with_measured((*good, ("gpt_25m", "A100", packaged * 100))).throughput(key, "A100")
+    assert learned == pytest.approx(packaged, rel=0.1)
+    slower = tuple(("gpt_25m", "A100", packaged / 2) for _ in range(3))
+    assert packaged_with_measured(slower).throughput(key, "A100") == pytest.approx(packaged / 2)

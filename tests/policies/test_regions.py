@@ -103,11 +103,21 @@ def test_measured_throughput_from_the_ledger_feeds_back_into_the_table(ctx):
             "moved", "research", "us-central1", gpu, 1, begin, begin + dt.timedelta(seconds=60)
         )
     assert len(ledger.measured_throughputs()) == 2
+    # One of another batch size took longer per step, as its steps are bigger: left out.
+    ledger.upsert_run(
+        "big-batch", job_name="b", team="research", status="success", backend="gke", model="tiny_gpt",
+        dataset_uri="sailor://source/d", request={"gpu_type": "A100", "batch_size": 4096}, steps=12,
+    )  # fmt: skip
+    begin = later + dt.timedelta(hours=2)
+    ledger.record_utilization(
+        "big-batch", "research", "us-central1", "A100", 1, begin, begin + dt.timedelta(seconds=60)
+    )
+    assert len(ledger.measured_throughputs()) == 2
     table = load_packaged()
     key = MODEL_JOB_TYPES["tiny_gpt"]
     before = table.throughput(key, "A100")
     after = table.with_measured(measured).throughput(key, "A100")
-    assert after == pytest.approx(0.5 * before + 0.5 * 20.0)
+    assert after == pytest.approx(0.5 * before + 0.5 * 20.0)  # one run: halfway
 
 
 def test_plan_stage_places_with_the_policies_throughput_matrix(ctx, demo_dataset):
