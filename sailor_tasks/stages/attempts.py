@@ -29,6 +29,7 @@ from typing import Any
 from sailor_tasks import paths, storage
 from sailor_tasks.backends import TrainLaunch, get_backend
 from sailor_tasks.errors import (
+    CapacityUnavailableError,
     LeaseReclaimedError,
     NoFeasibleOfferError,
     PreemptedError,
@@ -114,6 +115,11 @@ def recover(
         tries.append(frozenset({lost.zone}))
     if blocked:
         tries.append(frozenset())
+    if constraint.prefer_zone is not None and constraint.prefer_zone not in blocked:
+        # The zone the strategy retries first: only there, when it can take the run now.
+        everywhere = {z for zs in zones_by_region.values() for z in zs}
+        tries.insert(0, frozenset(everywhere - {constraint.prefer_zone}))
+    preferred = constraint.prefer_zone is not None and constraint.prefer_zone not in blocked
     # With a deadline, every tier is tried on it first: a looser block that finishes in time beats
     # a late relaunch; only when none does, the tiers are tried again without it (best effort).
     passes = (False, True) if req.deadline_hours is not None else (True,)
@@ -131,9 +137,16 @@ def recover(
                 **progress,
             )
             break
+        except CapacityUnavailableError:
+            if not (preferred and k == 0):
+                raise
+            logger.warning("%s cannot take the run now; planning elsewhere", constraint.prefer_zone)
         except NoFeasibleOfferError:
             if i == len(order) - 1:
                 raise
+            if preferred and k == 0:
+                logger.warning("no offer in %s fits the run; planning elsewhere", constraint.prefer_zone)
+                continue
             if k < len(tries) - 1:
                 logger.warning(
                     "no offer outside the blocked zones %s; %s",

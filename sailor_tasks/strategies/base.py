@@ -63,6 +63,9 @@ class PlacementConstraint:
     """The blocked zones are blocked for want of spot capacity: a caller that sees each zone's
     capacity over time (the spot simulator) lifts a zone's block for spot once the zone has
     capacity again. A live relaunch, planned at once, keeps them blocked."""
+    prefer_zone: str | None = None
+    """Relaunch in this zone when it can take the run now (an offer there, and its capacity);
+    else plan as without it (``same_zone_first``)."""
 
     def all_blocked_zones(self, zones_by_region: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
         """Blocked zones plus every zone of a blocked region; with ``wait_zone``, every other zone

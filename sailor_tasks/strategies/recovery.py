@@ -49,9 +49,9 @@ class SameZoneFirst:
         zone = ctx.current.zone
         if zone in blocked:
             reason = f"{zone} preempted the run {counts[zone]} times: blocked, re-planning elsewhere"
-        else:
-            reason = f"retrying {zone} first (preempted there {counts[zone]} time(s))"
-        return PlacementConstraint(blocked_zones=blocked, reason=reason)
+            return PlacementConstraint(blocked_zones=blocked, reason=reason)
+        reason = f"retrying {zone} first (preempted there {counts[zone]} time(s)), elsewhere if it cannot take the run"
+        return PlacementConstraint(blocked_zones=blocked, prefer_zone=zone, reason=reason)
 
 
 @register("eager_next_region")

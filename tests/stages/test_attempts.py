@@ -65,7 +65,10 @@ def test_noticed_and_unnoticed_preemptions_end_bit_identical_to_an_uninterrupted
     plans = {p["attempt"]: p for p in ledger.placements("preempted")}
     for attempt in (2, 3):
         lost_region = attempts[attempt - 2]["region"]
-        assert any(f"GB from {lost_region}" in line and "checkpoint" in line for line in plans[attempt]["explanation"])
+        assert any(
+            f"GB from {lost_region}" in line and "checkpoint" in line
+            for line in plans[attempt]["explanation"]
+        )
 
 
 def test_exhausted_attempts_fail_with_a_message_listing_every_attempt(settings, ctx, demo_dataset):
@@ -216,3 +219,44 @@ def test_a_retried_try_records_how_the_attempt_it_launched_ended_from_its_report
     else:
         assert attempts == [(1, "completed")]
     assert len(calls) == len(attempts) + 1  # every attempt's use recorded once more after the blip
+
+
+@pytest.mark.parametrize("lost_zone_has_room", [True, False])
+def test_same_zone_first_relaunches_in_the_lost_zone_when_it_can_take_the_run(
+    ctx, monkeypatch, lost_zone_has_room
+):
+    """After one preemption ``same_zone_first`` plans in the lost zone alone first (its learned
+    preemption rate, raised by the preemption, does not send the run to a zone that only ties with
+    it); when that zone cannot take the run now, the run is planned as without the preference."""
+    import dataclasses
+
+    from sailor_tasks.errors import CapacityUnavailableError
+    from sailor_tasks.model import ClusterState, to_dict
+    from sailor_tasks.placement import plan
+    from sailor_tasks.request import from_params
+    from sailor_tasks.stages import attempts, prepare
+
+    req = from_params(
+        {**BASE, "dataset_uri": "sailor://source/d", "recovery_strategy": "same_zone_first"}, ctx.catalog
+    )
+    lost = plan(req, ctx.catalog, ClusterState(), "sz")
+    everywhere = {o.zone for o in ctx.catalog.offers}
+    other = next(o.zone for o in ctx.catalog.offers if o.region == lost.region and o.zone != lost.zone)
+    calls = []
+
+    def planned(request, run_id, ctx, *, blocked_zones=frozenset(), **kw):
+        calls.append(frozenset(blocked_zones))
+        if blocked_zones == everywhere - {lost.zone}:
+            if not lost_zone_has_room:
+                raise CapacityUnavailableError(lost.region, lost.gpu_type, lost.num_gpus)
+            return to_dict(lost)
+        return to_dict(dataclasses.replace(lost, zone=other))
+
+    monkeypatch.setattr(prepare, "plan", planned)
+    monkeypatch.setattr(prepare, "provision", lambda *a, **k: None)
+    placed, _ = attempts.recover(ctx, req, lost, {"data_uri": "x"}, "sz", 2)
+    assert calls[0] == everywhere - {lost.zone}
+    if lost_zone_has_room:
+        assert placed.zone == lost.zone and len(calls) == 1
+    else:
+        assert placed.zone == other and calls[1:] == [frozenset()]

@@ -562,7 +562,23 @@ class _JobSim:
         feasible. Blocked: the constraint's zones and regions (every zone but ``wait_zone`` when it
         is set, as live recovery plans), and for spot every zone the trace gives no capacity now.
         ``exact=False``: an estimate for the strategy's inputs, planned once per ``ESTIMATE_SLOT_S``.
-        ``best_effort=False``: None when no zone meets the deadline (``place``)."""
+        ``best_effort=False``: None when no zone meets the deadline (``place``). With ``prefer_zone``
+        (not blocked), that zone when it takes the run now, else as without it (as live recovery)."""
+        if c.prefer_zone is not None:
+            plain = replace(c, prefer_zone=None)
+            if c.prefer_zone not in self._blocked(plain, market):
+                first = self.best(
+                    market,
+                    remaining_h,
+                    replace(plain, wait_zone=c.prefer_zone),
+                    t,
+                    time_left_h,
+                    exact,
+                    best_effort,
+                )
+                if first is not None:
+                    return first
+            c = plain
         k = self.job.num_gpus
         blocked = set(self._blocked(c, market))
         if market == "spot":
