@@ -426,8 +426,9 @@ class RoundMechanism:
         """``runnable`` where the type has at least the unit's ``scale`` GPUs (False elsewhere)."""
         return runnable & (self._cap[None, :] >= scale[:, None])
 
-    def record(self, grants: Sequence[Grant], seconds: float) -> None:
-        """Account a finished round: time received, and the leases the next round may extend."""
+    def record(self, grants: Sequence[Grant], seconds: float | np.ndarray) -> None:
+        """Account a finished round: time received (``seconds``: the same for every grant, or one
+        per grant), and the leases the next round may extend."""
         self.rounds += 1
         self.leases = {
             gr.unit: gr if gr.extended else Grant(gr.unit, gr.gpu_type, gr.servers, True, gr.consolidated)

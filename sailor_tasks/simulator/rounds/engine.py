@@ -7,8 +7,13 @@ jobs on it; a ``RecoveryStrategy`` says where they continue: by default a strate
 re-planned by the same engine, ``replan.py``), the policy is re-solved only if the region's job
 set or capacity changed, the ``RoundMechanism`` grants GPUs, and jobs progress at their measured
 throughput (consolidated or not, alone or space-shared) with exact completion times inside the
-round. Deterministic for a seed: the only randomness is the workload generator's and the
-policies' seeded partitioning.
+round. Capacity can also go inside a round: a provider that ``ReportsChanges`` (as
+``TraceAvailability`` does) says when, and the jobs granted a type whose capacity falls below the
+round's stop progressing (and using GPUs) at that time; they are preempted at the next round
+start even when the capacity is back by then. A round whose every granted job finishes or stops
+ends then, and a round in which nothing runs ends when capacity first comes back, so a job waiting
+for it starts at that time. Deterministic for a seed: the only randomness is the workload
+generator's and the policies' seeded partitioning.
 
 Across regions the loop keeps the cluster work-conserving, as SAILOR's queue does with runs that
 wait for capacity: it knows each region's free GPUs from the last round's grants, a router that
@@ -39,6 +44,7 @@ from sailor_tasks.simulator.rounds.hooks import (
     AvailabilityProvider,
     RecoveryStrategy,
     Region,
+    ReportsChanges,
     Router,
     StartsJobs,
 )
@@ -287,6 +293,10 @@ def simulate(
     moved = [0, 0]  # waiting, faster
     busy_gpu_s = cost = 0.0
     static_capacity = type(availability) is AlwaysAvailable
+    reports = not static_capacity and isinstance(availability, ReportsChanges)
+    # Region → the GPU types whose capacity fell below the round's inside the last round (their
+    # jobs stopped then: they are preempted at the next round start, whatever capacity it has).
+    cut: dict[int, np.ndarray] = {}
     # True once the shards were sent the last round's ``progress`` and ``prepare``: their answers
     # come first in the next ``call`` (``progress`` only finishes the jobs this loop counted).
     ran = False
@@ -307,6 +317,32 @@ def simulate(
             ran = False
         return answers
 
+    def changes_in_round(
+        caps: Sequence[np.ndarray],
+    ) -> tuple[dict[int, np.ndarray], float, dict[float, float]]:
+        """The capacity changes the provider reports inside the round starting at ``t`` (before
+        ``t + round_s``), against ``caps``, the GPUs usable at ``t``: per region where some type
+        falls below its ``caps``, the seconds into the round at which each type first does (inf
+        where it does not); the seconds until some type first rises above its ``caps``
+        (``round_s`` when none does); and each of these offsets → the time it stands for."""
+        end = t + round_s
+        stops: dict[int, np.ndarray] = {}
+        rise = round_s
+        at_offset: dict[float, float] = {}
+        for ri, (r, types) in enumerate(zip(regions, gpu_types, strict=True)):
+            for m, g in enumerate(types):
+                dropped = False
+                for at, usable in availability.changes(r, g, t, end):
+                    offset = at - t
+                    if usable < caps[ri][m] and not dropped:
+                        stops.setdefault(ri, np.full(len(types), np.inf))[m] = offset
+                        at_offset[offset] = at
+                        dropped = True
+                    elif usable > caps[ri][m] and offset < rise:
+                        rise = offset
+                        at_offset[offset] = at
+        return stops, rise, at_offset
+
     def load_for(i: int, ri: int = -1) -> list[float]:
         """GPUs demanded / GPUs per region with job ``i`` added (it is in region ``ri`` already)."""
         return [(demand[k] + (0.0 if k == ri else scale[i])) / total_gpus[k] for k in range(n_regions)]
@@ -318,12 +354,20 @@ def simulate(
                     np.array([availability.capacity(r, g, t) for g in types], dtype=np.int64)
                     for r, types in zip(regions, gpu_types, strict=True)
                 ]
-                changed = [ri for ri in range(n_regions) if (caps[ri] != last_cap[ri]).any()]
+                changed = [ri for ri in range(n_regions) if (caps[ri] != last_cap[ri]).any() or ri in cut]
                 if changed:
                     lost: dict[int, list[tuple[int, float]]] = {}
                     for (out,) in call(
                         [
-                            [("revoke", ({ri: caps[ri] for ri in changed if owner[ri] == k},))]
+                            [
+                                (
+                                    "revoke",
+                                    (
+                                        {ri: caps[ri] for ri in changed if owner[ri] == k},
+                                        {ri: c for ri, c in cut.items() if owner[ri] == k},
+                                    ),
+                                )
+                            ]
                             for k in range(len(shards))
                         ]
                     ):
@@ -349,6 +393,7 @@ def simulate(
                                 moves += 1
                                 leave(j)
                                 admit(j, dest, remaining)
+                    cut = {}
             while next_arrival < n and arrival[order[next_arrival]] <= t:
                 i = order[next_arrival]
                 job = jobs[i]
@@ -363,15 +408,25 @@ def simulate(
                 t = float(arrival[order[next_arrival]])
                 continue
             rounds += 1
-            # Every region grants its GPUs; the round lasts until its last unit finishes, at most
-            # round_s (as in Gavel).
+            # Capacity the provider says goes inside the round stops the jobs on it then; capacity
+            # that comes back ends a round in which nothing runs.
+            stops: dict[int, np.ndarray] = {}
+            rise, at_offset = round_s, {}
+            if reports:
+                stops, rise, at_offset = changes_in_round(caps)
+            # Every region grants its GPUs; the round lasts until its last unit finishes or stops,
+            # at most round_s (as in Gavel).
             offers = [f.copy() for f in free] if starts else None
-            planned = call([[("plan", (float(t), events[k], offers))] for k in range(len(shards))])
+            own_stops = [{ri: s for ri, s in stops.items() if owner[ri] == k} for k in range(len(shards))]
+            planned = call(
+                [[("plan", (float(t), events[k], offers, own_stops[k]))] for k in range(len(shards))]
+            )
             events = [[] for _ in shards]
             round_len = max((out[0][0] for out in planned), default=0.0)
             solves += sum(out[0][1] for out in planned)
             if round_len <= 0:
-                round_len = round_s
+                round_len = rise
+            cut = {ri: s < round_len for ri, s in stops.items() if (s < round_len).any()}
             for rr in (rr for out in planned for rr in out[0][3]):
                 free[rr.region] = rr.free
             # The jobs that finish in this round (the shards run it at their next call).
@@ -382,7 +437,8 @@ def simulate(
                     demand[ri] -= scale[j]
                     active[ri] -= 1
                     free[ri][g] += gpus
-            t += round_len
+            # A round that ends at a capacity change ends exactly where the provider reads it.
+            t = at_offset.get(round_len, t + round_len)
             # Workers run the round and grant the next one while this process offers free GPUs
             # and routes the next arrivals: what that changes reaches the shards as the next
             # ``plan``'s events (a job moved now runs this round where it is, as ``progress``

@@ -4,11 +4,13 @@ Each is a small Protocol. The defaults call the product's own code: routing by t
 engine (``routing.py``) and recovery by the strategies registry (``replan.py``); the simple
 implementations here are the explicitly named baselines ``least_loaded`` and ``stay_in_region``.
 ``TraceAvailability`` replays the product's availability traces (``sailor_tasks.traces.availability``,
-loaded with ``load_availability_trace``) as spot capacity.
+loaded with ``load_availability_trace``) as spot capacity, and says when it changes inside a round
+(``ReportsChanges``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -36,6 +38,20 @@ class AvailabilityProvider(Protocol):
         ...
 
 
+@runtime_checkable
+class ReportsChanges(Protocol):
+    """An ``AvailabilityProvider`` that also says when capacity changes. The round loop asks it for
+    every round, so that capacity lost inside a round stops the jobs on it at that time and
+    capacity that comes back ends a round in which nothing runs; a provider without it is read at
+    round starts only (capacity is taken to hold for the whole round)."""
+
+    def changes(self, region: Region, gpu_type: str, start: float, end: float) -> Sequence[tuple[float, int]]:
+        """(time, GPUs usable from then) at every change of ``capacity(region, gpu_type, ·)`` in
+        (``start``, ``end``), in time order; each time is the first at which ``capacity`` reads
+        the new value."""
+        ...
+
+
 class AlwaysAvailable:
     """Every GPU is always there (on-demand capacity)."""
 
@@ -47,7 +63,8 @@ class TraceAvailability:
     """Spot regions follow availability traces (region name → trace); others are always available.
 
     The trace repeats past its end. ``unavailable_flag`` traces: 1 takes every GPU of the region
-    away, 0 leaves them all; ``available_count`` traces cap the region's GPUs at the count.
+    away, 0 leaves them all; ``available_count`` traces cap the region's GPUs at the count. It
+    ``ReportsChanges``: the round loop sees a slot that starts inside a round.
     """
 
     def __init__(self, traces: Mapping[str, AvailabilityTrace]):
@@ -58,10 +75,39 @@ class TraceAvailability:
         trace = self.traces.get(region.name)
         if trace is None or not region.spot:
             return nominal
-        value = trace.at(t)
-        if trace.kind == "available_count":
-            return min(nominal, value)
-        return 0 if value == 1 else nominal
+        return _usable(trace, trace.at(t), nominal)
+
+    def changes(self, region: Region, gpu_type: str, start: float, end: float) -> list[tuple[float, int]]:
+        """``ReportsChanges.changes``: the starts of the trace slots in (``start``, ``end``) whose
+        value changes the GPUs usable."""
+        trace = self.traces.get(region.name)
+        if trace is None or not region.spot:
+            return []
+        nominal = int(region.gpus.get(gpu_type, 0))
+        gap = trace.gap_seconds
+        k = start // gap  # the slot of ``start``, as ``AvailabilityTrace.slot`` reads it
+        last = _usable(trace, trace.at(start), nominal)
+        out = []
+        while True:
+            k += 1
+            at = k * gap
+            # In floating point ``k * gap`` can still read slot k - 1 (a gap such as 0.1 s): step
+            # to the first time that reads slot k.
+            while at // gap < k:
+                at = math.nextafter(at, math.inf)
+            if at >= end:
+                return out
+            usable = _usable(trace, trace.at(at), nominal)
+            if usable != last:
+                out.append((at, usable))
+                last = usable
+
+
+def _usable(trace: AvailabilityTrace, value: int, nominal: int) -> int:
+    """GPUs usable of ``nominal`` when ``trace`` reads ``value``."""
+    if trace.kind == "available_count":
+        return min(nominal, value)
+    return 0 if value == 1 else nominal
 
 
 @runtime_checkable

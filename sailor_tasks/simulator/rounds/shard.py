@@ -3,10 +3,12 @@ the jobs' progress inside a round.
 
 Regions only meet through routing and recovery, which stay with the round loop (``engine.py``);
 everything else a region does each round is its own. A ``RegionShard`` owns some of the regions
-and answers the loop's three calls: ``revoke`` (capacity changed: take the lost GPUs back and say
-which jobs lost theirs), ``plan`` (apply admissions and departures, re-solve changed regions,
-grant GPUs; returns how long the round would need and which jobs can finish in it) and
-``progress`` (run the granted jobs for the round's length; returns the GPU time and cost). One
+and answers the loop's three calls: ``revoke`` (capacity changed, or was lost during the last
+round: take the lost GPUs back and say which jobs lost theirs), ``plan`` (apply admissions and
+departures, re-solve changed regions, grant GPUs; returns how long the round would need and which
+jobs can finish in it) and ``progress`` (run the granted jobs for the round's length, each only
+until its GPU type's capacity goes, when it goes inside the round; returns the GPU time and
+cost). One
 shard with every region is the serial simulator; shards in worker processes (``workers.py``) give
 the same results.
 """
@@ -325,22 +327,27 @@ class RegionShard:
             r.alive[u] = False
             r.ok[u] = False
 
-    def revoke(self, caps: Mapping[int, np.ndarray]) -> dict[int, list[tuple[int, float]]]:
-        """Adopt new usable capacity (region → GPUs per type) for regions where it changed.
+    def revoke(
+        self, caps: Mapping[int, np.ndarray], cut: Mapping[int, np.ndarray] | None = None
+    ) -> dict[int, list[tuple[int, float]]]:
+        """Adopt new usable capacity (region → GPUs per type) for regions where it changed or was
+        lost during the last round (``cut``: region → the types whose capacity fell below the
+        round's inside it, which ``progress`` stopped the jobs on).
 
         Returns:
-            region → [(job, steps remaining)] of the jobs whose GPUs were taken: capacity shrank,
-            so every lease on a shrunk type is revoked (their jobs stay admitted here until the
-            loop's recovery moves them).
+            region → [(job, steps remaining)] of the jobs whose GPUs were taken: capacity shrank
+            (now, or during the last round), so every lease on such a type is revoked (their jobs
+            stay admitted here until the loop's recovery moves them).
         """
         lost_jobs: dict[int, list[tuple[int, float]]] = {}
         for ri, cap in sorted(caps.items()):
             r = self.sims[ri]
-            if (cap < r.cap).any() and r.mech.leases:
-                lost = [u for u, gr in r.mech.leases.items() if cap[gr.gpu_type] < r.cap[gr.gpu_type]]
-                r.mech.leases = {
-                    u: gr for u, gr in r.mech.leases.items() if cap[gr.gpu_type] >= r.cap[gr.gpu_type]
-                }
+            shrunk = cap < r.cap
+            if cut is not None and ri in cut:
+                shrunk = shrunk | cut[ri]
+            if shrunk.any() and r.mech.leases:
+                lost = [u for u, gr in r.mech.leases.items() if shrunk[gr.gpu_type]]
+                r.mech.leases = {u: gr for u, gr in r.mech.leases.items() if not shrunk[gr.gpu_type]}
                 # Jobs that finished (or moved) since their last grant have nothing to lose.
                 lost_jobs[ri] = [
                     (j, float(self.remaining[j])) for u in lost for j in r.unit_jobs[u] if j in r.active
@@ -392,18 +399,22 @@ class RegionShard:
         t: float,
         events: Sequence[tuple[int, int, float]],
         free: Sequence[np.ndarray] | None = None,
+        stops: Mapping[int, np.ndarray] | None = None,
     ) -> tuple[float, int, list[tuple[int, int, float, int, int]], list[RegionRound]]:
         """Apply ``events`` in order ((job, region, steps remaining) admits the job; region
         ``LEAVE`` takes it out of its region), then grant GPUs for the round starting at ``t``.
         ``free``: GPUs of each type free in every region (``region_gpu_types`` order), against
-        which running jobs are checked for a faster place (``RegionRound.faster``).
+        which running jobs are checked for a faster place (``RegionRound.faster``). ``stops``:
+        region → seconds into the round at which each type's capacity falls below the round's
+        (inf: it does not); a job granted such a type runs only until then.
 
         Returns:
-            how long the round must last for every granted unit (capped at the round length; 0
-            when nothing was granted); how many policy solves it took; the jobs that can finish
-            within a round, [(region, job, seconds it needs, GPU type column, GPUs it frees)] in
-            region order (``progress(round_len)`` finishes exactly those that need at most
-            ``round_len``); and a ``RegionRound`` per region of this shard, in region order.
+            how long the round must last for every granted unit (capped at the round length, and
+            for each unit at its type's stop; 0 when nothing was granted); how many policy solves
+            it took; the jobs that can finish within a round before their stop, [(region, job,
+            seconds it needs, GPU type column, GPUs it frees)] in region order
+            (``progress(round_len)`` finishes exactly those that need at most ``round_len``); and
+            a ``RegionRound`` per region of this shard, in region order.
         """
         for i, ri, rem in events:
             if ri == LEAVE:
@@ -429,17 +440,31 @@ class RegionShard:
                 grants, work, r.frozen = ahead[1]
             else:
                 grants, work, r.frozen = self._grant(r, t)
-            planned.append((r, grants, work))
             regions.append(self._region_round(r, work))
             if work is None:
+                planned.append((r, grants, work, None))
                 continue
             js_a, need, unit_a = work[0], work[3], work[2]
-            round_len = max(round_len, float(min(need.max(), round_s)))
-            soon = need <= round_s
-            if soon.any():
-                ri = r.index
+            stop = stops.get(r.index) if stops else None
+            unit_type = None
+            if stop is None:
+                planned.append((r, grants, work, None))
+                round_len = max(round_len, float(min(need.max(), round_s)))
+                soon = need <= round_s
+            else:
                 unit_type = np.zeros(len(r.unit_jobs), dtype=np.int64)
                 unit_type[work[4]] = work[5]
+                # Each job's stop (its type's), and each grant's (the mechanism's time received).
+                job_stop = stop[unit_type[unit_a]]
+                planned.append((r, grants, work, (job_stop, stop[work[5]])))
+                limit = np.minimum(job_stop, round_s)
+                round_len = max(round_len, float(np.minimum(need, limit).max()))
+                soon = need <= limit
+            if soon.any():
+                ri = r.index
+                if unit_type is None:
+                    unit_type = np.zeros(len(r.unit_jobs), dtype=np.int64)
+                    unit_type[work[4]] = work[5]
                 if r.singles:
                     frees = r.scale[unit_a]
                 else:
@@ -484,7 +509,7 @@ class RegionShard:
         """Region → (jobs, steps remaining, steps/s) of the jobs running there that would finish
         at least ``MOVE_GAIN_S`` sooner on a GPU type free (for their whole scale) in another
         region (``offers``: free GPUs per region, ``region_gpu_types`` order)."""
-        running = [(r, work) for r, _, work in planned if work is not None]
+        running = [(r, work, stop) for r, _, work, stop in planned if work is not None]
         if not running:
             return {}
         free = np.zeros((len(offers), len(self.gpu_names)))
@@ -492,10 +517,14 @@ class RegionShard:
             free[ri, self.region_cols[ri]] = f
         if not free.any():
             return {}
-        js = np.concatenate([work[0] for _, work in running])
-        rate = np.concatenate([work[1] for _, work in running])
-        need = np.concatenate([work[3] for _, work in running])
-        where = np.concatenate([np.full(len(work[0]), r.index) for r, work in running])
+        js = np.concatenate([work[0] for _, work, _ in running])
+        rate = np.concatenate([work[1] for _, work, _ in running])
+        need = np.concatenate([work[3] for _, work, _ in running])
+        # A job whose capacity goes inside the round is preempted then, not moved.
+        stop = np.concatenate(
+            [np.full(len(work[0]), np.inf) if s is None else s[0] for _, work, s in running]
+        )
+        where = np.concatenate([np.full(len(work[0]), r.index) for r, work, _ in running])
         keys = self.type_of[js]
         scale = self.key_scale[keys]
         best = np.zeros(len(js))
@@ -508,7 +537,8 @@ class RegionShard:
         rem = self.remaining[js]
         with np.errstate(divide="ignore", invalid="ignore"):
             gain = rem / rate - rem / best
-        pick = (rate > 0) & (best > rate) & (gain >= MOVE_GAIN_S) & (need > self.config.round_s)
+        round_s = self.config.round_s
+        pick = (rate > 0) & (best > rate) & (gain >= MOVE_GAIN_S) & (need > round_s) & (stop >= round_s)
         out: dict[int, tuple] = {}
         for ri in np.unique(where[pick]).tolist():
             sel = pick & (where == ri)
@@ -516,22 +546,28 @@ class RegionShard:
         return out
 
     def progress(self, round_len: float) -> list[tuple[int, float, float]]:
-        """Run the planned round for ``round_len`` seconds (the same for every region); jobs that
-        finish leave their region.
+        """Run the planned round for ``round_len`` seconds (the same for every region), each job
+        only until its stop (``plan``'s ``stops``) when that comes first; jobs that finish leave
+        their region.
 
         Returns:
             per region that ran anything, in region order: (region, GPU-seconds used, USD spent).
         """
         out = []
         remaining = self.remaining
-        for r, grants, work in self._planned:
-            r.mech.record(grants, round_len)
+        for r, grants, work, stop in self._planned:
+            if stop is None:
+                ran = round_len
+                r.mech.record(grants, round_len)
+            else:
+                ran = np.minimum(stop[0], round_len)
+                r.mech.record(grants, np.minimum(stop[1], round_len))
             if work is None:
                 continue
             js_a, rate, unit_a, need, units, types = work
-            run_s = np.minimum(need, round_len)
-            finished = need <= round_len
-            remaining[js_a] = np.maximum(remaining[js_a] - rate * round_len, 0.0)
+            run_s = np.minimum(need, ran)
+            finished = need <= ran
+            remaining[js_a] = np.maximum(remaining[js_a] - rate * ran, 0.0)
             # A unit occupies its GPUs until its last job finishes (or the round ends).
             if r.singles:  # one job per granted unit: the grants' own order
                 used, used_run, used_gpu = units, run_s, types

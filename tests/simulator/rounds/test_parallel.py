@@ -56,9 +56,9 @@ def test_grants_prepared_ahead_are_those_plan_computes(monkeypatch):
     used = []
     real_plan = RegionShard.plan
 
-    def plan(self, t, events, free=None):
+    def plan(self, t, events, *rest):
         used.append(sum(r.ahead is not None and r.ahead[0] == t for r in self.sims.values()))
-        return real_plan(self, t, events, free)
+        return real_plan(self, t, events, *rest)
 
     def result(self):  # every call in this process, prepare included (as a worker runs them)
         calls, self._calls = self._calls, []
