@@ -6,10 +6,13 @@ Accepted inputs (files, or folders searched recursively):
   unavailable; multi-node traces hold counts). The file stem may name where it was recorded:
   ``<zone>`` or ``<GPU>_<zone>`` (``V100_us-west1-b``).
 * ``*.json`` as in the Sailor planner's data: ``[{"Time": seconds, "GPUs": n}, ...]`` (counts of one
-  pool; the gap is the median spacing of ``Time``).
+  pool over time).
 * ``*.csv`` as in the Sailor planner's data: ``,Timestamp,<GPU>-<mem>_<zone>,...`` (GPUs available
   per zone column over time).
 * ``*.out``: the GCP 2020 preemptible-GPU logs (``gcp_2020``), one trace per (zone, GPU type).
+
+Counts given at points in time (both Sailor formats) become a regular trace by ``_on_grid``: sorted
+by their time, each holding until the next, on a grid of their smallest spacing.
 
 Each trace keeps the zone and catalog GPU type it was recorded for when the source says so.
 """
@@ -18,8 +21,8 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,21 +82,67 @@ def _from_times(points: list[dict], source: str) -> AvailabilityTrace:
             raise ValueError(f"{source}: entry [{i}]={p!r:.80} needs 'Time' and 'GPUs'")
     times = [_number(p["Time"], f"{source}: [{i}].Time") for i, p in enumerate(points)]
     counts = [int(_number(p["GPUs"], f"{source}: [{i}].GPUs", count=True)) for i, p in enumerate(points)]
-    changes = sorted(zip(times, counts, strict=True), key=lambda tc: tc[0])
-    gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:], strict=False) if b[0] > a[0]]
+    gap, (data,) = _on_grid(
+        times,
+        [("GPUs", counts)],
+        [p["Time"] for p in points],
+        [f"{source}: [{i}].Time" for i in range(len(points))],
+        [f"[{i}]" for i in range(len(points))],
+    )
+    return AvailabilityTrace(gap, data, "available_count", source)
+
+
+def _on_grid(
+    times: Sequence[float],
+    columns: Sequence[tuple[str, Sequence[int]]],
+    raw: Sequence[object],
+    fields: Sequence[str],
+    rows: Sequence[str],
+) -> tuple[float, list[tuple[int, ...]]]:
+    """Counts given at points in time, in any order, as regular traces: (gap, each column's count
+    in each slot).
+
+    Each count holds until the next time. The gap is the smallest spacing of the times (larger
+    where that would exceed ``MAX_TIME_SLOTS`` slots; 3600 s for a single time), so irregular
+    points keep their real durations; each time starts on the slot nearest it (at most half a gap
+    off: a spacing such as 0.1 s, inexact in floating point, lands on its own slot), and of two
+    times on one slot the later one's count holds.
+
+    Args:
+        times: each point's time in seconds; columns: (name, each point's count); raw: each time
+            as given; fields: each time's name in messages (``file:line: Timestamp``); rows: each
+            point's short name (``line 3``).
+
+    Raises:
+        ValueError: a time given twice with different counts, naming both points and the counts.
+    """
+    order = sorted(range(len(times)), key=lambda i: times[i])
+    for a, b in zip(order, order[1:], strict=False):
+        if times[a] == times[b]:
+            for name, col in columns:
+                if col[a] != col[b]:
+                    raise ValueError(
+                        f"{fields[b]}={raw[b]!r} repeats {rows[a]}'s time with another count: "
+                        f"{name} {col[a]} there, {col[b]} here"
+                    )
+    start, span = times[order[0]], times[order[-1]] - times[order[0]]
+    gaps = [times[b] - times[a] for a, b in zip(order, order[1:], strict=False) if times[b] > times[a]]
     if not gaps:
-        return AvailabilityTrace(3600.0, tuple(c for _, c in changes[-1:]), "available_count", source)
-    # Each count holds until the next Time: sampled every smallest spacing (at most
-    # ``MAX_TIME_SLOTS`` slots), so irregular points keep their real durations.
-    start, span = changes[0][0], changes[-1][0] - changes[0][0]
+        return 3600.0, [(col[order[-1]],) for _, col in columns]
     gap = max(min(gaps), span / MAX_TIME_SLOTS)
-    slots, k = [], 0
-    for i in range(int(span // gap) + 1):
-        t = start + i * gap
-        while k + 1 < len(changes) and changes[k + 1][0] <= t + 1e-9:
-            k += 1
-        slots.append(changes[k][1])
-    return AvailabilityTrace(gap, tuple(slots), "available_count", source)
+    slots = [math.floor((times[i] - start) / gap + 0.5) for i in order]
+    out = []
+    for _, col in columns:
+        data: list[int] = []
+        for slot, i in zip(slots, order, strict=True):
+            if slot < len(data):
+                data[slot] = col[i]
+                continue
+            if slot > len(data):
+                data.extend([data[-1]] * (slot - len(data)))
+            data.append(col[i])
+        out.append(tuple(data))
+    return gap, out
 
 
 MAX_TIME_SLOTS = 1_000_000
@@ -120,7 +169,14 @@ def load_json(path: Path) -> list[ZoneTrace]:
 
 
 def load_csv(path: Path) -> list[ZoneTrace]:
-    """Sailor GPU availability CSV: one count trace per ``<GPU>_<zone>`` column."""
+    """Sailor GPU availability CSV: one count trace per ``<GPU>_<zone>`` column, its rows in the
+    order of their ``Timestamp`` (``_on_grid``).
+
+    Raises:
+        ValueError: a row of another width, a value that is not a number (a count: not a whole
+            number >= 0), or a timestamp given twice with different counts, naming the file, the
+            line and the value.
+    """
     with path.open(newline="") as f:
         rows = list(csv.reader(f))
     if len(rows) < 2 or "Timestamp" not in rows[0]:
@@ -131,18 +187,29 @@ def load_csv(path: Path) -> list[ZoneTrace]:
             raise ValueError(f"{path}:{line}: {len(r)} fields, the header has {len(header)}")
     ts_col = header.index("Timestamp")
     times = [_number(r[ts_col], f"{path}:{line}: Timestamp") for line, r in enumerate(rows[1:], start=2)]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
-    gap = statistics.median(gaps) if gaps else 3600.0
-    out = []
-    for col, name in enumerate(header):
-        if col == ts_col or "_" not in name:
-            continue
-        zone, gpu = _from_stem(name)
-        data = tuple(
-            int(_number(r[col], f"{path}:{line}: {name}", count=True))
-            for line, r in enumerate(rows[1:], start=2)
+    names = [(col, name) for col, name in enumerate(header) if col != ts_col and "_" in name]
+    columns = [
+        (
+            name,
+            [
+                int(_number(r[col], f"{path}:{line}: {name}", count=True))
+                for line, r in enumerate(rows[1:], start=2)
+            ],
         )
-        trace = AvailabilityTrace(gap, data, "available_count", f"{path}:{name}")
+        for col, name in names
+    ]
+    lines = range(2, len(rows) + 1)
+    gap, data = _on_grid(
+        times,
+        columns,
+        [r[ts_col] for r in rows[1:]],
+        [f"{path}:{line}: Timestamp" for line in lines],
+        [f"line {line}" for line in lines],
+    )
+    out = []
+    for (_, name), counts in zip(names, data, strict=True):
+        zone, gpu = _from_stem(name)
+        trace = AvailabilityTrace(gap, counts, "available_count", f"{path}:{name}")
         out.append(ZoneTrace(f"{path.stem}:{name}", trace, zone, gpu))
     return out
 

@@ -98,3 +98,47 @@ def test_irregular_time_points_keep_their_durations(tmp_path):
     t = trace.trace
     assert t.gap_seconds == 63.0 and len(t.data) == 15  # 0 … 882 s
     assert [t.data[t.slot(s)] for s in (0, 600, 650, 700, 881)] == [16, 16, 10, 8, 8]
+
+
+CSV_HEADER = ",Timestamp,V100-16_us-west1-b\n"
+
+
+def _csv_trace(tmp_path, rows: str):
+    path = tmp_path / "gpus.csv"
+    path.write_text(CSV_HEADER + rows)
+    (trace,) = load_sources([str(path)])
+    return trace.trace
+
+
+def test_csv_rows_keep_their_durations_by_timestamp(tmp_path):
+    """4 GPUs at 0 s, none from 60 s to 3600 s, 4 again from then: sampled every 60 s, not one
+    slot per row (which read 4 GPUs from 120 s on)."""
+    t = _csv_trace(tmp_path, "0,0,4\n1,60,0\n2,3600,4\n3,3660,4\n")
+    assert t.gap_seconds == 60.0 and len(t.data) == 62  # 0 … 3660 s
+    assert [t.at(s) for s in (0, 59, 60, 120, 1800, 3599, 3600, 3660)] == [4, 4, 0, 0, 0, 0, 4, 4]
+
+
+def test_csv_rows_in_any_order_are_read_in_timestamp_order(tmp_path):
+    ascending = _csv_trace(tmp_path, "0,0,4\n1,60,0\n2,3600,4\n3,3660,4\n")
+    descending = _csv_trace(tmp_path, "0,3660,4\n1,3600,4\n2,60,0\n3,0,4\n")
+    assert descending.data == ascending.data and descending.gap_seconds == ascending.gap_seconds
+
+
+def test_irregular_csv_timestamps_land_on_their_nearest_slot(tmp_path):
+    """Rows 123.2 s and 121.3 s apart (as in the Sailor planner's GPU traces): every row's count
+    has its slot, the last one included."""
+    t = _csv_trace(tmp_path, "0,1712574014.0187,32\n1,1712574137.19241,80\n2,1712574258.52282,128\n")
+    assert t.gap_seconds == pytest.approx(121.3304) and t.data == (32, 80, 128)
+
+
+def test_time_points_whose_spacing_is_inexact_in_floating_point_keep_every_count(tmp_path):
+    """0.3 // 0.1 is 2 in floating point: the count at 0.3 s still gets its own slot."""
+    points = [{"Time": 0, "GPUs": 1}, {"Time": 0.1, "GPUs": 2}, {"Time": 0.3, "GPUs": 3}]
+    (tmp_path / "pool.json").write_text(json.dumps(points))
+    (trace,) = load_sources([str(tmp_path)])
+    assert trace.trace.gap_seconds == 0.1 and trace.trace.data == (1, 2, 2, 3)
+
+
+def test_a_timestamp_given_twice_with_the_same_counts_is_read_once(tmp_path):
+    t = _csv_trace(tmp_path, "0,0,4\n1,60,0\n2,60,0\n3,120,4\n")
+    assert t.gap_seconds == 60.0 and t.data == (4, 0, 4)

@@ -19,6 +19,16 @@ from sailor_tasks.traces.sources import load_sources
         ("sailor.csv", ",Timestamp,V100-16_us-west1-b\n0,0,2\n1,60\n", "sailor.csv"),
         ("sailor.csv", ",Timestamp,V100-16_us-west1-b\n0,0,2\n1,60,-1\n", "-1"),
         ("V100_us-west1-b.json", "not json", "not valid JSON"),
+        (
+            "sailor.csv",
+            ",Timestamp,V100-16_us-west1-b\n0,0,2\n1,60,4\n2,60,0\n",
+            ":4: Timestamp='60' repeats line 3's time with another count: V100-16_us-west1-b 4 there, 0 here",
+        ),
+        (
+            "V100_us-west1-b.json",
+            json.dumps([{"Time": 0, "GPUs": 2}, {"Time": 60, "GPUs": 4}, {"Time": 60, "GPUs": 0}]),
+            ": [2].Time=60 repeats [1]'s time with another count: GPUs 4 there, 0 here",
+        ),
     ],
 )
 def test_a_malformed_trace_source_is_a_value_error_naming_the_file(tmp_path, name, text, fragment):
