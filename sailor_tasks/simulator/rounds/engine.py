@@ -20,7 +20,7 @@ wait for capacity: it knows each region's free GPUs from the last round's grants
 ``StartsJobs`` sends an arriving (or preempted) job where it can start at once when some region
 has room, and every round the jobs that got no GPUs where they wait are offered the GPUs free in
 other regions (``moves``). A job is bound to a region only while that region runs it or no
-region has room for it.
+region has room for it (or, under the ``stay_in_region`` baseline, once it was preempted there).
 
 The per-region work (admission, re-solves, grants, progress) is done by ``RegionShard``s
 (``shard.py``); with ``SimConfig.workers`` > 1 they run in worker processes (``workers.py``), in

@@ -11,7 +11,7 @@ loaded with ``load_availability_trace``) as spot capacity, and says when it chan
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -170,10 +170,19 @@ class RecoveryStrategy(Protocol):
 
 
 class StayInRegion:
-    """Baseline (``--recovery stay_in_region``): wait for the capacity to come back in the same
-    region. The default is the registry's ``same_zone_first`` (``replan.StrategyRecovery``)."""
+    """Baseline (``--recovery stay_in_region``): the preempted job waits for capacity to come back
+    in the same region. The default is the registry's ``same_zone_first``
+    (``replan.StrategyRecovery``).
+
+    ``pin`` (``make_recovery`` passes ``SimPlacement.pin``) is called with the job and its region at
+    every preemption and keeps the job there for its later placements, so the router does not move
+    it to GPUs free elsewhere either; without it only the recovery itself keeps the job in place.
+    """
 
     name = "stay_in_region"
+
+    def __init__(self, pin: Callable[[SimJob, int], None] | None = None):
+        self.pin = pin
 
     def on_preemption(
         self,
@@ -184,4 +193,6 @@ class StayInRegion:
         load: Sequence[float],
         free: Sequence[Mapping[str, int]] | None = None,
     ) -> int:
+        if self.pin is not None:
+            self.pin(job, region)
         return region

@@ -84,7 +84,7 @@ def make_recovery(name: str, sim: SimPlacement) -> RecoveryStrategy:
         ValueError: unknown name; the message lists the valid ones.
     """
     if name == BASELINE_RECOVERY:
-        return StayInRegion()
+        return StayInRegion(pin=sim.pin)
     if name not in strategy_names():
         raise ValueError(
             f"recovery={name!r} is not a recovery strategy; valid: {', '.join(recovery_names())}"

@@ -142,6 +142,13 @@ class SimPlacement:
         """The reservation holding ``lost`` GPUs of a type in a region, by (region, type, lost):
         routing asks for the same few thousand at every call."""
 
+    def pin(self, job: SimJob, region: int) -> None:
+        """Keep ``job`` in ``region`` for its later placements: every other region's zone is
+        blocked (its market is kept)."""
+        name = self.regions[region].name
+        blocked = frozenset(z for r, zones in self.zones_by_region.items() if r != name for z in zones)
+        self.constraints[job.job_id] = (blocked, self.constraints.get(job.job_id, (frozenset(), None))[1])
+
     def request(self, job: SimJob, market: str | None = None) -> JobRequest:
         """The job as the fast path's request: its job type as the model, its scale factor as workers."""
         return JobRequest(

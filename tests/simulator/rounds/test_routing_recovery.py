@@ -9,7 +9,15 @@ import pytest
 
 from sailor_tasks.catalog.throughput import ThroughputTable, load_packaged
 from sailor_tasks.placement import plan
-from sailor_tasks.simulator import Region, SimConfig, SimJob, generate_jobs, simulate
+from sailor_tasks.simulator import (
+    AvailabilityTrace,
+    Region,
+    SimConfig,
+    SimJob,
+    TraceAvailability,
+    generate_jobs,
+    simulate,
+)
 from sailor_tasks.simulator.rounds.replan import StrategyRecovery, make_recovery, recovery_names
 from sailor_tasks.simulator.rounds.routing import PlacementRouter, SimPlacement, make_router
 from sailor_tasks.strategies import RecoveryContext, get_strategy
@@ -186,6 +194,34 @@ def test_recovery_waits_in_place_when_every_region_is_blocked():
     assert recovery.on_preemption(job, 0, 10.0, available, [0.5, 0.5]) == 1
     assert recovery.on_preemption(job, 1, 20.0, available, [0.5, 0.5]) == 1  # a and b blocked
     assert recovery.waits == 1
+
+
+def test_stay_in_region_waits_for_capacity_in_its_region_while_another_region_has_free_gpus():
+    """The spot region (the cheaper: the job starts there) loses its GPU from 360 s to 1800 s.
+    Under ``stay_in_region`` the 1000 s job waits there although the on-demand region's GPU is
+    free: 360 s, then its last 640 s from 1800 s (JCT 2440 s); ``same_zone_first`` moves it."""
+    table = load_packaged()
+    regions = [
+        Region("spot", {"V100": 1}, {"V100": 1.0}, spot=True),
+        Region("dear", {"V100": 1}, {"V100": 3.0}),
+    ]
+    job = SimJob("j", RESNET, total_steps=table.throughput(RESNET, "V100") * 1000, arrival_s=0.0)
+    trace = AvailabilityTrace(360.0, (0, 1, 1, 1, 1) + (0,) * 50)
+    runs = {
+        recovery: simulate(
+            [job],
+            regions,
+            table,
+            SimConfig(policy="fifo", recovery=recovery),
+            availability=TraceAvailability({"spot": trace}),
+        )
+        for recovery in ("stay_in_region", "same_zone_first")
+    }
+    stay = runs["stay_in_region"]
+    assert stay.jct_by_job() == {"j": pytest.approx(2440.0)} and stay.preemptions == 1
+    assert stay.recovery_moves == stay.waiting_moves == stay.faster_moves == 0
+    moved = runs["same_zone_first"]
+    assert moved.jct_by_job() == {"j": pytest.approx(1000.0)} and moved.recovery_moves == 1
 
 
 def test_simulation_with_spot_outages_is_deterministic():
