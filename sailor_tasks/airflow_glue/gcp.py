@@ -518,6 +518,21 @@ class TrainingPods:
             self._delete(index)
         return ends
 
+    def give_up(
+        self, why: str, record: Callable[[dict[str, dict[str, Any]]], None] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """End an attempt whose pods did not all start in time (no node came up for one): every
+        pod is judged preempted without notice, ``why`` (the attempt trained nothing: torchrun
+        waits for every node), ``record`` gets the ends, then every pod is deleted. Returns node
+        index → ``end_dict``."""
+        end = end_dict(gke.PodEnd("preempted", why, None, noticed=False))
+        ends = {str(index): dict(end) for index in range(len(self))}
+        if record is not None:
+            record(ends)
+        for index in range(len(self)):
+            self._delete(index)
+        return ends
+
     def _delete(self, index: int) -> None:
         from kubernetes.client.exceptions import ApiException
 

@@ -340,7 +340,7 @@ class SailorTrainOperator(BaseOperator):
         """Re-entry from ``AttemptPodsTrigger``: judge the pods, stop the rest, end the attempt."""
         from sailor_tasks import stages
         from sailor_tasks.airflow_glue import gcp
-        from sailor_tasks.airflow_glue.triggers import UNSTARTABLE
+        from sailor_tasks.airflow_glue.triggers import UNSCHEDULED, UNSTARTABLE
         from sailor_tasks.stages import attempts
 
         self._run_id = context["run_id"]
@@ -356,13 +356,23 @@ class SailorTrainOperator(BaseOperator):
             # An image that cannot be pulled: a retry would wait on the same pods, GPUs idle.
             pod, _, why = str(event.get("message") or "").partition(": ")
             run_stage(stages.stop_unstartable, context["run_id"], pod, why)
-        if event.get("status") not in ("success", "ended"):
-            # The pods did not start or the API kept failing: Airflow's retry reattaches to them.
+        if event.get("status") not in ("success", "ended", UNSCHEDULED):
+            # The API kept failing: Airflow's retry reattaches to the pods.
             raise RuntimeError(f"following attempt {state['attempt']}'s pods failed: {event.get('message')}")
         gcp.install()
         ctx = stages.StageContext.from_env()
         attempt = attempts.resume_attempt(ctx, self.request, context["run_id"], int(state["attempt"]))
-        return self._conclude(context, self._pods(context, ctx, attempt), attempt, event.get("pods") or {})
+        pods = self._pods(context, ctx, attempt)
+        if event.get("status") == UNSCHEDULED:
+            # No node came up for a pod (a Spot stockout, say): the zone cannot hold the run now.
+            # The attempt ends as preempted, and recovery plans the next one as after a preemption
+            # (another zone, or another market, as the strategy says) instead of waiting on the
+            # same pending pods try after try.
+            why = f"no node for the pool in time ({event.get('message')})"
+            pods.give_up(why, record=lambda e: gcp.report_pod_ends(attempt.config.output_uri, e))
+            self.log.warning("attempt %s: %s; re-planning", state["attempt"], why)
+            return self._finish(context, attempt.number, 1)
+        return self._conclude(context, pods, attempt, event.get("pods") or {})
 
     # --- gke helpers -------------------------------------------------------------------------
 

@@ -40,6 +40,9 @@ PENDING_PHASES = ("Pending", "")
 LEASE_RECLAIMED = "lease_reclaimed"
 UNSTARTABLE = "unstartable"
 """``AttemptPodsTrigger``'s event when a pod cannot start (its message: ``<pod>: <why>``)."""
+UNSCHEDULED = "unscheduled"
+"""``AttemptPodsTrigger``'s event when a pod is still pending after ``startup_timeout``: no node
+came up for it (the zone has no capacity for the pool now)."""
 """Event status: the run's reservation lease was reclaimed while the attempt was deferred."""
 LEASE_HOLDER = "train (deferred)"
 OPERATION_LEASE_HOLDER = "gke operation (deferred)"
@@ -205,7 +208,8 @@ class AttemptPodsTrigger(BaseTrigger):
     """Follow the pods ``pod_names`` of one attempt until one fails or all succeed.
 
     Event payload: ``status`` (``success``: every pod succeeded; ``ended``: a pod failed or is
-    gone; ``error``: a pod did not start within ``startup_timeout`` or the API kept failing;
+    gone; ``unscheduled``: a pod did not start within ``startup_timeout``; ``unstartable``: a pod
+    cannot start (its image); ``error``: the API kept failing;
     ``lease_reclaimed``: the run's lease was reclaimed), ``pods`` (name → ``{"phase",
     "exit_code"}``, ``phase`` ``Gone`` for a pod that no longer exists), ``message``, and SAILOR's
     resume ``state`` under ``sailor_train``.
@@ -376,7 +380,7 @@ class AttemptPodsTrigger(BaseTrigger):
             waiting = [n for n, p in pods.items() if p["phase"] in PENDING_PHASES]
             if waiting and time.time() - self.started_at > self.startup_timeout:
                 yield self._event(
-                    "error", pods, f"pod {waiting[0]} not started after {self.startup_timeout:.0f} s"
+                    UNSCHEDULED, pods, f"pod {waiting[0]} not started after {self.startup_timeout:.0f} s"
                 )
                 return
             await asyncio.sleep(self.poll_interval)

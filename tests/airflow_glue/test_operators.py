@@ -661,6 +661,44 @@ def test_a_pod_gone_with_its_node_is_a_preemption_that_replans_with_the_zone_blo
     assert all("-a2-node-" in n for n in next_attempt.value.trigger.pod_names)
 
 
+def test_a_pod_no_node_came_up_for_is_a_preemption_that_replans(gke_env):
+    """A pod still pending at the startup timeout (no node came up: a Spot stockout) ends the
+    attempt as preempted without notice and recovery plans the next one, instead of each retry
+    waiting on the same pending pods."""
+    import asyncio
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from sailor_tasks.airflow_glue.triggers import AttemptPodsTrigger
+
+    run_id = "manual__stockout-1"
+    request, placement, data = gke_env.prepare(run_id)
+    op, context = _operator(request, placement, data), _context(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    node0, node1 = deferred.value.trigger.pod_names
+    gke_env.core.pods[node1]["waiting"] = ("ContainerCreating", "")  # never gets a node
+    _, kwargs = deferred.value.trigger.serialize()
+    trigger = AttemptPodsTrigger(**{**kwargs, "poll_interval": 0.02, "startup_timeout": 0.2})
+    hook = FakeAsyncHook(gke_env.core)
+    trigger.hook = lambda: hook
+
+    async def first():
+        return (await trigger.run().__anext__()).payload
+
+    event = asyncio.run(first())
+    assert event["status"] == "unscheduled" and node1 in event["message"]
+    with pytest.raises(TaskDeferred) as next_attempt:
+        op.resume_train(context, event=event)
+    ledger = gke_env.ctx.ledger
+    first_attempt, second = ledger.attempts(run_id)
+    assert (first_attempt["outcome"], second["outcome"]) == ("preempted", "running")
+    (pre,) = ledger.preemptions(run_id)
+    assert pre["zone"] == placement["zone"] and pre["noticed"] is False
+    assert {node0, node1} <= set(gke_env.core.deleted)  # the pending pods do not linger
+    assert next_attempt.value.trigger.state == {"attempt": 2}
+
+
 def test_resume_without_sailor_state_names_what_it_got(gke_env):
     from airflow.sdk.exceptions import AirflowFailException
 
