@@ -578,3 +578,15 @@ def test_the_price_cap_a_refusal_advises_is_accepted_for_every_offer():
                 cap = float(found.group(1))
                 assert catalog_errors(from_params({**params, "max_usd_per_hour": cap}, cat), cat) == []
     assert advised > 20
+
+
+def test_a_residency_no_allowed_offer_is_on_names_the_continents_that_have_one():
+    """Regions in North America with data kept in the EU: no offer can run it, and the refusal
+    names the continents that do hold an offer within the request's other limits."""
+    from sailor_tasks.placement import catalog_errors
+    from sailor_tasks.request import from_params
+
+    cat = load_catalog()
+    request = from_params({"regions": ["us-central1", "us-east1"], "data_residency": ["EU"]}, cat)
+    (error,) = [e for e in catalog_errors(request, cat) if e.field == "data_residency"]
+    assert error.valid == ["NA"] and "valid choices: NA" in str(error)
