@@ -116,7 +116,11 @@ class LocalBackend:
         """
         config = config or _read_config(launch.config_uri)
         if config.command:
-            worker = resolve_local_command(config.command, self.settings.command_roots).argv()
+            own = resolve_local_command(config.command, self.settings.command_roots)
+            # The worker runs in the allowed folder its program lies in (``LocalCommand.root``);
+            # torchrun and die_with_agent start in the task's, so that no file of that folder
+            # shadows their own modules.
+            worker = ["--cwd", own.root, "--", *own.argv()]
         else:
             worker = [sys.executable, "-u", "-m", "sailor_tasks.train", "--config", launch.config_uri]
         # Each worker starts through die_with_agent: it dies with torchrun (a SIGKILLed agent

@@ -70,6 +70,10 @@ class LocalCommand:
     python: bool
     """True: a Python script torchrun runs with SAILOR's interpreter; False: an executable
     (``torchrun --no-python``)."""
+    root: str = ""
+    """Real path of the allowed folder the program lies in: the workers' working directory, so
+    that a relative path in its arguments (``--config conf/a.yaml``) means what it means in the
+    command (relative to that folder), as in a container run from its project's folder."""
 
     def argv(self) -> list[str]:
         """The worker's own command line (a Python script runs with SAILOR's interpreter)."""
@@ -86,6 +90,15 @@ def _inside(path: str, roots: Sequence[str]) -> bool:
         if path == real or path.startswith(real.rstrip("/") + "/"):
             return True
     return False
+
+
+def _root_of(path: str, roots: Sequence[str]) -> str:
+    """The real path of the first of ``roots`` that ``path`` (a real path) lies in."""
+    return next(
+        real
+        for real in map(os.path.realpath, roots)
+        if path == real or path.startswith(real.rstrip("/") + "/")
+    )
 
 
 def _confine(name: str, roots: Sequence[str]) -> str:
@@ -123,13 +136,14 @@ def resolve_local_command(command: Sequence[str], roots: Sequence[str]) -> Local
                 "the local backend runs a script file, never python options (-c, -m, ...): "
                 "give [python, <script.py>, args...]",
             )
-        return LocalCommand(_confine(rest[0], roots), rest[1:], python=True)
+        script = _confine(rest[0], roots)
+        return LocalCommand(script, rest[1:], python=True, root=_root_of(script, roots))
     program = _confine(first, roots)
     if program.endswith(".py"):
-        return LocalCommand(program, rest, python=True)
+        return LocalCommand(program, rest, python=True, root=_root_of(program, roots))
     if not os.access(program, os.X_OK):
         raise InvalidRequestError("command", first, "is neither a .py script nor executable (chmod +x)")
-    return LocalCommand(program, rest, python=False)
+    return LocalCommand(program, rest, python=False, root=_root_of(program, roots))
 
 
 def check_local_env(env: dict[str, str]) -> list[InvalidRequestError]:

@@ -5,7 +5,9 @@ kill -9 of the task) leaves its workers running, training and writing checkpoint
 that has ended. The local backend has torchrun run this module before each worker (``torchrun
 --no-python python -m sailor_tasks.runtime.die_with_agent <worker argv>``): it asks the kernel to
 send the process SIGKILL when its parent exits, checks the parent did not exit already, then
-``exec``s the worker's own command, which keeps the setting (same process, same parent).
+``exec``s the worker's own command, which keeps the setting (same process, same parent). With
+``--cwd DIR`` first, the worker runs in ``DIR`` (torchrun and this module start in the task's
+working directory, whose files then cannot shadow their modules).
 
 Torch-free and import-light: it runs once per worker before the worker's interpreter starts.
 """
@@ -55,13 +57,18 @@ def _parent_is_agent(ppid: int) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    workdir = None
+    if args[:1] == ["--cwd"] and len(args) >= 2:
+        workdir, args = args[1], args[2:]
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        sys.exit("usage: python -m sailor_tasks.runtime.die_with_agent [--] PROGRAM [ARGS...]")
+        sys.exit("usage: python -m sailor_tasks.runtime.die_with_agent [--cwd DIR] [--] PROGRAM [ARGS...]")
     ppid = os.getppid()
     if set_parent_death_signal() and (os.getppid() != ppid or not _parent_is_agent(ppid)):
         os.kill(os.getpid(), signal.SIGKILL)  # the agent is gone already: never start the worker
+    if workdir is not None:
+        os.chdir(workdir)  # the worker's own working directory (``--cwd``), not the agent's
     os.execvp(args[0], args)
 
 

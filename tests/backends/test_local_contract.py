@@ -56,6 +56,10 @@ def test_own_command_runs_confined_under_torchrun(backend, tmp_path):
     argv = backend.command(launch(), config(command=("python", "train.py", "--lr", "0.1")))
     assert argv[-3:] == [str(tmp_path / "code" / "train.py"), "--lr", "0.1"]
     assert "sailor_tasks.train" not in argv
+    # Its worker runs in the allowed folder the script lies in: a relative path in its arguments
+    # means what it means in the command.
+    at = argv.index("--cwd")
+    assert argv[at + 1] == str((tmp_path / "code").resolve()) and argv[at + 2] == "--"
 
 
 def test_a_command_gone_since_validation_is_refused_at_launch(backend, tmp_path):

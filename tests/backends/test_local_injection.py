@@ -191,3 +191,21 @@ def test_a_worker_started_through_die_with_agent_runs_under_either_torchrun(tmp_
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert out.exists()
+
+
+def test_a_worker_given_a_working_directory_runs_there_and_torchrun_does_not(tmp_path):
+    """``die_with_agent --cwd DIR`` runs the worker in DIR; torchrun itself starts in the task's
+    folder, so a module of DIR named like one of torch's cannot shadow it."""
+    import subprocess
+    import sys
+
+    workdir = tmp_path / "project"
+    (workdir / "torch").mkdir(parents=True)
+    (workdir / "torch" / "__init__.py").write_text("raise ImportError('the project folder shadowed torch')\n")
+    out = tmp_path / "cwd.txt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "--no-python"]
+    cmd += [sys.executable, "-m", "sailor_tasks.runtime.die_with_agent", "--cwd", str(workdir), "--"]
+    cmd += [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(os.getcwd())"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.read_text() == str(workdir)
