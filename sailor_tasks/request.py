@@ -739,7 +739,9 @@ def from_params(params: Mapping[str, Any], catalog: Catalog | None = None) -> Jo
         if values[name] is None:
             values[name] = empty
 
-    if values["checkpoint_every_steps"] > values["total_steps"]:
+    # A run's own command saves as it decides (the interval is the planner's estimate of the work an
+    # unnoticed preemption loses): only the built-in trainer's interval must fit in the run.
+    if not values["command"] and values["checkpoint_every_steps"] > values["total_steps"]:
         errors.append(
             InvalidRequestError(
                 "checkpoint_every_steps",

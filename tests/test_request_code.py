@@ -158,3 +158,12 @@ def test_a_request_with_env_stays_hashable_and_survives_xcom_json():
     again = from_dict(JobRequest, json.loads(json.dumps(to_dict(req))))
     assert again == req and hash(again) == hash(req)  # the spot simulator keys placements by request
     assert dict(again.env) == {"A": "1", "B": "2"}
+
+
+def test_a_commands_run_shorter_than_the_checkpoint_interval_is_accepted():
+    """The interval is the built-in trainer's (a command saves as it decides): a short run of one's
+    own command needs no checkpoint_every_steps it never receives; the built-in one still does."""
+    short = {"total_steps": 12}
+    assert from_params({**short, "command": ["python", "with_helper.py"]}).total_steps == 12
+    with pytest.raises(InvalidRequestErrors, match="checkpoint_every_steps=50: must not exceed total_steps=12"):
+        from_params(short)
