@@ -108,10 +108,23 @@ def _confine(name: str, roots: Sequence[str]) -> str:
     for candidate in candidates:
         real = os.path.realpath(candidate)
         if not _inside(real, roots):
-            raise InvalidRequestError("command", name, "lies outside the folders local commands may run from", shown)
+            raise InvalidRequestError(
+                "command",
+                name,
+                "lies outside the folders local commands may run from (add its folder to "
+                "SAILOR_COMMAND_ROOTS of the Airflow workers)",
+                shown,
+            )
         if os.path.isfile(real):
             return real
-    raise InvalidRequestError("command", name, "no such file in the folders local commands may run from", shown)
+    split = (
+        " (it holds spaces: give one argument per list item, not a shell string)"
+        if any(c.isspace() for c in name)
+        else ""
+    )
+    raise InvalidRequestError(
+        "command", name, f"no such file in the folders local commands may run from{split}", shown
+    )
 
 
 def resolve_local_command(command: Sequence[str], roots: Sequence[str]) -> LocalCommand:

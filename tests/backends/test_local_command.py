@@ -68,6 +68,14 @@ def test_outside_error_lists_the_allowed_roots(roots):
     with pytest.raises(InvalidRequestError) as info:
         resolve_local_command(["/bin/sh"], allowed)
     assert info.value.valid == list(allowed)
+    assert "add its folder to SAILOR_COMMAND_ROOTS of the Airflow workers" in str(info.value)
+
+
+@pytest.mark.parametrize("command", [["python train.py", "--lr", "0.1"], ["python", "train.py --lr 0.1"]])
+def test_a_half_split_shell_string_is_refused_saying_one_argument_per_item(roots, command):
+    allowed, _ = roots
+    with pytest.raises(InvalidRequestError, match="give one argument per list item, not a shell string"):
+        resolve_local_command(command, allowed)
 
 
 def test_no_roots_allow_nothing(roots):
