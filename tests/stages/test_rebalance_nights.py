@@ -154,6 +154,26 @@ def test_a_failed_copy_counts_the_bytes_it_copied_before_it_failed(ctx, monkeypa
     assert [f["bytes_copied"] for f in last["failed"]] == [3000]
 
 
+def test_a_store_error_on_the_copy_count_leaves_the_copy_done(ctx, monkeypatch):
+    """The run's count of copied bytes cannot be read (the store's own error, as gcsfs raises
+    after its retries): the copy stays done with this try's bytes, and the try does not fail."""
+    from sailor_tasks import stages
+    from sailor_tasks.stages import rebalance
+
+    copies = [_two_files(ctx, "sailor://source/counted")]
+
+    exists = rebalance.storage.exists
+
+    def unreachable(uri):
+        if "/copied/" in uri:  # the count, kept in the run's report folder
+            raise Exception("503 Backend Error")  # not an OSError
+        return exists(uri)
+
+    monkeypatch.setattr(rebalance.storage, "exists", unreachable)
+    last = stages.replicate_datasets(copies, final=True, run_id="counted", ctx=ctx)
+    assert [c["bytes_copied"] for c in last["done"]] == [8000] and last["failed"] == []
+
+
 def test_the_review_judges_a_reservation_by_its_gpu_types_shares(ctx):
     """``plan`` steers a run by its GPU type's shares: an A100 run in us-east1 is outside an
     assignment that gives the team's A100s to europe-west4 only, although the team as a whole
