@@ -52,7 +52,7 @@ def _parent_is_agent(ppid: int) -> bool:
             argv = f.read().split(b"\0")
     except OSError:
         return False
-    return any(b"torch.distributed" in a or os.path.basename(a) == b"torchrun" for a in argv[:3])
+    return any(b"torch.distributed" in a or os.path.basename(a) == b"torchrun" for a in argv)
 
 
 def main(argv: list[str] | None = None) -> None:

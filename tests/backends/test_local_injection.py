@@ -172,7 +172,7 @@ def test_a_noticed_preemption_waits_for_the_trainer_a_wrapper_script_started(tmp
         proc.wait()
 
 
-@pytest.mark.parametrize("launcher", ["module", "console_script"])
+@pytest.mark.parametrize("launcher", ["module", "module_with_options", "console_script"])
 def test_a_worker_started_through_die_with_agent_runs_under_either_torchrun(tmp_path, launcher):
     """``python -m torch.distributed.run`` (SAILOR's backends) and the ``torchrun`` console script
     are both the agent a worker may run under: the worker runs, rather than killing itself."""
@@ -181,11 +181,11 @@ def test_a_worker_started_through_die_with_agent_runs_under_either_torchrun(tmp_
     import sys
 
     out = tmp_path / "ran"
-    agent = (
-        [sys.executable, "-m", "torch.distributed.run"]
-        if launcher == "module"
-        else [os.path.join(os.path.dirname(sys.executable), "torchrun")]
-    )
+    agent = {
+        "module": [sys.executable, "-m", "torch.distributed.run"],
+        "module_with_options": [sys.executable, "-u", "-X", "faulthandler", "-m", "torch.distributed.run"],
+        "console_script": [os.path.join(os.path.dirname(sys.executable), "torchrun")],
+    }[launcher]
     cmd = [*agent, "--standalone", "--nproc-per-node=1", "--no-python", sys.executable]
     cmd += ["-m", "sailor_tasks.runtime.die_with_agent", sys.executable, "-c", f"open({str(out)!r}, 'w')"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
