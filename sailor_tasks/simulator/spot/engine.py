@@ -157,7 +157,9 @@ class SpotZone:
         # the slot of ``t_s`` (a gap such as 15.3 s): step to the first time past it that reads
         # the next slot, so that the simulation always moves on and sees the change.
         while nxt <= t_s or (nxt + off) // gap <= slot:
-            nxt = math.nextafter(nxt, math.inf)
+            # One step of the sum ``nxt + off`` (what the slot is read from), not of ``nxt`` alone,
+            # which is far smaller when ``nxt`` is small beside the offset.
+            nxt = max(math.nextafter(nxt, math.inf), nxt + math.ulp(nxt + off))
         return nxt
 
 

@@ -563,3 +563,13 @@ def test_each_next_slot_is_later_and_reads_the_next_slot_whatever_the_gap(gap):
             assert after > t
             assert (after + z.trace_offset_s) // gap == (t + z.trace_offset_s) // gap + 1
             t = after
+
+
+@pytest.mark.parametrize("gap", [15.3, 0.1])
+def test_the_next_slot_from_time_zero_behind_a_large_offset_is_found_at_once(gap):
+    """At t = 0 with an offset far larger than one step of t (a zone's place in a pooled trace),
+    the next slot is still one step away, read from the sum of both."""
+    for off in (5 * gap, 333 * gap, 33299.9, 99_999.7):
+        z = replace(zone("us-central1-a", [0, 1, 0, 0, 1], gap), trace_offset_s=off)
+        after = z.next_slot_s(0.0)
+        assert after > 0.0 and (after + off) // gap == off // gap + 1
