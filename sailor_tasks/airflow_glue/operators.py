@@ -357,7 +357,7 @@ class SailorTrainOperator(BaseOperator):
             pod, _, why = str(event.get("message") or "").partition(": ")
             run_stage(stages.stop_unstartable, context["run_id"], pod, why)
         if event.get("status") not in ("success", "ended", UNSCHEDULED):
-            # The API kept failing: Airflow's retry reattaches to the pods.
+            # The API kept failing, or a pod on a node did not start: Airflow's retry reattaches.
             raise RuntimeError(f"following attempt {state['attempt']}'s pods failed: {event.get('message')}")
         gcp.install()
         ctx = stages.StageContext.from_env()
@@ -365,9 +365,8 @@ class SailorTrainOperator(BaseOperator):
         pods = self._pods(context, ctx, attempt)
         if event.get("status") == UNSCHEDULED:
             # No node came up for a pod (a Spot stockout, say): the zone cannot hold the run now.
-            # The attempt ends as preempted, and recovery plans the next one as after a preemption
-            # (another zone, or another market, as the strategy says) instead of waiting on the
-            # same pending pods try after try.
+            # The attempt ends as preempted, and recovery plans the next one as after a
+            # preemption (another zone, or another market, as the strategy says).
             why = f"no node for the pool in time ({event.get('message')})"
             pods.give_up(why, record=lambda e: gcp.report_pod_ends(attempt.config.output_uri, e))
             self.log.warning("attempt %s: %s; re-planning", state["attempt"], why)

@@ -41,8 +41,8 @@ LEASE_RECLAIMED = "lease_reclaimed"
 UNSTARTABLE = "unstartable"
 """``AttemptPodsTrigger``'s event when a pod cannot start (its message: ``<pod>: <why>``)."""
 UNSCHEDULED = "unscheduled"
-"""``AttemptPodsTrigger``'s event when a pod is still pending after ``startup_timeout``: no node
-came up for it (the zone has no capacity for the pool now)."""
+"""``AttemptPodsTrigger``'s event when a pod is still pending after ``startup_timeout`` with no
+node: none came up for it (the zone has no capacity for the pool now)."""
 """Event status: the run's reservation lease was reclaimed while the attempt was deferred."""
 LEASE_HOLDER = "train (deferred)"
 OPERATION_LEASE_HOLDER = "gke operation (deferred)"
@@ -208,8 +208,9 @@ class AttemptPodsTrigger(BaseTrigger):
     """Follow the pods ``pod_names`` of one attempt until one fails or all succeed.
 
     Event payload: ``status`` (``success``: every pod succeeded; ``ended``: a pod failed or is
-    gone; ``unscheduled``: a pod did not start within ``startup_timeout``; ``unstartable``: a pod
-    cannot start (its image); ``error``: the API kept failing;
+    gone; ``unscheduled``: a pod had no node after ``startup_timeout``; ``unstartable``: a pod
+    cannot start (its image); ``error``: the API kept failing, or a pod on a node did not start
+    within ``startup_timeout``;
     ``lease_reclaimed``: the run's lease was reclaimed), ``pods`` (name → ``{"phase",
     "exit_code"}``, ``phase`` ``Gone`` for a pod that no longer exists), ``message``, and SAILOR's
     resume ``state`` under ``sailor_train``.
@@ -300,7 +301,15 @@ class AttemptPodsTrigger(BaseTrigger):
         unstartable = None
         if phase in PENDING_PHASES and pod.status:
             unstartable = detect_pod_terminate_early_issues(pod)
-        return {"phase": phase, "exit_code": code, **({"unstartable": unstartable} if unstartable else {})}
+        pending = {}
+        if phase in PENDING_PHASES:  # the node that took it, None while none has
+            pending["node"] = getattr(getattr(pod, "spec", None), "node_name", None) or None
+        return {
+            "phase": phase,
+            "exit_code": code,
+            **pending,
+            **({"unstartable": unstartable} if unstartable else {}),
+        }
 
     async def _stream_logs(self, hook: Any, name: str) -> None:
         """Log the lines the pod wrote since the last read (timestamped lines, deduplicated)."""
@@ -379,8 +388,10 @@ class AttemptPodsTrigger(BaseTrigger):
                 return
             waiting = [n for n, p in pods.items() if p["phase"] in PENDING_PHASES]
             if waiting and time.time() - self.started_at > self.startup_timeout:
-                yield self._event(
-                    UNSCHEDULED, pods, f"pod {waiting[0]} not started after {self.startup_timeout:.0f} s"
-                )
+                # A pod no node took is the zone's want of capacity; one on a node that does not
+                # start (its container) is not, and the API's error path follows it.
+                homeless = [n for n in waiting if not pods[n].get("node")]
+                status, pod = (UNSCHEDULED, homeless[0]) if homeless else ("error", waiting[0])
+                yield self._event(status, pods, f"pod {pod} not started after {self.startup_timeout:.0f} s")
                 return
             await asyncio.sleep(self.poll_interval)

@@ -156,7 +156,10 @@ class FakeCoreV1:
         )
         return k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=dict(pod["labels"])),
-            spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=gke.CONTAINER_NAME, image="i")]),
+            spec=k8s.V1PodSpec(
+                containers=[k8s.V1Container(name=gke.CONTAINER_NAME, image="i")],
+                node_name=pod.get("node"),  # the node that took it, when a test names one
+            ),
             status=k8s.V1PodStatus(phase=phase, reason=pod.get("reason"), container_statuses=[status]),
         )
 
@@ -661,10 +664,12 @@ def test_a_pod_gone_with_its_node_is_a_preemption_that_replans_with_the_zone_blo
     assert all("-a2-node-" in n for n in next_attempt.value.trigger.pod_names)
 
 
-def test_a_pod_no_node_came_up_for_is_a_preemption_that_replans(gke_env):
-    """A pod still pending at the startup timeout (no node came up: a Spot stockout) ends the
-    attempt as preempted without notice and recovery plans the next one, instead of each retry
-    waiting on the same pending pods."""
+@pytest.mark.parametrize("on_a_node", [False, True])
+def test_a_pod_no_node_came_up_for_is_a_preemption_that_replans(gke_env, on_a_node):
+    """A pod still pending at the startup timeout with no node (none came up: a Spot stockout)
+    ends the attempt as preempted without notice, and recovery plans the next one. A pod on a
+    node whose container does not start is not the zone's capacity: it fails the try (``error``),
+    and Airflow's retry reattaches to it."""
     import asyncio
 
     from airflow.sdk.exceptions import TaskDeferred
@@ -677,7 +682,9 @@ def test_a_pod_no_node_came_up_for_is_a_preemption_that_replans(gke_env):
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
     node0, node1 = deferred.value.trigger.pod_names
-    gke_env.core.pods[node1]["waiting"] = ("ContainerCreating", "")  # never gets a node
+    gke_env.core.pods[node1]["waiting"] = ("ContainerCreating", "")  # Pending
+    if on_a_node:
+        gke_env.core.pods[node1]["node"] = "gke-sailor-pool-node-1"  # took it; its container waits
     _, kwargs = deferred.value.trigger.serialize()
     trigger = AttemptPodsTrigger(**{**kwargs, "poll_interval": 0.02, "startup_timeout": 0.2})
     hook = FakeAsyncHook(gke_env.core)
@@ -687,6 +694,11 @@ def test_a_pod_no_node_came_up_for_is_a_preemption_that_replans(gke_env):
         return (await trigger.run().__anext__()).payload
 
     event = asyncio.run(first())
+    if on_a_node:
+        assert event["status"] == "error" and node1 in event["message"]
+        with pytest.raises(RuntimeError, match="not started after"):
+            op.resume_train(context, event=event)
+        return
     assert event["status"] == "unscheduled" and node1 in event["message"]
     with pytest.raises(TaskDeferred) as next_attempt:
         op.resume_train(context, event=event)
