@@ -495,7 +495,8 @@ WORKER_ENV_WITHHELD = ("PET_", "AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_", "SA
 """Prefixes of the task's environment variables the training workers do not get: torchrun's
 options (``PET_*``: they would restart or silence the workers behind SAILOR's back), Airflow's
 configuration, connections and variables (the metadata database's URL and password, the API's
-signing secret), and the ledger's URL (its password). A run that needs one names it in ``env``."""
+signing secret), and the ledger's URL (its password). A run that needs one of Airflow's names it
+in ``env`` (``SAILOR_*`` and ``PET_*`` are reserved there)."""
 
 
 def _withheld(name: str) -> bool:

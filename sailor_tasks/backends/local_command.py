@@ -71,9 +71,10 @@ class LocalCommand:
     """True: a Python script torchrun runs with SAILOR's interpreter; False: an executable
     (``torchrun --no-python``)."""
     root: str = ""
-    """Real path of the allowed folder the program lies in: the workers' working directory, so
-    that a relative path in its arguments (``--config conf/a.yaml``) means what it means in the
-    command (relative to that folder), as in a container run from its project's folder."""
+    """Real path of the allowed folder the command's name counts from (the root a relative name
+    was found through; for an absolute one, the innermost root it lies in): the workers' working
+    directory, so that a relative path in its arguments (``--config conf/a.yaml``) means what it
+    means in the command, as in a container run from its project's folder."""
 
     def argv(self) -> list[str]:
         """The worker's own command line (a Python script runs with SAILOR's interpreter)."""
@@ -93,19 +94,19 @@ def _inside(path: str, roots: Sequence[str]) -> bool:
 
 
 def _root_of(path: str, roots: Sequence[str]) -> str:
-    """The real path of the first of ``roots`` that ``path`` (a real path) lies in."""
-    return next(
-        real
-        for real in map(os.path.realpath, roots)
-        if path == real or path.startswith(real.rstrip("/") + "/")
-    )
+    """The real path of the innermost of ``roots`` that ``path`` (a real path) lies in."""
+    inside = [r for r in map(os.path.realpath, roots) if path == r or path.startswith(r.rstrip("/") + "/")]
+    return max(inside, key=len)
 
 
-def _confine(name: str, roots: Sequence[str]) -> str:
-    """The real path of ``name``: absolute, or relative to one of the roots (first found)."""
+def _confine(name: str, roots: Sequence[str]) -> tuple[str, str]:
+    """The real path of ``name`` (absolute, or relative to one of the roots: the first it is found
+    in) and the root it counts from: the one a relative name was found through, else the
+    innermost root an absolute one lies in."""
     shown = tuple(roots) or ("none: set SAILOR_COMMAND_ROOTS",)
-    candidates = [name] if os.path.isabs(name) else [os.path.join(root, name) for root in roots]
-    for candidate in candidates:
+    absolute = os.path.isabs(name)
+    candidates = [(name, "")] if absolute else [(os.path.join(root, name), root) for root in roots]
+    for candidate, through in candidates:
         real = os.path.realpath(candidate)
         if not _inside(real, roots):
             raise InvalidRequestError(
@@ -116,7 +117,7 @@ def _confine(name: str, roots: Sequence[str]) -> str:
                 shown,
             )
         if os.path.isfile(real):
-            return real
+            return real, _root_of(real, roots) if absolute else os.path.realpath(through)
     split = (
         " (it holds spaces: give one argument per list item, not a shell string)"
         if any(c.isspace() for c in name)
@@ -149,14 +150,14 @@ def resolve_local_command(command: Sequence[str], roots: Sequence[str]) -> Local
                 "the local backend runs a script file, never python options (-c, -m, ...): "
                 "give [python, <script.py>, args...]",
             )
-        script = _confine(rest[0], roots)
-        return LocalCommand(script, rest[1:], python=True, root=_root_of(script, roots))
-    program = _confine(first, roots)
+        script, root = _confine(rest[0], roots)
+        return LocalCommand(script, rest[1:], python=True, root=root)
+    program, root = _confine(first, roots)
     if program.endswith(".py"):
-        return LocalCommand(program, rest, python=True, root=_root_of(program, roots))
+        return LocalCommand(program, rest, python=True, root=root)
     if not os.access(program, os.X_OK):
         raise InvalidRequestError("command", first, "is neither a .py script nor executable (chmod +x)")
-    return LocalCommand(program, rest, python=False, root=_root_of(program, roots))
+    return LocalCommand(program, rest, python=False, root=root)
 
 
 def check_local_env(env: dict[str, str]) -> list[InvalidRequestError]:

@@ -99,3 +99,16 @@ def test_the_default_folder_is_the_checkouts_examples_and_none_once_installed(tm
     assert settings_module._default_command_root(site / "sailor_tasks") == ""
     (site / "pyproject.toml").write_text('[project]\nname = "sailor-tasks"\n')
     assert settings_module._default_command_root(site / "sailor_tasks") == str(site / "examples")
+
+
+def test_the_working_folder_is_the_root_a_name_was_found_through(tmp_path):
+    """Nested roots: ``train.py`` found in the inner one runs there; ``proj/train.py`` found
+    through the outer one runs in the outer one, where its relative arguments point."""
+    outer = tmp_path / "code"
+    inner = outer / "proj"
+    inner.mkdir(parents=True)
+    (inner / "train.py").write_text("")
+    roots = (str(outer), str(inner))
+    assert resolve_local_command(["train.py"], roots).root == str(inner.resolve())
+    assert resolve_local_command(["proj/train.py"], roots).root == str(outer.resolve())
+    assert resolve_local_command([str(inner / "train.py")], roots).root == str(inner.resolve())
