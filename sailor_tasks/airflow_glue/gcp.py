@@ -188,7 +188,8 @@ def ensure_pod_identity(core: Any, config: gke.GkeConfig) -> None:
 
     A service account that exists is kept as it is (the operator may have made it); one whose
     annotation names another Google service account, or none, is logged: its pods act as that
-    one, or have no Google identity.
+    one, or have no Google identity. An identity that may not create them (403: Kubernetes checks
+    the permission before the object) uses them when they exist.
     """
     from kubernetes.client.exceptions import ApiException
 
@@ -197,7 +198,9 @@ def ensure_pod_identity(core: Any, config: gke.GkeConfig) -> None:
         core.create_namespace(namespace)
         logger.info("created namespace %s for the training pods", config.namespace)
     except ApiException as exc:
-        if exc.status != 409:  # already exists
+        if exc.status == 403:
+            core.read_namespace(config.namespace)  # made by the operator, else this raises
+        elif exc.status != 409:  # already exists
             raise
     try:
         core.create_namespaced_service_account(config.namespace, account)
@@ -209,8 +212,9 @@ def ensure_pod_identity(core: Any, config: gke.GkeConfig) -> None:
         )
         return
     except ApiException as exc:
-        if exc.status != 409:
+        if exc.status not in (403, 409):
             raise
+    # It exists (409), or this identity may not create one (403): one the operator made is used.
     existing = core.read_namespaced_service_account(config.service_account, config.namespace)
     acts_as = ((existing.metadata.annotations if existing.metadata else None) or {}).get(
         gke.WORKLOAD_IDENTITY_ANNOTATION

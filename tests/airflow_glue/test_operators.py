@@ -205,6 +205,11 @@ class FakeCoreV1:
             raise _api_error(409)
         self.service_accounts[namespace, body.metadata.name] = body
 
+    def read_namespace(self, name, **_):
+        if name not in self.namespaces:
+            raise _api_error(404)
+        return self.namespaces[name]
+
     def read_namespaced_service_account(self, name, namespace, **_):
         if (namespace, name) not in self.service_accounts:
             raise _api_error(404)
@@ -1344,3 +1349,26 @@ def test_a_service_account_that_exists_is_kept_and_one_acting_as_another_account
     ]
     assert "acts as legacy@acme-ml.iam.gserviceaccount.com" in warning
     assert "not as trainer@acme-ml.iam.gserviceaccount.com" in warning
+
+
+def test_an_identity_that_may_not_create_them_uses_the_namespace_and_account_the_operator_made(gke_env):
+    """Namespace-scoped permissions: creating the namespace or the service account is refused
+    (403, checked before existence), and both exist: the pods start with them."""
+    from airflow.sdk.exceptions import TaskDeferred
+    from kubernetes.client import models as k8s
+
+    gke_env.core.namespaces["sailor"] = None
+    gke_env.core.service_accounts["sailor", "sailor-train"] = k8s.V1ServiceAccount(
+        metadata=k8s.V1ObjectMeta(name="sailor-train", namespace="sailor")
+    )
+
+    def forbidden(*_, **__):
+        raise _api_error(403)
+
+    gke_env.core.create_namespace = forbidden
+    gke_env.core.create_namespaced_service_account = forbidden
+    run_id = "manual__namespaced-rbac"
+    request, placement, data = gke_env.prepare(run_id)
+    with pytest.raises(TaskDeferred) as deferred:
+        _operator(request, placement, data).execute(_context(run_id))
+    assert all(name in gke_env.core.pods for name in deferred.value.trigger.pod_names)
