@@ -62,8 +62,19 @@ class StrategyRecovery:
         )
         constraint = self.strategy.next_constraint(ctx)
         blocked = constraint.all_blocked_zones(self.sim.zones_by_region)
+        placement = None
+        if constraint.prefer_zone is not None and constraint.prefer_zone not in blocked:
+            # The zone the strategy retries first, when it takes the job now (as live recovery).
+            others = frozenset(
+                z for zs in self.sim.zones_by_region.values() for z in zs if z != constraint.prefer_zone
+            )
+            self.sim.constraints[job.job_id] = (others, constraint.market)
+            placement = self.sim.place_now(job, load, free) if free is not None else None
+            if placement is None:
+                placement = self.sim.place(job, load, available, others, constraint.market, count_error=False)
         self.sim.constraints[job.job_id] = (blocked, constraint.market)
-        placement = self.sim.place_now(job, load, free) if free is not None else None
+        if placement is None:
+            placement = self.sim.place_now(job, load, free) if free is not None else None
         if placement is None:
             placement = self.sim.place(job, load, available, blocked, constraint.market)
         if placement is None:

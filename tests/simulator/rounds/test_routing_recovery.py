@@ -288,3 +288,24 @@ def test_cli_router_and_recovery_options(capsys, tmp_path):
     assert main([*base, "--recovery", "retry", "--json"]) == 2
     err = capsys.readouterr().err
     assert "--recovery 'retry' is not a recovery strategy; valid:" in err and "eager_next_region" in err
+
+
+def test_same_zone_first_resumes_in_the_lost_zone_when_it_takes_the_job_though_another_scores_better():
+    """The job's region got busier than the others (the engine alone would now place it
+    elsewhere); after one preemption ``same_zone_first`` still resumes in the lost zone, which can
+    take it, as live recovery does."""
+    table = load_packaged()
+    regions = _regions()
+    sim = SimPlacement(regions, table)
+    job = SimJob("j", RESNET, total_steps=1e5, arrival_s=0.0)
+    lost = sim.place(job, [0.5, 0.5, 0.5])
+    first = sim.region_index[lost.region]
+    busy = [0.1, 0.1, 0.1]
+    busy[first] = 3.0
+    available = [dict(r.gpus) for r in regions]
+    elsewhere = plan(
+        sim.request(job), sim.catalog, sim.state(busy, available, frozenset()), "x", index=sim.index
+    )
+    assert elsewhere.region != lost.region  # what the engine picks without the preference
+    dest = StrategyRecovery("same_zone_first", sim).on_preemption(job, first, 600.0, available, busy)
+    assert dest == first and sim.placements[job.job_id].zone == lost.zone
