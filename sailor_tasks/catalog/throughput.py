@@ -8,7 +8,7 @@ Sources, in order of authority:
    ``*_unconsolidated`` GPU entries are the same jobs with workers spread over servers.
 2. For GPU types Gavel did not measure, a published speed relative to V100 (``RELATIVE_TO_V100``),
    applied to the job's V100 throughput.
-3. Measured throughput recorded by SAILOR's own runs (``with_measurement``), blended in (feedback).
+3. Measured throughput recorded by SAILOR's own runs (``with_measurement``), learned in (``with_measured``: the median of the runs and the table; feedback).
 
 GPU type names follow the catalog (``V100``, ``A100``, ...); Gavel's lowercase names are mapped.
 """
@@ -247,7 +247,7 @@ def load_packaged() -> ThroughputTable:
 def packaged_with_measured(measurements: tuple[tuple[str, str, float], ...]) -> ThroughputTable:
     """The one matrix both placement (``stages.plan``) and live admission's policies
     (``stages.queueing``) use: the packaged table with SAILOR's measured
-    ``(model, GPU type, steps/s)`` blended in (``Ledger.measured_throughputs``). Cached per
+    ``(model, GPU type, steps/s)`` learned in (``Ledger.measured_throughputs``). Cached per
     measurements, so the placement index built on it is reused until a new measurement lands."""
     return load_packaged().with_measured(measurements)
 
