@@ -569,15 +569,16 @@ class _JobSim:
         if c.prefer_zone is not None:
             plain = replace(c, prefer_zone=None)
             if c.prefer_zone not in self._blocked(plain, market):
-                first = self.best(
-                    market,
-                    remaining_h,
-                    replace(plain, wait_zone=c.prefer_zone),
-                    t,
-                    time_left_h,
-                    exact,
-                    best_effort,
-                )
+                only = replace(plain, wait_zone=c.prefer_zone)
+                if time_left_h is not None:
+                    # As live recovery: each tier on the deadline first, then without it.
+                    first = self.best(market, remaining_h, only, t, time_left_h, exact, False)
+                    if first is not None:
+                        return first
+                    on_time = self.best(market, remaining_h, plain, t, time_left_h, exact, False)
+                    if on_time is not None or not best_effort:
+                        return on_time
+                first = self.best(market, remaining_h, only, t, time_left_h, exact, best_effort)
                 if first is not None:
                     return first
             c = plain

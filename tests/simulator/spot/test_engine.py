@@ -573,3 +573,21 @@ def test_the_next_slot_from_time_zero_behind_a_large_offset_is_found_at_once(gap
         z = replace(zone("us-central1-a", [0, 1, 0, 0, 1], gap), trace_offset_s=off)
         after = z.next_slot_s(0.0)
         assert after > 0.0 and (after + off) // gap == off // gap + 1
+
+
+def test_a_preferred_zone_that_misses_the_deadline_gives_way_to_one_that_meets_it(transfer):
+    """``same_zone_first`` prefers the lost zone a (preempting 3 times an hour: it cannot finish 2 h
+    of work within 4 h); b meets the deadline: the launch goes to b, as live recovery tries every
+    tier on the deadline first. With time enough, a is taken."""
+    from sailor_tasks.simulator.spot.engine import SpotMarket, SpotParams, _JobSim
+    from sailor_tasks.strategies import get_strategy
+    from sailor_tasks.strategies.base import PlacementConstraint
+
+    def flaky(name, rate):
+        return replace(zone(name, [0] * 50), preemption_rate_per_hour=rate)
+
+    market = SpotMarket((flaky("us-central1-a", 3.0), flaky("us-central1-b", 0.01)), transfer)
+    sim = _JobSim(job(2.0), market, get_strategy("same_zone_first"), SpotParams())
+    prefer_a = PlacementConstraint(prefer_zone="us-central1-a")
+    assert sim.best("spot", 2.0, prefer_a, 0.0, 4.0).zone.zone == "us-central1-b"
+    assert sim.best("spot", 2.0, prefer_a, 0.0, 10.0).zone.zone == "us-central1-a"
