@@ -344,16 +344,17 @@ class FakeAsyncHook:
         return [f"2026-11-23T00:00:00.{i:09d}Z {line}" for i, line in enumerate(text.splitlines())]
 
 
-def _trigger_event(env, deferred, timeout_s=300, on_poll=None) -> dict:
+def _trigger_event(env, deferred, timeout_s=300, on_poll=None, **overrides) -> dict:
     """Play the triggerer: run the deferred AttemptPodsTrigger (serialised and rebuilt, as the
-    triggerer does) against the fake cluster until it fires; return its event payload."""
+    triggerer does; ``overrides`` replace some of its kwargs) against the fake cluster until it
+    fires; return its event payload."""
     import asyncio
 
     from sailor_tasks.airflow_glue.triggers import AttemptPodsTrigger
 
     classpath, kwargs = deferred.trigger.serialize()
     assert classpath == "sailor_tasks.airflow_glue.triggers.AttemptPodsTrigger"
-    trigger = AttemptPodsTrigger(**{**kwargs, "poll_interval": 0.02})
+    trigger = AttemptPodsTrigger(**{**kwargs, "poll_interval": 0.02, **overrides})
     hook = FakeAsyncHook(env.core)
     trigger.hook = lambda: hook
 
@@ -675,11 +676,7 @@ def test_a_pod_no_node_came_up_for_is_a_preemption_that_replans(gke_env, on_a_no
     ends the attempt as preempted without notice, and recovery plans the next one. A pod on a
     node whose container does not start is not the zone's capacity: it fails the try (``error``),
     and Airflow's retry reattaches to it."""
-    import asyncio
-
     from airflow.sdk.exceptions import TaskDeferred
-
-    from sailor_tasks.airflow_glue.triggers import AttemptPodsTrigger
 
     run_id = "manual__stockout-1"
     request, placement, data = gke_env.prepare(run_id)
@@ -690,15 +687,7 @@ def test_a_pod_no_node_came_up_for_is_a_preemption_that_replans(gke_env, on_a_no
     gke_env.core.pods[node1]["waiting"] = ("ContainerCreating", "")  # Pending
     if on_a_node:
         gke_env.core.pods[node1]["node"] = "gke-sailor-pool-node-1"  # took it; its container waits
-    _, kwargs = deferred.value.trigger.serialize()
-    trigger = AttemptPodsTrigger(**{**kwargs, "poll_interval": 0.02, "startup_timeout": 0.2})
-    hook = FakeAsyncHook(gke_env.core)
-    trigger.hook = lambda: hook
-
-    async def first():
-        return (await trigger.run().__anext__()).payload
-
-    event = asyncio.run(first())
+    event = _trigger_event(gke_env, deferred.value, timeout_s=30, startup_timeout=0.2)
     if on_a_node:
         assert event["status"] == "error" and node1 in event["message"]
         with pytest.raises(RuntimeError, match="not started after"):
