@@ -561,7 +561,7 @@ def catalog_errors(
     never = never_feasible_error(request, catalog, ctx)
     if never is not None:
         field, exc = never
-        valid = _residency_choices(request, catalog, ctx) if field == "data_residency" else None
+        valid = _residency_choices(ctx) if field == "data_residency" else None
         errors.append(InvalidRequestError(field, getattr(request, field), str(exc), valid))
     if cap := price_cap_error(request, catalog, ctx):
         errors.append(InvalidRequestError("max_usd_per_hour", request.max_usd_per_hour, cap))
@@ -691,13 +691,10 @@ def never_feasible_error(
     return None
 
 
-def _residency_choices(request: JobRequest, catalog: Catalog, ctx: RequestContext | None) -> list[str] | None:
-    """The continents where some offer passes every rule of ``never_feasible_error`` but
-    ``data_residency`` (the request's regions, GPU type and count, market, ...): what
+def _residency_choices(ctx: RequestContext) -> list[str] | None:
+    """The continents where some of ``ctx``'s offers pass every rule of ``never_feasible_error``
+    but ``data_residency`` (the request's regions, GPU type and count, market, ...): what
     ``data_residency`` could name instead; None when there is no such offer."""
-    ctx = ctx or _context_or_none(request, catalog)
-    if ctx is None:
-        return None
     residency = VALIDATOR_NAMES.index("data_residency")
     fine = first_failure(ctx, ignore=frozenset({BLOCKED_ZONE, DEADLINE, PRICE_CAP, residency})) < 0
     continents = sorted({ctx.index.region_continent[r] for r in ctx.c.region[fine]})

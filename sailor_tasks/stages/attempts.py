@@ -115,11 +115,11 @@ def recover(
         tries.append(frozenset({lost.zone}))
     if blocked:
         tries.append(frozenset())
-    if constraint.prefer_zone is not None and constraint.prefer_zone not in blocked:
+    preferred = constraint.prefer_zone is not None and constraint.prefer_zone not in blocked
+    if preferred:
         # The zone the strategy retries first: only there, when it can take the run now.
         everywhere = {z for zs in zones_by_region.values() for z in zs}
         tries.insert(0, frozenset(everywhere - {constraint.prefer_zone}))
-    preferred = constraint.prefer_zone is not None and constraint.prefer_zone not in blocked
     # With a deadline, every tier is tried on it first: a looser block that finishes in time beats
     # a late relaunch; only when none does, the tiers are tried again without it (best effort).
     passes = (False, True) if req.deadline_hours is not None else (True,)
