@@ -264,7 +264,7 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
     if over_cap.size:
         i = int(over_cap[np.argmin(ctx.usd_per_hour[over_cap])])
         hints.append(
-            f"cheapest offer: {_describe(ev, i)}; raise max_usd_per_hour to at least {_cents_up(ctx.usd_per_hour[i])}"
+            f"cheapest offer: {_describe(ev, i)}; raise max_usd_per_hour to at least {_hundredths_up(ctx.usd_per_hour[i])}"
         )
     too_slow = np.flatnonzero((ev.fail == DEADLINE) & holds)
     if request.max_usd_per_hour is not None:  # raising the deadline alone must be enough
@@ -275,7 +275,7 @@ def _raise_infeasible(ev: Evaluation, request: JobRequest) -> None:
         hours = float(need.min())
         hints.append(
             f"fastest offer: {_describe(ev, i)}, expected to take {hours:.3f} h (launch, data transfer and "
-            f"expected preemptions included); raise deadline_hours to at least {math.ceil(hours * 100) / 100:.2f}"
+            f"expected preemptions included); raise deadline_hours to at least {_hundredths_up(hours)}"
         )
     raise NoFeasibleOfferError(request.summary(), counts, "; ".join(hints))
 
@@ -598,7 +598,7 @@ def deadline_error(request: JobRequest, catalog: Catalog, ctx: RequestContext | 
         return (
             f"shorter than the fastest possible run, {fastest:.2f} h on {_describe(ev, i)}: "
             f"{ctx.hours[i]:.2f} h of training and a {RESTART_HOURS * 60:.0f}-minute launch, with the "
-            f"data already there; set at least {math.ceil(fastest * 100) / 100:.2f}, or no deadline"
+            f"data already there; set at least {_hundredths_up(fastest)}, or no deadline"
         )
     return None
 
@@ -632,14 +632,16 @@ def price_cap_error(request: JobRequest, catalog: Catalog, ctx: RequestContext |
     cheapest = float(ctx.usd_per_hour[i])
     if cheapest > request.max_usd_per_hour + 1e-9:
         ev = Evaluation(ctx, fail, np.zeros((0, 0)), np.zeros(0), np.zeros(0))
-        return f"below the cheapest matching offer {_describe(ev, i)}; raise it to at least {_cents_up(cheapest)}"
+        return f"below the cheapest matching offer {_describe(ev, i)}; raise it to at least {_hundredths_up(cheapest)}"
     return None
 
 
-def _cents_up(usd: float) -> str:
-    """``usd`` rounded up to the cent, as a price cap to advise: one rounded to the nearest cent
-    can fall under the offer's price and be refused again."""
-    return f"{math.ceil(round(usd * 100, 6)) / 100:.2f}"
+def _hundredths_up(value: float) -> str:
+    """``value`` rounded up to the hundredth (a price cap in cents, a deadline in hours), as a
+    bound to advise: one rounded to the nearest can fall under what it must reach and be refused
+    again. The product is rounded first, so float noise (0.3 · 100 = 30.000000000000004) does
+    not add a hundredth."""
+    return f"{math.ceil(round(value * 100, 6)) / 100:.2f}"
 
 
 _EMPTY_STATE = ClusterState()
