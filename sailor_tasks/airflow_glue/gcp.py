@@ -126,6 +126,19 @@ def training_pod_operator(
     )
 
 
+def _delete_pod(core: Any, name: str, namespace: str) -> bool:
+    """Delete pod ``name``; False when it was gone already (404)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        core.delete_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return False
+    return True
+
+
 def delete_run_pods(config: gke.GkeConfig, region: str, run_key: str) -> int:
     """Delete the run's pods that have not ended (every attempt's) and its rendezvous services, in
     the region's cluster, through the provider's GKE Kubernetes hook; pods that ended are kept for
@@ -139,12 +152,8 @@ def delete_run_pods(config: gke.GkeConfig, region: str, run_key: str) -> int:
     for pod in core.list_namespaced_pod(config.namespace, label_selector=selector).items:
         if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
             continue
-        try:
-            core.delete_namespaced_pod(pod.metadata.name, config.namespace)
-        except ApiException as exc:
-            if exc.status != 404:  # 404: gone meanwhile
-                raise
-            continue
+        if not _delete_pod(core, pod.metadata.name, config.namespace):
+            continue  # gone meanwhile
         deleted += 1
         logger.warning("deleted training pod %s of run %s", pod.metadata.name, run_key)
     for service in core.list_namespaced_service(config.namespace, label_selector=selector).items:
@@ -275,7 +284,6 @@ def follow_pods(config: gke.GkeConfig, launch: TrainLaunch, ops: Sequence[Any], 
     others are deleted at once; then each pod's end is judged (``judge_pod``) into the attempt's
     launch report, and the succeeded pods are deleted (failed ones are kept for inspection).
     Returns the highest exit status of the pods that were not stopped."""
-    from kubernetes.client.exceptions import ApiException
 
     def run(op: Any) -> int:
         try:
@@ -299,11 +307,7 @@ def follow_pods(config: gke.GkeConfig, launch: TrainLaunch, ops: Sequence[Any], 
                     continue
                 stopped.add(other)
                 logger.warning("stopping training pod %s: pod %s ended", op.name, ops[index].name)
-                try:
-                    op.hook.core_v1_client.delete_namespaced_pod(op.name, config.namespace)
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
+                _delete_pod(op.hook.core_v1_client, op.name, config.namespace)
     spot = launch.placement.market == "spot"
     ends: dict[str, dict[str, Any]] = {}
     for index, op in enumerate(ops):
@@ -315,13 +319,8 @@ def follow_pods(config: gke.GkeConfig, launch: TrainLaunch, ops: Sequence[Any], 
             ends[str(index)] = end_dict(judge_pod(op.hook.core_v1_client, config.namespace, op.name, spot=spot))
     report_pod_ends(launch.run_folder, ends)
     for index, op in enumerate(ops):
-        if index in stopped or codes[index] != 0:
-            continue
-        try:
-            op.hook.core_v1_client.delete_namespaced_pod(op.name, config.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        if index not in stopped and codes[index] == 0:
+            _delete_pod(op.hook.core_v1_client, op.name, config.namespace)
     return max(codes[i] for i in range(len(ops)) if i not in stopped)
 
 
@@ -538,13 +537,7 @@ class TrainingPods:
         return ends
 
     def _delete(self, index: int) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.op(index).hook.core_v1_client.delete_namespaced_pod(self.name(index), self.config.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        _delete_pod(self.op(index).hook.core_v1_client, self.name(index), self.config.namespace)
 
     def _drive(self, index: int, action: Any, *, ended: bool) -> PodStep:
         """Run one provider step for a pod. An error is the pod's outcome when the pod has failed
